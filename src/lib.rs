@@ -1,0 +1,23 @@
+//! GStreamer plugin `qwencodec`: decodes Qwen3-TTS speech-codec frames into audio.
+//!
+//! [`model`] is the streaming decoder itself, free of GStreamer; the elements adapt it.
+
+use gst::glib;
+
+pub mod model;
+
+fn plugin_init(_plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    Ok(())
+}
+
+gst::plugin_define!(
+    qwencodec,
+    env!("CARGO_PKG_DESCRIPTION"),
+    plugin_init,
+    concat!(env!("CARGO_PKG_VERSION"), "-", env!("COMMIT_ID")),
+    "MIT/X11",
+    env!("CARGO_PKG_NAME"),
+    env!("CARGO_PKG_NAME"),
+    env!("CARGO_PKG_REPOSITORY"),
+    env!("BUILD_REL_DATE")
+);

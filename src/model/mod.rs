@@ -1,0 +1,182 @@
+//! The Qwen3-TTS 12 Hz tokenizer's decoder, streaming and exact, in libtorch. No GStreamer
+//! here: the element only adapts [`StreamDecoder`] to buffers and caps.
+
+mod checkpoint;
+mod config;
+mod network;
+mod stream;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use tch::{Device, Kind};
+
+pub use checkpoint::CheckpointFiles;
+pub use config::DecoderConfig;
+pub use stream::{StreamDecoder, TailStrategy};
+
+use checkpoint::WeightFile;
+use network::Network;
+
+/// Problems loading a checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("cannot read {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("invalid checkpoint: {0}")]
+    Checkpoint(String),
+    #[error("invalid decoder config: {0}")]
+    Config(String),
+    #[error("tensor {name} is missing from {path}")]
+    MissingTensor { name: String, path: PathBuf },
+    #[error("tensor {name} has shape {found:?}, the config implies {expected:?}")]
+    ShapeMismatch {
+        name: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+    #[error("device {0}")]
+    Device(String),
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+}
+
+/// Problems decoding codes.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("got {codes} codes, not a whole number of frames of {codebooks} codes")]
+    PartialFrame { codes: usize, codebooks: usize },
+    #[error("frame {frame}, codebook {codebook}: code {value} is outside 0..{codebook_size}")]
+    InvalidCode {
+        frame: u64,
+        codebook: usize,
+        value: i64,
+        codebook_size: usize,
+    },
+    #[error("the stream was finished; reset it before decoding more frames")]
+    Finished,
+    #[error("an earlier decode step failed; reset the stream")]
+    Broken,
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+}
+
+/// Precision the network computes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Dtype {
+    #[default]
+    F32,
+    Bf16,
+    F16,
+}
+
+impl Dtype {
+    pub fn kind(self) -> Kind {
+        match self {
+            Dtype::F32 => Kind::Float,
+            Dtype::Bf16 => Kind::BFloat16,
+            Dtype::F16 => Kind::Half,
+        }
+    }
+}
+
+impl FromStr for Dtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "f32" | "float32" => Ok(Dtype::F32),
+            "bf16" | "bfloat16" => Ok(Dtype::Bf16),
+            "f16" | "float16" => Ok(Dtype::F16),
+            other => Err(format!("unknown dtype {other:?} (expected f32, bf16 or f16)")),
+        }
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+        })
+    }
+}
+
+/// Parses `cpu`, `cuda`, `cuda:N` or `auto` (CUDA when libtorch sees a GPU, else CPU) and
+/// checks that the device exists.
+pub fn parse_device(name: &str) -> Result<Device, ModelError> {
+    let device = match name {
+        "cpu" => return Ok(Device::Cpu),
+        "auto" => return Ok(Device::cuda_if_available()),
+        "cuda" => Device::Cuda(0),
+        other => match other.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) {
+            Some(index) => Device::Cuda(index),
+            None => {
+                return Err(ModelError::Device(format!(
+                    "{other:?} is not a device (expected cpu, cuda, cuda:N or auto)"
+                )));
+            }
+        },
+    };
+    let Device::Cuda(index) = device else {
+        unreachable!()
+    };
+    if !tch::Cuda::is_available() {
+        return Err(ModelError::Device(format!(
+            "{name} was asked for, but libtorch sees no CUDA device on this machine"
+        )));
+    }
+    let count = tch::Cuda::device_count();
+    if index as i64 >= count {
+        return Err(ModelError::Device(format!(
+            "{name} was asked for, but libtorch sees only {count} CUDA device(s)"
+        )));
+    }
+    Ok(device)
+}
+
+/// A loaded decoder: its geometry and weights on one device, in one dtype. Shared by every
+/// stream that decodes with it (wrap it in an `Arc`).
+pub struct Model {
+    network: Network,
+    dtype: Dtype,
+}
+
+impl Model {
+    /// Loads a tokenizer checkpoint folder or a full Qwen3-TTS checkpoint root.
+    pub fn load(path: &Path, device: Device, dtype: Dtype) -> Result<Self, ModelError> {
+        let files = CheckpointFiles::locate(path)?;
+        let config = DecoderConfig::from_file(&files.config)?;
+        let weights = WeightFile::open(&files.weights, device, dtype.kind())?;
+        Ok(Self {
+            network: Network::load(&weights, &config)?,
+            dtype,
+        })
+    }
+
+    pub fn config(&self) -> &DecoderConfig {
+        self.network.config()
+    }
+
+    pub fn device(&self) -> Device {
+        self.network.device()
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    pub fn samples_per_frame(&self) -> usize {
+        self.config().samples_per_frame()
+    }
+
+    pub fn sample_rate(&self) -> u32 {
+        self.config().sample_rate
+    }
+
+    fn network(&self) -> &Network {
+        &self.network
+    }
+}

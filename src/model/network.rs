@@ -1,0 +1,816 @@
+//! The decoder network (upstream `Qwen3TTSTokenizerV2Decoder`) in streaming form: every
+//! layer takes the newest columns of its input plus the per-stream state it needs from the
+//! past, so decoding a sequence step by step gives the full-sequence result.
+
+use tch::{Device, Kind, Tensor};
+
+use super::ModelError;
+use super::checkpoint::WeightFile;
+use super::config::DecoderConfig;
+
+type TorchResult<T> = Result<T, tch::TchError>;
+
+/// Shapes of the per-stream tensors: one entry per stateful convolution, in network order.
+#[derive(Default)]
+struct StateLayout {
+    contexts: Vec<(usize, usize)>,
+}
+
+impl StateLayout {
+    /// Reserves a context of `columns` past input columns of width `channels`.
+    fn reserve(&mut self, channels: usize, columns: usize) -> Option<usize> {
+        (columns > 0).then(|| {
+            self.contexts.push((channels, columns));
+            self.contexts.len() - 1
+        })
+    }
+}
+
+/// What a stream carries from one step to the next.
+pub struct StreamState {
+    /// Past input columns of each causal conv (left context) and transposed conv (overlap).
+    contexts: Vec<Tensor>,
+    /// Un-rotated keys and values of the last `sliding_window - 1` positions, per layer:
+    /// RoPE is applied afresh each step with positions counted from the oldest cached one.
+    keys: Vec<Tensor>,
+    values: Vec<Tensor>,
+}
+
+impl StreamState {
+    pub fn bytes(&self) -> usize {
+        self.contexts
+            .iter()
+            .chain(&self.keys)
+            .chain(&self.values)
+            .map(|t| t.numel() * t.kind().elt_size_in_bytes())
+            .sum()
+    }
+
+    /// Positions held in the KV cache (the same for every layer).
+    fn cached_positions(&self) -> i64 {
+        self.keys.first().map_or(0, |k| k.size()[2])
+    }
+}
+
+/// A 1-D convolution padded causally: `(kernel - 1) * dilation` columns of the past on the left.
+struct CausalConv {
+    weight: Tensor,
+    bias: Tensor,
+    dilation: i64,
+    groups: i64,
+    context: i64,
+    slot: Option<usize>,
+}
+
+impl CausalConv {
+    #[allow(clippy::too_many_arguments)]
+    fn load(
+        weights: &WeightFile,
+        layout: &mut StateLayout,
+        prefix: &str,
+        in_channels: usize,
+        out_channels: usize,
+        kernel: usize,
+        dilation: usize,
+        groups: usize,
+    ) -> Result<Self, ModelError> {
+        let context = (kernel - 1) * dilation;
+        Ok(Self {
+            weight: weights.get(
+                &format!("{prefix}.conv.weight"),
+                &[out_channels, in_channels / groups, kernel],
+            )?,
+            bias: weights.get(&format!("{prefix}.conv.bias"), &[out_channels])?,
+            dilation: dilation as i64,
+            groups: groups as i64,
+            context: context as i64,
+            slot: layout.reserve(in_channels, context),
+        })
+    }
+
+    fn forward(&self, x: &Tensor, state: &mut StreamState) -> TorchResult<Tensor> {
+        let input = match self.slot {
+            Some(slot) => {
+                let full = Tensor::f_cat(&[&state.contexts[slot], x], 2)?;
+                let len = full.size()[2];
+                state.contexts[slot] = full
+                    .f_narrow(2, len - self.context, self.context)?
+                    .f_contiguous()?;
+                full
+            }
+            None => x.shallow_clone(),
+        };
+        input.f_conv1d(
+            &self.weight,
+            Some(&self.bias),
+            [1],
+            [0],
+            [self.dilation],
+            self.groups,
+        )
+    }
+}
+
+/// A transposed conv whose output is trimmed on the right to `stride` samples per input
+/// column: with `kernel > stride`, each output block also needs the previous input column.
+struct CausalTransConv {
+    weight: Tensor,
+    bias: Tensor,
+    stride: i64,
+    overlap: i64,
+    slot: Option<usize>,
+}
+
+impl CausalTransConv {
+    fn load(
+        weights: &WeightFile,
+        layout: &mut StateLayout,
+        prefix: &str,
+        in_channels: usize,
+        out_channels: usize,
+        kernel: usize,
+        stride: usize,
+    ) -> Result<Self, ModelError> {
+        let overlap = kernel.div_ceil(stride) - 1;
+        Ok(Self {
+            weight: weights.get(
+                &format!("{prefix}.conv.weight"),
+                &[in_channels, out_channels, kernel],
+            )?,
+            bias: weights.get(&format!("{prefix}.conv.bias"), &[out_channels])?,
+            stride: stride as i64,
+            overlap: overlap as i64,
+            slot: layout.reserve(in_channels, overlap),
+        })
+    }
+
+    fn forward(&self, x: &Tensor, state: &mut StreamState) -> TorchResult<Tensor> {
+        let columns = x.size()[2];
+        let input = match self.slot {
+            Some(slot) => {
+                let full = Tensor::f_cat(&[&state.contexts[slot], x], 2)?;
+                state.contexts[slot] = full.f_narrow(2, columns, self.overlap)?.f_contiguous()?;
+                full
+            }
+            None => x.shallow_clone(),
+        };
+        let y = input.f_conv_transpose1d(&self.weight, Some(&self.bias), [self.stride], [0], [0], 1, [1])?;
+        y.f_narrow(2, self.overlap * self.stride, columns * self.stride)
+    }
+}
+
+/// `x + 1 / (exp(beta) + 1e-9) * sin(exp(alpha) * x)^2`, with both factors precomputed.
+struct SnakeBeta {
+    frequency: Tensor,
+    inverse_magnitude: Tensor,
+}
+
+impl SnakeBeta {
+    fn load(weights: &WeightFile, prefix: &str, channels: usize) -> Result<Self, ModelError> {
+        let alpha = weights.get_as(&format!("{prefix}.alpha"), &[channels], Kind::Double)?;
+        let beta = weights.get_as(&format!("{prefix}.beta"), &[channels], Kind::Double)?;
+        let kind = weights.kind();
+        Ok(Self {
+            frequency: alpha.f_exp()?.f_view([1, -1, 1])?.f_to_kind(kind)?,
+            inverse_magnitude: beta
+                .f_exp()?
+                .f_add_scalar(1e-9)?
+                .f_reciprocal()?
+                .f_view([1, -1, 1])?
+                .f_to_kind(kind)?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
+        let wave = x.f_mul(&self.frequency)?.f_sin()?.f_square()?;
+        x.f_add(&wave.f_mul(&self.inverse_magnitude)?)
+    }
+}
+
+struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    fn load(
+        weights: &WeightFile,
+        prefix: &str,
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+    ) -> Result<Self, ModelError> {
+        Ok(Self {
+            weight: weights.get(&format!("{prefix}.weight"), &[out_features, in_features])?,
+            bias: if bias {
+                Some(weights.get(&format!("{prefix}.bias"), &[out_features])?)
+            } else {
+                None
+            },
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
+        x.f_linear(&self.weight, self.bias.as_ref())
+    }
+}
+
+/// RMSNorm computed in float32 whatever the compute kind, as upstream does.
+struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn load(weights: &WeightFile, prefix: &str, size: usize, eps: f64) -> Result<Self, ModelError> {
+        Ok(Self {
+            weight: weights.get(&format!("{prefix}.weight"), &[size])?,
+            eps,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
+        let x32 = x.f_to_kind(Kind::Float)?;
+        let variance = x32.f_square()?.f_mean_dim(-1, true, Kind::Float)?;
+        let normed = x32.f_mul(&variance.f_add_scalar(self.eps)?.f_rsqrt()?)?;
+        self.weight.f_mul(&normed.f_to_kind(x.kind())?)
+    }
+}
+
+struct TransformerLayer {
+    input_norm: RmsNorm,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    attention_scale: Tensor,
+    post_attention_norm: RmsNorm,
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+    mlp_scale: Tensor,
+}
+
+/// Everything a step's attention shares across layers.
+struct AttentionInputs {
+    query_cos: Tensor,
+    query_sin: Tensor,
+    key_cos: Tensor,
+    key_sin: Tensor,
+    mask: Tensor,
+}
+
+impl TransformerLayer {
+    fn load(weights: &WeightFile, config: &DecoderConfig, layer: usize) -> Result<Self, ModelError> {
+        let p = format!("pre_transformer.layers.{layer}");
+        let hidden = config.hidden_size;
+        let q_width = config.num_attention_heads * config.head_dim;
+        let kv_width = config.num_key_value_heads * config.head_dim;
+        let bias = config.attention_bias;
+        let eps = config.rms_norm_eps;
+        Ok(Self {
+            input_norm: RmsNorm::load(weights, &format!("{p}.input_layernorm"), hidden, eps)?,
+            q_proj: Linear::load(weights, &format!("{p}.self_attn.q_proj"), hidden, q_width, bias)?,
+            k_proj: Linear::load(weights, &format!("{p}.self_attn.k_proj"), hidden, kv_width, bias)?,
+            v_proj: Linear::load(weights, &format!("{p}.self_attn.v_proj"), hidden, kv_width, bias)?,
+            o_proj: Linear::load(weights, &format!("{p}.self_attn.o_proj"), q_width, hidden, bias)?,
+            attention_scale: weights.get(&format!("{p}.self_attn_layer_scale.scale"), &[hidden])?,
+            post_attention_norm: RmsNorm::load(
+                weights,
+                &format!("{p}.post_attention_layernorm"),
+                hidden,
+                eps,
+            )?,
+            gate_proj: Linear::load(
+                weights,
+                &format!("{p}.mlp.gate_proj"),
+                hidden,
+                config.intermediate_size,
+                false,
+            )?,
+            up_proj: Linear::load(
+                weights,
+                &format!("{p}.mlp.up_proj"),
+                hidden,
+                config.intermediate_size,
+                false,
+            )?,
+            down_proj: Linear::load(
+                weights,
+                &format!("{p}.mlp.down_proj"),
+                config.intermediate_size,
+                hidden,
+                false,
+            )?,
+            mlp_scale: weights.get(&format!("{p}.mlp_layer_scale.scale"), &[hidden])?,
+        })
+    }
+
+    /// `x`: [1, T, hidden]. Updates this layer's KV window in `keys`/`values`.
+    fn forward(
+        &self,
+        x: &Tensor,
+        config: &DecoderConfig,
+        inputs: &AttentionInputs,
+        keys: &mut Tensor,
+        values: &mut Tensor,
+    ) -> TorchResult<Tensor> {
+        let steps = x.size()[1];
+        let head_dim = config.head_dim as i64;
+        let heads = config.num_attention_heads as i64;
+        let kv_heads = config.num_key_value_heads as i64;
+
+        let h = self.input_norm.forward(x)?;
+        let split_heads = |t: Tensor, n: i64| t.f_view([1, steps, n, head_dim])?.f_transpose(1, 2);
+        let q = split_heads(self.q_proj.forward(&h)?, heads)?;
+        let k = split_heads(self.k_proj.forward(&h)?, kv_heads)?;
+        let v = split_heads(self.v_proj.forward(&h)?, kv_heads)?;
+
+        let all_keys = Tensor::f_cat(&[&*keys, &k], 2)?;
+        let all_values = Tensor::f_cat(&[&*values, &v], 2)?;
+        let total = all_keys.size()[2];
+        let keep = total.min(config.sliding_window as i64 - 1);
+        *keys = all_keys.f_narrow(2, total - keep, keep)?.f_contiguous()?;
+        *values = all_values.f_narrow(2, total - keep, keep)?.f_contiguous()?;
+
+        let q = apply_rope(&q, &inputs.query_cos, &inputs.query_sin)?;
+        let mut k = apply_rope(&all_keys, &inputs.key_cos, &inputs.key_sin)?;
+        let mut v = all_values;
+        let groups = heads / kv_heads;
+        if groups > 1 {
+            k = k.f_repeat_interleave_self_int(groups, 1, None)?;
+            v = v.f_repeat_interleave_self_int(groups, 1, None)?;
+        }
+        let scores = q
+            .f_matmul(&k.f_transpose(2, 3)?)?
+            .f_mul_scalar((head_dim as f64).powf(-0.5))?
+            .f_add(&inputs.mask)?;
+        let probs = scores.f_softmax(-1, Kind::Float)?.f_to_kind(x.kind())?;
+        let attended = probs
+            .f_matmul(&v)?
+            .f_transpose(1, 2)?
+            .f_reshape([1, steps, heads * head_dim])?;
+        let x = x.f_add(&self.o_proj.forward(&attended)?.f_mul(&self.attention_scale)?)?;
+
+        let h = self.post_attention_norm.forward(&x)?;
+        let gated = self
+            .gate_proj
+            .forward(&h)?
+            .f_silu()?
+            .f_mul(&self.up_proj.forward(&h)?)?;
+        x.f_add(&self.down_proj.forward(&gated)?.f_mul(&self.mlp_scale)?)
+    }
+}
+
+fn rotate_half(x: &Tensor) -> TorchResult<Tensor> {
+    let half = x.size()[3] / 2;
+    let first = x.f_narrow(3, 0, half)?;
+    let second = x.f_narrow(3, half, half)?;
+    Tensor::f_cat(&[&second.f_neg()?, &first], 3)
+}
+
+fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> TorchResult<Tensor> {
+    x.f_mul(cos)?.f_add(&rotate_half(x)?.f_mul(sin)?)
+}
+
+/// ConvNeXt block of the upsampler: depthwise causal conv, LayerNorm, MLP, gamma, residual.
+struct ConvNeXt {
+    dwconv: CausalConv,
+    norm_weight: Tensor,
+    norm_bias: Tensor,
+    pwconv1: Linear,
+    pwconv2: Linear,
+    gamma: Tensor,
+    channels: i64,
+}
+
+impl ConvNeXt {
+    fn load(
+        weights: &WeightFile,
+        layout: &mut StateLayout,
+        prefix: &str,
+        channels: usize,
+    ) -> Result<Self, ModelError> {
+        Ok(Self {
+            dwconv: CausalConv::load(
+                weights,
+                layout,
+                &format!("{prefix}.dwconv"),
+                channels,
+                channels,
+                7,
+                1,
+                channels,
+            )?,
+            norm_weight: weights.get(&format!("{prefix}.norm.weight"), &[channels])?,
+            norm_bias: weights.get(&format!("{prefix}.norm.bias"), &[channels])?,
+            pwconv1: Linear::load(
+                weights,
+                &format!("{prefix}.pwconv1"),
+                channels,
+                4 * channels,
+                true,
+            )?,
+            pwconv2: Linear::load(
+                weights,
+                &format!("{prefix}.pwconv2"),
+                4 * channels,
+                channels,
+                true,
+            )?,
+            gamma: weights.get(&format!("{prefix}.gamma"), &[channels])?,
+            channels: channels as i64,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, state: &mut StreamState) -> TorchResult<Tensor> {
+        let h = self.dwconv.forward(x, state)?.f_transpose(1, 2)?;
+        let h = h.f_layer_norm(
+            [self.channels],
+            Some(&self.norm_weight),
+            Some(&self.norm_bias),
+            1e-6,
+            false,
+        )?;
+        let h = self.pwconv1.forward(&h)?.f_gelu("none")?;
+        let h = self.pwconv2.forward(&h)?.f_mul(&self.gamma)?;
+        x.f_add(&h.f_transpose(1, 2)?)
+    }
+}
+
+struct ResidualUnit {
+    act1: SnakeBeta,
+    conv1: CausalConv,
+    act2: SnakeBeta,
+    conv2: CausalConv,
+}
+
+impl ResidualUnit {
+    fn forward(&self, x: &Tensor, state: &mut StreamState) -> TorchResult<Tensor> {
+        let h = self.conv1.forward(&self.act1.forward(x)?, state)?;
+        let h = self.conv2.forward(&self.act2.forward(&h)?, state)?;
+        x.f_add(&h)
+    }
+}
+
+struct DecoderBlock {
+    act: SnakeBeta,
+    upsample: CausalTransConv,
+    units: Vec<ResidualUnit>,
+}
+
+impl DecoderBlock {
+    fn load(
+        weights: &WeightFile,
+        layout: &mut StateLayout,
+        prefix: &str,
+        in_channels: usize,
+        rate: usize,
+    ) -> Result<Self, ModelError> {
+        let out_channels = in_channels / 2;
+        let act = SnakeBeta::load(weights, &format!("{prefix}.block.0"), in_channels)?;
+        let upsample = CausalTransConv::load(
+            weights,
+            layout,
+            &format!("{prefix}.block.1"),
+            in_channels,
+            out_channels,
+            2 * rate,
+            rate,
+        )?;
+        let units = [1, 3, 9]
+            .into_iter()
+            .enumerate()
+            .map(|(i, dilation)| {
+                let p = format!("{prefix}.block.{}", i + 2);
+                let conv = |layout: &mut StateLayout, name: &str, kernel, dilation| {
+                    CausalConv::load(
+                        weights,
+                        layout,
+                        &format!("{p}.{name}"),
+                        out_channels,
+                        out_channels,
+                        kernel,
+                        dilation,
+                        1,
+                    )
+                };
+                Ok(ResidualUnit {
+                    act1: SnakeBeta::load(weights, &format!("{p}.act1"), out_channels)?,
+                    conv1: conv(layout, "conv1", 7, dilation)?,
+                    act2: SnakeBeta::load(weights, &format!("{p}.act2"), out_channels)?,
+                    conv2: conv(layout, "conv2", 1, 1)?,
+                })
+            })
+            .collect::<Result<_, ModelError>>()?;
+        Ok(Self { act, upsample, units })
+    }
+
+    fn forward(&self, x: &Tensor, state: &mut StreamState) -> TorchResult<Tensor> {
+        let mut h = self.upsample.forward(&self.act.forward(x)?, state)?;
+        for unit in &self.units {
+            h = unit.forward(&h, state)?;
+        }
+        Ok(h)
+    }
+}
+
+/// The loaded decoder. Immutable after loading, so one copy serves every stream.
+pub struct Network {
+    config: DecoderConfig,
+    device: Device,
+    kind: Kind,
+    /// Every codebook's entries already passed through its group's output projection,
+    /// stacked: row `q * codebook_size + code` is codebook `q`'s contribution.
+    codebook_table: Tensor,
+    codebook_offsets: Tensor,
+    pre_conv: CausalConv,
+    input_proj: Linear,
+    layers: Vec<TransformerLayer>,
+    final_norm: RmsNorm,
+    output_proj: Linear,
+    upsample: Vec<(CausalTransConv, ConvNeXt)>,
+    decoder_in: CausalConv,
+    blocks: Vec<DecoderBlock>,
+    final_act: SnakeBeta,
+    final_conv: CausalConv,
+    inv_freq: Vec<f64>,
+    layout: StateLayout,
+}
+
+// SAFETY: libtorch tensors may be read from several threads at once; the network's tensors
+// are written only while loading, before the network is shared, and only read afterwards
+// (every op here allocates its result, none works in place on a weight).
+unsafe impl Sync for Network {}
+
+impl Network {
+    pub fn load(weights: &WeightFile, config: &DecoderConfig) -> Result<Self, ModelError> {
+        let c = config;
+        let mut layout = StateLayout::default();
+
+        let codebook_table = load_codebook_table(weights, c)?;
+        let codebook_offsets = (Tensor::f_arange(c.num_quantizers as i64, (Kind::Int64, weights.device()))?
+            .f_mul_scalar(c.codebook_size as i64))?;
+
+        let pre_conv = CausalConv::load(
+            weights,
+            &mut layout,
+            "pre_conv",
+            c.codebook_dim,
+            c.latent_dim,
+            3,
+            1,
+            1,
+        )?;
+        let t = "pre_transformer";
+        let input_proj = Linear::load(
+            weights,
+            &format!("{t}.input_proj"),
+            c.latent_dim,
+            c.hidden_size,
+            true,
+        )?;
+        let layers = (0..c.num_hidden_layers)
+            .map(|layer| TransformerLayer::load(weights, c, layer))
+            .collect::<Result<_, _>>()?;
+        let final_norm = RmsNorm::load(weights, &format!("{t}.norm"), c.hidden_size, c.rms_norm_eps)?;
+        let output_proj = Linear::load(
+            weights,
+            &format!("{t}.output_proj"),
+            c.hidden_size,
+            c.latent_dim,
+            true,
+        )?;
+
+        let upsample = c
+            .upsampling_ratios
+            .iter()
+            .enumerate()
+            .map(|(i, &ratio)| {
+                let p = format!("upsample.{i}");
+                Ok((
+                    CausalTransConv::load(
+                        weights,
+                        &mut layout,
+                        &format!("{p}.0"),
+                        c.latent_dim,
+                        c.latent_dim,
+                        ratio,
+                        ratio,
+                    )?,
+                    ConvNeXt::load(weights, &mut layout, &format!("{p}.1"), c.latent_dim)?,
+                ))
+            })
+            .collect::<Result<_, ModelError>>()?;
+
+        let decoder_in = CausalConv::load(
+            weights,
+            &mut layout,
+            "decoder.0",
+            c.latent_dim,
+            c.decoder_dim,
+            7,
+            1,
+            1,
+        )?;
+        let blocks = c
+            .upsample_rates
+            .iter()
+            .enumerate()
+            .map(|(i, &rate)| {
+                DecoderBlock::load(
+                    weights,
+                    &mut layout,
+                    &format!("decoder.{}", i + 1),
+                    c.decoder_dim >> i,
+                    rate,
+                )
+            })
+            .collect::<Result<_, _>>()?;
+        let n = c.upsample_rates.len();
+        let output_channels = c.decoder_dim >> n;
+        let final_act = SnakeBeta::load(weights, &format!("decoder.{}", n + 1), output_channels)?;
+        let final_conv = CausalConv::load(
+            weights,
+            &mut layout,
+            &format!("decoder.{}", n + 2),
+            output_channels,
+            1,
+            7,
+            1,
+            1,
+        )?;
+
+        let half = c.head_dim / 2;
+        let inv_freq = (0..half)
+            .map(|i| 1.0 / c.rope_theta.powf((2 * i) as f64 / c.head_dim as f64))
+            .collect();
+
+        Ok(Self {
+            config: c.clone(),
+            device: weights.device(),
+            kind: weights.kind(),
+            codebook_table,
+            codebook_offsets,
+            pre_conv,
+            input_proj,
+            layers,
+            final_norm,
+            output_proj,
+            upsample,
+            decoder_in,
+            blocks,
+            final_act,
+            final_conv,
+            inv_freq,
+            layout,
+        })
+    }
+
+    pub fn config(&self) -> &DecoderConfig {
+        &self.config
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// A fresh stream's state: silence in every context, an empty KV window.
+    pub fn new_state(&self) -> TorchResult<StreamState> {
+        let options = (self.kind, self.device);
+        let contexts = self
+            .layout
+            .contexts
+            .iter()
+            .map(|&(channels, columns)| Tensor::f_zeros([1, channels as i64, columns as i64], options))
+            .collect::<TorchResult<_>>()?;
+        let empty_kv = || {
+            Tensor::f_zeros(
+                [
+                    1,
+                    self.config.num_key_value_heads as i64,
+                    0,
+                    self.config.head_dim as i64,
+                ],
+                options,
+            )
+        };
+        let layers = self.config.num_hidden_layers;
+        Ok(StreamState {
+            contexts,
+            keys: (0..layers).map(|_| empty_kv()).collect::<TorchResult<_>>()?,
+            values: (0..layers).map(|_| empty_kv()).collect::<TorchResult<_>>()?,
+        })
+    }
+
+    /// Decodes the next frames of a stream. `codes`: [T, Q] int64 on the network's device,
+    /// already checked to lie in `0..codebook_size`. Returns [T * samples_per_frame] audio.
+    pub fn step(&self, codes: &Tensor, state: &mut StreamState) -> TorchResult<Tensor> {
+        let _no_grad = tch::no_grad_guard();
+        let c = &self.config;
+        let frames = codes.size()[0];
+
+        // RVQ: one lookup per codebook in the stacked table, summed: [1, codebook_dim, T].
+        let rows = codes.f_add(&self.codebook_offsets)?.f_flatten(0, 1)?;
+        let quantized = self
+            .codebook_table
+            .f_index_select(0, &rows)?
+            .f_view([frames, c.num_quantizers as i64, c.codebook_dim as i64])?
+            .f_sum_dim_intlist(1, false, self.kind)?
+            .f_transpose(0, 1)?
+            .f_unsqueeze(0)?;
+
+        let h = self.pre_conv.forward(&quantized, state)?.f_transpose(1, 2)?;
+        let mut h = self.input_proj.forward(&h)?;
+        let inputs = self.attention_inputs(state.cached_positions(), frames)?;
+        for (layer, (keys, values)) in self
+            .layers
+            .iter()
+            .zip(state.keys.iter_mut().zip(state.values.iter_mut()))
+        {
+            h = layer.forward(&h, c, &inputs, keys, values)?;
+        }
+        let h = self.output_proj.forward(&self.final_norm.forward(&h)?)?;
+        let mut h = h.f_transpose(1, 2)?;
+
+        for (upsample, convnext) in &self.upsample {
+            h = upsample.forward(&h, state)?;
+            h = convnext.forward(&h, state)?;
+        }
+        let mut h = self.decoder_in.forward(&h, state)?;
+        for block in &self.blocks {
+            h = block.forward(&h, state)?;
+        }
+        let wav = self.final_conv.forward(&self.final_act.forward(&h)?, state)?;
+        wav.f_clamp(-1.0, 1.0)?.f_flatten(0, -1)
+    }
+
+    /// RoPE tables and the sliding-window mask for `steps` new positions after `cached` ones.
+    /// Positions count from the oldest cached key, so they stay below the window size however
+    /// long the stream runs; attention only sees position differences, which are unchanged.
+    fn attention_inputs(&self, cached: i64, steps: i64) -> TorchResult<AttentionInputs> {
+        let total = cached + steps;
+        let half = self.inv_freq.len();
+        let mut angles = Vec::with_capacity(total as usize * half * 2);
+        for position in 0..total {
+            for _ in 0..2 {
+                angles.extend(self.inv_freq.iter().map(|f| position as f64 * f));
+            }
+        }
+        let angles = Tensor::f_from_slice(&angles)?.f_view([total, 2 * half as i64])?;
+        let table = |t: Tensor| t.f_to_device(self.device)?.f_to_kind(self.kind);
+        let cos = table(angles.f_cos()?)?;
+        let sin = table(angles.f_sin()?)?;
+
+        let window = self.config.sliding_window as i64;
+        let mask: Vec<f32> = (cached..total)
+            .flat_map(|query| {
+                (0..total).map(move |key| {
+                    if key <= query && key > query - window {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+            })
+            .collect();
+        let mask = table(Tensor::f_from_slice(&mask)?.f_view([steps, total])?)?;
+        Ok(AttentionInputs {
+            query_cos: cos.f_narrow(0, cached, steps)?,
+            query_sin: sin.f_narrow(0, cached, steps)?,
+            key_cos: cos,
+            key_sin: sin,
+            mask,
+        })
+    }
+}
+
+/// Per codebook: `embedding_sum / clamp(cluster_usage, 1e-5)`, then its group's 1x1
+/// `output_proj` (codebook 0: `rvq_first`, the rest: `rvq_rest`). Computed in float64, stored
+/// in the compute kind, as rows of one table.
+fn load_codebook_table(weights: &WeightFile, c: &DecoderConfig) -> Result<Tensor, ModelError> {
+    let dim = c.codebook_dim / 2;
+    let mut tables = Vec::with_capacity(c.num_quantizers);
+    for (group, count) in [("rvq_first", 1), ("rvq_rest", c.num_quantizers - 1)] {
+        let prefix = format!("quantizer.{group}");
+        let projection = weights
+            .get_as(
+                &format!("{prefix}.output_proj.weight"),
+                &[c.codebook_dim, dim, 1],
+                Kind::Double,
+            )?
+            .f_squeeze_dim(2)?;
+        for layer in 0..count {
+            let p = format!("{prefix}.vq.layers.{layer}._codebook");
+            let sum = weights.get_as(
+                &format!("{p}.embedding_sum"),
+                &[c.codebook_size, dim],
+                Kind::Double,
+            )?;
+            let usage = weights.get_as(&format!("{p}.cluster_usage"), &[c.codebook_size], Kind::Double)?;
+            let entries = sum.f_div(&usage.f_clamp_min(1e-5)?.f_unsqueeze(1)?)?;
+            tables.push(entries.f_matmul(&projection.f_transpose(0, 1)?)?);
+        }
+    }
+    Ok(Tensor::f_cat(&tables, 0)?.f_to_kind(weights.kind())?)
+}

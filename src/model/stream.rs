@@ -1,0 +1,203 @@
+//! One stream's decoder: frames in, exactly their audio out, in fixed-size steps.
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use tch::{Kind, Tensor};
+
+use super::network::StreamState;
+use super::{DecodeError, Model};
+
+/// How [`StreamDecoder::finish`] decodes frames that do not fill a whole step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TailStrategy {
+    /// One frame per step: exact, a few more (small) steps.
+    #[default]
+    Eager,
+    /// One full-size step with zero codes after the tail, whose audio is dropped. The tail's
+    /// own audio is exact (the network is causal); the state is spoilt, so the stream ends.
+    Pad,
+}
+
+impl FromStr for TailStrategy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "eager" => Ok(TailStrategy::Eager),
+            "pad" => Ok(TailStrategy::Pad),
+            other => Err(format!("unknown tail strategy {other:?} (expected eager or pad)")),
+        }
+    }
+}
+
+/// Decodes one stream of frames incrementally. Its output, concatenated over calls, equals the
+/// full-sequence decode of all frames pushed, whatever the split into calls. Frames wait until
+/// `chunk_frames` of them make a step; [`Self::finish`] decodes the rest.
+pub struct StreamDecoder {
+    model: Arc<Model>,
+    chunk_frames: usize,
+    tail: TailStrategy,
+    state: StreamState,
+    /// Codes of the frames waiting for a full step, frame-major.
+    pending: Vec<i64>,
+    frames_in: u64,
+    steps: u64,
+    finished: bool,
+    broken: bool,
+}
+
+impl StreamDecoder {
+    pub fn new(model: Arc<Model>, chunk_frames: usize, tail: TailStrategy) -> Result<Self, DecodeError> {
+        assert!(chunk_frames > 0, "chunk_frames must be positive");
+        let state = model.network().new_state()?;
+        Ok(Self {
+            model,
+            chunk_frames,
+            tail,
+            state,
+            pending: Vec::new(),
+            frames_in: 0,
+            steps: 0,
+            finished: false,
+            broken: false,
+        })
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    pub fn chunk_frames(&self) -> usize {
+        self.chunk_frames
+    }
+
+    /// Frames accepted since the stream started.
+    pub fn frames_in(&self) -> u64 {
+        self.frames_in
+    }
+
+    /// Frames accepted but not decoded yet (waiting for a full step).
+    pub fn pending_frames(&self) -> usize {
+        self.pending.len() / self.codebooks()
+    }
+
+    /// Decode steps run since the stream started.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Bytes this stream holds besides the shared weights: convolution contexts, KV window
+    /// and waiting codes.
+    pub fn state_bytes(&self) -> usize {
+        self.state.bytes() + self.pending.len() * std::mem::size_of::<i64>()
+    }
+
+    fn codebooks(&self) -> usize {
+        self.model.config().num_quantizers
+    }
+
+    /// Accepts whole frames (`codes.len()` a multiple of the codebook count, frame-major) and
+    /// returns the audio of every step they complete. Bad codes are refused before anything
+    /// is accepted, so the stream stays usable after an error.
+    pub fn push(&mut self, codes: &[i16]) -> Result<Vec<f32>, DecodeError> {
+        self.check_usable()?;
+        let codebooks = self.codebooks();
+        if !codes.len().is_multiple_of(codebooks) {
+            return Err(DecodeError::PartialFrame {
+                codes: codes.len(),
+                codebooks,
+            });
+        }
+        let codebook_size = self.model.config().codebook_size;
+        if let Some(index) = codes.iter().position(|&c| c < 0 || c as usize >= codebook_size) {
+            return Err(DecodeError::InvalidCode {
+                frame: self.frames_in + (index / codebooks) as u64,
+                codebook: index % codebooks,
+                value: codes[index].into(),
+                codebook_size,
+            });
+        }
+        self.pending.extend(codes.iter().map(|&c| i64::from(c)));
+        self.frames_in += (codes.len() / codebooks) as u64;
+
+        let step_codes = self.chunk_frames * codebooks;
+        let full_steps = self.pending.len() / step_codes;
+        let ready: Vec<i64> = self.pending.drain(..full_steps * step_codes).collect();
+        let mut audio = Vec::with_capacity(full_steps * self.chunk_frames * self.model.samples_per_frame());
+        for block in ready.chunks(step_codes) {
+            audio.extend(self.run_step(block)?);
+        }
+        Ok(audio)
+    }
+
+    /// Decodes the frames still waiting (the residual tail) and ends the stream. Returns
+    /// nothing on a finished stream.
+    pub fn finish(&mut self) -> Result<Vec<f32>, DecodeError> {
+        if self.finished {
+            return Ok(Vec::new());
+        }
+        self.check_usable()?;
+        let pending = std::mem::take(&mut self.pending);
+        let tail_frames = pending.len() / self.codebooks();
+        let mut audio = Vec::with_capacity(tail_frames * self.model.samples_per_frame());
+        if tail_frames > 0 {
+            match self.tail {
+                TailStrategy::Eager => {
+                    for frame in pending.chunks(self.codebooks()) {
+                        audio.extend(self.run_step(frame)?);
+                    }
+                }
+                TailStrategy::Pad => {
+                    let mut block = pending;
+                    block.resize(self.chunk_frames * self.codebooks(), 0);
+                    audio = self.run_step(&block)?;
+                    audio.truncate(tail_frames * self.model.samples_per_frame());
+                }
+            }
+        }
+        self.finished = true;
+        Ok(audio)
+    }
+
+    /// Starts a new stream: the next frame decodes as on a fresh decoder.
+    pub fn reset(&mut self) -> Result<(), DecodeError> {
+        self.state = self.model.network().new_state()?;
+        self.pending.clear();
+        self.frames_in = 0;
+        self.steps = 0;
+        self.finished = false;
+        self.broken = false;
+        Ok(())
+    }
+
+    fn check_usable(&self) -> Result<(), DecodeError> {
+        if self.broken {
+            Err(DecodeError::Broken)
+        } else if self.finished {
+            Err(DecodeError::Finished)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// One network step over `codes` (whole frames). A failing step may leave the state half
+    /// updated, so the stream refuses further work until it is reset.
+    fn run_step(&mut self, codes: &[i64]) -> Result<Vec<f32>, DecodeError> {
+        let result = self.try_step(codes);
+        self.broken = result.is_err();
+        self.steps += 1;
+        result
+    }
+
+    fn try_step(&mut self, codes: &[i64]) -> Result<Vec<f32>, DecodeError> {
+        let network = self.model.network();
+        let frames = (codes.len() / self.codebooks()) as i64;
+        let codes = Tensor::f_from_slice(codes)?
+            .f_view([frames, self.codebooks() as i64])?
+            .f_to_device(network.device())?;
+        let audio = network.step(&codes, &mut self.state)?;
+        let audio = audio.f_to_kind(Kind::Float)?.f_to_device(tch::Device::Cpu)?;
+        Ok(Vec::<f32>::try_from(&audio)?)
+    }
+}

@@ -1,0 +1,99 @@
+//! Reference fixtures made by `tools/make_fixtures.py` with the upstream decoder.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use safetensors::SafeTensors;
+
+pub struct Fixture {
+    pub name: &'static str,
+    pub dir: PathBuf,
+    pub codebooks: usize,
+    pub frames: usize,
+    pub samples_per_frame: usize,
+    pub sample_rate: u32,
+    /// Codes, frame-major: `frames * codebooks` of them.
+    pub codes: Vec<i16>,
+    /// Upstream's full-sequence decode in float64.
+    pub audio: Vec<f32>,
+    /// Relative L2 error of upstream's own float32 decode against `audio`.
+    pub upstream_f32_error: f64,
+}
+
+/// Every committed fixture, each a different geometry.
+pub const FIXTURES: [&str; 4] = ["release-tiny", "gqa-bias", "bf16-weights", "f16-weights"];
+
+pub fn fixture_dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+pub fn load_fixture(name: &'static str) -> Fixture {
+    let dir = fixture_dir(name);
+    let bytes = std::fs::read(dir.join("expected.safetensors")).expect("fixture expected.safetensors");
+    let (_, metadata) = SafeTensors::read_metadata(&bytes).unwrap();
+    let meta = metadata.metadata().clone().expect("fixture metadata");
+    let tensors = SafeTensors::deserialize(&bytes).unwrap();
+    let codes = tensors.tensor("codes").unwrap();
+    let [frames, codebooks] = codes.shape().try_into().unwrap();
+    let codes = codes
+        .data()
+        .chunks_exact(4)
+        .map(|b| i16::try_from(i32::from_le_bytes(b.try_into().unwrap())).unwrap())
+        .collect();
+    let audio = tensors
+        .tensor("audio")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let number = |key: &str| meta[key].parse::<f64>().unwrap();
+    Fixture {
+        name,
+        dir,
+        codebooks,
+        frames,
+        samples_per_frame: number("samples_per_frame") as usize,
+        sample_rate: number("sample_rate") as u32,
+        codes,
+        audio,
+        upstream_f32_error: number("upstream_f32_rel_l2"),
+    }
+}
+
+/// ||actual - expected|| / ||expected||, in float64.
+pub fn relative_l2(actual: &[f32], expected: &[f32]) -> f64 {
+    assert_eq!(actual.len(), expected.len(), "audio length");
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (&a, &e) in actual.iter().zip(expected) {
+        diff += (a as f64 - e as f64).powi(2);
+        norm += (e as f64).powi(2);
+    }
+    (diff / norm).sqrt()
+}
+
+impl Fixture {
+    /// The parity bound: five times upstream's own float32 error.
+    pub fn tolerance(&self) -> f64 {
+        5.0 * self.upstream_f32_error
+    }
+
+    pub fn assert_matches(&self, audio: &[f32], what: &str) {
+        assert_eq!(
+            audio.len(),
+            self.audio.len(),
+            "{}: {what}: audio length",
+            self.name
+        );
+        let error = relative_l2(audio, &self.audio);
+        assert!(
+            error <= self.tolerance(),
+            "{}: {what}: relative L2 error {error:.3e} above {:.3e} (5x upstream float32's {:.3e})",
+            self.name,
+            self.tolerance(),
+            self.upstream_f32_error
+        );
+    }
+}

@@ -1,0 +1,207 @@
+//! The streaming decoder against upstream's full-sequence decode.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{FIXTURES, Fixture, load_fixture, relative_l2};
+use gstqwencodec::model::{Dtype, Model, StreamDecoder, TailStrategy};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tch::Device;
+
+fn load_model(fixture: &Fixture) -> Arc<Model> {
+    Arc::new(Model::load(&fixture.dir, Device::Cpu, Dtype::F32).expect("fixture model loads"))
+}
+
+/// Pushes `codes` in calls of the given frame counts, then finishes.
+fn decode_in_calls(decoder: &mut StreamDecoder, codes: &[i16], calls: &[usize]) -> Vec<f32> {
+    let codebooks = decoder.model().config().num_quantizers;
+    let mut audio = Vec::new();
+    let mut start = 0;
+    for &frames in calls {
+        let end = start + frames * codebooks;
+        let chunk = decoder.push(&codes[start..end]).unwrap();
+        let decodable = (decoder.frames_in() as usize / decoder.chunk_frames()) * decoder.chunk_frames();
+        assert_eq!(
+            audio.len() + chunk.len(),
+            decodable * decoder.model().samples_per_frame(),
+            "audio of every complete step comes out at once"
+        );
+        audio.extend(chunk);
+        start = end;
+    }
+    assert_eq!(start, codes.len());
+    audio.extend(decoder.finish().unwrap());
+    audio
+}
+
+#[test]
+fn every_chunk_size_and_tail_strategy_matches_upstream() {
+    for name in FIXTURES {
+        let fixture = load_fixture(name);
+        let model = load_model(&fixture);
+        assert_eq!(model.samples_per_frame(), fixture.samples_per_frame);
+        assert_eq!(model.sample_rate(), fixture.sample_rate);
+        for chunk_frames in 1..=4 {
+            for tail in [TailStrategy::Eager, TailStrategy::Pad] {
+                let mut decoder = StreamDecoder::new(model.clone(), chunk_frames, tail).unwrap();
+                let audio = decode_in_calls(&mut decoder, &fixture.codes, &[fixture.frames]);
+                fixture.assert_matches(&audio, &format!("chunk {chunk_frames}, {tail:?} tail"));
+            }
+        }
+    }
+}
+
+#[test]
+fn random_splits_into_calls_match_upstream() {
+    let mut rng = StdRng::seed_from_u64(7);
+    for name in FIXTURES {
+        let fixture = load_fixture(name);
+        let model = load_model(&fixture);
+        for round in 0..4 {
+            let chunk_frames = rng.random_range(1..=4);
+            let tail = if round % 2 == 0 {
+                TailStrategy::Eager
+            } else {
+                TailStrategy::Pad
+            };
+            let mut calls = Vec::new();
+            let mut left = fixture.frames;
+            while left > 0 {
+                let frames = rng.random_range(0..=left.min(9));
+                calls.push(frames);
+                left -= frames;
+            }
+            let mut decoder = StreamDecoder::new(model.clone(), chunk_frames, tail).unwrap();
+            let audio = decode_in_calls(&mut decoder, &fixture.codes, &calls);
+            fixture.assert_matches(
+                &audio,
+                &format!("chunk {chunk_frames}, {tail:?} tail, calls {calls:?}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn reset_gives_a_fresh_stream() {
+    let fixture = load_fixture("gqa-bias");
+    let mut decoder = StreamDecoder::new(load_model(&fixture), 3, TailStrategy::Eager).unwrap();
+    let first = decode_in_calls(&mut decoder, &fixture.codes, &[fixture.frames]);
+    decoder.reset().unwrap();
+    assert_eq!(decoder.frames_in(), 0);
+    let second = decode_in_calls(&mut decoder, &fixture.codes, &[fixture.frames]);
+    assert_eq!(first, second);
+
+    // A reset in the middle of a stream drops what was pending too.
+    decoder.reset().unwrap();
+    decoder.push(&fixture.codes[..5 * fixture.codebooks]).unwrap();
+    decoder.reset().unwrap();
+    assert_eq!(decoder.pending_frames(), 0);
+    let third = decode_in_calls(&mut decoder, &fixture.codes, &[fixture.frames]);
+    assert_eq!(first, third);
+}
+
+#[test]
+fn interleaved_streams_on_shared_weights_are_independent() {
+    let fixture = load_fixture("gqa-bias");
+    let model = load_model(&fixture);
+    let other_codes: Vec<i16> = fixture.codes.iter().rev().copied().collect();
+    let alone = |codes: &[i16]| {
+        let mut decoder = StreamDecoder::new(model.clone(), 2, TailStrategy::Eager).unwrap();
+        decode_in_calls(&mut decoder, codes, &[fixture.frames])
+    };
+    let (alone_a, alone_b) = (alone(&fixture.codes), alone(&other_codes));
+
+    let mut a = StreamDecoder::new(model.clone(), 2, TailStrategy::Eager).unwrap();
+    let mut b = StreamDecoder::new(model.clone(), 2, TailStrategy::Eager).unwrap();
+    let (mut audio_a, mut audio_b) = (Vec::new(), Vec::new());
+    for (frames_a, frames_b) in fixture
+        .codes
+        .chunks(3 * fixture.codebooks)
+        .zip(other_codes.chunks(3 * fixture.codebooks))
+    {
+        audio_a.extend(a.push(frames_a).unwrap());
+        audio_b.extend(b.push(frames_b).unwrap());
+    }
+    audio_a.extend(a.finish().unwrap());
+    audio_b.extend(b.finish().unwrap());
+    assert_eq!(audio_a, alone_a);
+    assert_eq!(audio_b, alone_b);
+}
+
+#[test]
+fn streams_on_several_threads_share_one_model() {
+    let fixture = Arc::new(load_fixture("gqa-bias"));
+    let model = load_model(&fixture);
+    let workers: Vec<_> = (1..=3)
+        .map(|chunk_frames| {
+            let (model, fixture) = (model.clone(), fixture.clone());
+            std::thread::spawn(move || {
+                let mut decoder = StreamDecoder::new(model, chunk_frames, TailStrategy::Eager).unwrap();
+                decode_in_calls(&mut decoder, &fixture.codes, &[fixture.frames])
+            })
+        })
+        .collect();
+    for worker in workers {
+        fixture.assert_matches(&worker.join().unwrap(), "decoded on another thread");
+    }
+}
+
+/// The network's receptive field is finite, so after a long stream a context + probe must
+/// decode as on a fresh stream; only position drift in attention could tell them apart.
+#[test]
+fn accuracy_does_not_depend_on_stream_length() {
+    let fixture = load_fixture("gqa-bias");
+    let model = load_model(&fixture);
+    let codebooks = fixture.codebooks;
+    let codebook_size = model.config().codebook_size as i16;
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut random_frames = |frames: usize| -> Vec<i16> {
+        (0..frames * codebooks)
+            .map(|_| rng.random_range(0..codebook_size))
+            .collect()
+    };
+    let context_and_probe = random_frames(96);
+    let probe_samples = 32 * model.samples_per_frame();
+
+    let chunk_frames = 8;
+    let mut long = StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
+    let history = random_frames(20_000);
+    for block in history.chunks(500 * codebooks) {
+        long.push(block).unwrap();
+    }
+    assert_eq!(long.frames_in(), 20_000);
+    let settled_state = long.state_bytes();
+    let long_audio = long.push(&context_and_probe).unwrap();
+
+    let mut fresh = StreamDecoder::new(model, chunk_frames, TailStrategy::Eager).unwrap();
+    let fresh_audio = fresh.push(&context_and_probe).unwrap();
+
+    let probe = |audio: &[f32]| audio[audio.len() - probe_samples..].to_vec();
+    let error = relative_l2(&probe(&long_audio), &probe(&fresh_audio));
+    assert!(
+        error < 1e-5,
+        "probe after 20,000 frames differs from a fresh stream: {error:.3e}"
+    );
+    assert_eq!(
+        long.state_bytes(),
+        settled_state,
+        "state stops growing once the window is full"
+    );
+}
+
+#[test]
+fn state_is_reported_and_bounded() {
+    let fixture = load_fixture("release-tiny");
+    let model = load_model(&fixture);
+    let mut decoder = StreamDecoder::new(model, 4, TailStrategy::Eager).unwrap();
+    let empty = decoder.state_bytes();
+    assert!(empty > 0, "conv contexts are state from the start");
+    decoder.push(&fixture.codes).unwrap();
+    let full = decoder.state_bytes();
+    let c = decoder.model().config();
+    let kv_bytes = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * (c.sliding_window - 1) * 4;
+    let pending_bytes = decoder.pending_frames() * c.num_quantizers * 8;
+    assert_eq!(full, empty + kv_bytes + pending_bytes);
+}

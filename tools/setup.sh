@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One-time machine set-up, idempotent: Debian's GStreamer packages and a venv
+# with torch (whose libtorch the plugin links) in a cache folder that every
+# checkout on this machine shares.
+set -euo pipefail
+
+cache="${QWENCODEC_CACHE:-/var/cache/qwencodec}"
+venv="$cache/venv"
+torch_version="2.11.0"
+
+apt_packages=(
+  pkg-config
+  libgstreamer1.0-dev
+  libgstreamer-plugins-base1.0-dev
+  gstreamer1.0-tools
+  gstreamer1.0-plugins-base
+  gstreamer1.0-plugins-good
+)
+
+missing=()
+for pkg in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  apt_get() { if [ "$(id -u)" = 0 ]; then apt-get "$@"; else sudo apt-get "$@"; fi; }
+  apt_get update -q
+  DEBIAN_FRONTEND=noninteractive apt_get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+  echo "setup: installing torch==$torch_version into $venv (about 4.6 GB, once per machine)"
+  mkdir -p "$cache"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q "torch==$torch_version"
+fi
