@@ -5,9 +5,10 @@
 use gst::glib;
 
 pub mod model;
+mod qwencodecdec;
 
-fn plugin_init(_plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
-    Ok(())
+fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    qwencodecdec::register(plugin)
 }
 
 gst::plugin_define!(

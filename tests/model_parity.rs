@@ -205,3 +205,19 @@ fn state_is_reported_and_bounded() {
     let pending_bytes = decoder.pending_frames() * c.num_quantizers * 8;
     assert_eq!(full, empty + kv_bytes + pending_bytes);
 }
+
+#[test]
+fn one_model_per_checkpoint_device_and_dtype_is_shared_then_freed() {
+    let dir = common::fixture_dir("gqa-bias");
+    let first = Model::shared(&dir, Device::Cpu, Dtype::F32).unwrap();
+    let again = Model::shared(&dir.join("."), Device::Cpu, Dtype::F32).unwrap();
+    assert!(Arc::ptr_eq(&first, &again), "the same folder by another spelling");
+    let other_dtype = Model::shared(&dir, Device::Cpu, Dtype::Bf16).unwrap();
+    assert!(!Arc::ptr_eq(&first, &other_dtype));
+
+    let weak = Arc::downgrade(&first);
+    drop((first, again));
+    assert!(weak.upgrade().is_none(), "freed with its last user");
+    let reloaded = Model::shared(&dir, Device::Cpu, Dtype::F32).unwrap();
+    assert_eq!(reloaded.config(), other_dtype.config());
+}

@@ -453,7 +453,12 @@ def make_preset(upstream, name, preset, frames, out, with_expected):
     weights.update(encoder)
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
 
-    files = ["config.json", "model.safetensors"]
+    # The same codes as a raw stream of frames (Q little-endian int16 each),
+    # what qwencodecdec takes: for pipelines and the demo.
+    (folder / "codes.raw").write_bytes(
+        codes.to(torch.int16).numpy().astype("<i2").tobytes())
+
+    files = ["config.json", "model.safetensors", "codes.raw"]
     line = f"{name}: T={frames} S={stride}"
     if with_expected:
         # Expectations come from the weights as saved, so that bf16/f16

@@ -6,9 +6,11 @@ mod config;
 mod network;
 mod stream;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use tch::{Device, Kind};
 
@@ -154,6 +156,26 @@ impl Model {
             network: Network::load(&weights, &config)?,
             dtype,
         })
+    }
+
+    /// The process-wide copy of a checkpoint on a device in a dtype: loaded by the first
+    /// caller, shared by every later one, freed when the last user drops it.
+    pub fn shared(path: &Path, device: Device, dtype: Dtype) -> Result<Arc<Self>, ModelError> {
+        type Key = (PathBuf, Device, Dtype);
+        static LOADED: LazyLock<Mutex<HashMap<Key, Weak<Model>>>> = LazyLock::new(Default::default);
+
+        // The same folder reached by another spelling is the same model.
+        let path = path.canonicalize().unwrap_or_else(|_| path.to_owned());
+        // Held while loading, so that concurrent starts load a checkpoint once.
+        let mut loaded = LOADED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        loaded.retain(|_, model| model.strong_count() > 0);
+        let key = (path, device, dtype);
+        if let Some(model) = loaded.get(&key).and_then(Weak::upgrade) {
+            return Ok(model);
+        }
+        let model = Arc::new(Self::load(&key.0, device, dtype)?);
+        loaded.insert(key, Arc::downgrade(&model));
+        Ok(model)
     }
 
     pub fn config(&self) -> &DecoderConfig {

@@ -2,6 +2,7 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tch::{Kind, Tensor};
 
@@ -43,11 +44,15 @@ pub struct StreamDecoder {
     pending: Vec<i64>,
     frames_in: u64,
     steps: u64,
+    step_time_total: Duration,
+    step_time_max: Duration,
     finished: bool,
     broken: bool,
 }
 
 impl StreamDecoder {
+    /// # Panics
+    /// If `chunk_frames` is 0.
     pub fn new(model: Arc<Model>, chunk_frames: usize, tail: TailStrategy) -> Result<Self, DecodeError> {
         assert!(chunk_frames > 0, "chunk_frames must be positive");
         let state = model.network().new_state()?;
@@ -59,6 +64,8 @@ impl StreamDecoder {
             pending: Vec::new(),
             frames_in: 0,
             steps: 0,
+            step_time_total: Duration::ZERO,
+            step_time_max: Duration::ZERO,
             finished: false,
             broken: false,
         })
@@ -85,6 +92,11 @@ impl StreamDecoder {
     /// Decode steps run since the stream started.
     pub fn steps(&self) -> u64 {
         self.steps
+    }
+
+    /// Wall-clock time of the decode steps since the stream started: (total, longest).
+    pub fn step_times(&self) -> (Duration, Duration) {
+        (self.step_time_total, self.step_time_max)
     }
 
     /// Bytes this stream holds besides the shared weights: convolution contexts, KV window
@@ -166,6 +178,8 @@ impl StreamDecoder {
         self.pending.clear();
         self.frames_in = 0;
         self.steps = 0;
+        self.step_time_total = Duration::ZERO;
+        self.step_time_max = Duration::ZERO;
         self.finished = false;
         self.broken = false;
         Ok(())
@@ -184,9 +198,13 @@ impl StreamDecoder {
     /// One network step over `codes` (whole frames). A failing step may leave the state half
     /// updated, so the stream refuses further work until it is reset.
     fn run_step(&mut self, codes: &[i64]) -> Result<Vec<f32>, DecodeError> {
+        let started = Instant::now();
         let result = self.try_step(codes);
+        let elapsed = started.elapsed();
         self.broken = result.is_err();
         self.steps += 1;
+        self.step_time_total += elapsed;
+        self.step_time_max = self.step_time_max.max(elapsed);
         result
     }
 

@@ -1,0 +1,51 @@
+//! `qwencodecdec`: Qwen3-TTS codec frames in, audio out.
+
+use gst::glib;
+use gst::prelude::*;
+
+mod imp;
+
+/// Values of the `tail-strategy` property.
+#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstQwenCodecDecTailStrategy")]
+pub enum TailStrategy {
+    #[default]
+    #[enum_value(name = "Eager: decode the last frames one at a time", nick = "eager")]
+    Eager = 0,
+    #[enum_value(name = "Pad: decode one padded step and trim its audio", nick = "pad")]
+    Pad = 1,
+}
+
+/// Values of the `dtype` property.
+#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstQwenCodecDecDtype")]
+pub enum Dtype {
+    #[default]
+    #[enum_value(name = "float32", nick = "f32")]
+    F32 = 0,
+    #[enum_value(name = "bfloat16", nick = "bf16")]
+    Bf16 = 1,
+    #[enum_value(name = "float16", nick = "f16")]
+    F16 = 2,
+}
+
+glib::wrapper! {
+    pub struct QwenCodecDec(ObjectSubclass<imp::QwenCodecDec>)
+        @extends gst_audio::AudioDecoder, gst::Element, gst::Object;
+}
+
+pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    #[cfg(feature = "doc")]
+    {
+        TailStrategy::static_type().mark_as_plugin_api(gst::PluginAPIFlags::empty());
+        Dtype::static_type().mark_as_plugin_api(gst::PluginAPIFlags::empty());
+    }
+    gst::Element::register(
+        Some(plugin),
+        "qwencodecdec",
+        gst::Rank::PRIMARY,
+        QwenCodecDec::static_type(),
+    )
+}
