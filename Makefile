@@ -8,7 +8,7 @@ export PATH := $(VENV)/bin:$(PATH)
 
 PLUGIN := target/release/libgstqwencodec.so
 
-.PHONY: setup setup-reference build test lint fixtures
+.PHONY: setup setup-reference build demo test lint fixtures
 
 setup:
 	@bash tools/setup.sh
@@ -19,6 +19,11 @@ setup-reference: setup
 
 build: setup
 	cargo build --release
+
+# The main job: a gst-launch pipeline decoding codes to a WAV (bundled test checkpoint unless
+# MODEL=<checkpoint> and CODES=<codes.raw> are given).
+demo: build
+	@bash tools/demo.sh
 
 lint: setup
 	cargo fmt --all -- --check

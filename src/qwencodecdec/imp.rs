@@ -6,7 +6,7 @@
  * the decoder's state from buffer to buffer, so the audio equals the upstream model's decode
  * of the whole sequence.
  *
- * ```
+ * ```text
  * gst-launch-1.0 filesrc location=codes.raw ! \
  *   audio/x-qwen3-tts-codes,codebooks=16,framerate=25/2 ! \
  *   qwencodecdec model-path=/models/Qwen3-TTS-Tokenizer-12Hz ! \
@@ -267,14 +267,14 @@ impl QwenCodecDec {
             .ok_or_else(|| {
                 gst::error_msg!(
                     gst::LibraryError::Settings,
-                    [
+                    (
                         "No model: set the model-path property or the {} environment variable",
                         MODEL_PATH_ENV
-                    ]
+                    )
                 )
             })?;
         let device = model::parse_device(&settings.device)
-            .map_err(|err| gst::error_msg!(gst::LibraryError::Settings, ["{}", err]))?;
+            .map_err(|err| gst::error_msg!(gst::LibraryError::Settings, ("{}", err)))?;
         let dtype = match settings.dtype {
             super::Dtype::F32 => model::Dtype::F32,
             super::Dtype::Bf16 => model::Dtype::Bf16,
@@ -304,13 +304,13 @@ impl QwenCodecDec {
             let message = format!("Cannot load the model from {}: {err}", model_path.display());
             match err {
                 ModelError::Io { .. } | ModelError::Checkpoint(_) | ModelError::MissingTensor { .. } => {
-                    gst::error_msg!(gst::ResourceError::OpenRead, ["{}", message])
+                    gst::error_msg!(gst::ResourceError::OpenRead, ("{}", message))
                 }
                 ModelError::Config(_) | ModelError::ShapeMismatch { .. } => {
-                    gst::error_msg!(gst::StreamError::Format, ["{}", message])
+                    gst::error_msg!(gst::StreamError::Format, ("{}", message))
                 }
                 ModelError::Device(_) | ModelError::Torch(_) => {
-                    gst::error_msg!(gst::LibraryError::Init, ["{}", message])
+                    gst::error_msg!(gst::LibraryError::Init, ("{}", message))
                 }
             }
         })?;
@@ -318,7 +318,7 @@ impl QwenCodecDec {
             super::TailStrategy::Eager => model::TailStrategy::Eager,
             super::TailStrategy::Pad => model::TailStrategy::Pad,
         };
-        let decoder_error = |err: DecodeError| gst::error_msg!(gst::LibraryError::Init, ["{}", err]);
+        let decoder_error = |err: DecodeError| gst::error_msg!(gst::LibraryError::Init, ("{}", err));
         let mut decoder =
             StreamDecoder::new(model.clone(), settings.chunk_frames as usize, tail).map_err(decoder_error)?;
 
@@ -334,11 +334,11 @@ impl QwenCodecDec {
         if audio.len() != expected {
             return Err(gst::error_msg!(
                 gst::LibraryError::Init,
-                [
+                (
                     "Warm-up step gave {} samples instead of {}",
                     audio.len(),
                     expected
-                ]
+                )
             ));
         }
         decoder.reset().map_err(decoder_error)?;
@@ -428,6 +428,15 @@ impl QwenCodecDec {
             );
         }
         self.push_output(output, format)
+    }
+
+    /// Drops everything of the current stream (flushing seek).
+    fn reset_stream(&self) {
+        if let Some(state) = self.state().as_mut()
+            && let Err(err) = state.reset(&mut self.stats())
+        {
+            gst::warning!(CAT, imp = self, "Cannot reset the decoder: {}", err);
+        }
     }
 
     fn decode_error(&self, err: DecodeError) -> gst::FlowError {
@@ -698,13 +707,7 @@ impl AudioDecoderImpl for QwenCodecDec {
 
     fn flush(&self, hard: bool) {
         gst::debug!(CAT, imp = self, "Flushing (hard: {})", hard);
-        let mut guard = self.state();
-        if let Some(state) = guard.as_mut() {
-            let mut stats = self.stats();
-            if let Err(err) = state.reset(&mut stats) {
-                gst::warning!(CAT, imp = self, "Cannot reset the decoder: {}", err);
-            }
-        }
+        self.reset_stream();
     }
 
     /// The sink caps are the codes' own; the base class would otherwise copy the rate and
@@ -753,8 +756,14 @@ impl AudioDecoderImpl for QwenCodecDec {
     fn sink_event(&self, event: gst::Event) -> bool {
         // A new stream (e.g. from concat, without EOS in between) starts from a fresh decoder,
         // after the old one's frames are out.
-        if let gst::EventView::StreamStart(_) = event.view() {
-            let _ = self.drain();
+        match event.view() {
+            gst::EventView::StreamStart(_) => {
+                let _ = self.drain();
+            }
+            // The base class calls flush() only once it has output something; frames still
+            // waiting for a step must go too.
+            gst::EventView::FlushStop(_) => self.reset_stream(),
+            _ => (),
         }
         self.parent_sink_event(event)
     }

@@ -1,0 +1,595 @@
+//! qwencodecdec through gst_check's Harness and in real pipelines.
+
+mod common;
+
+use std::path::Path;
+use std::sync::{Arc, Once};
+
+use common::{Fixture, fixture_dir, load_fixture};
+use gst::prelude::*;
+use gstqwencodec::model::{Dtype, Model};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn init() {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        gst::init().unwrap();
+        gstqwencodec::plugin_register_static().unwrap();
+    });
+}
+
+fn decoder(fixture_path: &Path, properties: &[(&str, &dyn ToValue)]) -> gst::Element {
+    let element = gst::ElementFactory::make("qwencodecdec")
+        .property("model-path", fixture_path.to_str().unwrap())
+        .property("device", "cpu")
+        .build()
+        .unwrap();
+    for (name, value) in properties {
+        element.set_property_from_value(name, &value.to_value());
+    }
+    element
+}
+
+fn codes_caps(codebooks: i32, framerate: gst::Fraction) -> gst::Caps {
+    gst::Caps::builder("audio/x-qwen3-tts-codes")
+        .field("codebooks", codebooks)
+        .field("framerate", framerate)
+        .build()
+}
+
+fn fixture_caps(fixture: &Fixture) -> gst::Caps {
+    let (num, den) = reduce(fixture.sample_rate as i32, fixture.samples_per_frame as i32);
+    codes_caps(fixture.codebooks as i32, gst::Fraction::new(num, den))
+}
+
+fn reduce(num: i32, den: i32) -> (i32, i32) {
+    let (mut a, mut b) = (num, den);
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    (num / a, den / a)
+}
+
+fn harness(fixture: &Fixture, properties: &[(&str, &dyn ToValue)]) -> gst_check::Harness {
+    init();
+    let element = decoder(&fixture.dir, properties);
+    let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
+    h.set_src_caps(fixture_caps(fixture));
+    h.play();
+    h
+}
+
+fn code_bytes(codes: &[i16]) -> Vec<u8> {
+    codes.iter().flat_map(|c| c.to_le_bytes()).collect()
+}
+
+fn buffer(bytes: &[u8], pts: Option<gst::ClockTime>) -> gst::Buffer {
+    let mut buffer = gst::Buffer::from_slice(bytes.to_vec());
+    buffer.get_mut().unwrap().set_pts(pts);
+    buffer
+}
+
+fn samples(buffer: &gst::BufferRef) -> Vec<f32> {
+    let map = buffer.map_readable().unwrap();
+    map.chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+fn pull_all(h: &mut gst_check::Harness) -> Vec<gst::Buffer> {
+    std::iter::from_fn(|| h.try_pull()).collect()
+}
+
+fn audio_of(buffers: &[gst::Buffer]) -> Vec<f32> {
+    buffers.iter().flat_map(|b| samples(b)).collect()
+}
+
+/// Collects the element's messages of one type from its own bus.
+fn bus_for(element: &gst::Element) -> gst::Bus {
+    let bus = gst::Bus::new();
+    element.set_bus(Some(&bus));
+    bus
+}
+
+fn messages(bus: &gst::Bus, kind: gst::MessageType) -> Vec<String> {
+    std::iter::from_fn(|| bus.pop_filtered(&[kind]))
+        .map(|message| match message.view() {
+            gst::MessageView::Error(e) => format!("{} ({:?})", e.error(), e.debug()),
+            gst::MessageView::Warning(w) => format!("{} ({:?})", w.error(), w.debug()),
+            gst::MessageView::Info(i) => format!("{} ({:?})", i.error(), i.debug()),
+            _ => unreachable!(),
+        })
+        .collect()
+}
+
+#[test]
+fn output_caps_follow_the_model_and_downstream() {
+    let fixture = load_fixture("gqa-bias");
+    let mut h = harness(&fixture, &[]);
+    let bytes = code_bytes(&fixture.codes[..fixture.codebooks]);
+    h.push(buffer(&bytes, Some(gst::ClockTime::ZERO))).unwrap();
+    let caps = h.sinkpad().unwrap().current_caps().unwrap();
+    let s = caps.structure(0).unwrap();
+    assert_eq!(s.get::<&str>("format").unwrap(), "F32LE");
+    assert_eq!(s.get::<i32>("rate").unwrap(), 16000);
+    assert_eq!(s.get::<i32>("channels").unwrap(), 1);
+
+    let mut h = gst_check::Harness::with_element(&decoder(&fixture.dir, &[]), Some("sink"), Some("src"));
+    h.set_sink_caps_str("audio/x-raw,format=S16LE,rate=16000,channels=1,layout=interleaved");
+    h.set_src_caps(fixture_caps(&fixture));
+    h.play();
+    h.push(buffer(&code_bytes(&fixture.codes), Some(gst::ClockTime::ZERO)))
+        .unwrap();
+    h.push_event(gst::event::Eos::new());
+    let buffers = pull_all(&mut h);
+    let s16: Vec<f32> = buffers
+        .iter()
+        .flat_map(|b| {
+            let map = b.map_readable().unwrap();
+            map.chunks_exact(2)
+                .map(|p| i16::from_le_bytes([p[0], p[1]]) as f32 / 32767.0)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(s16.len(), fixture.audio.len());
+    let worst = s16
+        .iter()
+        .zip(&fixture.audio)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(worst <= 1.0 / 32767.0, "S16 output off by {worst}");
+}
+
+#[test]
+fn caps_that_do_not_fit_the_model_are_refused() {
+    init();
+    let fixture = load_fixture("gqa-bias");
+    for (caps, wrong) in [
+        (
+            codes_caps(16, gst::Fraction::new(400, 1)),
+            "codebooks=16 (model has 8)",
+        ),
+        (
+            codes_caps(8, gst::Fraction::new(25, 2)),
+            "framerate=25/2 (model has 400)",
+        ),
+    ] {
+        let element = decoder(&fixture.dir, &[]);
+        let bus = bus_for(&element);
+        let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
+        h.set_src_caps(caps);
+        h.play();
+        let pushed = h.push(buffer(&code_bytes(&fixture.codes), None));
+        assert_eq!(pushed, Err(gst::FlowError::NotNegotiated));
+        let errors = messages(&bus, gst::MessageType::Error).join("\n");
+        assert!(errors.contains(wrong), "{errors}");
+        assert!(errors.contains(fixture.dir.to_str().unwrap()), "{errors}");
+    }
+}
+
+#[test]
+fn random_buffer_splits_match_upstream() {
+    let mut rng = StdRng::seed_from_u64(3);
+    for name in ["release-tiny", "gqa-bias"] {
+        let fixture = load_fixture(name);
+        let bytes = code_bytes(&fixture.codes);
+        for chunk_frames in 1..=4u32 {
+            for tail in ["eager", "pad"] {
+                let mut h = harness(&fixture, &[("chunk-frames", &chunk_frames)]);
+                h.element().unwrap().set_property_from_str("tail-strategy", tail);
+                let mut at = 0;
+                while at < bytes.len() {
+                    // Sizes cut frames anywhere, and some buffers are empty.
+                    let size = rng
+                        .random_range(0..=(3 * fixture.codebooks * 2))
+                        .min(bytes.len() - at);
+                    h.push(buffer(&bytes[at..at + size], None)).unwrap();
+                    at += size;
+                }
+                h.push_event(gst::event::Eos::new());
+                let audio = audio_of(&pull_all(&mut h));
+                fixture.assert_matches(&audio, &format!("element, chunk-frames {chunk_frames}, {tail}"));
+            }
+        }
+    }
+}
+
+/// Output timestamps are sample-exact from the first input PTS, with durations that tile.
+fn check_timestamps(first_pts: gst::ClockTime, chunk_frames: u32) {
+    let fixture = load_fixture("gqa-bias");
+    let mut h = harness(&fixture, &[("chunk-frames", &chunk_frames)]);
+    let frame = gst::ClockTime::SECOND / 400;
+    let frame_bytes = fixture.codebooks * 2;
+    let bytes = code_bytes(&fixture.codes);
+    // Buffers of 1 to 3 whole frames, stamped as a parser would.
+    let mut at = 0;
+    let mut sizes = [1usize, 3, 2].into_iter().cycle();
+    while at < fixture.frames {
+        let frames = sizes.next().unwrap().min(fixture.frames - at);
+        let pts = first_pts + frame * at as u64;
+        h.push(buffer(
+            &bytes[at * frame_bytes..(at + frames) * frame_bytes],
+            Some(pts),
+        ))
+        .unwrap();
+        at += frames;
+    }
+    h.push_event(gst::event::Eos::new());
+    let buffers = pull_all(&mut h);
+    let mut samples_before = 0u64;
+    for buffer in &buffers {
+        let expected_pts = first_pts
+            + gst::ClockTime::SECOND
+                .mul_div_floor(samples_before, 16000)
+                .unwrap();
+        assert_eq!(
+            buffer.pts(),
+            Some(expected_pts),
+            "buffer after {samples_before} samples"
+        );
+        let count = samples(buffer).len() as u64;
+        let end = first_pts
+            + gst::ClockTime::SECOND
+                .mul_div_floor(samples_before + count, 16000)
+                .unwrap();
+        assert_eq!(buffer.duration(), Some(end - expected_pts));
+        samples_before += count;
+    }
+    assert_eq!(samples_before as usize, fixture.audio.len());
+}
+
+#[test]
+fn timestamps_start_at_zero() {
+    check_timestamps(gst::ClockTime::ZERO, 1);
+    check_timestamps(gst::ClockTime::ZERO, 4);
+}
+
+#[test]
+fn timestamps_start_at_the_first_input_pts() {
+    check_timestamps(gst::ClockTime::from_seconds(10), 1);
+    check_timestamps(gst::ClockTime::from_seconds(10), 3);
+}
+
+#[test]
+fn untimestamped_input_starts_at_the_segment() {
+    let fixture = load_fixture("gqa-bias");
+    let mut h = harness(&fixture, &[]);
+    let mut segment = gst::FormattedSegment::<gst::ClockTime>::new();
+    segment.set_start(gst::ClockTime::from_seconds(5));
+    segment.set_time(gst::ClockTime::from_seconds(5));
+    h.push_event(gst::event::Segment::new(&segment));
+    h.push(buffer(&code_bytes(&fixture.codes[..4 * fixture.codebooks]), None))
+        .unwrap();
+    let first = h.pull().unwrap();
+    assert_eq!(first.pts(), Some(gst::ClockTime::from_seconds(5)));
+}
+
+#[test]
+fn eos_decodes_the_frames_waiting_for_a_full_step() {
+    let fixture = load_fixture("gqa-bias");
+    let spf = fixture.samples_per_frame;
+    let mut h = harness(&fixture, &[("chunk-frames", &4u32)]);
+    h.push(buffer(
+        &code_bytes(&fixture.codes[..10 * fixture.codebooks]),
+        None,
+    ))
+    .unwrap();
+    // The buffer's audio goes out whole, so nothing of it before its last frame is decoded.
+    assert_eq!(audio_of(&pull_all(&mut h)).len(), 0);
+    h.push_event(gst::event::Eos::new());
+    let audio = audio_of(&pull_all(&mut h));
+    assert_eq!(audio.len(), 10 * spf);
+    let error = common::relative_l2(&audio, &decode_alone(&fixture, 10));
+    assert!(error < 1e-5, "{error}");
+}
+
+/// The first `frames` frames of the fixture through the core, on a fresh stream.
+fn decode_alone(fixture: &Fixture, frames: usize) -> Vec<f32> {
+    let model = Model::shared(&fixture.dir, tch::Device::Cpu, Dtype::F32).unwrap();
+    let mut decoder = gstqwencodec::model::StreamDecoder::new(model, 1, Default::default()).unwrap();
+    let mut audio = decoder
+        .push(&fixture.codes[..frames * fixture.codebooks])
+        .unwrap();
+    audio.extend(decoder.finish().unwrap());
+    audio
+}
+
+#[test]
+fn flush_starts_a_fresh_stream() {
+    let fixture = load_fixture("gqa-bias");
+    let bytes = code_bytes(&fixture.codes);
+    let mut h = harness(&fixture, &[("chunk-frames", &2u32)]);
+    // Half a stream, a partial frame included, then a flushing seek.
+    h.push(buffer(&bytes[..bytes.len() / 2 + 3], None)).unwrap();
+    pull_all(&mut h);
+    h.push_event(gst::event::FlushStart::new());
+    h.push_event(gst::event::FlushStop::new(true));
+    h.push_event(gst::event::Segment::new(
+        &gst::FormattedSegment::<gst::ClockTime>::new(),
+    ));
+    pull_all(&mut h);
+    h.push(buffer(&bytes, None)).unwrap();
+    h.push_event(gst::event::Eos::new());
+    fixture.assert_matches(&audio_of(&pull_all(&mut h)), "after a flush");
+}
+
+#[test]
+fn invalid_codes_are_an_error_naming_them_after_the_good_audio() {
+    init();
+    let fixture = load_fixture("gqa-bias");
+    let element = decoder(&fixture.dir, &[("chunk-frames", &4u32)]);
+    let bus = bus_for(&element);
+    let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
+    h.set_src_caps(fixture_caps(&fixture));
+    h.play();
+    let mut codes = fixture.codes[..6 * fixture.codebooks].to_vec();
+    codes[5 * fixture.codebooks + 3] = 999;
+    assert_eq!(
+        h.push(buffer(&code_bytes(&codes), None)),
+        Err(gst::FlowError::Error)
+    );
+    // The five good frames before the bad one are decoded and pushed, not lost.
+    let audio = audio_of(&pull_all(&mut h));
+    let error = common::relative_l2(&audio, &decode_alone(&fixture, 5));
+    assert!(error < 1e-5, "{error}");
+    let errors = messages(&bus, gst::MessageType::Error).join("\n");
+    for part in ["frame 5", "codebook 3", "code 999", "0..64"] {
+        assert!(errors.contains(part), "{errors:?} lacks {part:?}");
+    }
+}
+
+#[test]
+fn a_partial_frame_at_eos_is_reported() {
+    init();
+    let fixture = load_fixture("gqa-bias");
+    let element = decoder(&fixture.dir, &[]);
+    let bus = bus_for(&element);
+    let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
+    h.set_src_caps(fixture_caps(&fixture));
+    h.play();
+    h.push(buffer(
+        &code_bytes(&fixture.codes[..3 * fixture.codebooks + 2]),
+        None,
+    ))
+    .unwrap();
+    h.push_event(gst::event::Eos::new());
+    assert_eq!(audio_of(&pull_all(&mut h)).len(), 3 * fixture.samples_per_frame);
+    let warnings = messages(&bus, gst::MessageType::Warning).join("\n");
+    assert!(warnings.contains("Dropped 4 bytes"), "{warnings:?}");
+}
+
+/// Starting fails with an element error that names what is wrong.
+fn start_error(properties: &[(&str, &dyn ToValue)], model_path: Option<&Path>) -> String {
+    init();
+    let element = gst::ElementFactory::make("qwencodecdec").build().unwrap();
+    element.set_property("model-path", model_path.map(|p| p.to_str().unwrap()));
+    element.set_property("device", "cpu");
+    for (name, value) in properties {
+        element.set_property_from_value(name, &value.to_value());
+    }
+    let bus = bus_for(&element);
+    assert!(element.set_state(gst::State::Paused).is_err(), "started");
+    element.set_state(gst::State::Null).unwrap();
+    messages(&bus, gst::MessageType::Error).join("\n")
+}
+
+#[test]
+fn start_errors_say_what_and_where() {
+    let missing = Path::new("/nonexistent/model");
+    let message = start_error(&[], Some(missing));
+    assert!(
+        message.contains("/nonexistent/model") && message.contains("not a directory"),
+        "{message}"
+    );
+
+    let empty = tempfile::tempdir().unwrap();
+    let message = start_error(&[], Some(empty.path()));
+    assert!(
+        message.contains("config.json") && message.contains("is missing"),
+        "{message}"
+    );
+
+    // No property: the environment variable is the fallback, and here it is unset.
+    // SAFETY: only this test touches this variable.
+    unsafe { std::env::remove_var("QWENCODEC_MODEL_PATH") };
+    let message = start_error(&[], None);
+    assert!(
+        message.contains("model-path") && message.contains("QWENCODEC_MODEL_PATH"),
+        "{message}"
+    );
+
+    if !tch::Cuda::is_available() {
+        let message = start_error(&[("device", &"cuda")], Some(&fixture_dir("gqa-bias")));
+        assert!(message.contains("no CUDA device"), "{message}");
+    }
+    let message = start_error(&[("device", &"gpu7")], Some(&fixture_dir("gqa-bias")));
+    assert!(message.contains("\"gpu7\""), "{message}");
+}
+
+#[test]
+fn elements_share_one_loaded_model() {
+    init();
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture_dir("gqa-bias").join(file), dir.path().join(file)).unwrap();
+    }
+    let elements: Vec<_> = (0..2).map(|_| decoder(dir.path(), &[])).collect();
+    for element in &elements {
+        element.set_state(gst::State::Paused).unwrap();
+    }
+    let model = Model::shared(dir.path(), tch::Device::Cpu, Dtype::F32).unwrap();
+    assert_eq!(
+        Arc::strong_count(&model),
+        3,
+        "two elements and this test hold one model"
+    );
+    for element in &elements {
+        element.set_state(gst::State::Null).unwrap();
+    }
+    assert_eq!(
+        Arc::strong_count(&model),
+        1,
+        "the elements let go of it when stopped"
+    );
+}
+
+#[test]
+fn stats_count_what_went_through() {
+    let fixture = load_fixture("gqa-bias");
+    let mut h = harness(&fixture, &[("chunk-frames", &2u32)]);
+    h.push(buffer(&code_bytes(&fixture.codes), None)).unwrap();
+    h.push_event(gst::event::Eos::new());
+    pull_all(&mut h);
+    let stats = h.element().unwrap().property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("frames-in").unwrap(), fixture.frames as u64);
+    assert_eq!(
+        stats.get::<u64>("samples-out").unwrap(),
+        fixture.audio.len() as u64
+    );
+    assert_eq!(
+        stats.get::<u64>("decode-steps").unwrap(),
+        fixture.frames as u64 / 2
+    );
+    assert!(stats.get::<f64>("mean-step-ms").unwrap() > 0.0);
+    assert!(stats.get::<f64>("max-step-ms").unwrap() >= stats.get::<f64>("mean-step-ms").unwrap());
+    assert!(stats.get::<f64>("real-time-factor").unwrap() > 0.0);
+    assert!(stats.get::<u64>("state-bytes").unwrap() > 0);
+}
+
+#[test]
+fn latency_counts_the_frames_a_step_waits_for() {
+    let fixture = load_fixture("gqa-bias");
+    for chunk_frames in [1u32, 5] {
+        let h = harness(&fixture, &[("chunk-frames", &chunk_frames)]);
+        let latency = h.query_latency().unwrap();
+        let waiting = gst::ClockTime::SECOND / 400 * (chunk_frames as u64 - 1);
+        assert!(latency >= waiting, "{latency} < {waiting}");
+        assert!(latency < waiting + gst::ClockTime::from_seconds(1), "{latency}");
+    }
+}
+
+#[test]
+fn eight_decoders_in_one_pipeline_are_exact() {
+    init();
+    let fixture = Arc::new(load_fixture("gqa-bias"));
+    let pipeline = gst::Pipeline::new();
+    let mut branches = Vec::new();
+    for chunk_frames in 1..=8u32 {
+        let src = gst_app::AppSrc::builder()
+            .caps(&fixture_caps(&fixture))
+            .format(gst::Format::Time)
+            .build();
+        let dec = decoder(&fixture.dir, &[("chunk-frames", &chunk_frames)]);
+        let sink = gst_app::AppSink::builder().sync(false).build();
+        pipeline
+            .add_many([src.upcast_ref(), &dec, sink.upcast_ref()])
+            .unwrap();
+        gst::Element::link_many([src.upcast_ref(), &dec, sink.upcast_ref()]).unwrap();
+        branches.push((src, sink));
+    }
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let feeders: Vec<_> = branches
+        .iter()
+        .map(|(src, _)| {
+            let (src, fixture) = (src.clone(), fixture.clone());
+            std::thread::spawn(move || {
+                for frame in fixture.codes.chunks(fixture.codebooks) {
+                    src.push_buffer(gst::Buffer::from_slice(code_bytes(frame)))
+                        .unwrap();
+                }
+                src.end_of_stream().unwrap();
+            })
+        })
+        .collect();
+    for (index, (_, sink)) in branches.iter().enumerate() {
+        let mut audio = Vec::new();
+        while let Ok(sample) = sink.pull_sample() {
+            audio.extend(samples(sample.buffer().unwrap()));
+        }
+        fixture.assert_matches(&audio, &format!("branch {index} of 8"));
+    }
+    for feeder in feeders {
+        feeder.join().unwrap();
+    }
+    pipeline.set_state(gst::State::Null).unwrap();
+}
+
+#[test]
+fn gst_launch_decodes_a_file_to_wav() {
+    let fixture = load_fixture("release-tiny");
+    // The test binary is target/<profile>/deps/…; the plugin is built beside deps/.
+    let plugin_dir = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_owned();
+    assert!(plugin_dir.join("libgstqwencodec.so").exists());
+    let out = tempfile::tempdir().unwrap();
+    let wav = out.path().join("speech.wav");
+    let status = std::process::Command::new("gst-launch-1.0")
+        .env("GST_PLUGIN_PATH", &plugin_dir)
+        .args(["-q", "filesrc"])
+        .arg(format!("location={}", fixture.dir.join("codes.raw").display()))
+        .args([
+            "!",
+            "audio/x-qwen3-tts-codes,codebooks=16,framerate=25/2",
+            "!",
+            "qwencodecdec",
+        ])
+        .arg(format!("model-path={}", fixture.dir.display()))
+        .args([
+            "!",
+            "audioconvert",
+            "!",
+            "audio/x-raw,format=F32LE",
+            "!",
+            "wavenc",
+            "!",
+            "filesink",
+        ])
+        .arg(format!("location={}", wav.display()))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let bytes = std::fs::read(&wav).unwrap();
+    // A canonical 44-byte WAV header, then the samples.
+    assert_eq!(&bytes[..4], b"RIFF");
+    assert_eq!(u32::from_le_bytes(bytes[24..28].try_into().unwrap()), 24000);
+    let audio: Vec<f32> = bytes[44..]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    fixture.assert_matches(&audio, "gst-launch-1.0 to WAV");
+}
+
+fn run_script(script: &str, args: &[&Path], env: &[(&str, &str)]) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let status = std::process::Command::new("bash")
+        .arg(root.join(script))
+        .args(args)
+        .envs(env.iter().copied())
+        .status()
+        .unwrap();
+    assert!(status.success(), "{script} failed");
+}
+
+#[test]
+fn pipeline_scripts_run() {
+    let fixture = load_fixture("gqa-bias");
+    let out = tempfile::tempdir().unwrap();
+    let wav = out.path().join("out.wav");
+    let env = [("CODEBOOKS", "8"), ("FRAMERATE", "400/1"), ("DEVICE", "cpu")];
+    let codes = fixture.dir.join("codes.raw");
+    run_script("pipelines/codes-to-wav.sh", &[&codes, &wav, &fixture.dir], &env);
+    // 16-bit samples after a 44-byte header.
+    assert_eq!(
+        std::fs::metadata(&wav).unwrap().len() as usize,
+        44 + 2 * fixture.audio.len()
+    );
+
+    let live_env = [env.as_slice(), &[("AUDIO_SINK", "fakesink sync=true")]].concat();
+    run_script("pipelines/play-live.sh", &[&codes, &fixture.dir], &live_env);
+}
