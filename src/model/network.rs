@@ -13,14 +13,14 @@ type TorchResult<T> = Result<T, tch::TchError>;
 /// Shapes of the per-stream tensors: one entry per stateful convolution, in network order.
 #[derive(Default)]
 struct StateLayout {
-    contexts: Vec<(usize, usize)>,
+    contexts: Vec<[i64; 3]>,
 }
 
 impl StateLayout {
-    /// Reserves a context of `columns` past input columns of width `channels`.
+    /// Reserves a [1, channels, columns] state tensor.
     fn reserve(&mut self, channels: usize, columns: usize) -> Option<usize> {
         (columns > 0).then(|| {
-            self.contexts.push((channels, columns));
+            self.contexts.push([1, channels as i64, columns as i64]);
             self.contexts.len() - 1
         })
     }
@@ -28,7 +28,8 @@ impl StateLayout {
 
 /// What a stream carries from one step to the next.
 pub struct StreamState {
-    /// Past input columns of each causal conv (left context) and transposed conv (overlap).
+    /// Past input columns of each causal conv (left context), and the overlap each transposed
+    /// conv carries into its next output block.
     contexts: Vec<Tensor>,
     /// Un-rotated keys and values of the last `sliding_window - 1` positions, per layer:
     /// RoPE is applied afresh each step with positions counted from the oldest cached one.
@@ -55,7 +56,11 @@ impl StreamState {
 /// A 1-D convolution padded causally: `(kernel - 1) * dilation` columns of the past on the left.
 struct CausalConv {
     weight: Tensor,
+    /// The weight as one [in * kernel, out] matrix, for short inputs (see `forward`).
+    weight_matrix: Tensor,
     bias: Tensor,
+    in_channels: i64,
+    kernel: i64,
     dilation: i64,
     groups: i64,
     context: i64,
@@ -75,12 +80,20 @@ impl CausalConv {
         groups: usize,
     ) -> Result<Self, ModelError> {
         let context = (kernel - 1) * dilation;
+        let weight = weights.get(
+            &format!("{prefix}.conv.weight"),
+            &[out_channels, in_channels / groups, kernel],
+        )?;
+        let weight_matrix = weight
+            .f_reshape([out_channels as i64, -1])?
+            .f_transpose(0, 1)?
+            .f_contiguous()?;
         Ok(Self {
-            weight: weights.get(
-                &format!("{prefix}.conv.weight"),
-                &[out_channels, in_channels / groups, kernel],
-            )?,
+            weight,
+            weight_matrix,
             bias: weights.get(&format!("{prefix}.conv.bias"), &[out_channels])?,
+            in_channels: in_channels as i64,
+            kernel: kernel as i64,
             dilation: dilation as i64,
             groups: groups as i64,
             context: context as i64,
@@ -100,6 +113,23 @@ impl CausalConv {
             }
             None => x.shallow_clone(),
         };
+        let columns = x.size()[2];
+        // Few output columns against many input channels (the low-rate layers of a small
+        // step): the weight dominates, and one matrix product over the gathered taps reads it
+        // faster than the convolution kernels do.
+        if self.groups == 1 && columns * 16 <= self.in_channels {
+            let taps = input
+                .f_squeeze_dim(0)?
+                .f_unfold(1, self.context + 1, 1)?
+                .f_slice(2, 0, self.context + 1, self.dilation)?
+                .f_permute([1, 0, 2])?
+                .f_reshape([columns, self.in_channels * self.kernel])?;
+            return self
+                .bias
+                .f_addmm(&taps, &self.weight_matrix)?
+                .f_transpose(0, 1)?
+                .f_unsqueeze(0);
+        }
         input.f_conv1d(
             &self.weight,
             Some(&self.bias),
@@ -111,13 +141,16 @@ impl CausalConv {
     }
 }
 
-/// A transposed conv whose output is trimmed on the right to `stride` samples per input
-/// column: with `kernel > stride`, each output block also needs the previous input column.
+/// A transposed conv (stride `s`, kernel `s` or `2s`) trimmed on the right to `s` samples per
+/// input column, computed as one matrix product per step. With kernel `2s` each input column
+/// also adds into the next column's block: that overlap is carried to the next step.
 struct CausalTransConv {
-    weight: Tensor,
+    /// [in, out * kernel]: row `i` holds every output tap of input channel `i`.
+    weight_matrix: Tensor,
     bias: Tensor,
+    out_channels: i64,
     stride: i64,
-    overlap: i64,
+    kernel: i64,
     slot: Option<usize>,
 }
 
@@ -131,31 +164,46 @@ impl CausalTransConv {
         kernel: usize,
         stride: usize,
     ) -> Result<Self, ModelError> {
-        let overlap = kernel.div_ceil(stride) - 1;
+        debug_assert!(kernel == stride || kernel == 2 * stride);
+        let weight = weights.get(
+            &format!("{prefix}.conv.weight"),
+            &[in_channels, out_channels, kernel],
+        )?;
         Ok(Self {
-            weight: weights.get(
-                &format!("{prefix}.conv.weight"),
-                &[in_channels, out_channels, kernel],
-            )?,
-            bias: weights.get(&format!("{prefix}.conv.bias"), &[out_channels])?,
+            weight_matrix: weight.f_reshape([in_channels as i64, -1])?,
+            bias: weights
+                .get(&format!("{prefix}.conv.bias"), &[out_channels])?
+                .f_view([1, -1, 1])?,
+            out_channels: out_channels as i64,
             stride: stride as i64,
-            overlap: overlap as i64,
-            slot: layout.reserve(in_channels, overlap),
+            kernel: kernel as i64,
+            // The carried overlap: `kernel - stride` samples of every output channel.
+            slot: layout.reserve(out_channels, kernel - stride),
         })
     }
 
     fn forward(&self, x: &Tensor, state: &mut StreamState) -> TorchResult<Tensor> {
         let columns = x.size()[2];
-        let input = match self.slot {
-            Some(slot) => {
-                let full = Tensor::f_cat(&[&state.contexts[slot], x], 2)?;
-                state.contexts[slot] = full.f_narrow(2, columns, self.overlap)?.f_contiguous()?;
-                full
-            }
-            None => x.shallow_clone(),
-        };
-        let y = input.f_conv_transpose1d(&self.weight, Some(&self.bias), [self.stride], [0], [0], 1, [1])?;
-        y.f_narrow(2, self.overlap * self.stride, columns * self.stride)
+        // [T, out, kernel]: what each new input column contributes to each output tap.
+        let taps = x
+            .f_squeeze_dim(0)?
+            .f_transpose(0, 1)?
+            .f_matmul(&self.weight_matrix)?
+            .f_view([columns, self.out_channels, self.kernel])?;
+        let mut blocks = taps.f_narrow(2, 0, self.stride)?;
+        if let Some(slot) = self.slot {
+            // Block t also gets the second half of column t - 1's taps; the first block gets
+            // the carry of the previous step.
+            let overlap = taps.f_narrow(2, self.stride, self.stride)?;
+            let earlier = Tensor::f_cat(&[&state.contexts[slot], &overlap.f_narrow(0, 0, columns - 1)?], 0)?;
+            state.contexts[slot] = overlap.f_narrow(0, columns - 1, 1)?.f_contiguous()?;
+            blocks = blocks.f_add(&earlier)?;
+        }
+        // [T, out, s] -> [1, out, T * s]
+        blocks
+            .f_permute([1, 0, 2])?
+            .f_reshape([1, self.out_channels, columns * self.stride])?
+            .f_add(&self.bias)
     }
 }
 
@@ -682,7 +730,7 @@ impl Network {
             .layout
             .contexts
             .iter()
-            .map(|&(channels, columns)| Tensor::f_zeros([1, channels as i64, columns as i64], options))
+            .map(|&shape| Tensor::f_zeros(shape, options))
             .collect::<TorchResult<_>>()?;
         let empty_kv = || {
             Tensor::f_zeros(

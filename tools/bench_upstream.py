@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Time the upstream Python decoder on a checkpoint, for `make bench`.
+
+Runs, on the checkpoint's codes.raw, with the same torch thread count as the
+Rust side:
+- the full-sequence forward `decoder(codes)` in float32 (what streaming must
+  match in speed);
+- the windowed decode that stateless integrations use to stream: each block
+  of 8 new frames decoded again with 25 frames of left context, keeping the
+  new frames' audio;
+- the float64 full-sequence reference (RoPE and RMSNorm in float64 too, as
+  for the fixtures), written as raw float32 samples for the error columns.
+
+    python tools/bench_upstream.py CHECKPOINT --out bench/cache/upstream.json \\
+        --reference bench/cache/reference.f32
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_fixtures  # noqa: E402  (the upstream loader and float64 patch)
+
+WINDOW_BLOCK = 8
+WINDOW_CONTEXT = 25
+
+
+def load_decoder(upstream, folder):
+    config = json.loads((folder / "config.json").read_text())
+    decoder = make_fixtures.build_decoder(upstream, config["decoder_config"])
+    weights = load_file(folder / "model.safetensors")
+    decoder.load_state_dict(
+        {key[len("decoder."):]: value.float() for key, value in weights.items()
+         if key.startswith("decoder.")}, strict=True)
+    return decoder, config
+
+
+def timed(function, repeats):
+    """Best wall-clock time of `repeats` runs (after one warm-up) and the
+    last result."""
+    result = function()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = function()
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def windowed_decode(decoder, codes, samples_per_frame):
+    """Stream by re-decoding: per block, the block plus its left context."""
+    pieces, step_times = [], []
+    for start in range(0, codes.shape[0], WINDOW_BLOCK):
+        end = min(start + WINDOW_BLOCK, codes.shape[0])
+        context = min(start, WINDOW_CONTEXT)
+        began = time.perf_counter()
+        audio = make_fixtures.upstream_forward(
+            decoder, codes[start - context:end])
+        step_times.append(time.perf_counter() - began)
+        pieces.append(audio[context * samples_per_frame:])
+    return torch.cat(pieces), step_times
+
+
+def relative_l2(actual, expected):
+    return float((actual.double() - expected).norm() / expected.norm())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--reference", type=Path, required=True)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    upstream = make_fixtures.load_upstream()
+    decoder, config = load_decoder(upstream, args.checkpoint)
+    spf = make_fixtures.samples_per_frame(config["decoder_config"])
+    rate = config["output_sample_rate"]
+    quantizers = config["decoder_config"]["num_quantizers"]
+    raw = np.fromfile(args.checkpoint / "codes.raw", dtype="<i2")
+    codes = torch.from_numpy(raw.astype(np.int64)).view(-1, quantizers)
+    frames = codes.shape[0]
+    audio_seconds = frames * spf / rate
+    threads = torch.get_num_threads()
+    print(f"upstream: {frames} frames ({audio_seconds:.2f} s of audio), "
+          f"{threads} torch threads", flush=True)
+
+    with torch.no_grad(), make_fixtures.true_float64(upstream[1]):
+        reference = make_fixtures.upstream_forward(decoder.double(), codes)
+    decoder.float()
+    args.reference.parent.mkdir(parents=True, exist_ok=True)
+    reference.float().numpy().astype("<f4").tofile(args.reference)
+
+    full_time, full_audio = timed(
+        lambda: make_fixtures.upstream_forward(decoder, codes), args.repeats)
+    windowed_time, (windowed_audio, step_times) = timed(
+        lambda: windowed_decode(decoder, codes, spf), 1)
+    frame_period = 1.0 / (rate / spf)
+    result = {
+        "threads": threads,
+        "frames": frames,
+        "audio_seconds": audio_seconds,
+        "torch": torch.__version__,
+        "full": {
+            "seconds_per_audio_second": full_time / audio_seconds,
+            "step_ms": [full_time * 1e3],
+            # The whole utterance must have arrived before anything decodes.
+            "first_audio_ms": ((frames - 1) * frame_period + full_time) * 1e3,
+            "relative_l2": relative_l2(full_audio, reference),
+        },
+        "windowed": {
+            "seconds_per_audio_second": windowed_time / audio_seconds,
+            "step_ms": [t * 1e3 for t in step_times],
+            "first_audio_ms": ((WINDOW_BLOCK - 1) * frame_period
+                               + step_times[0]) * 1e3,
+            "relative_l2": relative_l2(windowed_audio, reference),
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    for name in ("full", "windowed"):
+        row = result[name]
+        print(f"upstream {name}: {row['seconds_per_audio_second']:.3f} s per "
+              f"audio s, error {row['relative_l2']:.2e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
