@@ -8,7 +8,7 @@ export PATH := $(VENV)/bin:$(PATH)
 
 PLUGIN := target/release/libgstqwencodec.so
 
-.PHONY: setup setup-reference build demo test lint fixtures
+.PHONY: setup setup-reference build demo test lint fixtures bench
 
 setup:
 	@bash tools/setup.sh
@@ -34,3 +34,16 @@ test: build lint
 
 fixtures: setup-reference
 	$(VENV)/bin/python tools/make_fixtures.py --out tests/fixtures
+
+# The benchmark (not a test): upstream Python decoder and ours on the released geometry with
+# random weights, side by side; writes bench/results/<date>-<device>-<dtype>.{md,json}.
+BENCH_MODEL := bench/cache/full-release
+BENCH_FRAMES ?= 100
+bench: build setup-reference
+	@test -f $(BENCH_MODEL)/model.safetensors || \
+	  $(VENV)/bin/python tools/make_fixtures.py --preset full-release --frames $(BENCH_FRAMES) \
+	    --no-expected --out bench/cache
+	$(VENV)/bin/python tools/bench_upstream.py $(BENCH_MODEL) --out bench/cache/upstream.json \
+	  --reference bench/cache/reference.f32
+	cargo bench --bench decode -- --model $(BENCH_MODEL) --upstream bench/cache/upstream.json \
+	  --reference bench/cache/reference.f32 --out bench/results $(BENCH_ARGS)
