@@ -221,3 +221,27 @@ fn one_model_per_checkpoint_device_and_dtype_is_shared_then_freed() {
     let reloaded = Model::shared(&dir, Device::Cpu, Dtype::F32).unwrap();
     assert_eq!(reloaded.config(), other_dtype.config());
 }
+
+/// Half-precision weights and products (activations stay float32): float16 within 2e-2
+/// (relative L2) of the float64 expectation; both no worse than upstream's own forward in the
+/// same dtype. (These random-weight fixtures magnify rounding about 50-fold, so bfloat16's
+/// 8-bit mantissa lands at 2-7e-2 here, upstream's at 4-10e-2.)
+#[test]
+fn bf16_and_f16_compute_stay_close() {
+    for name in FIXTURES {
+        let fixture = load_fixture(name);
+        for (dtype, bound) in [
+            (Dtype::F16, fixture.upstream_f16_error.min(2e-2)),
+            (Dtype::Bf16, fixture.upstream_bf16_error),
+        ] {
+            let model = Arc::new(Model::load(&fixture.dir, Device::Cpu, dtype).unwrap());
+            let mut decoder = StreamDecoder::new(model, 2, TailStrategy::Eager).unwrap();
+            let audio = decode_in_calls(&mut decoder, &fixture.codes, &[fixture.frames]);
+            let error = relative_l2(&audio, &fixture.audio);
+            assert!(
+                error <= bound,
+                "{name} in {dtype}: relative L2 error {error:.3e} above {bound:.3e}"
+            );
+        }
+    }
+}

@@ -20,6 +20,7 @@ Needs the venv of tools/setup.sh with tools/setup-reference.sh applied.
 
 import argparse
 import contextlib
+import copy
 import importlib
 import importlib.metadata
 import importlib.util
@@ -402,6 +403,10 @@ def upstream_forward(decoder, codes):
     return audio.flatten()
 
 
+def relative_l2(actual, expected):
+    return ((actual - expected).norm() / expected.norm()).item()
+
+
 def sort_metadata(path):
     """Rewrite a safetensors header with its keys sorted, in place.
 
@@ -468,14 +473,22 @@ def make_preset(upstream, name, preset, frames, out, with_expected):
             {key[len("decoder."):]: value for key, value in saved.items()
              if key.startswith("decoder.")}, strict=True)
         audio32 = upstream_forward(decoder.float(), codes).double()
+        # Upstream's own half-precision forwards: the yardstick for ours.
+        half_errors = {}
         with true_float64(modeling):
             audio64 = upstream_forward(decoder.double(), codes)
         assert audio64.numel() == frames * stride, audio64.shape
-        rel_l2 = ((audio32 - audio64).norm() / audio64.norm()).item()
+        for half, key in ((torch.bfloat16, "upstream_bf16_rel_l2"),
+                          (torch.float16, "upstream_f16_rel_l2")):
+            audio_half = upstream_forward(
+                copy.deepcopy(decoder).to(half), codes).double()
+            half_errors[key] = f"{relative_l2(audio_half, audio64):.6e}"
+        rel_l2 = relative_l2(audio32, audio64)
         rms = audio64.square().mean().sqrt().item()
         clipped = audio64.abs().ge(1.0).double().mean().item()
         metadata = {
             "upstream_f32_rel_l2": f"{rel_l2:.6e}",
+            **half_errors,
             "frames": str(frames),
             "samples_per_frame": str(stride),
             "sample_rate": str(preset["sample_rate"]),

@@ -10,6 +10,23 @@ use super::config::DecoderConfig;
 
 type TorchResult<T> = Result<T, tch::TchError>;
 
+/// Activations, states and element-wise math are float32 whatever the dtype asked for; the
+/// weight products run in the weights' kind (bf16/f16 halve the weight traffic). Keeping
+/// activations in float32 matters: SnakeBeta's sin(exp(alpha) * x) magnifies the rounding of x.
+const ACTIVATION_KIND: Kind = Kind::Float;
+
+/// `op` (a product with weights stored in `weight_kind`) on float32 activations.
+fn with_weights(
+    x: &Tensor,
+    weight_kind: Kind,
+    op: impl FnOnce(&Tensor) -> TorchResult<Tensor>,
+) -> TorchResult<Tensor> {
+    if weight_kind == ACTIVATION_KIND {
+        return op(x);
+    }
+    op(&x.f_to_kind(weight_kind)?)?.f_to_kind(ACTIVATION_KIND)
+}
+
 /// Shapes of the per-stream tensors: one entry per stateful convolution, in network order.
 #[derive(Default)]
 struct StateLayout {
@@ -114,30 +131,32 @@ impl CausalConv {
             None => x.shallow_clone(),
         };
         let columns = x.size()[2];
-        // Few output columns against many input channels (the low-rate layers of a small
-        // step): the weight dominates, and one matrix product over the gathered taps reads it
-        // faster than the convolution kernels do.
-        if self.groups == 1 && columns * 16 <= self.in_channels {
-            let taps = input
-                .f_squeeze_dim(0)?
-                .f_unfold(1, self.context + 1, 1)?
-                .f_slice(2, 0, self.context + 1, self.dilation)?
-                .f_permute([1, 0, 2])?
-                .f_reshape([columns, self.in_channels * self.kernel])?;
-            return self
-                .bias
-                .f_addmm(&taps, &self.weight_matrix)?
-                .f_transpose(0, 1)?
-                .f_unsqueeze(0);
-        }
-        input.f_conv1d(
-            &self.weight,
-            Some(&self.bias),
-            [1],
-            [0],
-            [self.dilation],
-            self.groups,
-        )
+        with_weights(&input, self.weight.kind(), |input| {
+            // Few output columns against many input channels (the low-rate layers of a small
+            // step): the weight dominates, and one matrix product over the gathered taps reads
+            // it faster than the convolution kernels do.
+            if self.groups == 1 && columns * 16 <= self.in_channels {
+                let taps = input
+                    .f_squeeze_dim(0)?
+                    .f_unfold(1, self.context + 1, 1)?
+                    .f_slice(2, 0, self.context + 1, self.dilation)?
+                    .f_permute([1, 0, 2])?
+                    .f_reshape([columns, self.in_channels * self.kernel])?;
+                return self
+                    .bias
+                    .f_addmm(&taps, &self.weight_matrix)?
+                    .f_transpose(0, 1)?
+                    .f_unsqueeze(0);
+            }
+            input.f_conv1d(
+                &self.weight,
+                Some(&self.bias),
+                [1],
+                [0],
+                [self.dilation],
+                self.groups,
+            )
+        })
     }
 }
 
@@ -185,11 +204,12 @@ impl CausalTransConv {
     fn forward(&self, x: &Tensor, state: &mut StreamState) -> TorchResult<Tensor> {
         let columns = x.size()[2];
         // [T, out, kernel]: what each new input column contributes to each output tap.
-        let taps = x
-            .f_squeeze_dim(0)?
-            .f_transpose(0, 1)?
-            .f_matmul(&self.weight_matrix)?
-            .f_view([columns, self.out_channels, self.kernel])?;
+        let taps = with_weights(
+            &x.f_squeeze_dim(0)?.f_transpose(0, 1)?,
+            self.weight_matrix.kind(),
+            |x| x.f_matmul(&self.weight_matrix),
+        )?
+        .f_view([columns, self.out_channels, self.kernel])?;
         let mut blocks = taps.f_narrow(2, 0, self.stride)?;
         if let Some(slot) = self.slot {
             // Block t also gets the second half of column t - 1's taps; the first block gets
@@ -217,15 +237,14 @@ impl SnakeBeta {
     fn load(weights: &WeightFile, prefix: &str, channels: usize) -> Result<Self, ModelError> {
         let alpha = weights.get_as(&format!("{prefix}.alpha"), &[channels], Kind::Double)?;
         let beta = weights.get_as(&format!("{prefix}.beta"), &[channels], Kind::Double)?;
-        let kind = weights.kind();
         Ok(Self {
-            frequency: alpha.f_exp()?.f_view([1, -1, 1])?.f_to_kind(kind)?,
+            frequency: alpha.f_exp()?.f_view([1, -1, 1])?.f_to_kind(ACTIVATION_KIND)?,
             inverse_magnitude: beta
                 .f_exp()?
                 .f_add_scalar(1e-9)?
                 .f_reciprocal()?
                 .f_view([1, -1, 1])?
-                .f_to_kind(kind)?,
+                .f_to_kind(ACTIVATION_KIND)?,
         })
     }
 
@@ -259,11 +278,13 @@ impl Linear {
     }
 
     fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
-        x.f_linear(&self.weight, self.bias.as_ref())
+        with_weights(x, self.weight.kind(), |x| {
+            x.f_linear(&self.weight, self.bias.as_ref())
+        })
     }
 }
 
-/// RMSNorm computed in float32 whatever the compute kind, as upstream does.
+/// RMSNorm, on float32 activations like everything element-wise here.
 struct RmsNorm {
     weight: Tensor,
     eps: f64,
@@ -272,16 +293,15 @@ struct RmsNorm {
 impl RmsNorm {
     fn load(weights: &WeightFile, prefix: &str, size: usize, eps: f64) -> Result<Self, ModelError> {
         Ok(Self {
-            weight: weights.get(&format!("{prefix}.weight"), &[size])?,
+            weight: weights.get_as(&format!("{prefix}.weight"), &[size], Kind::Float)?,
             eps,
         })
     }
 
     fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
-        let x32 = x.f_to_kind(Kind::Float)?;
-        let variance = x32.f_square()?.f_mean_dim(-1, true, Kind::Float)?;
-        let normed = x32.f_mul(&variance.f_add_scalar(self.eps)?.f_rsqrt()?)?;
-        self.weight.f_mul(&normed.f_to_kind(x.kind())?)
+        let variance = x.f_square()?.f_mean_dim(-1, true, ACTIVATION_KIND)?;
+        self.weight
+            .f_mul(&x.f_mul(&variance.f_add_scalar(self.eps)?.f_rsqrt()?)?)
     }
 }
 
@@ -322,7 +342,11 @@ impl TransformerLayer {
             k_proj: Linear::load(weights, &format!("{p}.self_attn.k_proj"), hidden, kv_width, bias)?,
             v_proj: Linear::load(weights, &format!("{p}.self_attn.v_proj"), hidden, kv_width, bias)?,
             o_proj: Linear::load(weights, &format!("{p}.self_attn.o_proj"), q_width, hidden, bias)?,
-            attention_scale: weights.get(&format!("{p}.self_attn_layer_scale.scale"), &[hidden])?,
+            attention_scale: weights.get_as(
+                &format!("{p}.self_attn_layer_scale.scale"),
+                &[hidden],
+                Kind::Float,
+            )?,
             post_attention_norm: RmsNorm::load(
                 weights,
                 &format!("{p}.post_attention_layernorm"),
@@ -350,7 +374,7 @@ impl TransformerLayer {
                 hidden,
                 false,
             )?,
-            mlp_scale: weights.get(&format!("{p}.mlp_layer_scale.scale"), &[hidden])?,
+            mlp_scale: weights.get_as(&format!("{p}.mlp_layer_scale.scale"), &[hidden], Kind::Float)?,
         })
     }
 
@@ -393,7 +417,7 @@ impl TransformerLayer {
             .f_matmul(&k.f_transpose(2, 3)?)?
             .f_mul_scalar((head_dim as f64).powf(-0.5))?
             .f_add(&inputs.mask)?;
-        let probs = scores.f_softmax(-1, Kind::Float)?.f_to_kind(x.kind())?;
+        let probs = scores.f_softmax(-1, ACTIVATION_KIND)?;
         let attended = probs
             .f_matmul(&v)?
             .f_transpose(1, 2)?
@@ -450,8 +474,8 @@ impl ConvNeXt {
                 1,
                 channels,
             )?,
-            norm_weight: weights.get(&format!("{prefix}.norm.weight"), &[channels])?,
-            norm_bias: weights.get(&format!("{prefix}.norm.bias"), &[channels])?,
+            norm_weight: weights.get_as(&format!("{prefix}.norm.weight"), &[channels], Kind::Float)?,
+            norm_bias: weights.get_as(&format!("{prefix}.norm.bias"), &[channels], Kind::Float)?,
             pwconv1: Linear::load(
                 weights,
                 &format!("{prefix}.pwconv1"),
@@ -466,7 +490,7 @@ impl ConvNeXt {
                 channels,
                 true,
             )?,
-            gamma: weights.get(&format!("{prefix}.gamma"), &[channels])?,
+            gamma: weights.get_as(&format!("{prefix}.gamma"), &[channels], Kind::Float)?,
             channels: channels as i64,
         })
     }
@@ -567,7 +591,6 @@ impl DecoderBlock {
 pub struct Network {
     config: DecoderConfig,
     device: Device,
-    kind: Kind,
     /// Every codebook's entries already passed through its group's output projection,
     /// stacked: row `q * codebook_size + code` is codebook `q`'s contribution.
     codebook_table: Tensor,
@@ -697,7 +720,6 @@ impl Network {
         Ok(Self {
             config: c.clone(),
             device: weights.device(),
-            kind: weights.kind(),
             codebook_table,
             codebook_offsets,
             pre_conv,
@@ -725,7 +747,7 @@ impl Network {
 
     /// A fresh stream's state: silence in every context, an empty KV window.
     pub fn new_state(&self) -> TorchResult<StreamState> {
-        let options = (self.kind, self.device);
+        let options = (ACTIVATION_KIND, self.device);
         let contexts = self
             .layout
             .contexts
@@ -764,7 +786,7 @@ impl Network {
             .codebook_table
             .f_index_select(0, &rows)?
             .f_view([frames, c.num_quantizers as i64, c.codebook_dim as i64])?
-            .f_sum_dim_intlist(1, false, self.kind)?
+            .f_sum_dim_intlist(1, false, ACTIVATION_KIND)?
             .f_transpose(0, 1)?
             .f_unsqueeze(0)?;
 
@@ -806,7 +828,7 @@ impl Network {
             }
         }
         let angles = Tensor::f_from_slice(&angles)?.f_view([total, 2 * half as i64])?;
-        let table = |t: Tensor| t.f_to_device(self.device)?.f_to_kind(self.kind);
+        let table = |t: Tensor| t.f_to_device(self.device)?.f_to_kind(ACTIVATION_KIND);
         let cos = table(angles.f_cos()?)?;
         let sin = table(angles.f_sin()?)?;
 

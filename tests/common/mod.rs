@@ -18,6 +18,9 @@ pub struct Fixture {
     pub audio: Vec<f32>,
     /// Relative L2 error of upstream's own float32 decode against `audio`.
     pub upstream_f32_error: f64,
+    /// The same for upstream's bfloat16 and float16 forwards.
+    pub upstream_bf16_error: f64,
+    pub upstream_f16_error: f64,
 }
 
 /// Every committed fixture, each a different geometry.
@@ -60,6 +63,8 @@ pub fn load_fixture(name: &'static str) -> Fixture {
         codes,
         audio,
         upstream_f32_error: number("upstream_f32_rel_l2"),
+        upstream_bf16_error: number("upstream_bf16_rel_l2"),
+        upstream_f16_error: number("upstream_f16_rel_l2"),
     }
 }
 
