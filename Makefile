@@ -8,7 +8,7 @@ export PATH := $(VENV)/bin:$(PATH)
 
 PLUGIN := target/release/libgstqwencodec.so
 
-.PHONY: setup setup-reference build demo test lint fixtures bench
+.PHONY: setup setup-reference build demo test lint fixtures bench gpu-bundle
 
 setup:
 	@bash tools/setup.sh
@@ -47,3 +47,7 @@ bench: build setup-reference
 	  --reference bench/cache/reference.f32
 	cargo bench --bench decode -- --model $(BENCH_MODEL) --upstream bench/cache/upstream.json \
 	  --reference bench/cache/reference.f32 --out bench/results $(BENCH_ARGS)
+
+# What scripts/gpu-check.sh needs on a GPU host without Rust or GStreamer (see that script).
+gpu-bundle: build setup-reference
+	bash tools/gpu-bundle.sh

@@ -42,19 +42,26 @@ def load_decoder(upstream, folder):
     return decoder, config
 
 
-def timed(function, repeats):
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(function, repeats, device):
     """Best wall-clock time of `repeats` runs (after one warm-up) and the
     last result."""
     result = function()
     best = float("inf")
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         result = function()
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return best, result
 
 
-def windowed_decode(decoder, codes, samples_per_frame):
+def windowed_decode(decoder, codes, samples_per_frame, device):
     """Stream by re-decoding: per block, the block plus its left context."""
     pieces, step_times = [], []
     for start in range(0, codes.shape[0], WINDOW_BLOCK):
@@ -63,6 +70,7 @@ def windowed_decode(decoder, codes, samples_per_frame):
         began = time.perf_counter()
         audio = make_fixtures.upstream_forward(
             decoder, codes[start - context:end])
+        synchronize(device)
         step_times.append(time.perf_counter() - began)
         pieces.append(audio[context * samples_per_frame:])
     return torch.cat(pieces), step_times
@@ -78,6 +86,8 @@ def main():
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--reference", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu",
+                        help="where the float32 decodes run (cpu, cuda)")
     args = parser.parse_args()
 
     upstream = make_fixtures.load_upstream()
@@ -95,20 +105,25 @@ def main():
 
     with torch.no_grad(), make_fixtures.true_float64(upstream[1]):
         reference = make_fixtures.upstream_forward(decoder.double(), codes)
-    decoder.float()
     args.reference.parent.mkdir(parents=True, exist_ok=True)
     reference.float().numpy().astype("<f4").tofile(args.reference)
 
+    device = torch.device(args.device)
+    decoder.float().to(device)
+    codes = codes.to(device)
     full_time, full_audio = timed(
-        lambda: make_fixtures.upstream_forward(decoder, codes), args.repeats)
+        lambda: make_fixtures.upstream_forward(decoder, codes), args.repeats,
+        device)
     windowed_time, (windowed_audio, step_times) = timed(
-        lambda: windowed_decode(decoder, codes, spf), 1)
+        lambda: windowed_decode(decoder, codes, spf, device), 1, device)
+    full_audio, windowed_audio = full_audio.cpu(), windowed_audio.cpu()
     frame_period = 1.0 / (rate / spf)
     result = {
         "threads": threads,
         "frames": frames,
         "audio_seconds": audio_seconds,
         "torch": torch.__version__,
+        "device": args.device,
         "full": {
             "seconds_per_audio_second": full_time / audio_seconds,
             "step_ms": [full_time * 1e3],
