@@ -1,4 +1,8 @@
 //! The RTP pipelines and the examples, run as a user runs them, over the loopback interface.
+//!
+//! The examples are run from the binaries that a plain `cargo test` builds beside the test
+//! binary; with `--test examples` alone they are not built (`cargo build --examples` first,
+//! in the same profile).
 
 mod common;
 
@@ -14,6 +18,42 @@ const FRAME_SECONDS: f64 = 0.08;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// target/<profile>: the test binary is target/<profile>/deps/…
+fn target_dir() -> PathBuf {
+    std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// The built example, refused when older than its sources: it would not be what is tested.
+fn example(name: &str) -> PathBuf {
+    let binary = target_dir().join("examples").join(name);
+    let built = std::fs::metadata(&binary)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} is missing: a plain cargo test builds it, or cargo build --examples",
+                binary.display()
+            )
+        });
+    for source in [format!("examples/{name}.rs"), "examples/common/mod.rs".into()] {
+        let changed = std::fs::metadata(root().join(&source))
+            .unwrap()
+            .modified()
+            .unwrap();
+        assert!(
+            changed <= built,
+            "{} is older than {source}: rebuild the examples (cargo build --examples)",
+            binary.display()
+        );
+    }
+    binary
 }
 
 /// The first `FRAMES` frames of the release-tiny fixture's codes, in a file.
@@ -40,6 +80,21 @@ fn run(command: &mut Command) -> Output {
     print!("{}", String::from_utf8_lossy(&output.stdout));
     assert!(output.status.success(), "{command:?} failed: {}", output.status);
     output
+}
+
+/// The number printed right after `before` in `text`.
+fn number_after(text: &str, before: &str) -> f64 {
+    let start = text
+        .find(before)
+        .unwrap_or_else(|| panic!("no {before:?} in the output:\n{text}"))
+        + before.len();
+    let digits: String = text[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no number after {before:?} in the output:\n{text}"))
 }
 
 /// A UDP port that nothing uses now.
@@ -165,5 +220,47 @@ fn rtp_receiver_gets_what_the_sender_decodes() {
     assert!(
         received_rms > 0.5 * sent_rms && received_rms < 2.0 * sent_rms,
         "received RMS {received_rms}, sent {sent_rms}"
+    );
+}
+
+#[test]
+fn appsrc_example_reports_first_audio_latency() {
+    let dir = tempfile::tempdir().unwrap();
+    let codes = short_codes(dir.path());
+    let wav = dir.path().join("speech.wav");
+    let output = run(Command::new(example("appsrc"))
+        .arg("--codes")
+        .arg(&codes)
+        .arg("--sink")
+        .arg(format!("wav:{}", wav.display()))
+        .args(["--device", "cpu", "--frames-per-push", "2"]));
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(number_after(&text, "first audio after ") > 0.0, "{text}");
+    assert!(number_after(&text, "mean ") > 0.0, "{text}");
+
+    let fixture = load_fixture("release-tiny");
+    let (rate, _, samples) = read_wav(&wav);
+    assert_eq!(rate, fixture.sample_rate);
+    assert_eq!(samples.len(), FRAMES * fixture.samples_per_frame);
+}
+
+#[test]
+fn python_appsrc_example_reports_first_audio_latency() {
+    let dir = tempfile::tempdir().unwrap();
+    let codes = short_codes(dir.path());
+    // Debian's python3, where python3-gi and the GStreamer typelibs are.
+    let output = run(Command::new("/usr/bin/python3")
+        .arg(root().join("examples/appsrc.py"))
+        .arg("--codes")
+        .arg(&codes)
+        .arg("--plugin-dir")
+        .arg(target_dir())
+        .args(["--sink", "fake", "--device", "cpu"]));
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(number_after(&text, "first audio after ") > 0.0, "{text}");
+    assert_eq!(
+        number_after(&text, "decoder: ") as usize,
+        FRAMES * load_fixture("release-tiny").samples_per_frame,
+        "{text}"
     );
 }
