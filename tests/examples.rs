@@ -224,6 +224,27 @@ fn rtp_receiver_gets_what_the_sender_decodes() {
 }
 
 #[test]
+fn webrtc_example_delivers_the_speech() {
+    let dir = tempfile::tempdir().unwrap();
+    let codes = short_codes(dir.path());
+    let output = run(Command::new(example("webrtc")).arg("--codes").arg(&codes).args([
+        "--device",
+        "cpu",
+        "--timeout",
+        "60",
+    ]));
+    let text = String::from_utf8(output.stdout).unwrap();
+    let received = number_after(&text, "received ");
+    let sent = FRAMES as f64 * FRAME_SECONDS;
+    assert!(received >= sent - 0.02 && received <= sent + 0.05, "{text}");
+    assert!(number_after(&text, "RMS ") > 0.5 * sent_rms(), "{text}");
+    assert!(
+        number_after(&text, "first audio at the receiver ") > 0.0,
+        "{text}"
+    );
+}
+
+#[test]
 fn appsrc_example_reports_first_audio_latency() {
     let dir = tempfile::tempdir().unwrap();
     let codes = short_codes(dir.path());
