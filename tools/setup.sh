@@ -15,6 +15,15 @@ apt_packages=(
   gstreamer1.0-tools
   gstreamer1.0-plugins-base
   gstreamer1.0-plugins-good
+  # RTP and WebRTC: Opus is in -base, RTP and UDP in -good, webrtcbin in -bad, ICE (libnice)
+  # in -nice. examples/webrtc.rs drives webrtcbin through its signals, so it needs no -dev
+  # package (libgstreamer-plugins-bad1.0-dev would pull in OpenCV).
+  gstreamer1.0-plugins-bad
+  gstreamer1.0-nice
+  # examples/appsrc.py runs on Debian's python3 with PyGObject.
+  python3-gi
+  gir1.2-gstreamer-1.0
+  gir1.2-gst-plugins-base-1.0
 )
 
 missing=()

@@ -1,0 +1,287 @@
+//! The RTP pipelines and the examples, run as a user runs them, over the loopback interface.
+//!
+//! The examples are run from the binaries that a plain `cargo test` builds beside the test
+//! binary; with `--test examples` alone they are not built (`cargo build --examples` first,
+//! in the same profile).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::load_fixture;
+
+/// Frames of the release-tiny fixture the tests send: 2 s of speech at 12.5 frames a second.
+const FRAMES: usize = 25;
+const FRAME_SECONDS: f64 = 0.08;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// target/<profile>: the test binary is target/<profile>/deps/…
+fn target_dir() -> PathBuf {
+    std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// The built example, refused when older than its sources: it would not be what is tested.
+fn example(name: &str) -> PathBuf {
+    let binary = target_dir().join("examples").join(name);
+    let built = std::fs::metadata(&binary)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} is missing: a plain cargo test builds it, or cargo build --examples",
+                binary.display()
+            )
+        });
+    for source in [format!("examples/{name}.rs"), "examples/common/mod.rs".into()] {
+        let changed = std::fs::metadata(root().join(&source))
+            .unwrap()
+            .modified()
+            .unwrap();
+        assert!(
+            changed <= built,
+            "{} is older than {source}: rebuild the examples (cargo build --examples)",
+            binary.display()
+        );
+    }
+    binary
+}
+
+/// The first `FRAMES` frames of the release-tiny fixture's codes, in a file.
+fn short_codes(dir: &Path) -> PathBuf {
+    let fixture = load_fixture("release-tiny");
+    let bytes: Vec<u8> = fixture.codes[..FRAMES * fixture.codebooks]
+        .iter()
+        .flat_map(|code| code.to_le_bytes())
+        .collect();
+    let path = dir.join("codes.raw");
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// RMS of the fixture's reference audio for those frames: what the sender sends.
+fn sent_rms() -> f64 {
+    let fixture = load_fixture("release-tiny");
+    let audio = &fixture.audio[..FRAMES * fixture.samples_per_frame];
+    (audio.iter().map(|&s| (s as f64).powi(2)).sum::<f64>() / audio.len() as f64).sqrt()
+}
+
+fn run(command: &mut Command) -> Output {
+    let output = command.stderr(Stdio::inherit()).output().unwrap();
+    print!("{}", String::from_utf8_lossy(&output.stdout));
+    assert!(output.status.success(), "{command:?} failed: {}", output.status);
+    output
+}
+
+/// The number printed right after `before` in `text`.
+fn number_after(text: &str, before: &str) -> f64 {
+    let start = text
+        .find(before)
+        .unwrap_or_else(|| panic!("no {before:?} in the output:\n{text}"))
+        + before.len();
+    let digits: String = text[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no number after {before:?} in the output:\n{text}"))
+}
+
+/// A UDP port that nothing uses now.
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Whether a UDP socket is bound to `port` (read from the kernel's table: binding the port to
+/// find out would race with the receiver binding it).
+fn udp_port_bound(port: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/udp").unwrap();
+    let wanted = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().nth(1))
+        .any(|local_address| local_address.ends_with(&wanted))
+}
+
+/// Sample rate, channels, and the 16-bit samples of a PCM WAV file as -1..1.
+fn read_wav(path: &Path) -> (u32, u16, Vec<f64>) {
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(&bytes[..4], b"RIFF", "{} is not a WAV file", path.display());
+    let (mut format, mut data) = (None, None);
+    let mut at = 12;
+    while at + 8 <= bytes.len() {
+        let size = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+        let body = &bytes[at + 8..(at + 8 + size).min(bytes.len())];
+        match &bytes[at..at + 4] {
+            b"fmt " => format = Some(body),
+            b"data" => data = Some(body),
+            _ => (),
+        }
+        at += 8 + size + size % 2;
+    }
+    let format = format.expect("a fmt chunk");
+    assert_eq!(
+        u16::from_le_bytes([format[14], format[15]]),
+        16,
+        "bits per sample"
+    );
+    let channels = u16::from_le_bytes([format[2], format[3]]);
+    let rate = u32::from_le_bytes(format[4..8].try_into().unwrap());
+    let samples = data
+        .expect("a data chunk")
+        .chunks_exact(2)
+        .map(|pair| i16::from_le_bytes([pair[0], pair[1]]) as f64 / 32768.0)
+        .collect();
+    (rate, channels, samples)
+}
+
+fn rms(samples: &[f64]) -> f64 {
+    (samples.iter().map(|s| s * s).sum::<f64>() / samples.len().max(1) as f64).sqrt()
+}
+
+#[test]
+fn rtp_receiver_gets_what_the_sender_decodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let codes = short_codes(dir.path());
+    let wav = dir.path().join("received.wav");
+    let port = free_udp_port().to_string();
+
+    let mut receiver = Command::new("bash")
+        .arg(root().join("pipelines/rtp-receive.sh"))
+        .arg(&wav)
+        .envs([
+            ("PORT", port.as_str()),
+            ("IDLE_TIMEOUT", "1"),
+            ("WAIT_TIMEOUT", "60"),
+        ])
+        .spawn()
+        .unwrap();
+    let listening = Instant::now();
+    while !udp_port_bound(port.parse().unwrap()) {
+        assert!(
+            receiver.try_wait().unwrap().is_none(),
+            "the receiver ended before listening"
+        );
+        assert!(
+            listening.elapsed() < Duration::from_secs(20),
+            "the receiver does not listen"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    run(Command::new("bash")
+        .arg(root().join("pipelines/rtp-send.sh"))
+        .arg(&codes)
+        .arg(root().join("tests/fixtures/release-tiny"))
+        .envs([("PORT", port.as_str()), ("DEVICE", "cpu")]));
+
+    let sent_at = Instant::now();
+    let status = loop {
+        if let Some(status) = receiver.try_wait().unwrap() {
+            break status;
+        }
+        if sent_at.elapsed() > Duration::from_secs(30) {
+            receiver.kill().unwrap();
+            panic!("the receiver did not end by itself");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "rtp-receive.sh failed: {status}");
+
+    let (rate, channels, samples) = read_wav(&wav);
+    assert_eq!(channels, 1);
+    let received_seconds = samples.len() as f64 / rate as f64;
+    let sent_seconds = FRAMES as f64 * FRAME_SECONDS;
+    let (received_rms, sent_rms) = (rms(&samples), sent_rms());
+    println!(
+        "RTP: received {received_seconds:.3} s at {rate} Hz of {sent_seconds:.3} s sent; RMS {received_rms:.4} \
+         (sent {sent_rms:.4})"
+    );
+    // Opus codes 20 ms frames and flushes its 6.5 ms look-ahead at the end.
+    assert!(
+        (received_seconds - sent_seconds).abs() <= 0.05,
+        "received {received_seconds} s of {sent_seconds} s"
+    );
+    assert!(
+        received_rms > 0.5 * sent_rms && received_rms < 2.0 * sent_rms,
+        "received RMS {received_rms}, sent {sent_rms}"
+    );
+}
+
+#[test]
+fn webrtc_example_delivers_the_speech() {
+    let dir = tempfile::tempdir().unwrap();
+    let codes = short_codes(dir.path());
+    let output = run(Command::new(example("webrtc")).arg("--codes").arg(&codes).args([
+        "--device",
+        "cpu",
+        "--timeout",
+        "60",
+    ]));
+    let text = String::from_utf8(output.stdout).unwrap();
+    let received = number_after(&text, "received ");
+    let sent = FRAMES as f64 * FRAME_SECONDS;
+    assert!(received >= sent - 0.02 && received <= sent + 0.05, "{text}");
+    assert!(number_after(&text, "RMS ") > 0.5 * sent_rms(), "{text}");
+    assert!(
+        number_after(&text, "first audio at the receiver ") > 0.0,
+        "{text}"
+    );
+}
+
+#[test]
+fn appsrc_example_reports_first_audio_latency() {
+    let dir = tempfile::tempdir().unwrap();
+    let codes = short_codes(dir.path());
+    let wav = dir.path().join("speech.wav");
+    let output = run(Command::new(example("appsrc"))
+        .arg("--codes")
+        .arg(&codes)
+        .arg("--sink")
+        .arg(format!("wav:{}", wav.display()))
+        .args(["--device", "cpu", "--frames-per-push", "2"]));
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(number_after(&text, "first audio after ") > 0.0, "{text}");
+    assert!(number_after(&text, "mean ") > 0.0, "{text}");
+
+    let fixture = load_fixture("release-tiny");
+    let (rate, _, samples) = read_wav(&wav);
+    assert_eq!(rate, fixture.sample_rate);
+    assert_eq!(samples.len(), FRAMES * fixture.samples_per_frame);
+}
+
+#[test]
+fn python_appsrc_example_reports_first_audio_latency() {
+    let dir = tempfile::tempdir().unwrap();
+    let codes = short_codes(dir.path());
+    // Debian's python3, where python3-gi and the GStreamer typelibs are.
+    let output = run(Command::new("/usr/bin/python3")
+        .arg(root().join("examples/appsrc.py"))
+        .arg("--codes")
+        .arg(&codes)
+        .arg("--plugin-dir")
+        .arg(target_dir())
+        .args(["--sink", "fake", "--device", "cpu"]));
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(number_after(&text, "first audio after ") > 0.0, "{text}");
+    assert_eq!(
+        number_after(&text, "decoder: ") as usize,
+        FRAMES * load_fixture("release-tiny").samples_per_frame,
+        "{text}"
+    );
+}
