@@ -48,7 +48,10 @@ fn cuda_half_precision_stays_close() {
             (Dtype::Bf16, fixture.upstream_bf16_error),
         ] {
             let error = common::relative_l2(&decode(&fixture, device, dtype, 2), &fixture.audio);
-            assert!(error <= bound, "{name} on cuda in {dtype}: {error:.3e} above {bound:.3e}");
+            assert!(
+                error <= bound,
+                "{name} on cuda in {dtype}: {error:.3e} above {bound:.3e}"
+            );
         }
     }
 }
