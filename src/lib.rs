@@ -1,10 +1,12 @@
 //! GStreamer plugin `qwencodec`: decodes Qwen3-TTS speech-codec frames into audio.
 //!
-//! [`model`] is the streaming decoder itself, free of GStreamer; the elements adapt it.
+//! [`model`] is the streaming decoder itself and [`npy`] reads `.npy` files of codes, both free
+//! of GStreamer; the elements adapt them.
 
 use gst::glib;
 
 pub mod model;
+pub mod npy;
 mod qwencodecdec;
 
 fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
