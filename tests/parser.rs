@@ -583,6 +583,111 @@ fn seeking_resumes_at_the_target_with_a_warmed_up_decoder() {
     assert!(warm < cold, "25 frames of context: {warm:e}, none: {cold:e}");
 }
 
+/// The parser alone after a seek: the frames from `seek-context-frames` before the target on,
+/// in a segment that starts at the target. Raw codes seek too. (Seen on the parser's src pad:
+/// a sink would drop the frames before the segment.)
+#[test]
+fn seeks_start_the_context_frames_before_the_target() {
+    init();
+    let fixture = load_fixture("gqa-bias");
+    let dir = tempfile::tempdir().unwrap();
+    let npy = temp_file(&dir, "gqa.npy", &fixture_npy(&fixture, 2, "<i4", true));
+    let raw = fixture.dir.join("codes.raw");
+    // 151 ms is in frame 60 (2.5 ms each); 25 frames (62.5 ms) before it is 88.5 ms, in frame
+    // 35: the first frame pushed.
+    let target = gst::ClockTime::from_mseconds(151);
+    for (source, properties, first) in [
+        (
+            format!("filesrc location=\"{}\"", npy.display()),
+            "framerate=400/1",
+            35u64,
+        ),
+        (
+            format!("filesrc location=\"{}\" ! queue", npy.display()),
+            "framerate=400/1",
+            35,
+        ),
+        (
+            format!(
+                "filesrc location=\"{}\" ! audio/x-qwen3-tts-codes,codebooks=8,framerate=400/1",
+                raw.display()
+            ),
+            "",
+            35,
+        ),
+        (
+            format!("filesrc location=\"{}\"", npy.display()),
+            "framerate=400/1 seek-context-frames=0",
+            60,
+        ),
+    ] {
+        let what = format!("{source} {properties}");
+        let pipeline = gst::parse::launch(&format!(
+            "{source} ! qwencodecparse name=parse {properties} ! fakesink name=sink"
+        ))
+        .unwrap()
+        .downcast::<gst::Pipeline>()
+        .unwrap();
+        // What left the parser since the last flush: segment start and buffers.
+        let seen = Arc::new(Mutex::new((None, Vec::<gst::Buffer>::new())));
+        let into = seen.clone();
+        pipeline
+            .by_name("parse")
+            .unwrap()
+            .static_pad("src")
+            .unwrap()
+            .add_probe(
+                gst::PadProbeType::BUFFER
+                    | gst::PadProbeType::EVENT_DOWNSTREAM
+                    | gst::PadProbeType::EVENT_FLUSH,
+                move |_, info| {
+                    let mut seen = into.lock().unwrap();
+                    match &info.data {
+                        Some(gst::PadProbeData::Buffer(buffer)) => seen.1.push(buffer.clone()),
+                        Some(gst::PadProbeData::Event(event)) => match event.view() {
+                            gst::EventView::FlushStop(_) => *seen = (None, Vec::new()),
+                            gst::EventView::Segment(segment) => {
+                                seen.0 = Some(segment.segment().start().value())
+                            }
+                            _ => (),
+                        },
+                        _ => (),
+                    }
+                    gst::PadProbeReturn::Ok
+                },
+            );
+        pipeline.set_state(gst::State::Paused).unwrap();
+        pipeline.state(gst::ClockTime::from_seconds(30)).0.unwrap();
+        pipeline.seek_simple(gst::SeekFlags::FLUSH, target).unwrap();
+        pipeline.set_state(gst::State::Playing).unwrap();
+        let bus = pipeline.bus().unwrap();
+        let message = bus
+            .timed_pop_filtered(
+                gst::ClockTime::from_seconds(30),
+                &[gst::MessageType::Eos, gst::MessageType::Error],
+            )
+            .unwrap();
+        assert!(
+            matches!(message.view(), gst::MessageView::Eos(_)),
+            "{what}: {message:?}"
+        );
+        pipeline.set_state(gst::State::Null).unwrap();
+
+        let (segment_start, buffers) = std::mem::take(&mut *seen.lock().unwrap());
+        assert_eq!(segment_start, Some(target.nseconds() as i64), "{what}");
+        let run = Run {
+            buffers,
+            ..Default::default()
+        };
+        assert_eq!(
+            run.buffers[0].pts(),
+            Some(gst::ClockTime::from_useconds(2_500 * first)),
+            "{what}"
+        );
+        assert_eq!(run.codes(), fixture.codes[first as usize * 8..], "{what}");
+    }
+}
+
 /// `bytes` pushed in pieces into the parser, as from a source that does not tell its size.
 fn harness_run(bytes: &[u8], caps: &str, properties: &[(&str, &dyn ToValue)]) -> Run {
     init();
