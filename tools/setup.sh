@@ -15,6 +15,7 @@ apt_packages=(
   gstreamer1.0-tools
   gstreamer1.0-plugins-base
   gstreamer1.0-plugins-good
+  gstreamer1.0-plugins-base-apps
 )
 
 missing=()
