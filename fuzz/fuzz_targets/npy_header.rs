@@ -6,6 +6,7 @@ use libfuzzer_sys::fuzz_target;
 
 // The module alone, without the plugin (GStreamer, libtorch) around it.
 #[path = "../../src/npy.rs"]
+#[allow(dead_code)]
 mod npy;
 
 fuzz_target!(|bytes: &[u8]| {
@@ -22,7 +23,10 @@ fuzz_target!(|bytes: &[u8]| {
             let payload = &bytes[header.data_offset..];
             match format.to_codes(payload, 0) {
                 Ok(codes) => {
-                    assert_eq!(codes.len(), payload.len() / format.frame_bytes() * format.codebooks);
+                    assert_eq!(
+                        codes.len(),
+                        payload.len() / format.frame_bytes() * format.codebooks
+                    );
                 }
                 Err(error) => {
                     assert!(error.value < i16::MIN as i128 || error.value > i16::MAX as i128);
