@@ -33,8 +33,8 @@ const CODES_MEDIA_TYPE: &str = "audio/x-qwen3-tts-codes";
 const NPY_PRELUDE_BYTES: u32 = 10;
 const MAX_FRAMES_PER_BUFFER: u32 = 1024;
 const MAX_SEEK_CONTEXT_FRAMES: u32 = 10_000;
-/// The index the base class seeks with gets one entry per this many seconds of frames at
-/// least (at most ten times more on very long streams, to keep the index small).
+/// The seek index gets an entry a second; on streams longer than this many seconds, fewer,
+/// so that it stays small (but at least one every ten seconds).
 const INDEX_ENTRIES_MAX: u64 = 8192;
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -393,12 +393,13 @@ impl QwenCodecParse {
             .src_pad()
             .push_event(gst::event::Caps::new(&layout.src_caps()))
         {
-            gst::element_imp_error!(
-                self,
-                gst::CoreError::Negotiation,
-                ("Downstream refuses {}", layout.src_caps())
-            );
-            return Err(gst::FlowError::NotNegotiated);
+            // Downstream says why (the decoder: caps that do not fit its model).
+            gst::warning!(CAT, imp = self, "Downstream refuses {}", layout.src_caps());
+            return Err(if obj.src_pad().pad_flags().contains(gst::PadFlags::FLUSHING) {
+                gst::FlowError::Flushing
+            } else {
+                gst::FlowError::NotNegotiated
+            });
         }
         // A decoder must warm up its state on frames before a seek target: the base class seeks
         // this many frames earlier and pushes them, while the segment starts at the target.
