@@ -943,6 +943,21 @@ fn input_that_is_neither_npy_nor_described_by_caps_is_an_error() {
     );
 }
 
+#[test]
+fn a_stream_that_does_not_fit_the_model_is_refused_by_the_decoder() {
+    let dir = tempfile::tempdir().unwrap();
+    let release = load_fixture("release-tiny");
+    let path = temp_file(&dir, "codes.npy", &fixture_npy(&release, 1, "<i2", false));
+    let run = decode_file(&path, &load_fixture("gqa-bias"), "", None);
+    assert!(
+        run.errors()
+            .contains("codebooks=16 (model has 8), framerate=25/2 (model has 400)"),
+        "{}",
+        run.errors()
+    );
+    assert!(run.buffers.is_empty());
+}
+
 fn run_script(script: &str, args: &[&Path], env: &[(&str, &str)]) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let status = std::process::Command::new("bash")
