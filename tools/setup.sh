@@ -24,6 +24,8 @@ apt_packages=(
   python3-gi
   gir1.2-gstreamer-1.0
   gir1.2-gst-plugins-base-1.0
+  # gst-play-1.0, which the .npy tests run as users would.
+  gstreamer1.0-plugins-base-apps
 )
 
 missing=()
