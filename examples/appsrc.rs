@@ -15,7 +15,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::error::Error;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -42,14 +41,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), Box<dyn Error>> {
     let mut options = Options::from_env();
-    let model = options
-        .take("--model")?
-        .map(PathBuf::from)
-        .unwrap_or_else(common::default_model);
-    let codes_path = options
-        .take("--codes")?
-        .map(PathBuf::from)
-        .unwrap_or_else(|| common::default_model().join("codes.raw"));
+    let (model, codes_path) = options.take_model_and_codes()?;
     let frames_per_push: usize = options.take_parsed("--frames-per-push", 4)?;
     let sink = options.take("--sink")?.unwrap_or_else(|| "auto".into());
     let device = options.take("--device")?.unwrap_or_else(|| "auto".into());

@@ -22,7 +22,6 @@
 mod common;
 
 use std::error::Error;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -70,14 +69,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), Box<dyn Error>> {
     let mut options = Options::from_env();
-    let model = options
-        .take("--model")?
-        .map(PathBuf::from)
-        .unwrap_or_else(common::default_model);
-    let codes_path = options
-        .take("--codes")?
-        .map(PathBuf::from)
-        .unwrap_or_else(|| common::default_model().join("codes.raw"));
+    let (model, codes_path) = options.take_model_and_codes()?;
     let timeout = Duration::from_secs(options.take_parsed("--timeout", 30)?);
     let device = options.take("--device")?.unwrap_or_else(|| "auto".into());
     options.finish()?;

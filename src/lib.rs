@@ -11,6 +11,19 @@ mod qwencodecdec;
 mod qwencodecparse;
 mod typefind;
 
+/// Media type of codec frames: `codebooks` codes (little-endian int16) per frame.
+const CODES_MEDIA_TYPE: &str = "audio/x-qwen3-tts-codes";
+
+/// Codec frames of any codebook count and frame rate (for pad templates).
+fn any_codes_caps() -> gst::caps::Builder<gst::caps::NoFeature> {
+    gst::Caps::builder(CODES_MEDIA_TYPE)
+        .field("codebooks", gst::IntRange::new(1, i32::MAX))
+        .field(
+            "framerate",
+            gst::FractionRange::new(gst::Fraction::new(0, 1), gst::Fraction::new(i32::MAX, 1)),
+        )
+}
+
 fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
     qwencodecdec::register(plugin)?;
     qwencodecparse::register(plugin)?;

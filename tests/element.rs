@@ -565,17 +565,6 @@ fn gst_launch_decodes_a_file_to_wav() {
     fixture.assert_matches(&audio, "gst-launch-1.0 to WAV");
 }
 
-fn run_script(script: &str, args: &[&Path], env: &[(&str, &str)]) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let status = std::process::Command::new("bash")
-        .arg(root.join(script))
-        .args(args)
-        .envs(env.iter().copied())
-        .status()
-        .unwrap();
-    assert!(status.success(), "{script} failed");
-}
-
 #[test]
 fn pipeline_scripts_run() {
     let fixture = load_fixture("gqa-bias");
@@ -583,7 +572,7 @@ fn pipeline_scripts_run() {
     let wav = out.path().join("out.wav");
     let env = [("CODEBOOKS", "8"), ("FRAMERATE", "400/1"), ("DEVICE", "cpu")];
     let codes = fixture.dir.join("codes.raw");
-    run_script("pipelines/codes-to-wav.sh", &[&codes, &wav, &fixture.dir], &env);
+    common::run_script("pipelines/codes-to-wav.sh", &[&codes, &wav, &fixture.dir], &env);
     // 16-bit samples after a 44-byte header.
     assert_eq!(
         std::fs::metadata(&wav).unwrap().len() as usize,
@@ -591,5 +580,5 @@ fn pipeline_scripts_run() {
     );
 
     let live_env = [env.as_slice(), &[("AUDIO_SINK", "fakesink sync=true")]].concat();
-    run_script("pipelines/play-live.sh", &[&codes, &fixture.dir], &live_env);
+    common::run_script("pipelines/play-live.sh", &[&codes, &fixture.dir], &live_env);
 }

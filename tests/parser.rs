@@ -958,24 +958,13 @@ fn a_stream_that_does_not_fit_the_model_is_refused_by_the_decoder() {
     assert!(run.buffers.is_empty());
 }
 
-fn run_script(script: &str, args: &[&Path], env: &[(&str, &str)]) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let status = std::process::Command::new("bash")
-        .arg(root.join(script))
-        .args(args)
-        .envs(env.iter().copied())
-        .status()
-        .unwrap();
-    assert!(status.success(), "{script} failed");
-}
-
 #[test]
 fn npy_pipeline_scripts_run() {
     let fixture = load_fixture("release-tiny");
     let dir = tempfile::tempdir().unwrap();
     let npy = temp_file(&dir, "codes.npy", &fixture_npy(&fixture, 1, "<i8", false));
     let wav = dir.path().join("out.wav");
-    run_script("pipelines/npy-to-wav.sh", &[&npy, &wav, &fixture.dir], &[]);
+    common::run_script("pipelines/npy-to-wav.sh", &[&npy, &wav, &fixture.dir], &[]);
     // 16-bit samples after a 44-byte header.
     assert_eq!(
         std::fs::metadata(&wav).unwrap().len() as usize,
@@ -994,7 +983,7 @@ fn npy_pipeline_scripts_run() {
     assert!(status.success());
     assert_eq!(std::fs::read(&default_wav).unwrap(), std::fs::read(&wav).unwrap());
 
-    run_script(
+    common::run_script(
         "pipelines/play-npy.sh",
         &[&npy, &fixture.dir],
         &[("AUDIO_SINK", "fakesink sync=false")],

@@ -42,6 +42,15 @@ impl Options {
     }
 
     /// Fails on anything not taken.
+    /// `--model DIR` and `--codes FILE`, by default the bundled test checkpoint and its codes.
+    pub fn take_model_and_codes(&mut self) -> Result<(PathBuf, PathBuf), String> {
+        let model = self.take("--model")?.map_or_else(default_model, PathBuf::from);
+        let codes = self
+            .take("--codes")?
+            .map_or_else(|| default_model().join("codes.raw"), PathBuf::from);
+        Ok((model, codes))
+    }
+
     pub fn finish(self) -> Result<(), String> {
         match self.0.first() {
             Some(arg) => Err(format!("unknown argument {arg:?}")),

@@ -31,7 +31,6 @@ use crate::model::{self, DecodeError, Model, ModelError, StreamDecoder};
 
 /// Read when `model-path` is unset, so that decodebin and playbin can plug the decoder.
 const MODEL_PATH_ENV: &str = "QWENCODEC_MODEL_PATH";
-const CODES_MEDIA_TYPE: &str = "audio/x-qwen3-tts-codes";
 const MAX_CHUNK_FRAMES: u32 = 4096;
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -571,13 +570,7 @@ impl ElementImpl for QwenCodecDec {
 
     fn pad_templates() -> &'static [gst::PadTemplate] {
         static PAD_TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
-            let sink_caps = gst::Caps::builder(CODES_MEDIA_TYPE)
-                .field("codebooks", gst::IntRange::new(1, i32::MAX))
-                .field(
-                    "framerate",
-                    gst::FractionRange::new(gst::Fraction::new(0, 1), gst::Fraction::new(i32::MAX, 1)),
-                )
-                .build();
+            let sink_caps = crate::any_codes_caps().build();
             let src_caps = gst_audio::AudioCapsBuilder::new_interleaved()
                 .format_list([gst_audio::AudioFormat::F32le, gst_audio::AudioFormat::S16le])
                 .channels(1)

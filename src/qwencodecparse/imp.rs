@@ -27,7 +27,7 @@ use gst_base::subclass::prelude::*;
 use crate::npy::{self, FrameFormat, HeaderRead, IntType};
 use crate::typefind::NPY_MEDIA_TYPE;
 
-const CODES_MEDIA_TYPE: &str = "audio/x-qwen3-tts-codes";
+use crate::CODES_MEDIA_TYPE;
 /// Magic, version and length field of a version 1 `.npy` file: enough to learn the header's
 /// length.
 const NPY_PRELUDE_BYTES: u32 = 10;
@@ -525,14 +525,7 @@ impl ElementImpl for QwenCodecParse {
                         .build(),
                 )
                 .build();
-            let src_caps = gst::Caps::builder(CODES_MEDIA_TYPE)
-                .field("codebooks", gst::IntRange::new(1, i32::MAX))
-                .field(
-                    "framerate",
-                    gst::FractionRange::new(gst::Fraction::new(0, 1), gst::Fraction::new(i32::MAX, 1)),
-                )
-                .field("parsed", true)
-                .build();
+            let src_caps = crate::any_codes_caps().field("parsed", true).build();
             vec![
                 gst::PadTemplate::new(
                     "sink",

@@ -1,7 +1,7 @@
 //! Reference fixtures made by `tools/make_fixtures.py` with the upstream decoder.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use safetensors::SafeTensors;
 
@@ -101,4 +101,16 @@ impl Fixture {
             self.upstream_f32_error
         );
     }
+}
+
+/// Runs one of the repository's shell scripts; it must succeed.
+pub fn run_script(script: &str, args: &[&Path], env: &[(&str, &str)]) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let status = std::process::Command::new("bash")
+        .arg(root.join(script))
+        .args(args)
+        .envs(env.iter().copied())
+        .status()
+        .unwrap();
+    assert!(status.success(), "{script} failed");
 }
