@@ -48,10 +48,13 @@ pub struct StreamState {
     /// Past input columns of each causal conv (left context), and the overlap each transposed
     /// conv carries into its next output block.
     contexts: Vec<Tensor>,
-    /// Un-rotated keys and values of the last `sliding_window - 1` positions, per layer:
-    /// RoPE is applied afresh each step with positions counted from the oldest cached one.
+    /// Un-rotated keys and values of the last `sliding_window - 1` positions, per layer, in
+    /// buffers of that size filled from the end: RoPE is applied afresh each step with
+    /// positions counted from the oldest cached one.
     keys: Vec<Tensor>,
     values: Vec<Tensor>,
+    /// Positions held in the KV buffers (the same for every layer).
+    cached: i64,
 }
 
 impl StreamState {
@@ -62,11 +65,6 @@ impl StreamState {
             .chain(&self.values)
             .map(|t| t.numel() * t.kind().elt_size_in_bytes())
             .sum()
-    }
-
-    /// Positions held in the KV cache (the same for every layer).
-    fn cached_positions(&self) -> i64 {
-        self.keys.first().map_or(0, |k| k.size()[2])
     }
 }
 
@@ -123,9 +121,8 @@ impl CausalConv {
             Some(slot) => {
                 let full = Tensor::f_cat(&[&state.contexts[slot], x], 2)?;
                 let len = full.size()[2];
-                state.contexts[slot] = full
-                    .f_narrow(2, len - self.context, self.context)?
-                    .f_contiguous()?;
+                // Written in place: a stream's state keeps its allocations from start to end.
+                state.contexts[slot].f_copy_(&full.f_narrow(2, len - self.context, self.context)?)?;
                 full
             }
             None => x.shallow_clone(),
@@ -217,7 +214,7 @@ impl CausalTransConv {
             // the carry of the previous step.
             let overlap = taps.f_narrow(2, self.stride, self.stride)?;
             let earlier = Tensor::f_cat(&[&state.contexts[slot], &overlap.f_narrow(0, 0, columns - 1)?], 0)?;
-            state.contexts[slot] = overlap.f_narrow(0, columns - 1, 1)?.f_contiguous()?;
+            state.contexts[slot].f_copy_(&overlap.f_narrow(0, columns - 1, 1)?)?;
             blocks = blocks.f_add(&earlier)?;
         }
         // [T, out, s] -> [1, out, T * s]
@@ -379,14 +376,16 @@ impl TransformerLayer {
         })
     }
 
-    /// `x`: [1, T, hidden]. Updates this layer's KV window in `keys`/`values`.
+    /// `x`: [1, T, hidden]. Updates this layer's KV window in `keys`/`values`, whose last
+    /// `cached` positions are filled.
     fn forward(
         &self,
         x: &Tensor,
         config: &DecoderConfig,
         inputs: &AttentionInputs,
-        keys: &mut Tensor,
-        values: &mut Tensor,
+        keys: &Tensor,
+        values: &Tensor,
+        cached: i64,
     ) -> TorchResult<Tensor> {
         let steps = x.size()[1];
         let head_dim = config.head_dim as i64;
@@ -399,12 +398,16 @@ impl TransformerLayer {
         let k = split_heads(self.k_proj.forward(&h)?, kv_heads)?;
         let v = split_heads(self.v_proj.forward(&h)?, kv_heads)?;
 
-        let all_keys = Tensor::f_cat(&[&*keys, &k], 2)?;
-        let all_values = Tensor::f_cat(&[&*values, &v], 2)?;
+        let slots = keys.size()[2];
+        let all_keys = Tensor::f_cat(&[&keys.f_narrow(2, slots - cached, cached)?, &k], 2)?;
+        let all_values = Tensor::f_cat(&[&values.f_narrow(2, slots - cached, cached)?, &v], 2)?;
         let total = all_keys.size()[2];
-        let keep = total.min(config.sliding_window as i64 - 1);
-        *keys = all_keys.f_narrow(2, total - keep, keep)?.f_contiguous()?;
-        *values = all_values.f_narrow(2, total - keep, keep)?.f_contiguous()?;
+        let keep = total.min(slots);
+        keys.f_narrow(2, slots - keep, keep)?
+            .f_copy_(&all_keys.f_narrow(2, total - keep, keep)?)?;
+        values
+            .f_narrow(2, slots - keep, keep)?
+            .f_copy_(&all_values.f_narrow(2, total - keep, keep)?)?;
 
         let q = apply_rope(&q, &inputs.query_cos, &inputs.query_sin)?;
         let mut k = apply_rope(&all_keys, &inputs.key_cos, &inputs.key_sin)?;
@@ -760,7 +763,7 @@ impl Network {
                 [
                     1,
                     self.config.num_key_value_heads as i64,
-                    0,
+                    self.config.sliding_window as i64 - 1,
                     self.config.head_dim as i64,
                 ],
                 options,
@@ -771,6 +774,7 @@ impl Network {
             contexts,
             keys: (0..layers).map(|_| empty_kv()).collect::<TorchResult<_>>()?,
             values: (0..layers).map(|_| empty_kv()).collect::<TorchResult<_>>()?,
+            cached: 0,
         })
     }
 
@@ -793,14 +797,11 @@ impl Network {
 
         let h = self.pre_conv.forward(&quantized, state)?.f_transpose(1, 2)?;
         let mut h = self.input_proj.forward(&h)?;
-        let inputs = self.attention_inputs(state.cached_positions(), frames)?;
-        for (layer, (keys, values)) in self
-            .layers
-            .iter()
-            .zip(state.keys.iter_mut().zip(state.values.iter_mut()))
-        {
-            h = layer.forward(&h, c, &inputs, keys, values)?;
+        let inputs = self.attention_inputs(state.cached, frames)?;
+        for (layer, (keys, values)) in self.layers.iter().zip(state.keys.iter().zip(&state.values)) {
+            h = layer.forward(&h, c, &inputs, keys, values, state.cached)?;
         }
+        state.cached = (state.cached + frames).min(c.sliding_window as i64 - 1);
         let h = self.output_proj.forward(&self.final_norm.forward(&h)?)?;
         let mut h = h.f_transpose(1, 2)?;
 
