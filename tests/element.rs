@@ -518,15 +518,7 @@ fn eight_decoders_in_one_pipeline_are_exact() {
 #[test]
 fn gst_launch_decodes_a_file_to_wav() {
     let fixture = load_fixture("release-tiny");
-    // The test binary is target/<profile>/deps/…; the plugin is built beside deps/.
-    let plugin_dir = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_owned();
-    assert!(plugin_dir.join("libgstqwencodec.so").exists());
+    let plugin_dir = common::build_dir();
     let out = tempfile::tempdir().unwrap();
     let wav = out.path().join("speech.wav");
     let status = std::process::Command::new("gst-launch-1.0")

@@ -20,20 +20,9 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// target/<profile>: the test binary is target/<profile>/deps/…
-fn target_dir() -> PathBuf {
-    std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_owned()
-}
-
 /// The built example, refused when older than its sources: it would not be what is tested.
 fn example(name: &str) -> PathBuf {
-    let binary = target_dir().join("examples").join(name);
+    let binary = common::build_dir().join("examples").join(name);
     let built = std::fs::metadata(&binary)
         .and_then(|m| m.modified())
         .unwrap_or_else(|_| {
@@ -275,7 +264,7 @@ fn python_appsrc_example_reports_first_audio_latency() {
         .arg("--codes")
         .arg(&codes)
         .arg("--plugin-dir")
-        .arg(target_dir())
+        .arg(common::build_dir())
         .args(["--sink", "fake", "--device", "cpu"]));
     let text = String::from_utf8(output.stdout).unwrap();
     assert!(number_after(&text, "first audio after ") > 0.0, "{text}");

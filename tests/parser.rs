@@ -389,20 +389,6 @@ fn parser_then_decoder_matches_upstream() {
     fixture.assert_matches(&run.audio(), "raw codes through qwencodecparse ! qwencodecdec");
 }
 
-/// The plugin as built, for child processes.
-fn plugin_dir() -> PathBuf {
-    // The test binary is target/<profile>/deps/…; the plugin is built beside deps/.
-    let dir = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_owned();
-    assert!(dir.join("libgstqwencodec.so").exists());
-    dir
-}
-
 /// The samples of a float WAV with a canonical 44-byte header.
 fn wav_samples(path: &Path) -> Vec<f32> {
     let bytes = std::fs::read(path).unwrap();
@@ -422,7 +408,7 @@ fn decodebin_and_gst_play_find_parser_and_decoder() {
     let npy = temp_file(&dir, "codes.npy", &fixture_npy(&fixture, 1, "<i8", false));
     let wav = dir.path().join("decodebin.wav");
     let status = std::process::Command::new("gst-launch-1.0")
-        .env("GST_PLUGIN_PATH", plugin_dir())
+        .env("GST_PLUGIN_PATH", common::build_dir())
         .env("QWENCODEC_MODEL_PATH", &fixture.dir)
         .arg("-q")
         .arg("filesrc")
@@ -438,7 +424,7 @@ fn decodebin_and_gst_play_find_parser_and_decoder() {
     // What users type: gst-play-1.0 codes.npy (playbin), here into a WAV file.
     let wav = dir.path().join("gst-play.wav");
     let output = std::process::Command::new("gst-play-1.0")
-        .env("GST_PLUGIN_PATH", plugin_dir())
+        .env("GST_PLUGIN_PATH", common::build_dir())
         .env("QWENCODEC_MODEL_PATH", &fixture.dir)
         .args(["--no-interactive", "-q"])
         .arg(format!("--audiosink={TO_FLOAT_WAV} location={}", wav.display()))

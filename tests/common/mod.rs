@@ -114,3 +114,21 @@ pub fn run_script(script: &str, args: &[&Path], env: &[(&str, &str)]) {
         .unwrap();
     assert!(status.success(), "{script} failed");
 }
+
+/// target/<profile>, where the plugin (and the examples) are built beside the test binary's
+/// deps/ folder: for child processes.
+pub fn build_dir() -> PathBuf {
+    let dir = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_owned();
+    assert!(
+        dir.join("libgstqwencodec.so").exists(),
+        "no plugin in {}",
+        dir.display()
+    );
+    dir
+}
