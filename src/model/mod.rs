@@ -3,6 +3,7 @@
 
 mod checkpoint;
 mod config;
+mod executor;
 mod network;
 mod stream;
 
@@ -151,10 +152,12 @@ impl Model {
     pub fn load(path: &Path, device: Device, dtype: Dtype) -> Result<Self, ModelError> {
         let files = CheckpointFiles::locate(path)?;
         let config = DecoderConfig::from_file(&files.config)?;
-        let weights = WeightFile::open(&files.weights, device, dtype.kind())?;
-        Ok(Self {
-            network: Network::load(&weights, &config)?,
-            dtype,
+        executor::run(device, || {
+            let weights = WeightFile::open(&files.weights, device, dtype.kind())?;
+            Ok(Self {
+                network: Network::load(&weights, &config)?,
+                dtype,
+            })
         })
     }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tch::{Kind, Tensor};
 
 use super::network::StreamState;
-use super::{DecodeError, Model};
+use super::{DecodeError, Model, executor};
 
 /// How [`StreamDecoder::finish`] decodes frames that do not fill a whole step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -55,7 +55,7 @@ impl StreamDecoder {
     /// If `chunk_frames` is 0.
     pub fn new(model: Arc<Model>, chunk_frames: usize, tail: TailStrategy) -> Result<Self, DecodeError> {
         assert!(chunk_frames > 0, "chunk_frames must be positive");
-        let state = model.network().new_state()?;
+        let state = executor::run(model.device(), || model.network().new_state())?;
         Ok(Self {
             model,
             chunk_frames,
@@ -174,7 +174,8 @@ impl StreamDecoder {
 
     /// Starts a new stream: the next frame decodes as on a fresh decoder.
     pub fn reset(&mut self) -> Result<(), DecodeError> {
-        self.state = self.model.network().new_state()?;
+        let network = self.model.network();
+        self.state = executor::run(network.device(), || network.new_state())?;
         self.pending.clear();
         self.frames_in = 0;
         self.steps = 0;
@@ -199,7 +200,7 @@ impl StreamDecoder {
     /// updated, so the stream refuses further work until it is reset.
     fn run_step(&mut self, codes: &[i64]) -> Result<Vec<f32>, DecodeError> {
         let started = Instant::now();
-        let result = self.try_step(codes);
+        let result = executor::run(self.model.device(), || self.try_step(codes));
         let elapsed = started.elapsed();
         self.broken = result.is_err();
         self.steps += 1;
