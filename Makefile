@@ -8,7 +8,7 @@ export PATH := $(VENV)/bin:$(PATH)
 
 PLUGIN := target/release/libgstqwencodec.so
 
-.PHONY: setup setup-reference build demo test lint fixtures bench gpu-bundle
+.PHONY: setup setup-reference build demo test lint soak fixtures bench gpu-bundle
 
 setup:
 	@bash tools/setup.sh
@@ -29,8 +29,19 @@ lint: setup
 	cargo fmt --all -- --check
 	cargo clippy --release --all-targets -- -D warnings
 
+# CI (.ci/run) runs this. GLib warnings and criticals abort the tests (G_DEBUG). The tests run
+# several decoding processes at once: short OpenMP spinning keeps them from starving each
+# other (see "Threads" in the README).
 test: build lint
-	cargo test --release
+	bash tools/check-inspect.sh
+	bash tools/fuzz-short.sh
+	G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} cargo test --release
+
+# Thousands of streams opened, fed and closed in one process; memory must stay flat
+# (make test runs a short one). SOAK_ARGS: see examples/soak.rs, e.g. --device cuda.
+SOAK_STREAMS ?= 10000
+soak: build
+	cargo run --release --example soak -- --streams $(SOAK_STREAMS) $(SOAK_ARGS)
 
 fixtures: setup-reference
 	$(VENV)/bin/python tools/make_fixtures.py --out tests/fixtures

@@ -3,21 +3,13 @@
 mod common;
 
 use std::path::Path;
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 
-use common::{Fixture, fixture_dir, load_fixture};
+use common::{Fixture, code_bytes, codes_caps, fixture_dir, init, load_fixture, samples};
 use gst::prelude::*;
 use gstqwencodec::model::{Dtype, Model};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-fn init() {
-    static INIT: Once = Once::new();
-    INIT.call_once(|| {
-        gst::init().unwrap();
-        gstqwencodec::plugin_register_static().unwrap();
-    });
-}
 
 fn decoder(fixture_path: &Path, properties: &[(&str, &dyn ToValue)]) -> gst::Element {
     let element = gst::ElementFactory::make("qwencodecdec")
@@ -31,50 +23,19 @@ fn decoder(fixture_path: &Path, properties: &[(&str, &dyn ToValue)]) -> gst::Ele
     element
 }
 
-fn codes_caps(codebooks: i32, framerate: gst::Fraction) -> gst::Caps {
-    gst::Caps::builder("audio/x-qwen3-tts-codes")
-        .field("codebooks", codebooks)
-        .field("framerate", framerate)
-        .build()
-}
-
-fn fixture_caps(fixture: &Fixture) -> gst::Caps {
-    let (num, den) = reduce(fixture.sample_rate as i32, fixture.samples_per_frame as i32);
-    codes_caps(fixture.codebooks as i32, gst::Fraction::new(num, den))
-}
-
-fn reduce(num: i32, den: i32) -> (i32, i32) {
-    let (mut a, mut b) = (num, den);
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    (num / a, den / a)
-}
-
 fn harness(fixture: &Fixture, properties: &[(&str, &dyn ToValue)]) -> gst_check::Harness {
     init();
     let element = decoder(&fixture.dir, properties);
     let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
-    h.set_src_caps(fixture_caps(fixture));
+    h.set_src_caps(fixture.caps());
     h.play();
     h
-}
-
-fn code_bytes(codes: &[i16]) -> Vec<u8> {
-    codes.iter().flat_map(|c| c.to_le_bytes()).collect()
 }
 
 fn buffer(bytes: &[u8], pts: Option<gst::ClockTime>) -> gst::Buffer {
     let mut buffer = gst::Buffer::from_slice(bytes.to_vec());
     buffer.get_mut().unwrap().set_pts(pts);
     buffer
-}
-
-fn samples(buffer: &gst::BufferRef) -> Vec<f32> {
-    let map = buffer.map_readable().unwrap();
-    map.chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
 }
 
 fn pull_all(h: &mut gst_check::Harness) -> Vec<gst::Buffer> {
@@ -117,7 +78,7 @@ fn output_caps_follow_the_model_and_downstream() {
 
     let mut h = gst_check::Harness::with_element(&decoder(&fixture.dir, &[]), Some("sink"), Some("src"));
     h.set_sink_caps_str("audio/x-raw,format=S16LE,rate=16000,channels=1,layout=interleaved");
-    h.set_src_caps(fixture_caps(&fixture));
+    h.set_src_caps(fixture.caps());
     h.play();
     h.push(buffer(&code_bytes(&fixture.codes), Some(gst::ClockTime::ZERO)))
         .unwrap();
@@ -321,7 +282,7 @@ fn invalid_codes_are_an_error_naming_them_after_the_good_audio() {
     let element = decoder(&fixture.dir, &[("chunk-frames", &4u32)]);
     let bus = bus_for(&element);
     let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
-    h.set_src_caps(fixture_caps(&fixture));
+    h.set_src_caps(fixture.caps());
     h.play();
     let mut codes = fixture.codes[..6 * fixture.codebooks].to_vec();
     codes[5 * fixture.codebooks + 3] = 999;
@@ -346,7 +307,7 @@ fn a_partial_frame_at_eos_is_reported() {
     let element = decoder(&fixture.dir, &[]);
     let bus = bus_for(&element);
     let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
-    h.set_src_caps(fixture_caps(&fixture));
+    h.set_src_caps(fixture.caps());
     h.play();
     h.push(buffer(
         &code_bytes(&fixture.codes[..3 * fixture.codebooks + 2]),
@@ -477,7 +438,7 @@ fn eight_decoders_in_one_pipeline_are_exact() {
     let mut branches = Vec::new();
     for chunk_frames in 1..=8u32 {
         let src = gst_app::AppSrc::builder()
-            .caps(&fixture_caps(&fixture))
+            .caps(&fixture.caps())
             .format(gst::Format::Time)
             .build();
         let dec = decoder(&fixture.dir, &[("chunk-frames", &chunk_frames)]);

@@ -1,4 +1,5 @@
-//! The RTP pipelines and the examples, run as a user runs them, over the loopback interface.
+//! The RTP pipelines and the examples, run as a user runs them (the network ones over the
+//! loopback interface), and the soak.
 //!
 //! The examples are run from the binaries that a plain `cargo test` builds beside the test
 //! binary; with `--test examples` alone they are not built (`cargo build --examples` first,
@@ -273,4 +274,23 @@ fn python_appsrc_example_reports_first_audio_latency() {
         FRAMES * load_fixture("release-tiny").samples_per_frame,
         "{text}"
     );
+}
+
+#[test]
+fn soak_keeps_memory_flat_and_every_stream_exact() {
+    // The short version of the soak: streams alternate between new pipelines and one decoder
+    // reused with flushes; the example fails if a stream differs or the memory grows.
+    let output = run(Command::new(example("soak")).args([
+        "--streams",
+        "240",
+        "--warm-up",
+        "60",
+        "--max-growth-mib",
+        "16",
+        "--report-every",
+        "60",
+    ]));
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("soak: 240 streams in"), "{text}");
+    assert!(text.contains("each equal to the first"), "{text}");
 }

@@ -4,20 +4,12 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 
-use common::{Fixture, load_fixture};
+use common::{Fixture, init, load_fixture};
 use gst::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-fn init() {
-    static INIT: Once = Once::new();
-    INIT.call_once(|| {
-        gst::init().unwrap();
-        gstqwencodec::plugin_register_static().unwrap();
-    });
-}
 
 /// Every integer type string the parser takes, with byte orders.
 const DTYPES: [&str; 16] = [

@@ -119,6 +119,9 @@ struct State {
     frames_per_input: VecDeque<usize>,
     /// Decoded audio of the unfinished input buffers.
     audio: Vec<f32>,
+    /// Caps refused already: upstream sends them again before each buffer, and one error
+    /// message is enough.
+    refused_caps: Option<gst::Caps>,
     /// Decoder counters already added to the stats (the decoder's restart with each stream).
     counted_steps: u64,
     counted_step_time: Duration,
@@ -379,6 +382,7 @@ impl QwenCodecDec {
             partial_frame: Vec::new(),
             frames_per_input: VecDeque::new(),
             audio: Vec::new(),
+            refused_caps: None,
             counted_steps: 0,
             counted_step_time: Duration::ZERO,
         })
@@ -436,6 +440,21 @@ impl QwenCodecDec {
         {
             gst::warning!(CAT, imp = self, "Cannot reset the decoder: {}", err);
         }
+    }
+
+    /// Posts the error for caps refused, once for the same caps: upstream sends them again
+    /// before each buffer.
+    fn refuse_caps(
+        &self,
+        state: &mut State,
+        caps: &gst::Caps,
+        error: gst::ErrorMessage,
+    ) -> gst::LoggableError {
+        if state.refused_caps.as_ref() != Some(caps) {
+            state.refused_caps = Some(caps.clone());
+            self.post_error_message(error);
+        }
+        gst::loggable_error!(CAT, "Caps {} refused", caps)
     }
 
     fn decode_error(&self, err: DecodeError) -> gst::FlowError {
@@ -624,8 +643,7 @@ impl AudioDecoderImpl for QwenCodecDec {
         let framerate = s.get::<gst::Fraction>("framerate").ok();
         if codebooks != Some(config.num_quantizers as i32) || framerate != Some(model_rate) {
             let show = |v: Option<String>| v.unwrap_or_else(|| "none".into());
-            gst::element_imp_error!(
-                self,
+            let error = gst::error_msg!(
                 gst::StreamError::Format,
                 (
                     "Caps {} do not fit the model at {}: codebooks={} (model has {}), framerate={} (model has {})",
@@ -637,7 +655,7 @@ impl AudioDecoderImpl for QwenCodecDec {
                     model_rate
                 )
             );
-            return Err(gst::loggable_error!(CAT, "Caps do not fit the model"));
+            return Err(self.refuse_caps(state, caps, error));
         }
 
         let wanted = gst_audio::AudioCapsBuilder::new_interleaved()
@@ -645,19 +663,24 @@ impl AudioDecoderImpl for QwenCodecDec {
             .rate(config.sample_rate as i32)
             .channels(1)
             .build();
-        let peer = self.obj().src_pad().peer_query_caps(Some(&wanted));
-        let mut caps = wanted.intersect_with_mode(&peer, gst::CapsIntersectMode::First);
-        if caps.is_empty() {
-            return Err(gst::loggable_error!(
-                CAT,
-                "Downstream takes neither F32LE nor S16LE mono at {} Hz",
-                config.sample_rate
-            ));
+        let peer = self.obj().src_pad().peer_query_caps(None);
+        let mut output = wanted.intersect_with_mode(&peer, gst::CapsIntersectMode::First);
+        if output.is_empty() {
+            let error = gst::error_msg!(
+                gst::CoreError::Negotiation,
+                (
+                    "Downstream takes neither F32LE nor S16LE mono at {} Hz, the model's rate: it takes {}",
+                    config.sample_rate,
+                    peer
+                )
+            );
+            return Err(self.refuse_caps(state, caps, error));
         }
-        caps.fixate();
-        let info = gst_audio::AudioInfo::from_caps(&caps)
-            .map_err(|_| gst::loggable_error!(CAT, "Cannot use output caps {}", caps))?;
-        gst::debug!(CAT, imp = self, "Input {}, output {}", caps, info.format());
+        state.refused_caps = None;
+        output.fixate();
+        let info = gst_audio::AudioInfo::from_caps(&output)
+            .map_err(|_| gst::loggable_error!(CAT, "Cannot use output caps {}", output))?;
+        gst::debug!(CAT, imp = self, "Input {}, output {}", caps, output);
         state.format = info.format();
         drop(guard);
         self.obj()

@@ -2,8 +2,39 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::sync::Once;
 
 use safetensors::SafeTensors;
+
+/// GStreamer initialised and the plugin registered, once per test binary.
+pub fn init() {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        gst::init().unwrap();
+        gstqwencodec::plugin_register_static().unwrap();
+    });
+}
+
+/// The decoder's sink caps for codes of `codebooks` at `framerate`.
+pub fn codes_caps(codebooks: i32, framerate: gst::Fraction) -> gst::Caps {
+    gst::Caps::builder("audio/x-qwen3-tts-codes")
+        .field("codebooks", codebooks)
+        .field("framerate", framerate)
+        .build()
+}
+
+/// Codes as the decoder takes them: little-endian int16.
+pub fn code_bytes(codes: &[i16]) -> Vec<u8> {
+    codes.iter().flat_map(|c| c.to_le_bytes()).collect()
+}
+
+/// The samples of an F32LE audio buffer.
+pub fn samples(buffer: &gst::BufferRef) -> Vec<f32> {
+    let map = buffer.map_readable().unwrap();
+    map.chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
 
 pub struct Fixture {
     pub name: &'static str,
@@ -80,6 +111,13 @@ pub fn relative_l2(actual: &[f32], expected: &[f32]) -> f64 {
 }
 
 impl Fixture {
+    /// The caps of this fixture's codes.
+    pub fn caps(&self) -> gst::Caps {
+        let rate = gst::Fraction::new(self.sample_rate as i32, self.samples_per_frame as i32);
+        // gst::Fraction::new reduces.
+        codes_caps(self.codebooks as i32, rate)
+    }
+
     /// The parity bound: five times upstream's own float32 error.
     pub fn tolerance(&self) -> f64 {
         5.0 * self.upstream_f32_error

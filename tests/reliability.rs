@@ -1,0 +1,609 @@
+//! What a media server running for weeks does to qwencodecdec: many elements at once on their
+//! own threads, state changes and flushes at any moment, and every fault followed by reuse.
+//! (The soak, thousands of streams in one process, is `examples/soak.rs`, run by
+//! tests/examples.rs.)
+
+mod common;
+
+use std::path::Path;
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Fixture, code_bytes, codes_caps, fixture_dir, init, load_fixture, samples};
+use gst::prelude::*;
+use gstqwencodec::model::{Dtype, Model};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Longer than any of these runs takes on two busy cores: past it, something hangs.
+const HANG: Duration = Duration::from_secs(120);
+
+fn decoder(model: &Path, chunk_frames: u32) -> gst::Element {
+    gst::ElementFactory::make("qwencodecdec")
+        .property("model-path", model.to_str().unwrap())
+        .property("device", "cpu")
+        .property("chunk-frames", chunk_frames)
+        .build()
+        .unwrap()
+}
+
+/// The codes cut at random byte offsets: frames cut across buffers, some buffers empty.
+fn random_buffers(bytes: &[u8], frame_bytes: usize, rng: &mut StdRng) -> Vec<gst::Buffer> {
+    let mut buffers = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let size = rng.random_range(0..=3 * frame_bytes).min(bytes.len() - at);
+        buffers.push(gst::Buffer::from_slice(bytes[at..at + size].to_vec()));
+        at += size;
+    }
+    buffers
+}
+
+/// Runs `work` on a thread of its own and fails the test if it has not finished within HANG.
+fn within_hang_limit<R: Send + 'static>(what: &str, work: impl FnOnce() -> R + Send + 'static) -> R {
+    let thread = std::thread::spawn(work);
+    let deadline = Instant::now() + HANG;
+    while !thread.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: still not done after {HANG:?}: a deadlock"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    thread
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+/// `appsrc ! qwencodecdec ! appsink` in a pipeline.
+struct Branch {
+    pipeline: gst::Pipeline,
+    src: gst_app::AppSrc,
+    sink: gst_app::AppSink,
+}
+
+impl Branch {
+    /// `middle` between the source and the sink; they leave the pipeline when it is dropped.
+    fn new(middle: &[&gst::Element], caps: &gst::Caps) -> Self {
+        let src = gst_app::AppSrc::builder()
+            .caps(caps)
+            .format(gst::Format::Time)
+            // A feeder faster than the decoder waits instead of queueing without end.
+            .block(true)
+            .build();
+        // EOS is posted when it arrives, not once every sample is pulled.
+        let sink = gst_app::AppSink::builder().sync(false).wait_on_eos(false).build();
+        let pipeline = gst::Pipeline::new();
+        let chain: Vec<&gst::Element> = [src.upcast_ref()]
+            .into_iter()
+            .chain(middle.iter().copied())
+            .chain([sink.upcast_ref()])
+            .collect();
+        pipeline.add_many(chain.iter().copied()).unwrap();
+        gst::Element::link_many(chain).unwrap();
+        Self { pipeline, src, sink }
+    }
+
+    /// Pushes the buffers and EOS, and returns the audio up to EOS.
+    fn decode(&self, buffers: Vec<gst::Buffer>) -> Vec<f32> {
+        for buffer in buffers {
+            self.src.push_buffer(buffer).unwrap();
+        }
+        self.src.end_of_stream().unwrap();
+        let mut audio = Vec::new();
+        while let Ok(sample) = self.sink.pull_sample() {
+            audio.extend(samples(sample.buffer().unwrap()));
+        }
+        audio
+    }
+}
+
+impl Drop for Branch {
+    fn drop(&mut self) {
+        let _ = self.pipeline.set_state(gst::State::Null);
+    }
+}
+
+#[test]
+fn sixty_four_elements_on_their_own_threads_are_exact_and_share_one_model() {
+    init();
+    const ELEMENTS: usize = 64;
+    // A folder of its own: no other test shares (or holds) this model.
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture_dir("gqa-bias").join(file), dir.path().join(file)).unwrap();
+    }
+    let fixture = Arc::new(load_fixture("gqa-bias"));
+    let started = Arc::new(Barrier::new(ELEMENTS + 1));
+    let counted = Arc::new(Barrier::new(ELEMENTS + 1));
+    let threads: Vec<_> = (0..ELEMENTS)
+        .map(|index| {
+            let (fixture, started, counted) = (fixture.clone(), started.clone(), counted.clone());
+            let model = dir.path().to_owned();
+            std::thread::spawn(move || {
+                let branch = Branch::new(&[&decoder(&model, 1 + index as u32 % 4)], &fixture.caps());
+                branch.pipeline.set_state(gst::State::Playing).unwrap();
+                started.wait();
+                counted.wait();
+                let mut rng = StdRng::seed_from_u64(index as u64);
+                let bytes = code_bytes(&fixture.codes);
+                let audio = branch.decode(random_buffers(&bytes, 2 * fixture.codebooks, &mut rng));
+                fixture.assert_matches(&audio, &format!("element {index} of {ELEMENTS}"));
+            })
+        })
+        .collect();
+
+    started.wait();
+    let loaded = Model::shared(dir.path(), tch::Device::Cpu, Dtype::F32).unwrap();
+    assert_eq!(
+        Arc::strong_count(&loaded),
+        ELEMENTS + 1,
+        "every element and this test hold the one loaded model"
+    );
+    let model = Arc::downgrade(&loaded);
+    drop(loaded);
+    counted.wait();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert!(
+        model.upgrade().is_none(),
+        "the model is freed once the last element has stopped"
+    );
+}
+
+#[test]
+fn playing_to_null_in_the_middle_of_a_step_then_reuse() {
+    init();
+    let fixture = load_fixture("release-tiny");
+    let bytes = code_bytes(&fixture.codes);
+    let mut rng = StdRng::seed_from_u64(7);
+    // Big steps, so that the state change often lands inside one.
+    let decoder = decoder(&fixture.dir, 32);
+    let branch = Arc::new(Branch::new(&[&decoder], &fixture.caps()));
+    for round in 0..12 {
+        branch.pipeline.set_state(gst::State::Playing).unwrap();
+        let feeder = {
+            let (branch, bytes) = (branch.clone(), bytes.clone());
+            std::thread::spawn(move || {
+                // Frames without end, until the element stops taking them.
+                for frame in bytes.chunks(32).cycle() {
+                    if branch
+                        .src
+                        .push_buffer(gst::Buffer::from_slice(frame.to_vec()))
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            })
+        };
+        let drain = {
+            let sink = branch.sink.clone();
+            std::thread::spawn(move || while sink.pull_sample().is_ok() {})
+        };
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..60)));
+        let pipeline = branch.pipeline.clone();
+        within_hang_limit(&format!("round {round}: PLAYING to NULL"), move || {
+            pipeline.set_state(gst::State::Null).unwrap();
+        });
+        feeder.join().unwrap();
+        drain.join().unwrap();
+    }
+
+    // The same element, started again, decodes a stream exactly.
+    branch.pipeline.set_state(gst::State::Playing).unwrap();
+    let audio = branch.decode(random_buffers(&bytes, 2 * fixture.codebooks, &mut rng));
+    fixture.assert_matches(&audio, "after twelve stops in the middle of a stream");
+}
+
+/// What the element sent downstream, in order.
+#[derive(Debug)]
+enum Seen {
+    Audio(Vec<f32>),
+    FlushStop,
+    Eos,
+}
+
+/// The decoder between two pads of the test's own, so that the test sends events itself.
+struct Wired {
+    decoder: gst::Element,
+    feed: gst::Pad,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    _collect: gst::Pad,
+}
+
+impl Wired {
+    fn new(decoder: gst::Element, caps: &gst::Caps) -> Self {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let collect = gst::Pad::builder(gst::PadDirection::Sink)
+            .chain_function({
+                let seen = seen.clone();
+                move |_, _, buffer| {
+                    seen.lock().unwrap().push(Seen::Audio(samples(&buffer)));
+                    Ok(gst::FlowSuccess::Ok)
+                }
+            })
+            .event_function({
+                let seen = seen.clone();
+                move |pad, parent, event| {
+                    match event.type_() {
+                        gst::EventType::FlushStop => seen.lock().unwrap().push(Seen::FlushStop),
+                        gst::EventType::Eos => seen.lock().unwrap().push(Seen::Eos),
+                        _ => (),
+                    }
+                    gst::Pad::event_default(pad, parent, event)
+                }
+            })
+            .build();
+        let feed = gst::Pad::builder(gst::PadDirection::Src).build();
+        feed.link(&decoder.static_pad("sink").unwrap()).unwrap();
+        decoder.static_pad("src").unwrap().link(&collect).unwrap();
+        collect.set_active(true).unwrap();
+        feed.set_active(true).unwrap();
+        decoder.set_state(gst::State::Playing).unwrap();
+        feed.push_event(gst::event::StreamStart::new("reliability"));
+        feed.push_event(gst::event::Caps::new(caps));
+        feed.push_event(gst::event::Segment::new(
+            &gst::FormattedSegment::<gst::ClockTime>::new(),
+        ));
+        Self {
+            decoder,
+            feed,
+            seen,
+            _collect: collect,
+        }
+    }
+
+    /// The audio sent after the last flush, and whether EOS followed it.
+    fn after_last_flush(&self) -> (Vec<f32>, bool) {
+        let seen = self.seen.lock().unwrap();
+        let start = seen
+            .iter()
+            .rposition(|item| matches!(item, Seen::FlushStop))
+            .expect("a flush-stop went through");
+        let mut audio = Vec::new();
+        let mut eos = false;
+        for item in &seen[start + 1..] {
+            match item {
+                Seen::Audio(samples) => {
+                    assert!(!eos, "audio after EOS");
+                    audio.extend(samples)
+                }
+                Seen::Eos => eos = true,
+                Seen::FlushStop => unreachable!(),
+            }
+        }
+        (audio, eos)
+    }
+}
+
+impl Drop for Wired {
+    fn drop(&mut self) {
+        let _ = self.decoder.set_state(gst::State::Null);
+    }
+}
+
+/// A stream is fed from one thread while the test flushes from another, at a random moment
+/// (in the middle of a decode step, or of the EOS drain when `then_eos`); then the stream
+/// after the flush must come out exactly, with nothing of the one before.
+fn flush_while_decoding(then_eos: bool, seed: u64) {
+    init();
+    let fixture = Arc::new(load_fixture("gqa-bias"));
+    let mut rng = StdRng::seed_from_u64(seed);
+    for round in 0..8 {
+        let chunk_frames = [1, 4, 16, 64][round % 4];
+        let wired = Arc::new(Wired::new(decoder(&fixture.dir, chunk_frames), &fixture.caps()));
+        let feeder = {
+            let (wired, fixture) = (wired.clone(), fixture.clone());
+            std::thread::spawn(move || {
+                for frame in fixture.codes.chunks(fixture.codebooks) {
+                    if wired
+                        .feed
+                        .push(gst::Buffer::from_slice(code_bytes(frame)))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                if then_eos {
+                    wired.feed.push_event(gst::event::Eos::new());
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..80)));
+        let after = {
+            let (wired, fixture) = (wired.clone(), fixture.clone());
+            let buffers = random_buffers(&code_bytes(&fixture.codes), 2 * fixture.codebooks, &mut rng);
+            within_hang_limit(&format!("round {round}: flush"), move || {
+                wired.feed.push_event(gst::event::FlushStart::new());
+                feeder.join().unwrap();
+                wired.feed.push_event(gst::event::FlushStop::new(true));
+                wired.feed.push_event(gst::event::Segment::new(
+                    &gst::FormattedSegment::<gst::ClockTime>::new(),
+                ));
+                for buffer in buffers {
+                    wired.feed.push(buffer).unwrap();
+                }
+                wired.feed.push_event(gst::event::Eos::new());
+                wired.after_last_flush()
+            })
+        };
+        let (audio, eos) = after;
+        assert!(eos, "round {round}: EOS after the flush");
+        fixture.assert_matches(
+            &audio,
+            &format!("round {round}, chunk-frames {chunk_frames}: the stream after the flush"),
+        );
+    }
+}
+
+#[test]
+fn a_flush_in_the_middle_of_a_step_lets_nothing_stale_through() {
+    flush_while_decoding(false, 11);
+}
+
+#[test]
+fn eos_racing_a_flush_lets_nothing_stale_through() {
+    flush_while_decoding(true, 12);
+}
+
+/// An error or warning message as text.
+fn describe(message: &gst::Message) -> Option<String> {
+    match message.view() {
+        gst::MessageView::Error(e) => Some(format!("{} ({:?})", e.error(), e.debug())),
+        gst::MessageView::Warning(w) => Some(format!("{} ({:?})", w.error(), w.debug())),
+        _ => None,
+    }
+}
+
+/// Messages of one type waiting on a bus, as text.
+fn messages(bus: &gst::Bus, kind: gst::MessageType) -> Vec<String> {
+    std::iter::from_fn(|| bus.pop_filtered(&[kind]))
+        .filter_map(|message| describe(&message))
+        .collect()
+}
+
+#[test]
+fn caps_renegotiated_to_another_codebook_count_are_refused_once_and_clearly() {
+    init();
+    let fixture = load_fixture("gqa-bias");
+    let bytes = code_bytes(&fixture.codes);
+    // Frames wait for a full step when the caps change.
+    let element = decoder(&fixture.dir, 4);
+    let bus = gst::Bus::new();
+    element.set_bus(Some(&bus));
+    let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
+    h.set_src_caps(fixture.caps());
+    h.play();
+    let half = bytes.len() / 2 / (2 * fixture.codebooks) * (2 * fixture.codebooks);
+    h.push(gst::Buffer::from_slice(bytes[..half].to_vec())).unwrap();
+
+    h.set_src_caps(codes_caps(16, gst::Fraction::new(400, 1)));
+    for _ in 0..3 {
+        assert_eq!(
+            h.push(gst::Buffer::from_slice(bytes[half..].to_vec())),
+            Err(gst::FlowError::NotNegotiated)
+        );
+    }
+    let errors = messages(&bus, gst::MessageType::Error);
+    assert_eq!(errors.len(), 1, "one error for one caps event: {errors:#?}");
+    assert!(errors[0].contains("codebooks=16 (model has 8)"), "{}", errors[0]);
+
+    // The frames taken before the new caps were decoded, not lost.
+    let audio: Vec<f32> = std::iter::from_fn(|| h.try_pull())
+        .flat_map(|buffer| samples(&buffer))
+        .collect();
+    let frames = half / (2 * fixture.codebooks);
+    let error = common::relative_l2(&audio, &fixture.audio[..frames * fixture.samples_per_frame]);
+    assert!(error <= fixture.tolerance(), "{error:.2e}");
+
+    // Back to NULL, the same element takes the model's caps again.
+    element.set_state(gst::State::Null).unwrap();
+    drop(h);
+    let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
+    h.set_src_caps(fixture.caps());
+    h.play();
+    h.push(gst::Buffer::from_slice(bytes)).unwrap();
+    h.push_event(gst::event::Eos::new());
+    let audio: Vec<f32> = std::iter::from_fn(|| h.try_pull())
+        .flat_map(|buffer| samples(&buffer))
+        .collect();
+    fixture.assert_matches(&audio, "after refused caps and a restart");
+}
+
+#[test]
+fn a_model_path_changed_between_runs_is_used_at_the_next_start() {
+    init();
+    let first = load_fixture("gqa-bias");
+    let second = load_fixture("release-tiny");
+    let element = decoder(&first.dir, 2);
+    let mut rng = StdRng::seed_from_u64(5);
+    for (fixture, next) in [(&first, &second), (&second, &first)] {
+        let branch = Branch::new(&[&element], &fixture.caps());
+        branch.pipeline.set_state(gst::State::Playing).unwrap();
+        // Changed while running: stored for the next start, this run goes on unchanged.
+        element.set_property("model-path", next.dir.to_str().unwrap());
+        let audio = branch.decode(random_buffers(
+            &code_bytes(&fixture.codes),
+            2 * fixture.codebooks,
+            &mut rng,
+        ));
+        fixture.assert_matches(&audio, "the model at start");
+        // The element leaves its pipeline with it, for the next one.
+        drop(branch);
+        assert!(element.parent().is_none());
+    }
+}
+
+/// A fault set up on a pipeline, and how to undo it.
+struct Fault {
+    what: &'static str,
+    /// Makes it go wrong.
+    inject: fn(&Setup),
+    /// Puts it right again.
+    repair: fn(&Setup, &Fixture),
+    /// What the run posts, in an error or (with `warning`) a warning message.
+    says: &'static str,
+    warning: bool,
+}
+
+/// `appsrc ! qwencodecdec ! capsfilter ! appsink`, kept across runs.
+struct Setup {
+    decoder: gst::Element,
+    filter: gst::Element,
+    /// What the next run pushes, and its caps.
+    codes: Mutex<Vec<u8>>,
+    caps: Mutex<gst::Caps>,
+}
+
+fn good_output() -> gst::Caps {
+    "audio/x-raw".parse().unwrap()
+}
+
+impl Setup {
+    fn new(fixture: &Fixture) -> Self {
+        Self {
+            decoder: decoder(&fixture.dir, 2),
+            filter: gst::ElementFactory::make("capsfilter")
+                .property("caps", good_output())
+                .build()
+                .unwrap(),
+            codes: Mutex::new(code_bytes(&fixture.codes)),
+            caps: Mutex::new(fixture.caps()),
+        }
+    }
+
+    /// Plays the codes to EOS or an error, in a pipeline made for the run around the same
+    /// decoder; returns the audio, the errors and the warnings.
+    fn run(&self) -> (Vec<f32>, Vec<String>, Vec<String>) {
+        let branch = Branch::new(&[&self.decoder, &self.filter], &self.caps.lock().unwrap());
+        let bus = branch.pipeline.bus().unwrap();
+        let mut audio = Vec::new();
+        let (mut errors, mut warnings) = (Vec::new(), Vec::new());
+        if branch.pipeline.set_state(gst::State::Playing).is_ok() {
+            let codes = self.codes.lock().unwrap().clone();
+            let _ = branch.src.push_buffer(gst::Buffer::from_slice(codes));
+            let _ = branch.src.end_of_stream();
+            // Until EOS or an error; a filtered pop would drop the warnings.
+            loop {
+                let message = bus
+                    .timed_pop(gst::ClockTime::from_seconds(HANG.as_secs()))
+                    .expect("EOS or an error");
+                match message.view() {
+                    gst::MessageView::Eos(_) => break,
+                    gst::MessageView::Error(_) => {
+                        errors.extend(describe(&message));
+                        break;
+                    }
+                    gst::MessageView::Warning(_) => warnings.extend(describe(&message)),
+                    _ => (),
+                }
+            }
+            while let Some(sample) = branch.sink.try_pull_sample(gst::ClockTime::ZERO) {
+                audio.extend(samples(sample.buffer().unwrap()));
+            }
+        }
+        // Read before NULL, which flushes the pipeline's bus.
+        errors.extend(messages(&bus, gst::MessageType::Error));
+        warnings.extend(messages(&bus, gst::MessageType::Warning));
+        (audio, errors, warnings)
+    }
+}
+
+#[test]
+fn after_every_fault_the_element_decodes_again_once_back_in_null() {
+    init();
+    let fixture = load_fixture("gqa-bias");
+    let good_codes = code_bytes(&fixture.codes);
+    let faults = [
+        Fault {
+            what: "no model",
+            inject: |s| s.decoder.set_property("model-path", None::<&str>),
+            repair: |s, f| s.decoder.set_property("model-path", f.dir.to_str().unwrap()),
+            says: "No model: set the model-path property",
+            warning: false,
+        },
+        Fault {
+            what: "a model folder that does not exist",
+            inject: |s| s.decoder.set_property("model-path", "/nonexistent/model"),
+            repair: |s, f| s.decoder.set_property("model-path", f.dir.to_str().unwrap()),
+            says: "/nonexistent/model",
+            warning: false,
+        },
+        Fault {
+            what: "a checkpoint of another geometry",
+            inject: |s| {
+                s.decoder
+                    .set_property("model-path", fixture_dir("release-tiny").to_str().unwrap())
+            },
+            repair: |s, f| s.decoder.set_property("model-path", f.dir.to_str().unwrap()),
+            says: "codebooks=8 (model has 16)",
+            warning: false,
+        },
+        Fault {
+            what: "an unknown device",
+            inject: |s| s.decoder.set_property("device", "gpu7"),
+            repair: |s, _| s.decoder.set_property("device", "cpu"),
+            says: "\"gpu7\" is not a device",
+            warning: false,
+        },
+        Fault {
+            what: "caps with another codebook count",
+            inject: |s| *s.caps.lock().unwrap() = codes_caps(16, gst::Fraction::new(400, 1)),
+            repair: |s, f| *s.caps.lock().unwrap() = f.caps(),
+            says: "codebooks=16 (model has 8)",
+            warning: false,
+        },
+        Fault {
+            what: "downstream that takes only 48 kHz",
+            inject: |s| {
+                s.filter
+                    .set_property("caps", "audio/x-raw,rate=48000".parse::<gst::Caps>().unwrap())
+            },
+            repair: |s, _| s.filter.set_property("caps", good_output()),
+            says: "Downstream takes neither F32LE nor S16LE mono at 16000 Hz",
+            warning: false,
+        },
+        Fault {
+            what: "a code outside the codebook",
+            inject: |s| s.codes.lock().unwrap()[40..42].copy_from_slice(&999i16.to_le_bytes()),
+            repair: |s, f| *s.codes.lock().unwrap() = code_bytes(&f.codes),
+            says: "code 999 is outside 0..64",
+            warning: false,
+        },
+        Fault {
+            what: "a frame cut short at EOS",
+            inject: |s| s.codes.lock().unwrap().extend([1, 0, 2]),
+            repair: |s, f| *s.codes.lock().unwrap() = code_bytes(&f.codes),
+            says: "Dropped 3 bytes",
+            warning: true,
+        },
+    ];
+
+    let setup = Setup::new(&fixture);
+    for fault in &faults {
+        (fault.inject)(&setup);
+        let (_, errors, warnings) = setup.run();
+        let posted = if fault.warning { &warnings } else { &errors };
+        assert!(
+            posted.iter().any(|message| message.contains(fault.says)),
+            "{}: expected {:?} in {posted:#?}",
+            fault.what,
+            fault.says
+        );
+        if fault.warning {
+            assert!(errors.is_empty(), "{}: {errors:#?}", fault.what);
+        }
+
+        (fault.repair)(&setup, &fixture);
+        assert_eq!(*setup.codes.lock().unwrap(), good_codes);
+        let (audio, errors, warnings) = setup.run();
+        assert!(
+            errors.is_empty() && warnings.is_empty(),
+            "{}: {errors:#?} {warnings:#?}",
+            fault.what
+        );
+        fixture.assert_matches(&audio, &format!("the run after {}", fault.what));
+    }
+}
