@@ -99,6 +99,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let mut worst_error = 0.0f64;
     let mut baseline = None;
     let mut peak_rss = 0.0f64;
+    let mut last_report = (0, start);
     for index in 0..streams {
         let reuse = match mode {
             Mode::Elements => false,
@@ -134,12 +135,15 @@ fn run() -> Result<(), Box<dyn Error>> {
             let since = baseline.map_or(String::new(), |(base, _)| {
                 format!(" ({:+.1} since warm-up)", rss - base)
             });
+            // The rate since the last report: a decode that slows down with age shows here.
+            let (last_count, last_time) = last_report;
             println!(
                 "  {:>6} streams: RSS {rss:.1} MiB{since}, GPU {}, {:.1} streams/s",
                 index + 1,
                 gpu_mib().map_or("n/a".into(), |mib| format!("{mib} MiB")),
-                (index + 1) as f64 / start.elapsed().as_secs_f64()
+                (index + 1 - last_count) as f64 / last_time.elapsed().as_secs_f64()
             );
+            last_report = (index + 1, Instant::now());
         }
     }
     drop(soak);

@@ -673,9 +673,14 @@ fn harness_run(bytes: &[u8], caps: &str, properties: &[(&str, &dyn ToValue)]) ->
     for (name, value) in properties {
         element.set_property_from_value(name, &value.to_value());
     }
+    harness_run_on(&element, bytes, caps)
+}
+
+/// Runs `bytes` through `element` in a harness; it is back in NULL after.
+fn harness_run_on(element: &gst::Element, bytes: &[u8], caps: &str) -> Run {
     let bus = gst::Bus::new();
     element.set_bus(Some(&bus));
-    let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
+    let mut h = gst_check::Harness::with_element(element, Some("sink"), Some("src"));
     h.set_src_caps_str(caps);
     h.play();
     h.push_event(gst::event::Segment::new(&gst::FormattedSegment::<
@@ -707,6 +712,31 @@ fn twenty_frames(descr: &str) -> (Vec<i16>, Vec<u8>) {
     let codes = load_fixture("release-tiny").codes[..20 * 16].to_vec();
     let data = encode(&codes, descr);
     (codes, data)
+}
+
+#[test]
+fn after_an_error_the_parser_parses_again_once_back_in_null() {
+    init();
+    let element = gst::ElementFactory::make("qwencodecparse").build().unwrap();
+    let (codes, data) = twenty_frames("<i2");
+    let good = npy_file(1, &dict("<i2", "(20, 16)"), &data);
+    let mut truncated_header = good.clone();
+    truncated_header.truncate(40);
+    let mut bad_code = npy_file(1, &dict("<i4", "(20, 16)"), &encode(&codes, "<i4"));
+    let at = bad_code.len() - 4;
+    bad_code[at..].copy_from_slice(&70_000i32.to_le_bytes());
+    for (bad, says) in [
+        (npy_file(1, &dict("<f4", "(20, 16)"), &data), "is floating point"),
+        (truncated_header, "The stream ends inside the .npy header"),
+        (bad_code, "value 70000 does not fit"),
+        (b"not codes".repeat(10), "it does not start with the"),
+    ] {
+        let run = harness_run_on(&element, &bad, "application/x-npy");
+        assert!(run.errors().contains(says), "{says}: {}", run.errors());
+        let run = harness_run_on(&element, &good, "application/x-npy");
+        assert!(run.errors.is_empty(), "after {says}: {}", run.errors());
+        assert_eq!(run.codes(), codes, "after {says}");
+    }
 }
 
 #[test]
