@@ -30,13 +30,7 @@ struct Latencies {
 }
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("appsrc: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    common::exit_status("appsrc", run())
 }
 
 fn run() -> Result<(), Box<dyn Error>> {

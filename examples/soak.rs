@@ -43,13 +43,7 @@ struct Soak {
 }
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("soak: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    common::exit_status("soak", run())
 }
 
 fn run() -> Result<(), Box<dyn Error>> {

@@ -58,13 +58,7 @@ impl Received {
 }
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("webrtc: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    common::exit_status("webrtc", run())
 }
 
 fn run() -> Result<(), Box<dyn Error>> {

@@ -5,23 +5,14 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{Fixture, code_bytes, codes_caps, fixture_dir, init, load_fixture, samples};
+use common::{
+    Fixture, code_bytes, codes_caps, decoder, fixture_dir, init, load_fixture, messages, random_buffers,
+    samples,
+};
 use gst::prelude::*;
 use gstqwencodec::model::{Dtype, Model};
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
-fn decoder(fixture_path: &Path, properties: &[(&str, &dyn ToValue)]) -> gst::Element {
-    let element = gst::ElementFactory::make("qwencodecdec")
-        .property("model-path", fixture_path.to_str().unwrap())
-        .property("device", "cpu")
-        .build()
-        .unwrap();
-    for (name, value) in properties {
-        element.set_property_from_value(name, &value.to_value());
-    }
-    element
-}
 
 fn harness(fixture: &Fixture, properties: &[(&str, &dyn ToValue)]) -> gst_check::Harness {
     init();
@@ -51,17 +42,6 @@ fn bus_for(element: &gst::Element) -> gst::Bus {
     let bus = gst::Bus::new();
     element.set_bus(Some(&bus));
     bus
-}
-
-fn messages(bus: &gst::Bus, kind: gst::MessageType) -> Vec<String> {
-    std::iter::from_fn(|| bus.pop_filtered(&[kind]))
-        .map(|message| match message.view() {
-            gst::MessageView::Error(e) => format!("{} ({:?})", e.error(), e.debug()),
-            gst::MessageView::Warning(w) => format!("{} ({:?})", w.error(), w.debug()),
-            gst::MessageView::Info(i) => format!("{} ({:?})", i.error(), i.debug()),
-            _ => unreachable!(),
-        })
-        .collect()
 }
 
 #[test]
@@ -139,14 +119,8 @@ fn random_buffer_splits_match_upstream() {
             for tail in ["eager", "pad"] {
                 let mut h = harness(&fixture, &[("chunk-frames", &chunk_frames)]);
                 h.element().unwrap().set_property_from_str("tail-strategy", tail);
-                let mut at = 0;
-                while at < bytes.len() {
-                    // Sizes cut frames anywhere, and some buffers are empty.
-                    let size = rng
-                        .random_range(0..=(3 * fixture.codebooks * 2))
-                        .min(bytes.len() - at);
-                    h.push(buffer(&bytes[at..at + size], None)).unwrap();
-                    at += size;
+                for piece in random_buffers(&bytes, 2 * fixture.codebooks, &mut rng) {
+                    h.push(piece).unwrap();
                 }
                 h.push_event(gst::event::Eos::new());
                 let audio = audio_of(&pull_all(&mut h));

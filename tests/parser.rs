@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use common::{Fixture, init, load_fixture};
+use common::{Fixture, describe, errors_and_warnings, init, load_fixture};
 use gst::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -162,11 +162,9 @@ fn run_pipeline(description: &str, seek: Option<gst::ClockTime>) -> Run {
         ],
     ) {
         match message.view() {
-            gst::MessageView::Warning(w) => {
-                messages.push((false, format!("{} ({:?})", w.error(), w.debug())))
-            }
-            gst::MessageView::Error(e) => {
-                messages.push((true, format!("{} ({:?})", e.error(), e.debug())));
+            gst::MessageView::Warning(_) => messages.extend(describe(&message).map(|text| (false, text))),
+            gst::MessageView::Error(_) => {
+                messages.extend(describe(&message).map(|text| (true, text)));
                 break;
             }
             _ => break,
@@ -697,13 +695,7 @@ fn harness_run_on(element: &gst::Element, bytes: &[u8], caps: &str) -> Run {
         caps: h.sinkpad().unwrap().current_caps(),
         ..Default::default()
     };
-    while let Some(message) = bus.pop() {
-        match message.view() {
-            gst::MessageView::Error(e) => run.errors.push(format!("{} ({:?})", e.error(), e.debug())),
-            gst::MessageView::Warning(w) => run.warnings.push(format!("{} ({:?})", w.error(), w.debug())),
-            _ => (),
-        }
-    }
+    (run.errors, run.warnings) = errors_and_warnings(&bus);
     run
 }
 

@@ -5,11 +5,13 @@
 
 mod common;
 
-use std::path::Path;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Fixture, code_bytes, codes_caps, fixture_dir, init, load_fixture, samples};
+use common::{
+    Fixture, code_bytes, codes_caps, decoder, describe, errors_and_warnings, fixture_dir, init, load_fixture,
+    messages, random_buffers, samples,
+};
 use gst::prelude::*;
 use gstqwencodec::model::{Dtype, Model};
 use rand::rngs::StdRng;
@@ -17,27 +19,6 @@ use rand::{Rng, SeedableRng};
 
 /// Longer than any of these runs takes on two busy cores: past it, something hangs.
 const HANG: Duration = Duration::from_secs(120);
-
-fn decoder(model: &Path, chunk_frames: u32) -> gst::Element {
-    gst::ElementFactory::make("qwencodecdec")
-        .property("model-path", model.to_str().unwrap())
-        .property("device", "cpu")
-        .property("chunk-frames", chunk_frames)
-        .build()
-        .unwrap()
-}
-
-/// The codes cut at random byte offsets: frames cut across buffers, some buffers empty.
-fn random_buffers(bytes: &[u8], frame_bytes: usize, rng: &mut StdRng) -> Vec<gst::Buffer> {
-    let mut buffers = Vec::new();
-    let mut at = 0;
-    while at < bytes.len() {
-        let size = rng.random_range(0..=3 * frame_bytes).min(bytes.len() - at);
-        buffers.push(gst::Buffer::from_slice(bytes[at..at + size].to_vec()));
-        at += size;
-    }
-    buffers
-}
 
 /// Runs `work` on a thread of its own and fails the test if it has not finished within HANG.
 fn within_hang_limit<R: Send + 'static>(what: &str, work: impl FnOnce() -> R + Send + 'static) -> R {
@@ -121,7 +102,10 @@ fn sixty_four_elements_on_their_own_threads_are_exact_and_share_one_model() {
             let (fixture, started, counted) = (fixture.clone(), started.clone(), counted.clone());
             let model = dir.path().to_owned();
             std::thread::spawn(move || {
-                let branch = Branch::new(&[&decoder(&model, 1 + index as u32 % 4)], &fixture.caps());
+                let branch = Branch::new(
+                    &[&decoder(&model, &[("chunk-frames", &(1 + index as u32 % 4))])],
+                    &fixture.caps(),
+                );
                 branch.pipeline.set_state(gst::State::Playing).unwrap();
                 started.wait();
                 counted.wait();
@@ -159,7 +143,7 @@ fn playing_to_null_in_the_middle_of_a_step_then_reuse() {
     let bytes = code_bytes(&fixture.codes);
     let mut rng = StdRng::seed_from_u64(7);
     // Big steps, so that the state change often lands inside one.
-    let decoder = decoder(&fixture.dir, 32);
+    let decoder = decoder(&fixture.dir, &[("chunk-frames", &32u32)]);
     let branch = Arc::new(Branch::new(&[&decoder], &fixture.caps()));
     for round in 0..12 {
         branch.pipeline.set_state(gst::State::Playing).unwrap();
@@ -292,8 +276,11 @@ fn flush_while_decoding(then_eos: bool, seed: u64) {
     let fixture = Arc::new(load_fixture("gqa-bias"));
     let mut rng = StdRng::seed_from_u64(seed);
     for round in 0..8 {
-        let chunk_frames = [1, 4, 16, 64][round % 4];
-        let wired = Arc::new(Wired::new(decoder(&fixture.dir, chunk_frames), &fixture.caps()));
+        let chunk_frames = [1u32, 4, 16, 64][round % 4];
+        let wired = Arc::new(Wired::new(
+            decoder(&fixture.dir, &[("chunk-frames", &chunk_frames)]),
+            &fixture.caps(),
+        ));
         let feeder = {
             let (wired, fixture) = (wired.clone(), fixture.clone());
             std::thread::spawn(move || {
@@ -348,29 +335,13 @@ fn eos_racing_a_flush_lets_nothing_stale_through() {
     flush_while_decoding(true, 12);
 }
 
-/// An error or warning message as text.
-fn describe(message: &gst::Message) -> Option<String> {
-    match message.view() {
-        gst::MessageView::Error(e) => Some(format!("{} ({:?})", e.error(), e.debug())),
-        gst::MessageView::Warning(w) => Some(format!("{} ({:?})", w.error(), w.debug())),
-        _ => None,
-    }
-}
-
-/// Messages of one type waiting on a bus, as text.
-fn messages(bus: &gst::Bus, kind: gst::MessageType) -> Vec<String> {
-    std::iter::from_fn(|| bus.pop_filtered(&[kind]))
-        .filter_map(|message| describe(&message))
-        .collect()
-}
-
 #[test]
 fn caps_renegotiated_to_another_codebook_count_are_refused_once_and_clearly() {
     init();
     let fixture = load_fixture("gqa-bias");
     let bytes = code_bytes(&fixture.codes);
     // Frames wait for a full step when the caps change.
-    let element = decoder(&fixture.dir, 4);
+    let element = decoder(&fixture.dir, &[("chunk-frames", &4u32)]);
     let bus = gst::Bus::new();
     element.set_bus(Some(&bus));
     let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
@@ -417,7 +388,7 @@ fn a_model_path_changed_between_runs_is_used_at_the_next_start() {
     init();
     let first = load_fixture("gqa-bias");
     let second = load_fixture("release-tiny");
-    let element = decoder(&first.dir, 2);
+    let element = decoder(&first.dir, &[("chunk-frames", &2u32)]);
     let mut rng = StdRng::seed_from_u64(5);
     for (fixture, next) in [(&first, &second), (&second, &first)] {
         let branch = Branch::new(&[&element], &fixture.caps());
@@ -464,7 +435,7 @@ fn good_output() -> gst::Caps {
 impl Setup {
     fn new(fixture: &Fixture) -> Self {
         Self {
-            decoder: decoder(&fixture.dir, 2),
+            decoder: decoder(&fixture.dir, &[("chunk-frames", &2u32)]),
             filter: gst::ElementFactory::make("capsfilter")
                 .property("caps", good_output())
                 .build()
@@ -505,8 +476,9 @@ impl Setup {
             }
         }
         // Read before NULL, which flushes the pipeline's bus.
-        errors.extend(messages(&bus, gst::MessageType::Error));
-        warnings.extend(messages(&bus, gst::MessageType::Warning));
+        let (later_errors, later_warnings) = errors_and_warnings(&bus);
+        errors.extend(later_errors);
+        warnings.extend(later_warnings);
         (audio, errors, warnings)
     }
 }

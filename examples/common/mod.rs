@@ -177,6 +177,17 @@ impl Drop for StopOnDrop {
     }
 }
 
+/// An example's exit status: on an error, the error after the example's name, and failure.
+pub fn exit_status(example: &str, result: Result<(), Box<dyn std::error::Error>>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("{example}: {err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Milliseconds, for reports.
 pub fn ms(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1e3

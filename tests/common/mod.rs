@@ -23,6 +23,66 @@ pub fn codes_caps(codebooks: i32, framerate: gst::Fraction) -> gst::Caps {
         .build()
 }
 
+/// A `qwencodecdec` on the CPU for the checkpoint in `model`, with `properties` set.
+pub fn decoder(model: &Path, properties: &[(&str, &dyn gst::prelude::ToValue)]) -> gst::Element {
+    use gst::prelude::*;
+    let element = gst::ElementFactory::make("qwencodecdec")
+        .property("model-path", model.to_str().unwrap())
+        .property("device", "cpu")
+        .build()
+        .unwrap();
+    for (name, value) in properties {
+        element.set_property_from_value(name, &value.to_value());
+    }
+    element
+}
+
+/// Bytes cut at random offsets into buffers of up to three frames: frames cut across buffers,
+/// some buffers empty.
+pub fn random_buffers(bytes: &[u8], frame_bytes: usize, rng: &mut rand::rngs::StdRng) -> Vec<gst::Buffer> {
+    use rand::Rng;
+    let mut buffers = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let size = rng.random_range(0..=3 * frame_bytes).min(bytes.len() - at);
+        buffers.push(gst::Buffer::from_slice(bytes[at..at + size].to_vec()));
+        at += size;
+    }
+    buffers
+}
+
+/// An error, warning or info message as text: the error and its debug string.
+pub fn describe(message: &gst::Message) -> Option<String> {
+    match message.view() {
+        gst::MessageView::Error(e) => Some(format!("{} ({:?})", e.error(), e.debug())),
+        gst::MessageView::Warning(w) => Some(format!("{} ({:?})", w.error(), w.debug())),
+        gst::MessageView::Info(i) => Some(format!("{} ({:?})", i.error(), i.debug())),
+        _ => None,
+    }
+}
+
+/// The messages of one type waiting on a bus, as text. The others are dropped: for errors and
+/// warnings both, see [`errors_and_warnings`].
+pub fn messages(bus: &gst::Bus, kind: gst::MessageType) -> Vec<String> {
+    std::iter::from_fn(|| bus.pop_filtered(&[kind]))
+        .filter_map(|message| describe(&message))
+        .collect()
+}
+
+/// The error and the warning messages waiting on a bus, as text, in one pass (the others are
+/// dropped).
+pub fn errors_and_warnings(bus: &gst::Bus) -> (Vec<String>, Vec<String>) {
+    let (mut errors, mut warnings) = (Vec::new(), Vec::new());
+    while let Some(message) = bus.pop() {
+        match message.view() {
+            gst::MessageView::Error(_) => errors.extend(describe(&message)),
+            gst::MessageView::Warning(_) => warnings.extend(describe(&message)),
+            _ => (),
+        }
+    }
+    (errors, warnings)
+}
+
 /// Codes as the decoder takes them: little-endian int16.
 pub fn code_bytes(codes: &[i16]) -> Vec<u8> {
     codes.iter().flat_map(|c| c.to_le_bytes()).collect()
