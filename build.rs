@@ -1,9 +1,66 @@
+use std::env;
+use std::path::{Path, PathBuf};
+
 fn main() {
     gst_plugin_version_helper::info();
+    println!("cargo::rustc-check-cfg=cfg(cuda_graphs)");
+    println!("cargo::rerun-if-changed=src/model/cuda_graph.cpp");
 
-    // Let the plugin (and the tests) find libtorch at run time without LD_LIBRARY_PATH:
-    // torch-sys tells its dependents where the libraries it linked live.
-    if let Ok(dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
-        println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
+    // torch-sys tells its dependents where the libtorch it linked lives.
+    let Ok(lib_dir) = env::var("DEP_TCH_LIBTORCH_LIB") else {
+        return;
+    };
+    let lib_dir = PathBuf::from(lib_dir);
+    // Let the plugin (and the tests) find libtorch at run time without LD_LIBRARY_PATH.
+    println!("cargo::rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+
+    if !lib_dir.join("libtorch_cuda.so").exists() {
+        return; // A CPU-only libtorch: no CUDA, no graphs.
     }
+    // Nothing of ours calls into libtorch_cuda directly, so the linker would drop it (it
+    // links with --as-needed) and libtorch would then see no GPU: its CUDA support
+    // registers itself when the library loads.
+    println!("cargo::rustc-link-arg=-Wl,--push-state,--no-as-needed,-ltorch_cuda,-lc10_cuda,--pop-state");
+
+    match cuda_include_dir(&lib_dir) {
+        Some(cuda_include) => build_graph_shim(&lib_dir, &cuda_include),
+        None => println!(
+            "cargo::warning=no CUDA runtime headers beside libtorch or in CUDA_HOME: building without CUDA graphs"
+        ),
+    }
+}
+
+/// The CUDA runtime headers: the PyPI wheel's nvidia package beside torch, else a toolkit.
+fn cuda_include_dir(lib_dir: &Path) -> Option<PathBuf> {
+    let site_packages = lib_dir.parent()?.parent()?;
+    let wheels = std::fs::read_dir(site_packages.join("nvidia"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path().join("include"));
+    let toolkit = env::var_os("CUDA_HOME").map(|home| PathBuf::from(home).join("include"));
+    wheels
+        .chain(toolkit)
+        .chain([PathBuf::from("/usr/local/cuda/include")])
+        .find(|dir| dir.join("cuda_runtime_api.h").exists())
+}
+
+/// libtorch's CUDA graphs behind a C interface (tch does not wrap them).
+fn build_graph_shim(lib_dir: &Path, cuda_include: &Path) {
+    let torch_include = lib_dir
+        .parent()
+        .expect("libtorch lib dir has a parent")
+        .join("include");
+    cc::Build::new()
+        .cpp(true)
+        .std("c++17")
+        .file("src/model/cuda_graph.cpp")
+        .include(&torch_include)
+        .include(cuda_include)
+        // libtorch 2.x is built with the C++11 ABI.
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .define("GLOG_USE_GLOG_EXPORT", None)
+        .warnings(false)
+        .compile("qwencodec_cuda_graph");
+    println!("cargo::rustc-cfg=cuda_graphs");
 }

@@ -112,15 +112,20 @@ fn row(
 }
 
 /// Frames arrive one at a time, as from a talker; every push that completes a step is timed.
+/// With `cuda_graph`, full steps replay a graph captured before the first frame.
 fn bench_core(
     model: &Arc<Model>,
     codes: &[i16],
     chunk_frames: usize,
+    cuda_graph: bool,
     reference: &[f32],
     frame_period: f64,
 ) -> Value {
     let codebooks = model.config().num_quantizers;
     let mut decoder = StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
+    if cuda_graph {
+        decoder.capture_cuda_graph().unwrap();
+    }
     decoder.push(&codes[..chunk_frames * codebooks]).unwrap(); // warm-up
     decoder.reset().unwrap();
 
@@ -139,8 +144,9 @@ fn bench_core(
     let total = started.elapsed().as_secs_f64();
     let audio_seconds = audio.len() as f64 / model.sample_rate() as f64;
     let first_audio_ms = (chunk_frames - 1) as f64 * frame_period * 1e3 + step_ms[0];
+    let graph = if cuda_graph { " + CUDA graph" } else { "" };
     row(
-        &format!("qwencodec core, chunk-frames {chunk_frames}"),
+        &format!("qwencodec core{graph}, chunk-frames {chunk_frames}"),
         total / audio_seconds,
         step_ms,
         first_audio_ms,
@@ -204,8 +210,13 @@ fn bench_element(args: &Args, model: &Model, codes: &[i16], chunk_frames: usize,
     let audio_seconds = audio.len() as f64 / model.sample_rate() as f64;
     let mean = stats.get::<f64>("mean-step-ms").unwrap();
     let max = stats.get::<f64>("max-step-ms").unwrap();
+    let graph = if stats.get::<bool>("cuda-graph").unwrap() {
+        " + CUDA graph"
+    } else {
+        ""
+    };
     json!({
-        "method": format!("qwencodecdec in a pipeline, chunk-frames {chunk_frames}"),
+        "method": format!("qwencodecdec in a pipeline{graph}, chunk-frames {chunk_frames}"),
         "seconds_per_audio_second": total / audio_seconds,
         "step_ms_p50": Value::Null,
         "step_ms_mean": mean,
@@ -377,10 +388,17 @@ fn main() {
             u["relative_l2"].as_f64().unwrap(),
         ));
     }
+    let graph_choices: &[bool] = if device.is_cuda() {
+        &[false, true]
+    } else {
+        &[false]
+    };
     for &chunk_frames in &args.chunks {
-        let r = bench_core(&model, &codes, chunk_frames, &reference, frame_period);
-        eprintln!("{}", r);
-        rows.push(r);
+        for &cuda_graph in graph_choices {
+            let r = bench_core(&model, &codes, chunk_frames, cuda_graph, &reference, frame_period);
+            eprintln!("{}", r);
+            rows.push(r);
+        }
     }
     for &chunk_frames in &args.chunks {
         let r = bench_element(&args, &model, &codes, chunk_frames, &reference);

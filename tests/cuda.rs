@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{FIXTURES, load_fixture};
+use common::{FIXTURES, load_fixture, relative_l2};
 use gstqwencodec::model::{Dtype, Model, StreamDecoder, TailStrategy};
 use tch::Device;
 
@@ -21,7 +21,16 @@ fn cuda() -> Option<Device> {
 fn decode(fixture: &common::Fixture, device: Device, dtype: Dtype, chunk_frames: usize) -> Vec<f32> {
     let model = Arc::new(Model::load(&fixture.dir, device, dtype).unwrap());
     let mut decoder = StreamDecoder::new(model, chunk_frames, TailStrategy::Eager).unwrap();
-    let mut audio = decoder.push(&fixture.codes).unwrap();
+    decode_stream(&mut decoder, &fixture.codes)
+}
+
+/// All of `codes`, a frame per push as a live source gives them, then the tail.
+fn decode_stream(decoder: &mut StreamDecoder, codes: &[i16]) -> Vec<f32> {
+    let codebooks = decoder.model().config().num_quantizers;
+    let mut audio = Vec::new();
+    for frame in codes.chunks(codebooks) {
+        audio.extend(decoder.push(frame).unwrap());
+    }
     audio.extend(decoder.finish().unwrap());
     audio
 }
@@ -54,4 +63,104 @@ fn cuda_half_precision_stays_close() {
             );
         }
     }
+}
+
+#[test]
+fn cuda_graph_steps_match_eager_steps_and_survive_reset() {
+    let Some(device) = cuda() else { return };
+    for name in FIXTURES {
+        let fixture = load_fixture(name);
+        for dtype in [Dtype::F32, Dtype::Bf16] {
+            let model = Arc::new(Model::load(&fixture.dir, device, dtype).unwrap());
+            // 3 leaves a tail of eager steps (the fixtures' frame counts are not multiples).
+            for chunk_frames in [1, 3, 4] {
+                let what = format!("{name}, cuda {dtype} graph, chunk {chunk_frames}");
+                let mut eager = StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
+                let expected = decode_stream(&mut eager, &fixture.codes);
+
+                let mut decoder =
+                    StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
+                decoder.capture_cuda_graph().unwrap();
+                assert!(decoder.uses_cuda_graph());
+                for round in 0..2 {
+                    let audio = decode_stream(&mut decoder, &fixture.codes);
+                    let error = relative_l2(&audio, &expected);
+                    assert!(
+                        error <= 1e-6,
+                        "{what}, round {round}: {error:.3e} from eager steps"
+                    );
+                    if dtype == Dtype::F32 {
+                        fixture.assert_matches(&audio, &what);
+                    }
+                    decoder.reset().unwrap();
+                }
+                // A second capture on the same decoder is refused; the graph stays.
+                assert!(decoder.capture_cuda_graph().is_err());
+                assert!(decoder.uses_cuda_graph());
+            }
+        }
+    }
+}
+
+#[test]
+fn cuda_graph_streams_are_independent() {
+    let Some(device) = cuda() else { return };
+    let fixture = load_fixture("release-tiny");
+    let model = Arc::new(Model::load(&fixture.dir, device, Dtype::F32).unwrap());
+    let codebooks = fixture.codebooks;
+    let mut decoders: Vec<StreamDecoder> = (0..3)
+        .map(|_| {
+            let mut decoder = StreamDecoder::new(model.clone(), 2, TailStrategy::Eager).unwrap();
+            decoder.capture_cuda_graph().unwrap();
+            decoder
+        })
+        .collect();
+    // Interleaved, each stream starting a frame later than the one before.
+    let mut audio = vec![Vec::new(); decoders.len()];
+    for frame in 0..fixture.frames + decoders.len() {
+        for (index, decoder) in decoders.iter_mut().enumerate() {
+            if let Some(at) = frame.checked_sub(index).filter(|&at| at < fixture.frames) {
+                audio[index].extend(
+                    decoder
+                        .push(&fixture.codes[at * codebooks..(at + 1) * codebooks])
+                        .unwrap(),
+                );
+            }
+        }
+    }
+    for (index, decoder) in decoders.iter_mut().enumerate() {
+        audio[index].extend(decoder.finish().unwrap());
+        fixture.assert_matches(&audio[index], &format!("interleaved graph stream {index}"));
+    }
+}
+
+#[test]
+fn the_element_replays_a_cuda_graph() {
+    use gst::prelude::*;
+    let Some(_) = cuda() else { return };
+    common::init();
+    let fixture = load_fixture("release-tiny");
+    let decoder = common::decoder(&fixture.dir, &[("device", &"cuda"), ("chunk-frames", &2u32)]);
+    let src = gst_app::AppSrc::builder()
+        .caps(&fixture.caps())
+        .format(gst::Format::Time)
+        .build();
+    let sink = gst_app::AppSink::builder().sync(false).build();
+    let pipeline = gst::Pipeline::new();
+    pipeline
+        .add_many([src.upcast_ref(), &decoder, sink.upcast_ref()])
+        .unwrap();
+    gst::Element::link_many([src.upcast_ref(), &decoder, sink.upcast_ref()]).unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    src.push_buffer(gst::Buffer::from_slice(common::code_bytes(&fixture.codes)))
+        .unwrap();
+    src.end_of_stream().unwrap();
+    let mut audio = Vec::new();
+    while let Ok(sample) = sink.pull_sample() {
+        audio.extend(common::samples(sample.buffer().unwrap()));
+    }
+    let stats = decoder.property::<gst::Structure>("stats");
+    pipeline.set_state(gst::State::Null).unwrap();
+    assert!(stats.get::<bool>("cuda-graph").unwrap(), "{stats}");
+    fixture.assert_matches(&audio, "qwencodecdec on cuda with a graph");
 }

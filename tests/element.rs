@@ -390,6 +390,9 @@ fn stats_count_what_went_through() {
     assert!(stats.get::<f64>("max-step-ms").unwrap() >= stats.get::<f64>("mean-step-ms").unwrap());
     assert!(stats.get::<f64>("real-time-factor").unwrap() > 0.0);
     assert!(stats.get::<u64>("state-bytes").unwrap() > 0);
+    // On the CPU there is no graph, whatever cuda-graphs says (on by default).
+    assert!(h.element().unwrap().property::<bool>("cuda-graphs"));
+    assert!(!stats.get::<bool>("cuda-graph").unwrap());
 }
 
 #[test]

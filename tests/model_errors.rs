@@ -184,6 +184,24 @@ fn bad_devices_are_refused() {
 }
 
 #[test]
+fn cuda_graphs_are_refused_off_cuda() {
+    let fixture = load_fixture("gqa-bias");
+    let model = Arc::new(load(&fixture.dir).unwrap());
+    let mut decoder = StreamDecoder::new(model, 2, TailStrategy::Eager).unwrap();
+    let message = decoder.capture_cuda_graph().unwrap_err().to_string();
+    assert_contains(&message, &["not on a CUDA device"]);
+    assert!(!decoder.uses_cuda_graph());
+    // The decoder goes on eagerly.
+    assert_eq!(
+        decoder
+            .push(&fixture.codes[..2 * fixture.codebooks])
+            .unwrap()
+            .len(),
+        2 * fixture.samples_per_frame
+    );
+}
+
+#[test]
 fn bad_codes_are_refused_and_the_stream_goes_on() {
     let fixture = load_fixture("gqa-bias");
     let model = Arc::new(load(&fixture.dir).unwrap());

@@ -46,3 +46,11 @@ if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q "torch==$torch_version"
 fi
+
+# The CUDA graph shim (build.rs) compiles against the CUDA runtime headers; the torch wheel's
+# nvidia-cuda-runtime has them but for crt/, which comes in a package of its own.
+site_packages="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+if [ -d "$site_packages/nvidia/cu13/include" ] && [ ! -f "$site_packages/nvidia/cu13/include/crt/host_config.h" ]; then
+  echo "setup: installing the CUDA runtime's crt headers into $venv"
+  "$venv/bin/python" -m pip install -q --no-deps "nvidia-cuda-crt~=13.0.0"
+fi

@@ -3,6 +3,7 @@
 
 mod checkpoint;
 mod config;
+mod cuda_graph;
 mod executor;
 mod network;
 mod stream;
@@ -17,6 +18,7 @@ use tch::{Device, Kind};
 
 pub use checkpoint::CheckpointFiles;
 pub use config::DecoderConfig;
+pub use cuda_graph::GraphError;
 pub use stream::{StreamDecoder, TailStrategy};
 
 use checkpoint::WeightFile;
@@ -61,6 +63,8 @@ pub enum DecodeError {
     Finished,
     #[error("an earlier decode step failed; reset the stream")]
     Broken,
+    #[error("{0}")]
+    Graph(#[from] GraphError),
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
 }

@@ -50,22 +50,59 @@ pub struct StreamState {
     contexts: Vec<Tensor>,
     /// Un-rotated keys and values of the last `sliding_window - 1` positions, per layer, in
     /// buffers of that size filled from the end: RoPE is applied afresh each step with
-    /// positions counted from the oldest cached one.
+    /// positions counted from the oldest slot.
     keys: Vec<Tensor>,
     values: Vec<Tensor>,
-    /// Positions held in the KV buffers (the same for every layer).
-    cached: i64,
+    /// [slots]: 0 where the KV buffers hold a position, -inf where they are still empty (the
+    /// stream's start), added to the attention scores. Keeping this on the device instead of
+    /// a count gives every step the same shapes and no host input: a CUDA graph can replay it.
+    key_bias: Tensor,
 }
 
 impl StreamState {
     pub fn bytes(&self) -> usize {
+        self.tensors()
+            .map(|t| t.numel() * t.kind().elt_size_in_bytes())
+            .sum()
+    }
+
+    /// Back to a fresh stream's state, in place: the tensors keep their memory, which a
+    /// captured CUDA graph refers to.
+    pub fn clear(&mut self) -> TorchResult<()> {
+        for tensor in self
+            .contexts
+            .iter_mut()
+            .chain(&mut self.keys)
+            .chain(&mut self.values)
+        {
+            _ = tensor.f_zero_()?;
+        }
+        _ = self.key_bias.f_fill_(f64::NEG_INFINITY)?;
+        Ok(())
+    }
+
+    fn tensors(&self) -> impl Iterator<Item = &Tensor> {
         self.contexts
             .iter()
             .chain(&self.keys)
             .chain(&self.values)
-            .map(|t| t.numel() * t.kind().elt_size_in_bytes())
-            .sum()
+            .chain([&self.key_bias])
     }
+}
+
+/// What a step of a given number of frames needs besides codes and state, the same for every
+/// such step of every stream: RoPE tables and the sliding-window mask. Made once per step size
+/// (uploaded once, and the fixed inputs of a captured CUDA graph).
+pub struct StepTables {
+    frames: i64,
+    query_cos: Tensor,
+    query_sin: Tensor,
+    key_cos: Tensor,
+    key_sin: Tensor,
+    /// [frames, slots + frames]: 0 where a new position may see a key, -inf elsewhere.
+    window_mask: Tensor,
+    /// [frames] zeros: the new positions' own keys always count.
+    new_key_bias: Tensor,
 }
 
 /// A 1-D convolution padded causally: `(kernel - 1) * dilation` columns of the past on the left.
@@ -317,15 +354,6 @@ struct TransformerLayer {
     mlp_scale: Tensor,
 }
 
-/// Everything a step's attention shares across layers.
-struct AttentionInputs {
-    query_cos: Tensor,
-    query_sin: Tensor,
-    key_cos: Tensor,
-    key_sin: Tensor,
-    mask: Tensor,
-}
-
 impl TransformerLayer {
     fn load(weights: &WeightFile, config: &DecoderConfig, layer: usize) -> Result<Self, ModelError> {
         let p = format!("pre_transformer.layers.{layer}");
@@ -376,16 +404,16 @@ impl TransformerLayer {
         })
     }
 
-    /// `x`: [1, T, hidden]. Updates this layer's KV window in `keys`/`values`, whose last
-    /// `cached` positions are filled.
+    /// `x`: [1, T, hidden]. Updates this layer's KV window in `keys`/`values`; `mask` is
+    /// [T, slots + T], the window mask with the empty slots' bias added.
     fn forward(
         &self,
         x: &Tensor,
         config: &DecoderConfig,
-        inputs: &AttentionInputs,
-        keys: &Tensor,
-        values: &Tensor,
-        cached: i64,
+        tables: &StepTables,
+        mask: &Tensor,
+        keys: &mut Tensor,
+        values: &mut Tensor,
     ) -> TorchResult<Tensor> {
         let steps = x.size()[1];
         let head_dim = config.head_dim as i64;
@@ -399,28 +427,31 @@ impl TransformerLayer {
         let v = split_heads(self.v_proj.forward(&h)?, kv_heads)?;
 
         let slots = keys.size()[2];
-        let all_keys = Tensor::f_cat(&[&keys.f_narrow(2, slots - cached, cached)?, &k], 2)?;
-        let all_values = Tensor::f_cat(&[&values.f_narrow(2, slots - cached, cached)?, &v], 2)?;
-        let total = all_keys.size()[2];
-        let keep = total.min(slots);
-        keys.f_narrow(2, slots - keep, keep)?
-            .f_copy_(&all_keys.f_narrow(2, total - keep, keep)?)?;
-        values
-            .f_narrow(2, slots - keep, keep)?
-            .f_copy_(&all_values.f_narrow(2, total - keep, keep)?)?;
+        let all_keys = Tensor::f_cat(&[&*keys, &k], 2)?;
+        let all_values = Tensor::f_cat(&[&*values, &v], 2)?;
+        keys.f_copy_(&all_keys.f_narrow(2, steps, slots)?)?;
+        values.f_copy_(&all_values.f_narrow(2, steps, slots)?)?;
 
-        let q = apply_rope(&q, &inputs.query_cos, &inputs.query_sin)?;
-        let mut k = apply_rope(&all_keys, &inputs.key_cos, &inputs.key_sin)?;
-        let mut v = all_values;
+        let q = apply_rope(&q, &tables.query_cos, &tables.query_sin)?;
+        let k = apply_rope(&all_keys, &tables.key_cos, &tables.key_sin)?;
+        // Each key/value head serves `groups` query heads (grouped-query attention). As a
+        // broadcast, not repeat_interleave, which asks the device for its output size.
         let groups = heads / kv_heads;
-        if groups > 1 {
-            k = k.f_repeat_interleave_self_int(groups, 1, None)?;
-            v = v.f_repeat_interleave_self_int(groups, 1, None)?;
-        }
+        let share = |t: Tensor| -> TorchResult<Tensor> {
+            if groups == 1 {
+                return Ok(t);
+            }
+            let positions = t.size()[2];
+            t.f_unsqueeze(2)?
+                .f_expand([1, kv_heads, groups, positions, head_dim], false)?
+                .f_reshape([1, heads, positions, head_dim])
+        };
+        let k = share(k)?;
+        let v = share(all_values)?;
         let scores = q
             .f_matmul(&k.f_transpose(2, 3)?)?
             .f_mul_scalar((head_dim as f64).powf(-0.5))?
-            .f_add(&inputs.mask)?;
+            .f_add(mask)?;
         let probs = scores.f_softmax(-1, ACTIVATION_KIND)?;
         let attended = probs
             .f_matmul(&v)?
@@ -774,16 +805,24 @@ impl Network {
             contexts,
             keys: (0..layers).map(|_| empty_kv()).collect::<TorchResult<_>>()?,
             values: (0..layers).map(|_| empty_kv()).collect::<TorchResult<_>>()?,
-            cached: 0,
+            key_bias: Tensor::f_full([self.key_slots()], f64::NEG_INFINITY, options)?,
         })
     }
 
+    /// Positions the KV window keeps from step to step.
+    fn key_slots(&self) -> i64 {
+        self.config.sliding_window as i64 - 1
+    }
+
     /// Decodes the next frames of a stream. `codes`: [T, Q] int64 on the network's device,
-    /// already checked to lie in `0..codebook_size`. Returns [T * samples_per_frame] audio.
-    pub fn step(&self, codes: &Tensor, state: &mut StreamState) -> TorchResult<Tensor> {
+    /// already checked to lie in `0..codebook_size`; `tables` made for T frames. Returns
+    /// [T * samples_per_frame] audio. Every step of T frames launches the same kernels on
+    /// tensors of the same shapes, whatever the stream's past.
+    pub fn step(&self, codes: &Tensor, state: &mut StreamState, tables: &StepTables) -> TorchResult<Tensor> {
         let _no_grad = tch::no_grad_guard();
         let c = &self.config;
         let frames = codes.size()[0];
+        assert_eq!(frames, tables.frames, "step tables made for another step size");
 
         // RVQ: one lookup per codebook in the stacked table, summed: [1, codebook_dim, T].
         let rows = codes.f_add(&self.codebook_offsets)?.f_flatten(0, 1)?;
@@ -797,11 +836,19 @@ impl Network {
 
         let h = self.pre_conv.forward(&quantized, state)?.f_transpose(1, 2)?;
         let mut h = self.input_proj.forward(&h)?;
-        let inputs = self.attention_inputs(state.cached, frames)?;
-        for (layer, (keys, values)) in self.layers.iter().zip(state.keys.iter().zip(&state.values)) {
-            h = layer.forward(&h, c, &inputs, keys, values, state.cached)?;
+        // The empty slots' bias moves along with the keys, as the layers shift their windows.
+        let key_bias = Tensor::f_cat(&[&state.key_bias, &tables.new_key_bias], 0)?;
+        state
+            .key_bias
+            .f_copy_(&key_bias.f_narrow(0, frames, self.key_slots())?)?;
+        let mask = tables.window_mask.f_add(&key_bias)?;
+        for (layer, (keys, values)) in self
+            .layers
+            .iter()
+            .zip(state.keys.iter_mut().zip(&mut state.values))
+        {
+            h = layer.forward(&h, c, tables, &mask, keys, values)?;
         }
-        state.cached = (state.cached + frames).min(c.sliding_window as i64 - 1);
         let h = self.output_proj.forward(&self.final_norm.forward(&h)?)?;
         let mut h = h.f_transpose(1, 2)?;
 
@@ -817,11 +864,14 @@ impl Network {
         wav.f_clamp(-1.0, 1.0)?.f_flatten(0, -1)
     }
 
-    /// RoPE tables and the sliding-window mask for `steps` new positions after `cached` ones.
-    /// Positions count from the oldest cached key, so they stay below the window size however
-    /// long the stream runs; attention only sees position differences, which are unchanged.
-    fn attention_inputs(&self, cached: i64, steps: i64) -> TorchResult<AttentionInputs> {
-        let total = cached + steps;
+    /// RoPE tables and the sliding-window mask for steps of `frames` frames. Keys are the
+    /// window's slots then the new positions, numbered from the oldest slot, so positions stay
+    /// below the window size however long the stream runs; attention only sees position
+    /// differences, which are unchanged. Angles in float64, as upstream's positions are exact.
+    pub fn step_tables(&self, frames: usize) -> TorchResult<StepTables> {
+        let frames = frames as i64;
+        let slots = self.key_slots();
+        let total = slots + frames;
         let half = self.inv_freq.len();
         let mut angles = Vec::with_capacity(total as usize * half * 2);
         for position in 0..total {
@@ -835,7 +885,7 @@ impl Network {
         let sin = table(angles.f_sin()?)?;
 
         let window = self.config.sliding_window as i64;
-        let mask: Vec<f32> = (cached..total)
+        let mask: Vec<f32> = (slots..total)
             .flat_map(|query| {
                 (0..total).map(move |key| {
                     if key <= query && key > query - window {
@@ -846,13 +896,14 @@ impl Network {
                 })
             })
             .collect();
-        let mask = table(Tensor::f_from_slice(&mask)?.f_view([steps, total])?)?;
-        Ok(AttentionInputs {
-            query_cos: cos.f_narrow(0, cached, steps)?,
-            query_sin: sin.f_narrow(0, cached, steps)?,
+        Ok(StepTables {
+            frames,
+            query_cos: cos.f_narrow(0, slots, frames)?,
+            query_sin: sin.f_narrow(0, slots, frames)?,
             key_cos: cos,
             key_sin: sin,
-            mask,
+            window_mask: table(Tensor::f_from_slice(&mask)?.f_view([frames, total])?)?,
+            new_key_bias: Tensor::f_zeros([frames], (ACTIVATION_KIND, self.device))?,
         })
     }
 }

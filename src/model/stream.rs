@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use tch::{Kind, Tensor};
 
-use super::network::StreamState;
+use super::cuda_graph::{CudaGraph, GraphError};
+use super::network::{StepTables, StreamState};
 use super::{DecodeError, Model, executor};
 
 /// How [`StreamDecoder::finish`] decodes frames that do not fill a whole step.
@@ -40,6 +41,10 @@ pub struct StreamDecoder {
     chunk_frames: usize,
     tail: TailStrategy,
     state: StreamState,
+    /// The tables of a full step, made once.
+    tables: StepTables,
+    /// Full steps as a CUDA graph, where one was captured.
+    graph: Option<StepGraph>,
     /// Codes of the frames waiting for a full step, frame-major.
     pending: Vec<i64>,
     frames_in: u64,
@@ -55,12 +60,17 @@ impl StreamDecoder {
     /// If `chunk_frames` is 0.
     pub fn new(model: Arc<Model>, chunk_frames: usize, tail: TailStrategy) -> Result<Self, DecodeError> {
         assert!(chunk_frames > 0, "chunk_frames must be positive");
-        let state = executor::run(model.device(), || model.network().new_state())?;
+        let network = model.network();
+        let (state, tables) = executor::run(model.device(), || {
+            Ok::<_, tch::TchError>((network.new_state()?, network.step_tables(chunk_frames)?))
+        })?;
         Ok(Self {
             model,
             chunk_frames,
             tail,
             state,
+            tables,
+            graph: None,
             pending: Vec::new(),
             frames_in: 0,
             steps: 0,
@@ -174,8 +184,8 @@ impl StreamDecoder {
 
     /// Starts a new stream: the next frame decodes as on a fresh decoder.
     pub fn reset(&mut self) -> Result<(), DecodeError> {
-        let network = self.model.network();
-        self.state = executor::run(network.device(), || network.new_state())?;
+        // In place, as a captured graph refers to the state's memory.
+        executor::run(self.model.device(), || self.state.clear())?;
         self.pending.clear();
         self.frames_in = 0;
         self.steps = 0;
@@ -211,12 +221,76 @@ impl StreamDecoder {
 
     fn try_step(&mut self, codes: &[i64]) -> Result<Vec<f32>, DecodeError> {
         let network = self.model.network();
-        let frames = (codes.len() / self.codebooks()) as i64;
-        let codes = Tensor::f_from_slice(codes)?
-            .f_view([frames, self.codebooks() as i64])?
-            .f_to_device(network.device())?;
-        let audio = network.step(&codes, &mut self.state)?;
+        let frames = codes.len() / self.codebooks();
+        let codes = Tensor::f_from_slice(codes)?.f_view([frames as i64, self.codebooks() as i64])?;
+        let audio = match &mut self.graph {
+            Some(graph) if frames == self.chunk_frames => {
+                graph.codes.f_copy_(&codes)?;
+                graph.graph.replay()?;
+                graph.audio.shallow_clone()
+            }
+            _ => {
+                let codes = codes.f_to_device(network.device())?;
+                if frames == self.chunk_frames {
+                    network.step(&codes, &mut self.state, &self.tables)?
+                } else {
+                    // Tail steps: rare, their tables made on the spot.
+                    network.step(&codes, &mut self.state, &network.step_tables(frames)?)?
+                }
+            }
+        };
         let audio = audio.f_to_kind(Kind::Float)?.f_to_device(tch::Device::Cpu)?;
         Ok(Vec::<f32>::try_from(&audio)?)
     }
+
+    /// Records full steps as a CUDA graph, replayed from then on: one launch per step instead
+    /// of hundreds, for a decoder on CUDA before its first frame. Warms up with two steps of
+    /// silence (the state is cleared afterwards). Steps of other sizes (the tail) stay eager.
+    pub fn capture_cuda_graph(&mut self) -> Result<(), GraphError> {
+        let tch::Device::Cuda(index) = self.model.device() else {
+            return Err(GraphError::Cuda("the decoder is not on a CUDA device".into()));
+        };
+        if self.frames_in > 0 || self.graph.is_some() {
+            return Err(GraphError::Cuda(
+                "a graph is captured on a fresh decoder, once".into(),
+            ));
+        }
+        let graph = executor::run(self.model.device(), || self.record_step_graph(index))?;
+        self.graph = Some(graph);
+        Ok(())
+    }
+
+    fn record_step_graph(&mut self, device_index: usize) -> Result<StepGraph, GraphError> {
+        let network = self.model.network();
+        let codes = Tensor::f_zeros(
+            [self.chunk_frames as i64, self.codebooks() as i64],
+            (Kind::Int64, network.device()),
+        )?;
+        let tables = &self.tables;
+        let (graph, audio) = CudaGraph::capture(
+            device_index,
+            &mut self.state,
+            |state| {
+                for _ in 0..2 {
+                    _ = network.step(&codes, state, tables)?;
+                }
+                state.clear()
+            },
+            |state| network.step(&codes, state, tables),
+        )?;
+        Ok(StepGraph { graph, codes, audio })
+    }
+
+    /// Whether full steps replay a CUDA graph.
+    pub fn uses_cuda_graph(&self) -> bool {
+        self.graph.is_some()
+    }
+}
+
+/// A full step captured as a CUDA graph, with the tensors it reads its codes from and writes
+/// its audio to (on the device, the same memory at every replay).
+struct StepGraph {
+    graph: CudaGraph,
+    codes: Tensor,
+    audio: Tensor,
 }

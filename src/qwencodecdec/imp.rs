@@ -48,6 +48,7 @@ struct Settings {
     dtype: super::Dtype,
     chunk_frames: u32,
     tail_strategy: super::TailStrategy,
+    cuda_graphs: bool,
 }
 
 impl Default for Settings {
@@ -58,6 +59,7 @@ impl Default for Settings {
             dtype: super::Dtype::default(),
             chunk_frames: 1,
             tail_strategy: super::TailStrategy::default(),
+            cuda_graphs: true,
         }
     }
 }
@@ -73,6 +75,7 @@ struct Stats {
     max_step_time: Duration,
     state_bytes: u64,
     sample_rate: u32,
+    cuda_graph: bool,
 }
 
 impl Stats {
@@ -96,6 +99,7 @@ impl Stats {
             .field("max-step-ms", self.max_step_time.as_secs_f64() * 1e3)
             .field("real-time-factor", real_time_factor)
             .field("state-bytes", self.state_bytes)
+            .field("cuda-graph", self.cuda_graph)
             .build()
     }
 }
@@ -323,6 +327,16 @@ impl QwenCodecDec {
         let decoder_error = |err: DecodeError| gst::error_msg!(gst::LibraryError::Init, ("{}", err));
         let mut decoder =
             StreamDecoder::new(model.clone(), settings.chunk_frames as usize, tail).map_err(decoder_error)?;
+        if model.device().is_cuda() && settings.cuda_graphs {
+            // Eager steps give the same audio, only slower: a failed capture is not fatal.
+            if let Err(err) = decoder.capture_cuda_graph() {
+                gst::element_imp_warning!(
+                    self,
+                    gst::LibraryError::Init,
+                    ("Decoding without a CUDA graph: {}", err)
+                );
+            }
+        }
 
         // Warm-up: one step of silence-codes checks the samples per frame and pays the first
         // step's one-off costs before real buffers arrive.
@@ -357,7 +371,7 @@ impl QwenCodecDec {
             gst::LibraryError::Init,
             (
                 "Loaded the Qwen3-TTS decoder from {} in {:.2} s: {} codebooks, {} Hz, {} samples per frame, \
-                 on {:?} ({}), warm-up step {:.1} ms, latency {}",
+                 on {:?} ({}){}, warm-up step {:.1} ms, latency {}",
                 model_path.display(),
                 loading.elapsed().as_secs_f64(),
                 config.num_quantizers,
@@ -365,6 +379,11 @@ impl QwenCodecDec {
                 model.samples_per_frame(),
                 model.device(),
                 model.dtype(),
+                if decoder.uses_cuda_graph() {
+                    ", CUDA graph"
+                } else {
+                    ""
+                },
                 step_time.as_secs_f64() * 1e3,
                 latency
             )
@@ -373,6 +392,7 @@ impl QwenCodecDec {
         *self.stats() = Stats {
             sample_rate: config.sample_rate,
             state_bytes: decoder.state_bytes() as u64,
+            cuda_graph: decoder.uses_cuda_graph(),
             ..Stats::default()
         };
         Ok(State {
@@ -517,11 +537,20 @@ impl ObjectImpl for QwenCodecDec {
                     .nick("Tail strategy")
                     .blurb("How the frames left over at the end of a stream (fewer than chunk-frames) are decoded")
                     .build(),
+                glib::ParamSpecBoolean::builder("cuda-graphs")
+                    .nick("CUDA graphs")
+                    .blurb(
+                        "On CUDA, record a full decode step as a CUDA graph at start and replay it for \
+                         every full step (one launch instead of hundreds); off: launch each kernel",
+                    )
+                    .default_value(Settings::default().cuda_graphs)
+                    .build(),
                 glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
                     .nick("Statistics")
                     .blurb(
                         "Since start: frames-in, samples-out, decode-steps, mean-step-ms, max-step-ms, \
-                         real-time-factor (decode time / audio time), state-bytes of the stream",
+                         real-time-factor (decode time / audio time), state-bytes of the stream, \
+                         cuda-graph (whether full steps replay a CUDA graph)",
                     )
                     .read_only()
                     .build(),
@@ -543,6 +572,7 @@ impl ObjectImpl for QwenCodecDec {
             "dtype" => settings.dtype = value.get().unwrap(),
             "chunk-frames" => settings.chunk_frames = value.get().unwrap(),
             "tail-strategy" => settings.tail_strategy = value.get().unwrap(),
+            "cuda-graphs" => settings.cuda_graphs = value.get().unwrap(),
             _ => unreachable!(),
         }
         if self.state.try_lock().map_or(true, |state| state.is_some()) {
@@ -563,6 +593,7 @@ impl ObjectImpl for QwenCodecDec {
             "dtype" => settings.dtype.to_value(),
             "chunk-frames" => settings.chunk_frames.to_value(),
             "tail-strategy" => settings.tail_strategy.to_value(),
+            "cuda-graphs" => settings.cuda_graphs.to_value(),
             "stats" => self.stats().to_structure().to_value(),
             _ => unreachable!(),
         }
