@@ -145,12 +145,11 @@ impl CudaGraph {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, cuda_graphs))]
 mod tests {
     use super::*;
 
     #[test]
-    #[cfg(cuda_graphs)]
     fn shim_errors_come_back_as_messages() {
         // A device index no machine has: libtorch throws, the shim returns its message.
         let result = CudaGraph::capture(
