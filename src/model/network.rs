@@ -27,6 +27,35 @@ fn with_weights(
     op(&x.f_to_kind(weight_kind)?)?.f_to_kind(ACTIVATION_KIND)
 }
 
+/// `weight` [out, in] times each row of `rows` [T, in], plus `bias` [out, 1]: [out, T].
+///
+/// The product a step needs is a weight against a few columns, where the weight's bytes are the
+/// cost. MKL streams a weight at near memory speed only in this arrangement: the weight as it is
+/// stored ([out, in], row-major) on the left and the activations row-major on the right, read
+/// transposed. The other arrangements (activations on the left, or a column-major right side)
+/// ran 2-5x slower for 2 to 32 columns on the released geometry's shapes.
+///
+/// On the CPU a single row goes in twice: MKL computes one column as a matrix-vector product
+/// on one core (about 11 GB/s here), two as a matrix product on every core (about 26 GB/s).
+fn project(weight: &Tensor, rows: &Tensor, bias: Option<&Tensor>) -> TorchResult<Tensor> {
+    let single = rows.size()[0] == 1 && rows.device() == Device::Cpu;
+    let rows = if single {
+        rows.f_expand([2, -1], false)?.f_contiguous()?
+    } else {
+        rows.f_contiguous()?
+    };
+    let columns = rows.f_transpose(0, 1)?;
+    let product = match bias {
+        Some(bias) => bias.f_addmm(weight, &columns)?,
+        None => weight.f_mm(&columns)?,
+    };
+    if single {
+        product.f_narrow(1, 0, 1)?.f_contiguous()
+    } else {
+        Ok(product)
+    }
+}
+
 /// Shapes of the per-stream tensors: one entry per stateful convolution, in network order.
 #[derive(Default)]
 struct StateLayout {
@@ -108,9 +137,11 @@ pub struct StepTables {
 /// A 1-D convolution padded causally: `(kernel - 1) * dilation` columns of the past on the left.
 struct CausalConv {
     weight: Tensor,
-    /// The weight as one [in * kernel, out] matrix, for short inputs (see `forward`).
+    /// The weight as one [out, in * kernel] matrix (a view), for short inputs (see `forward`).
     weight_matrix: Tensor,
     bias: Tensor,
+    /// The bias as a column, [out, 1].
+    bias_column: Tensor,
     in_channels: i64,
     kernel: i64,
     dilation: i64,
@@ -136,14 +167,13 @@ impl CausalConv {
             &format!("{prefix}.conv.weight"),
             &[out_channels, in_channels / groups, kernel],
         )?;
-        let weight_matrix = weight
-            .f_reshape([out_channels as i64, -1])?
-            .f_transpose(0, 1)?
-            .f_contiguous()?;
+        let weight_matrix = weight.f_view([out_channels as i64, -1])?;
+        let bias = weights.get(&format!("{prefix}.conv.bias"), &[out_channels])?;
         Ok(Self {
             weight,
             weight_matrix,
-            bias: weights.get(&format!("{prefix}.conv.bias"), &[out_channels])?,
+            bias_column: bias.f_view([-1, 1])?,
+            bias,
             in_channels: in_channels as i64,
             kernel: kernel as i64,
             dilation: dilation as i64,
@@ -177,11 +207,7 @@ impl CausalConv {
                     .f_slice(2, 0, self.context + 1, self.dilation)?
                     .f_permute([1, 0, 2])?
                     .f_reshape([columns, self.in_channels * self.kernel])?;
-                return self
-                    .bias
-                    .f_addmm(&taps, &self.weight_matrix)?
-                    .f_transpose(0, 1)?
-                    .f_unsqueeze(0);
+                return project(&self.weight_matrix, &taps, Some(&self.bias_column))?.f_unsqueeze(0);
             }
             input.f_conv1d(
                 &self.weight,
@@ -199,7 +225,7 @@ impl CausalConv {
 /// input column, computed as one matrix product per step. With kernel `2s` each input column
 /// also adds into the next column's block: that overlap is carried to the next step.
 struct CausalTransConv {
-    /// [in, out * kernel]: row `i` holds every output tap of input channel `i`.
+    /// [out * kernel, in]: row `o * kernel + j` is output channel `o`'s tap `j`.
     weight_matrix: Tensor,
     bias: Tensor,
     out_channels: i64,
@@ -224,7 +250,10 @@ impl CausalTransConv {
             &[in_channels, out_channels, kernel],
         )?;
         Ok(Self {
-            weight_matrix: weight.f_reshape([in_channels as i64, -1])?,
+            weight_matrix: weight
+                .f_reshape([in_channels as i64, -1])?
+                .f_transpose(0, 1)?
+                .f_contiguous()?,
             bias: weights
                 .get(&format!("{prefix}.conv.bias"), &[out_channels])?
                 .f_view([1, -1, 1])?,
@@ -238,25 +267,26 @@ impl CausalTransConv {
 
     fn forward(&self, x: &Tensor, state: &mut StreamState) -> TorchResult<Tensor> {
         let columns = x.size()[2];
-        // [T, out, kernel]: what each new input column contributes to each output tap.
+        // [out, kernel, T]: what each new input column contributes to each output tap.
         let taps = with_weights(
             &x.f_squeeze_dim(0)?.f_transpose(0, 1)?,
             self.weight_matrix.kind(),
-            |x| x.f_matmul(&self.weight_matrix),
+            |rows| project(&self.weight_matrix, rows, None),
         )?
-        .f_view([columns, self.out_channels, self.kernel])?;
-        let mut blocks = taps.f_narrow(2, 0, self.stride)?;
+        .f_view([self.out_channels, self.kernel, columns])?;
+        let mut blocks = taps.f_narrow(1, 0, self.stride)?;
         if let Some(slot) = self.slot {
             // Block t also gets the second half of column t - 1's taps; the first block gets
             // the carry of the previous step.
-            let overlap = taps.f_narrow(2, self.stride, self.stride)?;
-            let earlier = Tensor::f_cat(&[&state.contexts[slot], &overlap.f_narrow(0, 0, columns - 1)?], 0)?;
-            state.contexts[slot].f_copy_(&overlap.f_narrow(0, columns - 1, 1)?)?;
+            let mut carry = state.contexts[slot].f_view([self.out_channels, self.stride, 1])?;
+            let overlap = taps.f_narrow(1, self.stride, self.stride)?;
+            let earlier = Tensor::f_cat(&[&carry, &overlap.f_narrow(2, 0, columns - 1)?], 2)?;
+            carry.f_copy_(&overlap.f_narrow(2, columns - 1, 1)?)?;
             blocks = blocks.f_add(&earlier)?;
         }
-        // [T, out, s] -> [1, out, T * s]
+        // [out, s, T] -> [1, out, T * s]
         blocks
-            .f_permute([1, 0, 2])?
+            .f_permute([0, 2, 1])?
             .f_reshape([1, self.out_channels, columns * self.stride])?
             .f_add(&self.bias)
     }
@@ -291,6 +321,7 @@ impl SnakeBeta {
 
 struct Linear {
     weight: Tensor,
+    /// [out, 1]
     bias: Option<Tensor>,
 }
 
@@ -305,16 +336,34 @@ impl Linear {
         Ok(Self {
             weight: weights.get(&format!("{prefix}.weight"), &[out_features, in_features])?,
             bias: if bias {
-                Some(weights.get(&format!("{prefix}.bias"), &[out_features])?)
+                Some(
+                    weights
+                        .get(&format!("{prefix}.bias"), &[out_features])?
+                        .f_view([-1, 1])?,
+                )
             } else {
                 None
             },
         })
     }
 
+    /// One layer computing all of `parts` (same input), their outputs one after another.
+    fn stacked(parts: &[Linear]) -> TorchResult<Self> {
+        let weights: Vec<&Tensor> = parts.iter().map(|part| &part.weight).collect();
+        let biases: Option<Vec<&Tensor>> = parts.iter().map(|part| part.bias.as_ref()).collect();
+        Ok(Self {
+            weight: Tensor::f_cat(&weights, 0)?,
+            bias: biases.map(|biases| Tensor::f_cat(&biases, 0)).transpose()?,
+        })
+    }
+
+    /// `x`: [1, T, in] -> [1, T, out].
     fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
         with_weights(x, self.weight.kind(), |x| {
-            x.f_linear(&self.weight, self.bias.as_ref())
+            project(&self.weight, &x.f_squeeze_dim(0)?, self.bias.as_ref())?
+                .f_transpose(0, 1)?
+                .f_contiguous()?
+                .f_unsqueeze(0)
         })
     }
 }
@@ -342,14 +391,13 @@ impl RmsNorm {
 
 struct TransformerLayer {
     input_norm: RmsNorm,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    /// q_proj, k_proj and v_proj stacked: one product reads the three weights.
+    qkv_proj: Linear,
     o_proj: Linear,
     attention_scale: Tensor,
     post_attention_norm: RmsNorm,
-    gate_proj: Linear,
-    up_proj: Linear,
+    /// gate_proj and up_proj stacked.
+    gate_up_proj: Linear,
     down_proj: Linear,
     mlp_scale: Tensor,
 }
@@ -364,9 +412,11 @@ impl TransformerLayer {
         let eps = config.rms_norm_eps;
         Ok(Self {
             input_norm: RmsNorm::load(weights, &format!("{p}.input_layernorm"), hidden, eps)?,
-            q_proj: Linear::load(weights, &format!("{p}.self_attn.q_proj"), hidden, q_width, bias)?,
-            k_proj: Linear::load(weights, &format!("{p}.self_attn.k_proj"), hidden, kv_width, bias)?,
-            v_proj: Linear::load(weights, &format!("{p}.self_attn.v_proj"), hidden, kv_width, bias)?,
+            qkv_proj: Linear::stacked(&[
+                Linear::load(weights, &format!("{p}.self_attn.q_proj"), hidden, q_width, bias)?,
+                Linear::load(weights, &format!("{p}.self_attn.k_proj"), hidden, kv_width, bias)?,
+                Linear::load(weights, &format!("{p}.self_attn.v_proj"), hidden, kv_width, bias)?,
+            ])?,
             o_proj: Linear::load(weights, &format!("{p}.self_attn.o_proj"), q_width, hidden, bias)?,
             attention_scale: weights.get_as(
                 &format!("{p}.self_attn_layer_scale.scale"),
@@ -379,20 +429,22 @@ impl TransformerLayer {
                 hidden,
                 eps,
             )?,
-            gate_proj: Linear::load(
-                weights,
-                &format!("{p}.mlp.gate_proj"),
-                hidden,
-                config.intermediate_size,
-                false,
-            )?,
-            up_proj: Linear::load(
-                weights,
-                &format!("{p}.mlp.up_proj"),
-                hidden,
-                config.intermediate_size,
-                false,
-            )?,
+            gate_up_proj: Linear::stacked(&[
+                Linear::load(
+                    weights,
+                    &format!("{p}.mlp.gate_proj"),
+                    hidden,
+                    config.intermediate_size,
+                    false,
+                )?,
+                Linear::load(
+                    weights,
+                    &format!("{p}.mlp.up_proj"),
+                    hidden,
+                    config.intermediate_size,
+                    false,
+                )?,
+            ])?,
             down_proj: Linear::load(
                 weights,
                 &format!("{p}.mlp.down_proj"),
@@ -422,9 +474,11 @@ impl TransformerLayer {
 
         let h = self.input_norm.forward(x)?;
         let split_heads = |t: Tensor, n: i64| t.f_view([1, steps, n, head_dim])?.f_transpose(1, 2);
-        let q = split_heads(self.q_proj.forward(&h)?, heads)?;
-        let k = split_heads(self.k_proj.forward(&h)?, kv_heads)?;
-        let v = split_heads(self.v_proj.forward(&h)?, kv_heads)?;
+        let qkv = self.qkv_proj.forward(&h)?;
+        let (q_width, kv_width) = (heads * head_dim, kv_heads * head_dim);
+        let q = split_heads(qkv.f_narrow(2, 0, q_width)?, heads)?;
+        let k = split_heads(qkv.f_narrow(2, q_width, kv_width)?, kv_heads)?;
+        let v = split_heads(qkv.f_narrow(2, q_width + kv_width, kv_width)?, kv_heads)?;
 
         let slots = keys.size()[2];
         let all_keys = Tensor::f_cat(&[&*keys, &k], 2)?;
@@ -460,11 +514,12 @@ impl TransformerLayer {
         let x = x.f_add(&self.o_proj.forward(&attended)?.f_mul(&self.attention_scale)?)?;
 
         let h = self.post_attention_norm.forward(&x)?;
-        let gated = self
-            .gate_proj
-            .forward(&h)?
+        let gate_up = self.gate_up_proj.forward(&h)?;
+        let width = gate_up.size()[2] / 2;
+        let gated = gate_up
+            .f_narrow(2, 0, width)?
             .f_silu()?
-            .f_mul(&self.up_proj.forward(&h)?)?;
+            .f_mul(&gate_up.f_narrow(2, width, width)?)?;
         x.f_add(&self.down_proj.forward(&gated)?.f_mul(&self.mlp_scale)?)
     }
 }
@@ -851,7 +906,6 @@ impl Network {
         }
         let h = self.output_proj.forward(&self.final_norm.forward(&h)?)?;
         let mut h = h.f_transpose(1, 2)?;
-
         for (upsample, convnext) in &self.upsample {
             h = upsample.forward(&h, state)?;
             h = convnext.forward(&h, state)?;
