@@ -19,6 +19,7 @@ struct QwencodecGraph {
   // stream's cuBLAS workspace exists before capture.
   c10::cuda::CUDAStream side_stream;
   std::optional<c10::cuda::CUDAStream> previous_stream;
+  c10::DeviceIndex previous_device = -1;
 
   explicit QwencodecGraph(c10::DeviceIndex index)
       : device(index), side_stream(c10::cuda::getStreamFromPool(false, index)) {}
@@ -64,17 +65,19 @@ void qwencodec_graph_free(QwencodecGraph* graph) {
   }
 }
 
-// Waits for the device's queued work (weights, a fresh state), then makes the side stream
-// current on this thread.
+// Makes the graph's device and its side stream current on this thread (capture reads both),
+// once the device finished its queued work (weights, a fresh state).
 char* qwencodec_graph_enter_side_stream(QwencodecGraph* graph) {
   return guarded([&] {
+    graph->previous_device = c10::cuda::current_device();
+    c10::cuda::set_device(graph->device);
     c10::cuda::device_synchronize();
     graph->previous_stream = c10::cuda::getCurrentCUDAStream(graph->device);
     c10::cuda::setCurrentCUDAStream(graph->side_stream);
   });
 }
 
-// Waits for the side stream's work, then makes the earlier stream current again.
+// Waits for the side stream's work, then makes the earlier stream and device current again.
 char* qwencodec_graph_leave_side_stream(QwencodecGraph* graph) {
   return guarded([&] {
     if (graph->previous_stream) {
@@ -82,6 +85,10 @@ char* qwencodec_graph_leave_side_stream(QwencodecGraph* graph) {
       graph->previous_stream.reset();
     }
     c10::cuda::device_synchronize();
+    if (graph->previous_device >= 0) {
+      c10::cuda::set_device(graph->previous_device);
+      graph->previous_device = -1;
+    }
   });
 }
 

@@ -86,9 +86,10 @@ impl CudaGraph {
         let graph = Self {
             raw: NonNull::new(raw.cast()).ok_or(GraphError::Cuda("no graph made".into()))?,
         };
-        check(unsafe { ffi::qwencodec_graph_enter_side_stream(graph.ptr()) })?;
-        let captured = graph.record(context, warm_up, work);
-        // Back to the earlier stream whatever happened, then report the first failure.
+        let captured = check(unsafe { ffi::qwencodec_graph_enter_side_stream(graph.ptr()) })
+            .and_then(|()| graph.record(context, warm_up, work));
+        // Back to the earlier device and stream whatever happened (leaving restores only what
+        // entering changed), then report the first failure.
         let left = check(unsafe { ffi::qwencodec_graph_leave_side_stream(graph.ptr()) });
         let output = captured?;
         left?;
