@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The GPU checks in one command, on a GPU host with PyTorch 2.11.0 (Python 3.12) but neither
 # Rust nor GStreamer, from the repository root with gpu-bundle/ (make gpu-bundle) beside it:
-#  1. parity on CUDA: float32 against the upstream expectations, bf16 and f16 against bounds;
-#  2. the benchmark on CUDA (upstream PyTorch on the GPU against ours, f32 and bf16).
+#  1. parity on CUDA: float32 against the upstream expectations, bf16 and f16 against bounds,
+#     CUDA graphs against eager steps, and the element replaying a graph;
+#  2. a short soak on CUDA (GPU memory must not grow as graphs are captured and freed);
+#  3. the benchmark on CUDA (upstream PyTorch on the GPU against ours, f32 and bf16; our core
+#     with and without a CUDA graph).
 # Results go to $OUT (else bench/results/).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -29,6 +32,10 @@ export QWENCODEC_FIXTURES="$root/tests/fixtures"
 echo "== parity on CUDA"
 "$bundle/bin/cuda-tests" --test-threads 1 --nocapture 2>&1 | tee "$out/$day-gpu-parity.txt"
 grep -q "skipped" "$out/$day-gpu-parity.txt" && { echo "gpu-check: libtorch sees no GPU" >&2; exit 1; }
+
+echo "== soak on CUDA: a pipeline per stream, each capturing and freeing its CUDA graph"
+"$bundle/bin/soak" --device cuda --streams 400 --model "$QWENCODEC_FIXTURES/release-tiny" 2>&1 \
+  | tee "$out/$day-gpu-soak.txt"
 
 echo "== benchmark on CUDA"
 # The upstream decoder wants its own transformers, not the host's: install the carried wheels aside.

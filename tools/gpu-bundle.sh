@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Packs what scripts/gpu-check.sh needs on a GPU host that has PyTorch 2.11.0 but neither Rust
-# nor GStreamer: the CUDA test and benchmark binaries built here (against the same torch), the
-# plugin, Debian's GStreamer/GLib libraries they load, and the wheels of the upstream decoder's
-# pinned Python packages. Output: gpu-bundle/ (git-ignored; carry it to the GPU host).
+# nor GStreamer: the CUDA test, benchmark and soak binaries built here (against the same torch,
+# each with the plugin inside), Debian's GStreamer/GLib libraries they load, and the wheels of
+# the upstream decoder's pinned Python packages. Output: gpu-bundle/ (git-ignored; carry it to
+# the GPU host).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -21,8 +22,10 @@ for line in sys.stdin:
 }
 cp "$(cargo test --release --test cuda --no-run --message-format=json 2>/dev/null | executable cuda)" "$out/bin/cuda-tests"
 cp "$(cargo bench --bench decode --no-run --message-format=json 2>/dev/null | executable decode)" "$out/bin/bench"
-cargo build --release
-cp target/release/libgstqwencodec.so "$out/plugins/"
+cargo build --release --example soak
+cp target/release/examples/soak "$out/bin/soak"
+# The binaries register the plugin themselves; a copy in plugins/ would be found by the registry
+# scan first, and registering the same plugin again fails.
 cp /usr/lib/x86_64-linux-gnu/gstreamer-1.0/libgstapp.so "$out/plugins/"
 
 # Every library these load, except torch's (the host's own are used) and the C/C++ runtime.
