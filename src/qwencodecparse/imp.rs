@@ -191,6 +191,9 @@ struct State {
     next_frame: u64,
     /// Whether a short stream was reported since the last flush, so that it is said once.
     end_reported: bool,
+    /// Whether parsing failed (and said why) since the last flush: the base class offers the
+    /// same bytes again on every new buffer and at EOS, and the error is posted once.
+    failed: bool,
 }
 
 impl State {
@@ -201,6 +204,7 @@ impl State {
             layout: None,
             next_frame: 0,
             end_reported: false,
+            failed: false,
         }
     }
 
@@ -228,6 +232,128 @@ pub struct QwenCodecParse {
 }
 
 impl QwenCodecParse {
+    /// Turns the bytes at the frame's offset into one output buffer of whole frames, or says
+    /// how many bytes to skip or wait for.
+    fn parse_frame(
+        &self,
+        mut frame: gst_base::BaseParseFrame,
+    ) -> Result<(gst::FlowSuccess, u32), gst::FlowError> {
+        let offset = frame.offset();
+        let input = frame.buffer().ok_or(gst::FlowError::Error)?.to_owned();
+        let map = input.map_readable().map_err(|_| {
+            gst::element_imp_error!(self, gst::CoreError::Failed, ["Cannot map the input buffer"]);
+            gst::FlowError::Error
+        })?;
+        let data = map.as_slice();
+
+        let (layout, settings) = {
+            let guard = self.state();
+            let state = guard.as_ref().ok_or(gst::FlowError::Flushing)?;
+            (state.layout.clone(), state.settings)
+        };
+        let layout = match layout {
+            Some(layout) => layout,
+            None => match self.find_layout(offset, data)? {
+                Step::Wait => return Ok((gst::FlowSuccess::Ok, 0)),
+                Step::Skip(bytes) => return Ok((gst::FlowSuccess::Ok, bytes)),
+                Step::Frames => self
+                    .state()
+                    .as_ref()
+                    .and_then(|state| state.layout.clone())
+                    .ok_or(gst::FlowError::Flushing)?,
+            },
+        };
+
+        // Start on a frame: after the header, and on a frame boundary whatever offset the base
+        // class resumes at.
+        let frame_bytes = layout.frame_bytes();
+        let Some(relative) = offset.checked_sub(layout.data_offset) else {
+            return Ok((gst::FlowSuccess::Ok, (layout.data_offset - offset) as u32));
+        };
+        let misaligned = relative % frame_bytes;
+        if misaligned != 0 {
+            return Ok((gst::FlowSuccess::Ok, (frame_bytes - misaligned) as u32));
+        }
+        let first = relative / frame_bytes;
+        let mut frames = (data.len() as u64 / frame_bytes).min(settings.frames_per_buffer as u64);
+        if let Some(declared) = &layout.declared {
+            if first >= declared.frames {
+                gst::element_imp_error!(
+                    self,
+                    gst::StreamError::Format,
+                    (
+                        "The .npy header lies about the size: {} has {} bytes of data, but more follow it",
+                        declared.description,
+                        declared.frames * frame_bytes
+                    )
+                );
+                return Err(gst::FlowError::Error);
+            }
+            frames = frames.min(declared.frames - first);
+        }
+        if frames == 0 {
+            // Less than a frame: the base class gives that only when the stream ends.
+            if self.obj().is_draining() {
+                let warning = self
+                    .state()
+                    .as_mut()
+                    .and_then(|state| state.end_warning(first, data.len() as u64));
+                self.post_warning(warning);
+                return Ok((gst::FlowSuccess::Ok, data.len() as u32));
+            }
+            return Ok((gst::FlowSuccess::Ok, 0));
+        }
+
+        let payload_bytes = (frames * frame_bytes) as usize;
+        let codes = layout
+            .format
+            .to_codes(&data[..payload_bytes], first)
+            .map_err(|err| {
+                gst::element_imp_error!(self, gst::StreamError::Decode, ("Code out of range: {}", err));
+                gst::FlowError::Error
+            })?;
+        let mut output = gst::Buffer::from_mut_slice(
+            codes
+                .iter()
+                .flat_map(|code| code.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        );
+        {
+            let output = output.make_mut();
+            let start = layout.frame_time(first);
+            output.set_pts(start);
+            output.set_duration(
+                layout
+                    .frame_time(first + frames)
+                    .zip(start)
+                    .map(|(end, start)| end - start),
+            );
+            output.set_offset(first);
+            output.set_offset_end(first + frames);
+        }
+        drop(map);
+        frame.set_output_buffer(output);
+
+        let frames_end = first + frames;
+        if let Some(state) = self.state().as_mut() {
+            state.next_frame = frames_end;
+        }
+        self.obj().finish_frame(frame, payload_bytes as u32)?;
+
+        // With the input's size known, the last whole frame is the end: say now what is missing,
+        // after its audio.
+        if let Some((whole, partial)) = layout.present
+            && frames_end == whole
+        {
+            let warning = self
+                .state()
+                .as_mut()
+                .and_then(|state| state.end_warning(frames_end, partial));
+            self.post_warning(warning);
+        }
+        Ok((gst::FlowSuccess::Ok, 0))
+    }
+
     /// Held only briefly, never while calling into the base class or pushing: a query from
     /// downstream may come back to `convert` in the meantime.
     fn state(&self) -> MutexGuard<'_, Option<State>> {
@@ -572,122 +698,18 @@ impl BaseParseImpl for QwenCodecParse {
 
     fn handle_frame(
         &self,
-        mut frame: gst_base::BaseParseFrame,
+        frame: gst_base::BaseParseFrame,
     ) -> Result<(gst::FlowSuccess, u32), gst::FlowError> {
-        let offset = frame.offset();
-        let input = frame.buffer().ok_or(gst::FlowError::Error)?.to_owned();
-        let map = input.map_readable().map_err(|_| {
-            gst::element_imp_error!(self, gst::CoreError::Failed, ["Cannot map the input buffer"]);
-            gst::FlowError::Error
-        })?;
-        let data = map.as_slice();
-
-        let (layout, settings) = {
-            let guard = self.state();
-            let state = guard.as_ref().ok_or(gst::FlowError::Flushing)?;
-            (state.layout.clone(), state.settings)
-        };
-        let layout = match layout {
-            Some(layout) => layout,
-            None => match self.find_layout(offset, data)? {
-                Step::Wait => return Ok((gst::FlowSuccess::Ok, 0)),
-                Step::Skip(bytes) => return Ok((gst::FlowSuccess::Ok, bytes)),
-                Step::Frames => self
-                    .state()
-                    .as_ref()
-                    .and_then(|state| state.layout.clone())
-                    .ok_or(gst::FlowError::Flushing)?,
-            },
-        };
-
-        // Start on a frame: after the header, and on a frame boundary whatever offset the base
-        // class resumes at.
-        let frame_bytes = layout.frame_bytes();
-        let Some(relative) = offset.checked_sub(layout.data_offset) else {
-            return Ok((gst::FlowSuccess::Ok, (layout.data_offset - offset) as u32));
-        };
-        let misaligned = relative % frame_bytes;
-        if misaligned != 0 {
-            return Ok((gst::FlowSuccess::Ok, (frame_bytes - misaligned) as u32));
+        if self.state().as_ref().is_some_and(|state| state.failed) {
+            return Err(gst::FlowError::Error);
         }
-        let first = relative / frame_bytes;
-        let mut frames = (data.len() as u64 / frame_bytes).min(settings.frames_per_buffer as u64);
-        if let Some(declared) = &layout.declared {
-            if first >= declared.frames {
-                gst::element_imp_error!(
-                    self,
-                    gst::StreamError::Format,
-                    (
-                        "The .npy header lies about the size: {} has {} bytes of data, but more follow it",
-                        declared.description,
-                        declared.frames * frame_bytes
-                    )
-                );
-                return Err(gst::FlowError::Error);
-            }
-            frames = frames.min(declared.frames - first);
-        }
-        if frames == 0 {
-            // Less than a frame: the base class gives that only when the stream ends.
-            if self.obj().is_draining() {
-                let warning = self
-                    .state()
-                    .as_mut()
-                    .and_then(|state| state.end_warning(first, data.len() as u64));
-                self.post_warning(warning);
-                return Ok((gst::FlowSuccess::Ok, data.len() as u32));
-            }
-            return Ok((gst::FlowSuccess::Ok, 0));
-        }
-
-        let payload_bytes = (frames * frame_bytes) as usize;
-        let codes = layout
-            .format
-            .to_codes(&data[..payload_bytes], first)
-            .map_err(|err| {
-                gst::element_imp_error!(self, gst::StreamError::Decode, ("Code out of range: {}", err));
-                gst::FlowError::Error
-            })?;
-        let mut output = gst::Buffer::from_mut_slice(
-            codes
-                .iter()
-                .flat_map(|code| code.to_le_bytes())
-                .collect::<Vec<u8>>(),
-        );
+        let result = self.parse_frame(frame);
+        if result == Err(gst::FlowError::Error)
+            && let Some(state) = self.state().as_mut()
         {
-            let output = output.make_mut();
-            let start = layout.frame_time(first);
-            output.set_pts(start);
-            output.set_duration(
-                layout
-                    .frame_time(first + frames)
-                    .zip(start)
-                    .map(|(end, start)| end - start),
-            );
-            output.set_offset(first);
-            output.set_offset_end(first + frames);
+            state.failed = true;
         }
-        drop(map);
-        frame.set_output_buffer(output);
-
-        let frames_end = first + frames;
-        if let Some(state) = self.state().as_mut() {
-            state.next_frame = frames_end;
-        }
-        self.obj().finish_frame(frame, payload_bytes as u32)?;
-
-        // With the input's size known, the last whole frame is the end: say now what is missing,
-        // after its audio.
-        if let Some((whole, partial)) = layout.present
-            && frames_end == whole
-        {
-            let warning = self
-                .state()
-                .as_mut()
-                .and_then(|state| state.end_warning(frames_end, partial));
-            self.post_warning(warning);
-        }
-        Ok((gst::FlowSuccess::Ok, 0))
+        result
     }
 
     /// Exact: a frame is a fixed number of bytes (after the header) and of nanoseconds.
@@ -735,6 +757,7 @@ impl BaseParseImpl for QwenCodecParse {
             gst::EventView::FlushStop(_) => {
                 if let Some(state) = self.state().as_mut() {
                     state.end_reported = false;
+                    state.failed = false;
                 }
             }
             // A new stream (e.g. from concat) has its own header.
