@@ -138,29 +138,16 @@ fn cuda_graph_streams_are_independent() {
 fn the_element_replays_a_cuda_graph() {
     use gst::prelude::*;
     let Some(_) = cuda() else { return };
-    common::init();
     let fixture = load_fixture("release-tiny");
-    let decoder = common::decoder(&fixture.dir, &[("device", &"cuda"), ("chunk-frames", &2u32)]);
-    let src = gst_app::AppSrc::builder()
-        .caps(&fixture.caps())
-        .format(gst::Format::Time)
-        .build();
-    let sink = gst_app::AppSink::builder().sync(false).build();
-    let pipeline = gst::Pipeline::new();
-    pipeline
-        .add_many([src.upcast_ref(), &decoder, sink.upcast_ref()])
+    let mut h = common::harness(&fixture, &[("device", &"cuda"), ("chunk-frames", &2u32)]);
+    h.push(gst::Buffer::from_slice(common::code_bytes(&fixture.codes)))
         .unwrap();
-    gst::Element::link_many([src.upcast_ref(), &decoder, sink.upcast_ref()]).unwrap();
-    pipeline.set_state(gst::State::Playing).unwrap();
-    src.push_buffer(gst::Buffer::from_slice(common::code_bytes(&fixture.codes)))
-        .unwrap();
-    src.end_of_stream().unwrap();
-    let mut audio = Vec::new();
-    while let Ok(sample) = sink.pull_sample() {
-        audio.extend(common::samples(sample.buffer().unwrap()));
-    }
-    let stats = decoder.property::<gst::Structure>("stats");
-    pipeline.set_state(gst::State::Null).unwrap();
+    h.push_event(gst::event::Eos::new());
+    let audio: Vec<f32> = common::pull_all(&mut h)
+        .iter()
+        .flat_map(|buffer| common::samples(buffer))
+        .collect();
+    let stats = h.element().unwrap().property::<gst::Structure>("stats");
     assert!(stats.get::<bool>("cuda-graph").unwrap(), "{stats}");
     fixture.assert_matches(&audio, "qwencodecdec on cuda with a graph");
 }

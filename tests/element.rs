@@ -6,31 +6,18 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::{
-    Fixture, code_bytes, codes_caps, decoder, fixture_dir, init, load_fixture, messages, random_buffers,
-    samples,
+    Fixture, code_bytes, codes_caps, decoder, fixture_dir, harness, init, load_fixture, messages, pull_all,
+    random_buffers, samples,
 };
 use gst::prelude::*;
 use gstqwencodec::model::{Dtype, Model};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-fn harness(fixture: &Fixture, properties: &[(&str, &dyn ToValue)]) -> gst_check::Harness {
-    init();
-    let element = decoder(&fixture.dir, properties);
-    let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
-    h.set_src_caps(fixture.caps());
-    h.play();
-    h
-}
-
 fn buffer(bytes: &[u8], pts: Option<gst::ClockTime>) -> gst::Buffer {
     let mut buffer = gst::Buffer::from_slice(bytes.to_vec());
     buffer.get_mut().unwrap().set_pts(pts);
     buffer
-}
-
-fn pull_all(h: &mut gst_check::Harness) -> Vec<gst::Buffer> {
-    std::iter::from_fn(|| h.try_pull()).collect()
 }
 
 fn audio_of(buffers: &[gst::Buffer]) -> Vec<f32> {

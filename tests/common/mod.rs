@@ -37,6 +37,22 @@ pub fn decoder(model: &Path, properties: &[(&str, &dyn gst::prelude::ToValue)]) 
     element
 }
 
+/// A `qwencodecdec` for `fixture`'s checkpoint (on the CPU unless `properties` say otherwise)
+/// in a playing harness, its input caps set.
+pub fn harness(fixture: &Fixture, properties: &[(&str, &dyn gst::prelude::ToValue)]) -> gst_check::Harness {
+    init();
+    let element = decoder(&fixture.dir, properties);
+    let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
+    h.set_src_caps(fixture.caps());
+    h.play();
+    h
+}
+
+/// Every buffer the harness has got so far.
+pub fn pull_all(h: &mut gst_check::Harness) -> Vec<gst::Buffer> {
+    std::iter::from_fn(|| h.try_pull()).collect()
+}
+
 /// Bytes cut at random offsets into buffers of up to three frames: frames cut across buffers,
 /// some buffers empty.
 pub fn random_buffers(bytes: &[u8], frame_bytes: usize, rng: &mut rand::rngs::StdRng) -> Vec<gst::Buffer> {
