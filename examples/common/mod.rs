@@ -8,9 +8,13 @@ use std::time::{Duration, Instant};
 use gst::prelude::*;
 use gstqwencodec::model::{CheckpointFiles, DecoderConfig};
 
-/// The bundled test checkpoint (random weights: noise, but every part of the pipeline is real).
+/// The bundled test checkpoint (random weights: noise, but every part of the pipeline is real):
+/// under `QWENCODEC_FIXTURES` when set (a binary run from a bundle unpacked elsewhere), else in
+/// the source tree.
 pub fn default_model() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/release-tiny")
+    std::env::var_os("QWENCODEC_FIXTURES")
+        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"), PathBuf::from)
+        .join("release-tiny")
 }
 
 /// Command-line options as `--name value` pairs; what is left over is an error.

@@ -133,14 +133,25 @@ pub struct Fixture {
 /// Every committed fixture, each a different geometry.
 pub const FIXTURES: [&str; 4] = ["release-tiny", "gqa-bias", "bf16-weights", "f16-weights"];
 
+/// The folder of the committed fixtures: `QWENCODEC_FIXTURES` when set (a test binary run from
+/// a bundle unpacked elsewhere, as scripts/gpu-check.sh does), else the source tree's.
+pub fn fixtures_root() -> PathBuf {
+    std::env::var_os("QWENCODEC_FIXTURES").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"),
+        PathBuf::from,
+    )
+}
+
 pub fn fixture_dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    fixtures_root().join(name)
 }
 
 pub fn load_fixture(name: &'static str) -> Fixture {
-    let dir = fixture_dir(name);
+    load_fixture_in(name, fixture_dir(name))
+}
+
+/// A fixture made by `tools/make_fixtures.py` in any folder (`name` only labels messages).
+pub fn load_fixture_in(name: &'static str, dir: PathBuf) -> Fixture {
     let bytes = std::fs::read(dir.join("expected.safetensors")).expect("fixture expected.safetensors");
     let (_, metadata) = SafeTensors::read_metadata(&bytes).unwrap();
     let meta = metadata.metadata().clone().expect("fixture metadata");
