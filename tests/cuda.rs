@@ -1,5 +1,10 @@
-//! The decoder on CUDA. Skipped (with a message) where libtorch sees no GPU; run on a GPU host
-//! by scripts/gpu-check.sh.
+//! The decoder on CUDA, run on a GPU host by scripts/gpu-check.sh (`--ignored`). Without a GPU
+//! the CUDA tests are ignored; run with `--ignored` there, they fail.
+//!
+//! The CPU tests come first in that script: they decode the fixtures of the bundle (found through
+//! `QWENCODEC_FIXTURES`) with the bundled binary's libtorch and GStreamer before any GPU time is
+//! spent, so that a bundle that cannot find or decode its fixtures fails there, not halfway
+//! through the GPU steps.
 
 mod common;
 
@@ -9,13 +14,13 @@ use common::{FIXTURES, load_fixture, relative_l2};
 use gstqwencodec::model::{Dtype, Model, StreamDecoder, TailStrategy};
 use tch::Device;
 
-fn cuda() -> Option<Device> {
-    if tch::Cuda::is_available() {
-        Some(Device::Cuda(0))
-    } else {
-        eprintln!("skipped: libtorch sees no CUDA device");
-        None
-    }
+/// The first CUDA device; a test that needs it fails without it.
+fn cuda() -> Device {
+    assert!(
+        tch::Cuda::is_available(),
+        "libtorch sees no CUDA device: this test needs one"
+    );
+    Device::Cuda(0)
 }
 
 fn decode(fixture: &common::Fixture, device: Device, dtype: Dtype, chunk_frames: usize) -> Vec<f32> {
@@ -36,8 +41,33 @@ fn decode_stream(decoder: &mut StreamDecoder, codes: &[i16]) -> Vec<f32> {
 }
 
 #[test]
+fn every_fixture_decodes_on_the_cpu() {
+    println!("fixtures from {}", common::fixtures_root().display());
+    for name in FIXTURES {
+        let fixture = load_fixture(name);
+        let audio = decode(&fixture, Device::Cpu, Dtype::F32, 3);
+        fixture.assert_matches(&audio, "cpu f32, chunk 3");
+    }
+}
+
+#[test]
+fn the_element_decodes_on_the_cpu() {
+    let fixture = load_fixture("release-tiny");
+    let mut h = common::harness(&fixture, &[("device", &"cpu"), ("chunk-frames", &2u32)]);
+    h.push(gst::Buffer::from_slice(common::code_bytes(&fixture.codes)))
+        .unwrap();
+    h.push_event(gst::event::Eos::new());
+    let audio: Vec<f32> = common::pull_all(&mut h)
+        .iter()
+        .flat_map(|buffer| common::samples(buffer))
+        .collect();
+    fixture.assert_matches(&audio, "qwencodecdec on the cpu");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
 fn cuda_float32_matches_upstream() {
-    let Some(device) = cuda() else { return };
+    let device = cuda();
     for name in FIXTURES {
         let fixture = load_fixture(name);
         for chunk_frames in [1, 3, 4] {
@@ -48,8 +78,9 @@ fn cuda_float32_matches_upstream() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device"]
 fn cuda_half_precision_stays_close() {
-    let Some(device) = cuda() else { return };
+    let device = cuda();
     for name in FIXTURES {
         let fixture = load_fixture(name);
         for (dtype, bound) in [
@@ -66,8 +97,9 @@ fn cuda_half_precision_stays_close() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device"]
 fn cuda_graph_steps_match_eager_steps_and_survive_reset() {
-    let Some(device) = cuda() else { return };
+    let device = cuda();
     for name in FIXTURES {
         let fixture = load_fixture(name);
         for dtype in [Dtype::F32, Dtype::Bf16] {
@@ -103,8 +135,9 @@ fn cuda_graph_steps_match_eager_steps_and_survive_reset() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device"]
 fn cuda_graph_streams_are_independent() {
-    let Some(device) = cuda() else { return };
+    let device = cuda();
     let fixture = load_fixture("release-tiny");
     let model = Arc::new(Model::load(&fixture.dir, device, Dtype::F32).unwrap());
     let codebooks = fixture.codebooks;
@@ -135,9 +168,10 @@ fn cuda_graph_streams_are_independent() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device"]
 fn the_element_replays_a_cuda_graph() {
     use gst::prelude::*;
-    let Some(_) = cuda() else { return };
+    cuda();
     let fixture = load_fixture("release-tiny");
     let mut h = common::harness(&fixture, &[("device", &"cuda"), ("chunk-frames", &2u32)]);
     h.push(gst::Buffer::from_slice(common::code_bytes(&fixture.codes)))
