@@ -1,22 +1,31 @@
 //! Soak: opens, feeds and closes many streams in one process, as a media server does for weeks,
-//! and watches the memory. Every stream decodes the same codes, cut into buffers at random, so
-//! every stream's audio must equal the first one's; the resident memory (and the GPU memory,
-//! where the decoder runs on CUDA) must stay flat once warmed up.
+//! and watches the memory. Every stream decodes the first frames of a fixture's codes, cut into
+//! buffers at random, and its audio must be upstream's float64 decode of those frames (the
+//! fixture's expected audio) within the fixture tolerance, and equal to the first stream's; the
+//! resident memory (and the GPU memory, where the decoder runs on CUDA) must stay flat once
+//! warmed up.
 //!
 //! ```text
 //! cargo run --release --example soak -- [--streams 10000] [--mode both|elements|reuse]
-//!     [--frames 48] [--chunk-frames 2] [--model DIR] [--codes FILE] [--device cpu|cuda]
+//!     [--frames 48] [--chunk-frames 2] [--model FIXTURE_DIR] [--device cpu|cuda|cuda:N|auto]
 //!     [--warm-up STREAMS] [--max-growth-mib 16] [--report-every 1000] [--seed 1]
 //! ```
+//!
+//! `--model` is a fixture folder made by `tools/make_fixtures.py`: the checkpoint and its
+//! `expected.safetensors` (codes, upstream's float64 audio, upstream's float32 error), by default
+//! the bundled `release-tiny` (under `QWENCODEC_FIXTURES` when set). The network is causal, so
+//! the decode of the first N frames is the first N frames' samples of the full decode.
 //!
 //! `elements`: a new `appsrc ! qwencodecdec ! appsink` pipeline per stream, torn down after its
 //! EOS (so the shared model is loaded and freed with it). `reuse`: one decoder that stays
 //! playing; each stream ends with EOS, then a flush starts the next. `both` alternates them.
-//! Exits with failure when a stream's audio differs or the memory grew more than allowed.
+//! Exits with failure when a stream's audio is off, or the memory grew more than allowed; on
+//! CUDA also when `nvidia-smi` cannot see this process's GPU memory.
 
 mod common;
 
 use std::error::Error;
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -24,6 +33,10 @@ use common::{Codes, Options, StopOnDrop};
 use gst::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use safetensors::{Dtype, SafeTensors};
+
+/// How far a stream may be from the first stream's audio: the same decoder on the same codes.
+const MAX_DIFFERENCE_FROM_FIRST: f64 = 1e-6;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
@@ -48,7 +61,9 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), Box<dyn Error>> {
     let mut options = Options::from_env();
-    let (model, codes_path) = options.take_model_and_codes()?;
+    let model = options
+        .take("--model")?
+        .map_or_else(common::default_model, Into::into);
     let streams: usize = options.take_parsed("--streams", 10_000)?;
     let mode = match options.take("--mode")?.as_deref().unwrap_or("both") {
         "elements" => Mode::Elements,
@@ -67,11 +82,12 @@ fn run() -> Result<(), Box<dyn Error>> {
     if streams <= warm_up {
         return Err(format!("--streams {streams} leaves nothing after --warm-up {warm_up}").into());
     }
+    let on_gpu = gstqwencodec::model::parse_device(&device)?.is_cuda();
 
+    let expected = Expected::load(&model, frames)?;
     gst::init()?;
     gstqwencodec::plugin_register_static()?;
-    let mut codes = Codes::load(&codes_path, &model)?;
-    codes.bytes.truncate(frames.max(1) * codes.frame_bytes);
+    let codes = Codes::from_bytes(expected.code_bytes(), &model)?;
 
     let mut soak = Soak {
         codes,
@@ -82,15 +98,14 @@ fn run() -> Result<(), Box<dyn Error>> {
         reused: None,
     };
     println!(
-        "soak: {streams} streams of {} frames, chunk-frames {chunk_frames}, device {}, model {}",
-        soak.codes.frames(),
-        soak.device,
-        soak.model
+        "soak: {streams} streams of {frames} frames, chunk-frames {chunk_frames}, device {}, model {}, \
+         each within {:.2e} of upstream's float64 decode",
+        soak.device, soak.model, expected.tolerance
     );
 
     let start = Instant::now();
     let mut first_audio: Option<Vec<f32>> = None;
-    let mut worst_error = 0.0f64;
+    let (mut worst_error, mut worst_difference) = (0.0f64, 0.0f64);
     let mut baseline = None;
     let mut peak_rss = 0.0f64;
     let mut last_report = (0, start);
@@ -105,15 +120,25 @@ fn run() -> Result<(), Box<dyn Error>> {
         } else {
             soak.pipeline_stream()?
         };
+        let error = expected
+            .error(&audio)
+            .map_err(|err| format!("stream {index}: {err}"))?;
+        worst_error = worst_error.max(error);
         match &first_audio {
-            None => first_audio = Some(audio),
+            None => {
+                first_audio = Some(audio);
+                // Fail now rather than after the warm-up if the GPU memory cannot be read.
+                if on_gpu {
+                    gpu_mib()?;
+                }
+            }
             Some(first) => {
-                let error = relative_l2(&audio, first)
-                    .ok_or_else(|| format!("stream {index}: {} samples, not {}", audio.len(), first.len()))?;
-                worst_error = worst_error.max(error);
-                if error > 1e-6 {
+                // Same length as the first: both passed the length check above.
+                let difference = relative_l2(&audio, first);
+                worst_difference = worst_difference.max(difference);
+                if difference > MAX_DIFFERENCE_FROM_FIRST {
                     return Err(format!(
-                        "stream {index}: audio differs from the first stream's by {error:.2e}"
+                        "stream {index}: audio differs from the first stream's by {difference:.2e}"
                     )
                     .into());
                 }
@@ -123,18 +148,22 @@ fn run() -> Result<(), Box<dyn Error>> {
         let rss = rss_mib()?;
         peak_rss = peak_rss.max(rss);
         if index + 1 == warm_up {
-            baseline = Some((rss, gpu_mib()));
+            baseline = Some((rss, if on_gpu { Some(gpu_mib()?) } else { None }));
         }
         if (index + 1) % report_every == 0 || index + 1 == streams {
             let since = baseline.map_or(String::new(), |(base, _)| {
                 format!(" ({:+.1} since warm-up)", rss - base)
             });
+            let gpu = if on_gpu {
+                format!(", GPU {} MiB", gpu_mib()?)
+            } else {
+                String::new()
+            };
             // The rate since the last report: a decode that slows down with age shows here.
             let (last_count, last_time) = last_report;
             println!(
-                "  {:>6} streams: RSS {rss:.1} MiB{since}, GPU {}, {:.1} streams/s",
+                "  {:>6} streams: RSS {rss:.1} MiB{since}{gpu}, {:.1} streams/s",
                 index + 1,
-                gpu_mib().map_or("n/a".into(), |mib| format!("{mib} MiB")),
                 (index + 1 - last_count) as f64 / last_time.elapsed().as_secs_f64()
             );
             last_report = (index + 1, Instant::now());
@@ -145,27 +174,138 @@ fn run() -> Result<(), Box<dyn Error>> {
     let (base_rss, base_gpu) = baseline.ok_or("no baseline")?;
     let end_rss = rss_mib()?;
     let growth = end_rss - base_rss;
-    let gpu = match (base_gpu, gpu_mib()) {
-        (Some(base), Some(end)) => format!("GPU {base} -> {end} MiB"),
-        _ => "GPU memory n/a".into(),
+    let end_gpu = if on_gpu { Some(gpu_mib()?) } else { None };
+    let gpu = match (base_gpu, end_gpu) {
+        (Some(base), Some(end)) => format!("; GPU {base} -> {end} MiB"),
+        _ => String::new(),
     };
     println!(
-        "soak: {streams} streams in {:.1} s, each equal to the first (worst relative L2 {worst_error:.1e}); \
-         RSS after {warm_up} warm-up streams {base_rss:.1} MiB, at the end {end_rss:.1} MiB ({growth:+.1} MiB), \
-         peak {peak_rss:.1} MiB; {gpu}",
-        start.elapsed().as_secs_f64()
+        "soak: {streams} streams in {:.1} s, each within {:.2e} of upstream's float64 decode (worst relative L2 \
+         {worst_error:.2e}) and equal to the first stream (worst {worst_difference:.1e}); RSS after {warm_up} \
+         warm-up streams {base_rss:.1} MiB, at the end {end_rss:.1} MiB ({growth:+.1} MiB), peak {peak_rss:.1} \
+         MiB{gpu}",
+        start.elapsed().as_secs_f64(),
+        expected.tolerance
     );
     if growth > max_growth_mib {
         return Err(
             format!("RSS grew by {growth:.1} MiB after warm-up, more than {max_growth_mib} MiB").into(),
         );
     }
-    if let (Some(base), Some(end)) = (base_gpu, gpu_mib())
+    if let (Some(base), Some(end)) = (base_gpu, end_gpu)
         && end as f64 - base as f64 > max_growth_mib
     {
         return Err(format!("GPU memory grew from {base} to {end} MiB after warm-up").into());
     }
     Ok(())
+}
+
+/// What every stream must decode to: the first frames of a fixture's codes, and upstream's
+/// float64 decode of them.
+struct Expected {
+    /// Frame-major, `codebooks` codes a frame.
+    codes: Vec<i16>,
+    audio: Vec<f32>,
+    /// Five times upstream's own float32 error, as the tests allow.
+    tolerance: f64,
+}
+
+impl Expected {
+    /// The first `frames` frames of the fixture in `dir` (its `expected.safetensors`).
+    fn load(dir: &Path, frames: usize) -> Result<Self, String> {
+        let path = dir.join("expected.safetensors");
+        let bytes = std::fs::read(&path).map_err(|err| {
+            format!(
+                "{}: {err}: the soak checks every stream against upstream's decode, so --model must be a \
+                 fixture folder made by tools/make_fixtures.py (the checkpoint and its expected.safetensors), \
+                 such as tests/fixtures/release-tiny",
+                path.display()
+            )
+        })?;
+        let what = |err: &dyn std::fmt::Display| format!("{}: {err}", path.display());
+        let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|err| what(&err))?;
+        let metadata = header.metadata().clone().unwrap_or_default();
+        let number = |key: &str| {
+            metadata
+                .get(key)
+                .and_then(|value| value.parse::<f64>().ok())
+                .ok_or_else(|| what(&format!("no number {key:?} in the metadata")))
+        };
+        let samples_per_frame = number("samples_per_frame")? as usize;
+        let tolerance = 5.0 * number("upstream_f32_rel_l2")?;
+
+        let tensors = SafeTensors::deserialize(&bytes).map_err(|err| what(&err))?;
+        let codes = tensors.tensor("codes").map_err(|err| what(&err))?;
+        let &[available, _codebooks] = codes.shape() else {
+            return Err(what(&format!(
+                "codes of shape {:?}, not [frames, codebooks]",
+                codes.shape()
+            )));
+        };
+        if codes.dtype() != Dtype::I32 {
+            return Err(what(&format!("codes of dtype {:?}, not I32", codes.dtype())));
+        }
+        if frames == 0 || frames > available {
+            return Err(format!(
+                "--frames {frames}: the fixture holds 1 to {available} frames"
+            ));
+        }
+        let codes = codes
+            .data()
+            .chunks_exact(4)
+            .take(frames * codes.shape()[1])
+            .map(|bytes| i16::try_from(i32::from_le_bytes(bytes.try_into().unwrap())))
+            .collect::<Result<_, _>>()
+            .map_err(|err| what(&err))?;
+        let audio = tensors.tensor("audio").map_err(|err| what(&err))?;
+        if audio.dtype() != Dtype::F32 || audio.shape() != [available * samples_per_frame] {
+            return Err(what(&format!(
+                "audio of dtype {:?} and shape {:?}, not F32 [{}]",
+                audio.dtype(),
+                audio.shape(),
+                available * samples_per_frame
+            )));
+        }
+        // The decoder is causal: N frames decode to the first N frames' samples of the whole.
+        let audio: Vec<f32> = audio
+            .data()
+            .chunks_exact(4)
+            .take(frames * samples_per_frame)
+            .map(|bytes| f32::from_le_bytes(bytes.try_into().unwrap()))
+            .collect();
+        if audio.iter().all(|&sample| sample == 0.0) {
+            return Err(what(&"the expected audio is silence: nothing to compare with"));
+        }
+        Ok(Self {
+            codes,
+            audio,
+            tolerance,
+        })
+    }
+
+    fn code_bytes(&self) -> Vec<u8> {
+        self.codes.iter().flat_map(|code| code.to_le_bytes()).collect()
+    }
+
+    /// The relative L2 error of a stream's audio, or why it is not the expected audio.
+    fn error(&self, audio: &[f32]) -> Result<f64, String> {
+        if audio.len() != self.audio.len() {
+            return Err(format!(
+                "{} samples of audio, upstream's decode has {}",
+                audio.len(),
+                self.audio.len()
+            ));
+        }
+        let error = relative_l2(audio, &self.audio);
+        if error > self.tolerance {
+            return Err(format!(
+                "relative L2 error {error:.3e} against upstream's float64 decode, above {:.3e} (5x upstream \
+                 float32's)",
+                self.tolerance
+            ));
+        }
+        Ok(error)
+    }
 }
 
 impl Soak {
@@ -262,16 +402,15 @@ fn samples(buffer: &gst::BufferRef) -> Vec<f32> {
         .collect()
 }
 
-fn relative_l2(actual: &[f32], expected: &[f32]) -> Option<f64> {
-    if actual.len() != expected.len() {
-        return None;
-    }
+/// ||actual - expected|| / ||expected||, in float64, of audio of the same length; `expected`
+/// is never silence (checked where it comes from).
+fn relative_l2(actual: &[f32], expected: &[f32]) -> f64 {
     let (mut diff, mut norm) = (0.0f64, 0.0f64);
     for (&a, &e) in actual.iter().zip(expected) {
         diff += (a as f64 - e as f64).powi(2);
         norm += (e as f64).powi(2);
     }
-    Some((diff / norm.max(f64::MIN_POSITIVE)).sqrt())
+    (diff / norm).sqrt()
 }
 
 /// This process's resident memory.
@@ -285,18 +424,39 @@ fn rss_mib() -> Result<f64, Box<dyn Error>> {
     Ok(kib / 1024.0)
 }
 
-/// This process's GPU memory as nvidia-smi reports it; None without a GPU or nvidia-smi.
-fn gpu_mib() -> Option<u64> {
+/// This process's GPU memory as nvidia-smi lists it, or why it cannot be read: then the soak
+/// fails, as a GPU memory check that cannot look would pass whatever happens.
+fn gpu_mib() -> Result<u64, String> {
+    let cannot = |why: String| format!("cannot check the GPU memory: {why}");
     let output = std::process::Command::new("nvidia-smi")
         .args([
             "--query-compute-apps=pid,used_memory",
             "--format=csv,noheader,nounits",
         ])
         .output()
-        .ok()?;
+        .map_err(|err| cannot(format!("nvidia-smi does not run: {err}")))?;
+    if !output.status.success() {
+        return Err(cannot(format!(
+            "nvidia-smi failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
     let pid = std::process::id().to_string();
-    String::from_utf8_lossy(&output.stdout).lines().find_map(|line| {
-        let (line_pid, mib) = line.split_once(',')?;
-        (line_pid.trim() == pid).then(|| mib.trim().parse().ok())?
-    })
+    let listed = String::from_utf8_lossy(&output.stdout);
+    let used = listed
+        .lines()
+        .find_map(|line| {
+            let (line_pid, mib) = line.split_once(',')?;
+            (line_pid.trim() == pid).then(|| mib.trim().to_owned())
+        })
+        .ok_or_else(|| {
+            cannot(format!(
+                "nvidia-smi lists no GPU memory for this process (pid {pid}; in a container with a PID \
+                 namespace of its own it shows the host's pids or none): it lists {:?}",
+                listed.trim()
+            ))
+        })?;
+    used.parse()
+        .map_err(|_| cannot(format!("nvidia-smi gives this process's GPU memory as {used:?}")))
 }

@@ -13,7 +13,10 @@ use gstqwencodec::model::{CheckpointFiles, DecoderConfig};
 /// the source tree.
 pub fn default_model() -> PathBuf {
     std::env::var_os("QWENCODEC_FIXTURES")
-        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"), PathBuf::from)
+        .map_or_else(
+            || Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"),
+            PathBuf::from,
+        )
         .join("release-tiny")
 }
 
@@ -76,6 +79,13 @@ pub struct Codes {
 impl Codes {
     /// Reads a raw codes file; the codebooks and frame rate come from the model's config.json.
     pub fn load(codes: &Path, model: &Path) -> Result<Self, String> {
+        let bytes = std::fs::read(codes).map_err(|err| format!("{}: {err}", codes.display()))?;
+        Self::from_bytes(bytes, model).map_err(|err| format!("{}: {err}", codes.display()))
+    }
+
+    /// Raw codes (little-endian int16, frame-major) for the model in `model`; a partial frame at
+    /// the end is dropped.
+    pub fn from_bytes(mut bytes: Vec<u8>, model: &Path) -> Result<Self, String> {
         let config = CheckpointFiles::locate(model)
             .and_then(|files| DecoderConfig::from_file(&files.config))
             .map_err(|err| err.to_string())?;
@@ -86,10 +96,9 @@ impl Codes {
             .field("framerate", framerate)
             .build();
         let frame_bytes = 2 * config.num_quantizers;
-        let mut bytes = std::fs::read(codes).map_err(|err| format!("{}: {err}", codes.display()))?;
         bytes.truncate(bytes.len() / frame_bytes * frame_bytes);
         if bytes.is_empty() {
-            return Err(format!("{}: not one whole frame in it", codes.display()));
+            return Err("not one whole frame in it".into());
         }
         Ok(Self {
             caps,
