@@ -3,7 +3,10 @@
 # nor GStreamer: the CUDA test, benchmark and soak binaries built here (against the same torch,
 # each with the plugin inside), Debian's GStreamer/GLib libraries they load, and the wheels of
 # the upstream decoder's pinned Python packages. Output: gpu-bundle/ (git-ignored; carry it to
-# the GPU host).
+# the GPU host with the repository's scripts/, tools/ and tests/fixtures/). Nothing in it depends
+# on where this checkout is: the binaries take their fixtures and model folders from
+# QWENCODEC_FIXTURES and their command lines, and find libtorch through LD_LIBRARY_PATH before
+# their build-time runpath.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -20,8 +23,11 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
         print(m["executable"])' "$1"
 }
-cp "$(cargo test --release --test cuda --no-run --message-format=json 2>/dev/null | executable cuda)" "$out/bin/cuda-tests"
-cp "$(cargo bench --bench decode --no-run --message-format=json 2>/dev/null | executable decode)" "$out/bin/bench"
+# A failed build stops the script here (set -e, pipefail), with cargo's errors on stderr.
+cuda_tests="$(cargo test --release --test cuda --no-run --message-format=json | executable cuda)"
+bench="$(cargo bench --bench decode --no-run --message-format=json | executable decode)"
+cp "$cuda_tests" "$out/bin/cuda-tests"
+cp "$bench" "$out/bin/bench"
 cargo build --release --example soak
 cp target/release/examples/soak "$out/bin/soak"
 # The binaries register the plugin themselves; a copy in plugins/ would be found by the registry
