@@ -36,18 +36,38 @@ fn decode_in_calls(decoder: &mut StreamDecoder, codes: &[i16], calls: &[usize]) 
     audio
 }
 
+/// Every chunk size 1-8 with every tail it can leave (0 to chunk - 1 frames), both strategies.
+/// The fixtures' lengths are multiples of 4, so the tails come from prefixes, each long enough
+/// for the attention window to have filled and moved on by a full step before the tail.
 #[test]
-fn every_chunk_size_and_tail_strategy_matches_upstream() {
+fn every_chunk_size_tail_and_strategy_matches_upstream() {
     for name in FIXTURES {
         let fixture = load_fixture(name);
         let model = load_model(&fixture);
         assert_eq!(model.samples_per_frame(), fixture.samples_per_frame);
         assert_eq!(model.sample_rate(), fixture.sample_rate);
-        for chunk_frames in 1..=4 {
-            for tail in [TailStrategy::Eager, TailStrategy::Pad] {
-                let mut decoder = StreamDecoder::new(model.clone(), chunk_frames, tail).unwrap();
-                let audio = decode_in_calls(&mut decoder, &fixture.codes, &[fixture.frames]);
-                fixture.assert_matches(&audio, &format!("chunk {chunk_frames}, {tail:?} tail"));
+        let window = model.config().sliding_window;
+        for chunk_frames in 1..=8 {
+            for frames in fixture.tail_lengths(chunk_frames, window + chunk_frames) {
+                for tail in [TailStrategy::Eager, TailStrategy::Pad] {
+                    let mut decoder = StreamDecoder::new(model.clone(), chunk_frames, tail).unwrap();
+                    let audio = decode_in_calls(&mut decoder, fixture.prefix_codes(frames), &[frames]);
+                    let tail_frames = frames % chunk_frames;
+                    let tail_steps = match tail {
+                        TailStrategy::Eager => tail_frames,
+                        TailStrategy::Pad => usize::from(tail_frames > 0),
+                    };
+                    assert_eq!(
+                        decoder.steps() as usize,
+                        frames / chunk_frames + tail_steps,
+                        "{name}: chunk {chunk_frames}, {frames} frames, {tail:?} tail: decode steps"
+                    );
+                    fixture.assert_prefix_matches(
+                        &audio,
+                        frames,
+                        &format!("chunk {chunk_frames}, tail of {tail_frames}, {tail:?}"),
+                    );
+                }
             }
         }
     }
@@ -88,6 +108,7 @@ fn reset_gives_a_fresh_stream() {
     let fixture = load_fixture("gqa-bias");
     let mut decoder = StreamDecoder::new(load_model(&fixture), 3, TailStrategy::Eager).unwrap();
     let first = decode_in_calls(&mut decoder, &fixture.codes, &[fixture.frames]);
+    fixture.assert_matches(&first, "before a reset");
     decoder.reset().unwrap();
     assert_eq!(decoder.frames_in(), 0);
     let second = decode_in_calls(&mut decoder, &fixture.codes, &[fixture.frames]);
@@ -112,6 +133,7 @@ fn interleaved_streams_on_shared_weights_are_independent() {
         decode_in_calls(&mut decoder, codes, &[fixture.frames])
     };
     let (alone_a, alone_b) = (alone(&fixture.codes), alone(&other_codes));
+    fixture.assert_matches(&alone_a, "alone");
 
     let mut a = StreamDecoder::new(model.clone(), 2, TailStrategy::Eager).unwrap();
     let mut b = StreamDecoder::new(model.clone(), 2, TailStrategy::Eager).unwrap();

@@ -211,16 +211,38 @@ impl Fixture {
     }
 
     pub fn assert_matches(&self, audio: &[f32], what: &str) {
+        self.assert_prefix_matches(audio, self.frames, what);
+    }
+
+    /// The codes of the first `frames` frames.
+    pub fn prefix_codes(&self, frames: usize) -> &[i16] {
+        &self.codes[..frames * self.codebooks]
+    }
+
+    /// Prefix lengths, one for each tail that steps of `chunk_frames` can leave (0 to
+    /// `chunk_frames - 1` frames), the shortest `start` frames long where the fixture is long
+    /// enough, else the fixture's last `chunk_frames` lengths.
+    pub fn tail_lengths(&self, chunk_frames: usize, start: usize) -> std::ops::Range<usize> {
+        let start = start.min(self.frames + 1 - chunk_frames);
+        start..start + chunk_frames
+    }
+
+    /// Asserts that `audio` is the decode of the first `frames` frames, at the fixture
+    /// tolerance. The network is causal, so that decode is the first `frames` frames' samples
+    /// of upstream's full decode.
+    pub fn assert_prefix_matches(&self, audio: &[f32], frames: usize, what: &str) {
+        let expected = &self.audio[..frames * self.samples_per_frame];
         assert_eq!(
             audio.len(),
-            self.audio.len(),
-            "{}: {what}: audio length",
+            expected.len(),
+            "{}: {what}: audio length of {frames} frames",
             self.name
         );
-        let error = relative_l2(audio, &self.audio);
+        let error = relative_l2(audio, expected);
         assert!(
             error <= self.tolerance(),
-            "{}: {what}: relative L2 error {error:.3e} above {:.3e} (5x upstream float32's {:.3e})",
+            "{}: {what}: {frames} frames: relative L2 error {error:.3e} above {:.3e} (5x upstream float32's \
+             {:.3e})",
             self.name,
             self.tolerance(),
             self.upstream_f32_error
