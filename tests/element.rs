@@ -6,9 +6,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::{
-    Fixture, code_bytes, codes_caps, decoder, fixture_dir, harness, init, load_fixture, messages, pull_all,
+    FIXTURES, code_bytes, codes_caps, decoder, fixture_dir, harness, init, load_fixture, messages, pull_all,
     random_buffers, samples,
 };
+use gst::glib;
 use gst::prelude::*;
 use gstqwencodec::model::{Dtype, Model};
 use rand::SeedableRng;
@@ -96,23 +97,102 @@ fn caps_that_do_not_fit_the_model_are_refused() {
     }
 }
 
+/// A value of one of the element's enum properties (`tail-strategy`, `dtype`) by its nick: their
+/// types are the plugin's own, so the harness cannot take them as strings.
+fn enum_value(property: &str, nick: &str) -> glib::Value {
+    init();
+    let element = gst::ElementFactory::make("qwencodecdec").build().unwrap();
+    let enum_type = element.find_property(property).unwrap().value_type();
+    glib::EnumClass::with_type(enum_type)
+        .unwrap()
+        .to_value_by_nick(nick)
+        .unwrap()
+}
+
+/// The `decode-steps` count of the element's `stats`.
+fn decode_steps(h: &gst_check::Harness) -> u64 {
+    h.element()
+        .unwrap()
+        .property::<gst::Structure>("stats")
+        .get("decode-steps")
+        .unwrap()
+}
+
+/// Every chunk size 1-8 with every tail it can leave (0 to chunk - 1 frames), both strategies,
+/// from prefixes of the fixtures (as in tests/model_parity.rs) cut into buffers at random. The
+/// step count tells that the strategy asked for ran: eager decodes the tail one frame a step,
+/// pad in one step.
 #[test]
 fn random_buffer_splits_match_upstream() {
     let mut rng = StdRng::seed_from_u64(3);
     for name in ["release-tiny", "gqa-bias"] {
         let fixture = load_fixture(name);
-        let bytes = code_bytes(&fixture.codes);
-        for chunk_frames in 1..=4u32 {
-            for tail in ["eager", "pad"] {
-                let mut h = harness(&fixture, &[("chunk-frames", &chunk_frames)]);
-                h.element().unwrap().set_property_from_str("tail-strategy", tail);
-                for piece in random_buffers(&bytes, 2 * fixture.codebooks, &mut rng) {
-                    h.push(piece).unwrap();
+        let model = Model::shared(&fixture.dir, tch::Device::Cpu, Dtype::F32).unwrap();
+        let window = model.config().sliding_window;
+        for chunk_frames in 1..=8u32 {
+            let chunk = chunk_frames as usize;
+            for frames in fixture.tail_lengths(chunk, window + chunk) {
+                let bytes = code_bytes(fixture.prefix_codes(frames));
+                for tail in ["eager", "pad"] {
+                    let tail_strategy = enum_value("tail-strategy", tail);
+                    let mut h = harness(
+                        &fixture,
+                        &[("chunk-frames", &chunk_frames), ("tail-strategy", &tail_strategy)],
+                    );
+                    for piece in random_buffers(&bytes, 2 * fixture.codebooks, &mut rng) {
+                        h.push(piece).unwrap();
+                    }
+                    h.push_event(gst::event::Eos::new());
+                    let audio = audio_of(&pull_all(&mut h));
+                    let tail_frames = frames % chunk;
+                    let what = format!("element, chunk-frames {chunk_frames}, tail of {tail_frames}, {tail}");
+                    let tail_steps = if tail == "eager" {
+                        tail_frames
+                    } else {
+                        usize::from(tail_frames > 0)
+                    };
+                    assert_eq!(
+                        decode_steps(&h),
+                        (frames / chunk + tail_steps) as u64,
+                        "{name}: {what}: decode steps"
+                    );
+                    fixture.assert_prefix_matches(&audio, frames, &what);
                 }
-                h.push_event(gst::event::Eos::new());
-                let audio = audio_of(&pull_all(&mut h));
-                fixture.assert_matches(&audio, &format!("element, chunk-frames {chunk_frames}, {tail}"));
             }
+        }
+    }
+}
+
+/// Half-precision compute through the element, at the README's bounds: float16 within 2e-2
+/// (relative L2) of the float64 decode and no worse than upstream's own float16 forward,
+/// bfloat16 no worse than upstream's own bfloat16 forward, on every fixture.
+#[test]
+fn bf16_and_f16_decode_within_their_bounds() {
+    for name in FIXTURES {
+        let fixture = load_fixture(name);
+        let bytes = code_bytes(&fixture.codes);
+        for (dtype, bound) in [
+            ("f16", fixture.upstream_f16_error.min(2e-2)),
+            ("bf16", fixture.upstream_bf16_error),
+        ] {
+            let dtype_value = enum_value("dtype", dtype);
+            let mut h = harness(&fixture, &[("chunk-frames", &3u32), ("dtype", &dtype_value)]);
+            let mut rng = StdRng::seed_from_u64(5);
+            for piece in random_buffers(&bytes, 2 * fixture.codebooks, &mut rng) {
+                h.push(piece).unwrap();
+            }
+            h.push_event(gst::event::Eos::new());
+            let audio = audio_of(&pull_all(&mut h));
+            assert_eq!(
+                audio.len(),
+                fixture.audio.len(),
+                "{name} in {dtype}: audio length"
+            );
+            let error = common::relative_l2(&audio, &fixture.audio);
+            assert!(
+                error <= bound,
+                "{name} in {dtype}: relative L2 error {error:.3e} above {bound:.3e}"
+            );
         }
     }
 }
@@ -190,31 +270,14 @@ fn untimestamped_input_starts_at_the_segment() {
 #[test]
 fn eos_decodes_the_frames_waiting_for_a_full_step() {
     let fixture = load_fixture("gqa-bias");
-    let spf = fixture.samples_per_frame;
     let mut h = harness(&fixture, &[("chunk-frames", &4u32)]);
-    h.push(buffer(
-        &code_bytes(&fixture.codes[..10 * fixture.codebooks]),
-        None,
-    ))
-    .unwrap();
+    h.push(buffer(&code_bytes(fixture.prefix_codes(10)), None))
+        .unwrap();
     // The buffer's audio goes out whole, so nothing of it before its last frame is decoded.
     assert_eq!(audio_of(&pull_all(&mut h)).len(), 0);
     h.push_event(gst::event::Eos::new());
     let audio = audio_of(&pull_all(&mut h));
-    assert_eq!(audio.len(), 10 * spf);
-    let error = common::relative_l2(&audio, &decode_alone(&fixture, 10));
-    assert!(error < 1e-5, "{error}");
-}
-
-/// The first `frames` frames of the fixture through the core, on a fresh stream.
-fn decode_alone(fixture: &Fixture, frames: usize) -> Vec<f32> {
-    let model = Model::shared(&fixture.dir, tch::Device::Cpu, Dtype::F32).unwrap();
-    let mut decoder = gstqwencodec::model::StreamDecoder::new(model, 1, Default::default()).unwrap();
-    let mut audio = decoder
-        .push(&fixture.codes[..frames * fixture.codebooks])
-        .unwrap();
-    audio.extend(decoder.finish().unwrap());
-    audio
+    fixture.assert_prefix_matches(&audio, 10, "two full steps and a tail of 2 at EOS");
 }
 
 #[test]
@@ -253,8 +316,7 @@ fn invalid_codes_are_an_error_naming_them_after_the_good_audio() {
     );
     // The five good frames before the bad one are decoded and pushed, not lost.
     let audio = audio_of(&pull_all(&mut h));
-    let error = common::relative_l2(&audio, &decode_alone(&fixture, 5));
-    assert!(error < 1e-5, "{error}");
+    fixture.assert_prefix_matches(&audio, 5, "the frames before the bad one");
     let errors = messages(&bus, gst::MessageType::Error).join("\n");
     for part in ["frame 5", "codebook 3", "code 999", "0..64"] {
         assert!(errors.contains(part), "{errors:?} lacks {part:?}");
