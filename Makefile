@@ -8,12 +8,13 @@ export PATH := $(VENV)/bin:$(PATH)
 
 PLUGIN := target/release/libgstqwencodec.so
 
-.PHONY: setup setup-reference build demo test lint soak fixtures bench gpu-bundle
+.PHONY: setup setup-reference build demo test lint soak fixtures released-fixture bench gpu-bundle
 
 setup:
 	@bash tools/setup.sh
 
-# The upstream Python decoder, only for regenerating fixtures and benchmarking.
+# The upstream Python decoder, for the fixtures (the released-geometry one included) and the
+# benchmark.
 setup-reference: setup
 	@bash tools/setup-reference.sh
 
@@ -32,7 +33,7 @@ lint: setup
 # CI (.ci/run) runs this. GLib warnings and criticals abort the tests (G_DEBUG). The tests run
 # several decoding processes at once: short OpenMP spinning keeps them from starving each
 # other (see "Threads" in the README).
-test: build lint
+test: build lint released-fixture
 	bash tools/check-inspect.sh
 	bash tools/fuzz-short.sh
 	G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} cargo test --release
@@ -45,6 +46,12 @@ soak: build
 
 fixtures: setup-reference
 	$(VENV)/bin/python tools/make_fixtures.py --out tests/fixtures
+
+# The released geometry at full widths with random weights and upstream's float64 decode, for
+# tests/released_geometry.rs: too large to commit, made once per machine in
+# $(QWENCODEC_CACHE)/fixtures/.
+released-fixture: setup-reference
+	@bash tools/released-fixture.sh
 
 # The benchmark (not a test): upstream Python decoder and ours on the released geometry with
 # random weights, side by side; writes bench/results/<date>-<device>-<dtype>.{md,json}.
