@@ -54,17 +54,21 @@ released-fixture: setup-reference
 	@bash tools/released-fixture.sh
 
 # The benchmark (not a test): upstream Python decoder and ours on the released geometry with
-# random weights, side by side; writes bench/results/<date>-<device>-<dtype>.{md,json}.
+# random weights, side by side, each decode timed BENCH_REPEATS times after a warm-up; writes
+# bench/results/<date>-<cpu>-<device>-<dtype>.{md,json} and the README's table of every result.
+# BENCH_ARGS: more options of benches/decode.rs (--chunks, --streams, --dtype, --steady-frames).
 BENCH_MODEL := bench/cache/full-release
 BENCH_FRAMES ?= 100
+BENCH_REPEATS ?= 5
 bench: build setup-reference
 	@test -f $(BENCH_MODEL)/model.safetensors || \
 	  $(VENV)/bin/python tools/make_fixtures.py --preset full-release --frames $(BENCH_FRAMES) \
 	    --no-expected --out bench/cache
 	$(VENV)/bin/python tools/bench_upstream.py $(BENCH_MODEL) --out bench/cache/upstream.json \
-	  --reference bench/cache/reference.f32
+	  --reference bench/cache/reference.f32 --repeats $(BENCH_REPEATS)
 	cargo bench --bench decode -- --model $(BENCH_MODEL) --upstream bench/cache/upstream.json \
-	  --reference bench/cache/reference.f32 --out bench/results $(BENCH_ARGS)
+	  --reference bench/cache/reference.f32 --out bench/results --repeats $(BENCH_REPEATS) $(BENCH_ARGS)
+	$(VENV)/bin/python tools/bench_summary.py bench/results --readme README.md
 
 # What scripts/gpu-check.sh needs on a GPU host without Rust or GStreamer (see that script).
 gpu-bundle: build setup-reference

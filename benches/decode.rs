@@ -3,6 +3,24 @@
 //!
 //! cargo bench --bench decode -- --model DIR --upstream upstream.json --reference reference.f32
 //!     [--out bench/results] [--chunks 1,2,4,8] [--streams 1,2,4,8] [--device cpu] [--dtype f32]
+//!     [--repeats 5] [--steady-model DIR] [--steady-frames 20000]
+//!
+//! Both sides are measured alike: every decode runs once as a warm-up, then `--repeats` times,
+//! and each row gives the best and the median of those runs (tools/bench_upstream.py does the
+//! same for upstream's rows). "First audio" is, for every row, the time from the first frame
+//! handed over to its audio when frames arrive at the talker's pace: the wait for the frames of
+//! a full step (chunk-frames - 1 frame periods) plus the time from handing over the frame that
+//! fills the step to its audio coming out (of `push` for the core, of the pipeline's appsink
+//! for the element).
+//!
+//! The cost of a frame late in a long stream is measured on one stream of `--steady-frames`
+//! frames at chunk-frames 1: the step times of its first and last 1,000 steps. By default that
+//! stream decodes the bundled release-tiny checkpoint (the released geometry at tiny widths),
+//! not the released widths of `--model`: there a step costs tens of milliseconds on a few cores,
+//! and 20,000 of them would take longer than the rest of the benchmark together, while at tiny
+//! widths the per-step work outside the network's arithmetic (state bookkeeping, tables, copies),
+//! which is what could grow with the stream, is most of a step and shows most. `--steady-model
+//! DIR` runs it on another checkpoint (the released widths included), `--steady-frames 0` skips it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,6 +31,9 @@ use gst::prelude::*;
 use gstqwencodec::model::{Dtype, Model, StreamDecoder, TailStrategy, parse_device};
 use serde_json::{Value, json};
 
+/// Steps at each end of the long stream whose times are compared.
+const STEADY_WINDOW_STEPS: usize = 1000;
+
 struct Args {
     model: PathBuf,
     upstream: PathBuf,
@@ -22,6 +43,9 @@ struct Args {
     streams: Vec<usize>,
     device: String,
     dtype: Dtype,
+    repeats: usize,
+    steady_model: PathBuf,
+    steady_frames: usize,
 }
 
 fn parse_args() -> Args {
@@ -46,7 +70,16 @@ fn parse_args() -> Args {
             .map(|n| n.parse().unwrap())
             .collect()
     };
+    let number = |name: &str, default: usize| values.get(name).map_or(default, |n| n.parse().unwrap());
     let path = |name: &str| PathBuf::from(values.get(name).unwrap_or_else(|| panic!("--{name} is required")));
+    // The committed fixtures, where the test binaries find them (QWENCODEC_FIXTURES for a bundle
+    // unpacked on another host).
+    let fixtures = std::env::var_os("QWENCODEC_FIXTURES").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"),
+        PathBuf::from,
+    );
+    let repeats = number("repeats", 5);
+    assert!(repeats > 0, "--repeats must be at least 1");
     Args {
         model: path("model"),
         upstream: path("upstream"),
@@ -58,11 +91,16 @@ fn parse_args() -> Args {
         streams: list("streams", "1,2,4,8"),
         device: values.get("device").cloned().unwrap_or_else(|| "cpu".into()),
         dtype: values.get("dtype").map_or(Dtype::F32, |d| d.parse().unwrap()),
+        repeats,
+        steady_model: values
+            .get("steady-model")
+            .map_or_else(|| fixtures.join("release-tiny"), PathBuf::from),
+        steady_frames: number("steady-frames", 20_000),
     }
 }
 
 fn read_codes(path: &Path) -> Vec<i16> {
-    let bytes = std::fs::read(path).unwrap();
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     bytes
         .chunks_exact(2)
         .map(|b| i16::from_le_bytes([b[0], b[1]]))
@@ -70,7 +108,7 @@ fn read_codes(path: &Path) -> Vec<i16> {
 }
 
 fn read_f32(path: &Path) -> Vec<f32> {
-    let bytes = std::fs::read(path).unwrap();
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     bytes
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
@@ -87,75 +125,110 @@ fn relative_l2(actual: &[f32], expected: &[f32]) -> f64 {
     (diff / norm).sqrt()
 }
 
-fn percentile(sorted_ms: &[f64], p: f64) -> f64 {
-    let index = ((sorted_ms.len() - 1) as f64 * p).round() as usize;
-    sorted_ms[index]
+fn sorted(values: &[f64]) -> Vec<f64> {
+    let mut values = values.to_vec();
+    values.sort_by(f64::total_cmp);
+    values
 }
 
-/// One method's row of the table.
-fn row(
-    name: &str,
+fn percentile(values: &[f64], p: f64) -> f64 {
+    let sorted = sorted(values);
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len() as f64
+}
+
+/// The statistic of every row: the best and the median of the timed runs.
+fn best_and_median(values: &[f64]) -> Value {
+    json!({"best": sorted(values)[0], "median": percentile(values, 0.5)})
+}
+
+/// One timed run of a streaming decode.
+struct Run {
     seconds_per_audio_second: f64,
-    mut step_ms: Vec<f64>,
     first_audio_ms: f64,
     error: f64,
-) -> Value {
-    step_ms.sort_by(f64::total_cmp);
+}
+
+/// A row of the table from its timed runs; `steps` is what its step columns show.
+fn row(method: &str, threads: Value, runs: &[Run], steps: Value) -> Value {
+    let column = |f: fn(&Run) -> f64| best_and_median(&runs.iter().map(f).collect::<Vec<_>>());
     json!({
-        "method": name,
-        "seconds_per_audio_second": seconds_per_audio_second,
-        "step_ms_p50": percentile(&step_ms, 0.5),
-        "step_ms_p99": percentile(&step_ms, 0.99),
-        "first_audio_ms": first_audio_ms,
-        "relative_l2": error,
+        "method": method,
+        "threads": threads,
+        "runs": runs.len(),
+        "seconds_per_audio_second": column(|r| r.seconds_per_audio_second),
+        "first_audio_ms": column(|r| r.first_audio_ms),
+        "step_ms": steps,
+        // Every run decodes the same codes: the worst of them.
+        "relative_l2": runs.iter().map(|r| r.error).fold(0.0, f64::max),
     })
 }
 
-/// Frames arrive one at a time, as from a talker; every push that completes a step is timed.
-/// With `cuda_graph`, full steps replay a graph captured before the first frame.
+/// Frames handed over one at a time, as from a talker; every push that completes a step is
+/// timed. With `cuda_graph`, full steps replay a graph captured before the first frame.
 fn bench_core(
     model: &Arc<Model>,
     codes: &[i16],
     chunk_frames: usize,
     cuda_graph: bool,
     reference: &[f32],
-    frame_period: f64,
+    repeats: usize,
 ) -> Value {
     let codebooks = model.config().num_quantizers;
+    let frame_period_ms = frame_period(model) * 1e3;
     let mut decoder = StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
     if cuda_graph {
         decoder.capture_cuda_graph().unwrap();
     }
-    decoder.push(&codes[..chunk_frames * codebooks]).unwrap(); // warm-up
-    decoder.reset().unwrap();
-
-    let mut audio = Vec::with_capacity(reference.len());
+    let mut runs = Vec::new();
     let mut step_ms = Vec::new();
-    let started = Instant::now();
-    for frame in codes.chunks(codebooks) {
-        let pushed = Instant::now();
-        let out = decoder.push(frame).unwrap();
-        if !out.is_empty() {
-            step_ms.push(pushed.elapsed().as_secs_f64() * 1e3);
+    // Run 0 is the warm-up.
+    for run in 0..=repeats {
+        decoder.reset().unwrap();
+        let mut audio = Vec::with_capacity(reference.len());
+        let mut run_steps = Vec::new();
+        let started = Instant::now();
+        for frame in codes.chunks(codebooks) {
+            let handed_over = Instant::now();
+            let out = decoder.push(frame).unwrap();
+            if !out.is_empty() {
+                run_steps.push(handed_over.elapsed().as_secs_f64() * 1e3);
+            }
+            audio.extend(out);
         }
-        audio.extend(out);
+        audio.extend(decoder.finish().unwrap());
+        let total = started.elapsed().as_secs_f64();
+        if run == 0 {
+            continue;
+        }
+        runs.push(Run {
+            seconds_per_audio_second: total / (audio.len() as f64 / model.sample_rate() as f64),
+            first_audio_ms: (chunk_frames - 1) as f64 * frame_period_ms + run_steps[0],
+            error: relative_l2(&audio, reference),
+        });
+        step_ms.extend(run_steps);
     }
-    audio.extend(decoder.finish().unwrap());
-    let total = started.elapsed().as_secs_f64();
-    let audio_seconds = audio.len() as f64 / model.sample_rate() as f64;
-    let first_audio_ms = (chunk_frames - 1) as f64 * frame_period * 1e3 + step_ms[0];
     let graph = if cuda_graph { " + CUDA graph" } else { "" };
     row(
         &format!("qwencodec core{graph}, chunk-frames {chunk_frames}"),
-        total / audio_seconds,
-        step_ms,
-        first_audio_ms,
-        relative_l2(&audio, reference),
+        json!(tch::get_num_threads()),
+        &runs,
+        json!({"p50": percentile(&step_ms, 0.5), "p99": percentile(&step_ms, 0.99)}),
     )
 }
 
-/// The element in a pipeline, fed one frame per buffer as fast as it takes them.
-fn bench_element(args: &Args, model: &Model, codes: &[i16], chunk_frames: usize, reference: &[f32]) -> Value {
+/// One run of the element in a fresh pipeline, fed one frame per buffer as fast as it takes
+/// them: the run, and the element's own mean and longest step (its `stats`).
+fn element_run(
+    args: &Args,
+    model: &Model,
+    codes: &[i16],
+    chunk_frames: usize,
+    reference: &[f32],
+) -> (Run, f64, f64, bool) {
     let config = model.config();
     let (num, den) = config.frame_rate();
     let caps = gst::Caps::builder("audio/x-qwen3-tts-codes")
@@ -179,23 +252,29 @@ fn bench_element(args: &Args, model: &Model, codes: &[i16], chunk_frames: usize,
         .add_many([src.upcast_ref(), &decoder, sink.upcast_ref()])
         .unwrap();
     gst::Element::link_many([src.upcast_ref(), &decoder, sink.upcast_ref()]).unwrap();
+    // The element loads (the model is already loaded and shared) and warms up in here.
     pipeline.set_state(gst::State::Playing).unwrap();
 
     let started = Instant::now();
-    let mut first_audio = None;
     let feeder = {
         let (src, codes, codebooks) = (src.clone(), codes.to_vec(), config.num_quantizers);
         std::thread::spawn(move || {
-            for frame in codes.chunks(codebooks) {
+            let mut step_filled = None;
+            for (index, frame) in codes.chunks(codebooks).enumerate() {
                 let bytes: Vec<u8> = frame.iter().flat_map(|c| c.to_le_bytes()).collect();
+                if index + 1 == chunk_frames {
+                    step_filled = Some(Instant::now());
+                }
                 src.push_buffer(gst::Buffer::from_slice(bytes)).unwrap();
             }
             src.end_of_stream().unwrap();
+            step_filled.expect("the codes fill at least one step")
         })
     };
+    let mut first_audio = None;
     let mut audio = Vec::with_capacity(reference.len());
     while let Ok(sample) = sink.pull_sample() {
-        first_audio.get_or_insert_with(|| started.elapsed());
+        first_audio.get_or_insert_with(Instant::now);
         let map = sample.buffer().unwrap().map_readable().unwrap();
         audio.extend(
             map.chunks_exact(4)
@@ -203,28 +282,72 @@ fn bench_element(args: &Args, model: &Model, codes: &[i16], chunk_frames: usize,
         );
     }
     let total = started.elapsed().as_secs_f64();
-    feeder.join().unwrap();
+    let step_filled = feeder.join().unwrap();
     let stats = decoder.property::<gst::Structure>("stats");
     pipeline.set_state(gst::State::Null).unwrap();
 
-    let audio_seconds = audio.len() as f64 / model.sample_rate() as f64;
-    let mean = stats.get::<f64>("mean-step-ms").unwrap();
-    let max = stats.get::<f64>("max-step-ms").unwrap();
-    let graph = if stats.get::<bool>("cuda-graph").unwrap() {
-        " + CUDA graph"
-    } else {
-        ""
+    let to_first_audio = first_audio.expect("audio came out").duration_since(step_filled);
+    let run = Run {
+        seconds_per_audio_second: total / (audio.len() as f64 / model.sample_rate() as f64),
+        first_audio_ms: (chunk_frames - 1) as f64 * frame_period(model) * 1e3
+            + to_first_audio.as_secs_f64() * 1e3,
+        error: relative_l2(&audio, reference),
     };
+    (
+        run,
+        stats.get::<f64>("mean-step-ms").unwrap(),
+        stats.get::<f64>("max-step-ms").unwrap(),
+        stats.get::<bool>("cuda-graph").unwrap(),
+    )
+}
+
+/// The element in a pipeline: a fresh pipeline per run. Its step columns are the element's
+/// own figures, the median of the runs' mean step and the longest step of all runs.
+fn bench_element(args: &Args, model: &Model, codes: &[i16], chunk_frames: usize, reference: &[f32]) -> Value {
+    let mut runs = Vec::new();
+    let (mut means, mut max_step_ms, mut cuda_graph) = (Vec::new(), 0.0f64, false);
+    for run in 0..=args.repeats {
+        let (timed, mean_step_ms, run_max_ms, graph) =
+            element_run(args, model, codes, chunk_frames, reference);
+        if run > 0 {
+            runs.push(timed);
+            means.push(mean_step_ms);
+            max_step_ms = max_step_ms.max(run_max_ms);
+            cuda_graph = graph;
+        }
+    }
+    let graph = if cuda_graph { " + CUDA graph" } else { "" };
+    row(
+        &format!("qwencodecdec in a pipeline{graph}, chunk-frames {chunk_frames}"),
+        json!(tch::get_num_threads()),
+        &runs,
+        json!({"mean": percentile(&means, 0.5), "max": max_step_ms}),
+    )
+}
+
+/// Upstream's rows, timed by tools/bench_upstream.py alike.
+fn upstream_row(upstream: &Value, key: &str, method: &str) -> Value {
+    let u = &upstream[key];
+    let steps: Vec<f64> = u["step_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
     json!({
-        "method": format!("qwencodecdec in a pipeline{graph}, chunk-frames {chunk_frames}"),
-        "seconds_per_audio_second": total / audio_seconds,
-        "step_ms_p50": Value::Null,
-        "step_ms_mean": mean,
-        "step_ms_max": max,
-        // Frames were pushed at once, so this is compute and pipeline overhead only.
-        "first_audio_ms": first_audio.unwrap_or_default().as_secs_f64() * 1e3,
-        "relative_l2": relative_l2(&audio, reference),
+        "method": method,
+        "threads": upstream["threads"],
+        "runs": upstream["repeats"],
+        "seconds_per_audio_second": u["seconds_per_audio_second"],
+        "first_audio_ms": u["first_audio_ms"],
+        "step_ms": {"p50": percentile(&steps, 0.5), "p99": percentile(&steps, 0.99)},
+        "relative_l2": u["relative_l2"],
     })
+}
+
+fn frame_period(model: &Model) -> f64 {
+    let (num, den) = model.config().frame_rate();
+    den as f64 / num as f64
 }
 
 fn rss_bytes() -> u64 {
@@ -270,17 +393,91 @@ fn throughput(model: &Arc<Model>, codes: &[i16], streams: usize, chunk_frames: u
     samples as f64 / model.sample_rate() as f64 / started.elapsed().as_secs_f64()
 }
 
-fn machine() -> Value {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu = cpuinfo
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("model name")
-                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
+/// One stream of `frames` frames at chunk-frames 1 (the checkpoint's codes over and over): the
+/// step times of its first and its last [`STEADY_WINDOW_STEPS`] steps.
+fn steady_cost(args: &Args, frames: usize) -> Value {
+    let device = parse_device(&args.device).unwrap();
+    let model = Model::shared(&args.steady_model, device, args.dtype).unwrap();
+    let codebooks = model.config().num_quantizers;
+    let codes = read_codes(&args.steady_model.join("codes.raw"));
+    let mut decoder = StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap();
+    if device.is_cuda() {
+        // As the element decodes there by default.
+        decoder.capture_cuda_graph().unwrap();
+    }
+    decoder.push(&codes[..codebooks]).unwrap(); // warm-up
+    decoder.reset().unwrap();
+    let step_ms: Vec<f64> = codes
+        .chunks(codebooks)
+        .cycle()
+        .take(frames)
+        .map(|frame| {
+            let handed_over = Instant::now();
+            let audio = decoder.push(frame).unwrap();
+            assert_eq!(audio.len(), model.samples_per_frame());
+            handed_over.elapsed().as_secs_f64() * 1e3
         })
-        .unwrap_or_else(|| "unknown".into());
+        .collect();
+    let window = STEADY_WINDOW_STEPS.min(frames / 2);
+    let summary = |steps: &[f64]| json!({"p50": percentile(steps, 0.5), "mean": mean(steps), "p99": percentile(steps, 0.99)});
+    let (first, last) = (&step_ms[..window], &step_ms[frames - window..]);
+    let config = model.config();
+    let name = args.steady_model.file_name().unwrap().to_string_lossy();
+    json!({
+        "model": name,
+        "geometry": format!(
+            "{name}: {} layers, sliding window {}, hidden size {}, decoder width {}, {} samples per frame",
+            config.num_hidden_layers,
+            config.sliding_window,
+            config.hidden_size,
+            config.decoder_dim,
+            model.samples_per_frame()
+        ),
+        "frames": frames,
+        "steps_compared": window,
+        "first": summary(first),
+        "last": summary(last),
+        "last_over_first_p50": percentile(last, 0.5) / percentile(first, 0.5),
+        "last_over_first_mean": mean(last) / mean(first),
+    })
+}
+
+/// The CPU's model name and whether it has AVX-512 (libtorch's fastest kernels need it).
+fn cpu() -> (String, bool) {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        cpuinfo.lines().find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            (key.trim() == name).then(|| value.trim().to_owned())
+        })
+    };
+    let model = field("model name").unwrap_or_else(|| "unknown CPU".into());
+    let avx512 = field("flags").is_some_and(|flags| flags.split_whitespace().any(|f| f == "avx512f"));
+    (model, avx512)
+}
+
+/// The CPU for a file name: `Intel(R) Xeon(R) Platinum 8480+` with AVX-512 becomes
+/// `intel-xeon-platinum-8480-avx512`.
+fn cpu_slug(model: &str, avx512: bool) -> String {
+    let model = model.split(" @ ").next().unwrap().to_lowercase();
+    let mut words: Vec<String> = model
+        .replace("(r)", " ")
+        .replace("(tm)", " ")
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|word| !word.is_empty() && *word != "cpu" && *word != "processor")
+        .map(str::to_owned)
+        .collect();
+    if avx512 {
+        words.push("avx512".into());
+    }
+    words.join("-")
+}
+
+fn machine() -> Value {
+    let (cpu, avx512) = cpu();
     json!({
         "cpu": cpu,
+        "avx512": avx512,
         "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "torch_threads": tch::get_num_threads(),
         "cuda": tch::Cuda::is_available(),
@@ -297,38 +494,55 @@ fn markdown(report: &Value) -> String {
     let mut md = String::new();
     let m = &report["machine"];
     md += &format!(
-        "# qwencodec benchmark, {}\n\nMachine: {}, {} cores, {} torch threads; device {}, dtype {}; {} frames \
-         ({:.2} s of audio) of the released geometry with random weights.\n\n",
+        "# qwencodec benchmark, {}\n\nCPU: {} ({}), {} cores; device {}, dtype {}; {} frames ({:.2} s of audio) \
+         of the released geometry with random weights.\n\n",
         report["date"].as_str().unwrap(),
         m["cpu"].as_str().unwrap(),
+        if m["avx512"].as_bool().unwrap() {
+            "AVX-512"
+        } else {
+            "no AVX-512"
+        },
         m["cores"],
-        m["torch_threads"],
         report["device"].as_str().unwrap(),
         report["dtype"].as_str().unwrap(),
         report["frames"],
         report["audio_seconds"].as_f64().unwrap(),
     );
-    md += "| method | s per audio s | vs upstream full | step p50 ms | step p99 ms | first audio ms | rel. L2 vs float64 |\n";
-    md += "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n";
-    let full = report["rows"][0]["seconds_per_audio_second"].as_f64().unwrap();
+    md += &format!(
+        "Every decode ran once as a warm-up, then {} times: best and median of those runs. Threads: the \
+         torch threads of each side. First audio: from the first frame handed over, frames coming at the \
+         talker's pace, to its audio, the wait for a full step included. Step ms: over every step of the \
+         timed runs (for the element, its own stats: the median run's mean step and the longest step).\n\n",
+        report["repeats"]
+    );
+    md += "| method | threads | s per audio s, best | median | vs upstream full | step ms p50 | p99 | first audio ms, best | median | rel. L2 vs float64 |\n";
+    md += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+    let full = report["rows"][0]["seconds_per_audio_second"]["best"]
+        .as_f64()
+        .unwrap();
     for r in report["rows"].as_array().unwrap() {
-        let ratio = r["seconds_per_audio_second"].as_f64().unwrap() / full;
-        let (p50, p99) = if r["step_ms_p50"].is_null() {
+        let speed = &r["seconds_per_audio_second"];
+        let steps = &r["step_ms"];
+        let (step_a, step_b) = if steps["p50"].is_null() {
             (
-                format!("mean {}", fmt(&r["step_ms_mean"], 1)),
-                format!("max {}", fmt(&r["step_ms_max"], 1)),
+                format!("mean {}", fmt(&steps["mean"], 1)),
+                format!("max {}", fmt(&steps["max"], 1)),
             )
         } else {
-            (fmt(&r["step_ms_p50"], 1), fmt(&r["step_ms_p99"], 1))
+            (fmt(&steps["p50"], 1), fmt(&steps["p99"], 1))
         };
         md += &format!(
-            "| {} | {} | {:.2}x | {} | {} | {} | {:.2e} |\n",
+            "| {} | {} | {} | {} | {:.2}x | {} | {} | {} | {} | {:.2e} |\n",
             r["method"].as_str().unwrap(),
-            fmt(&r["seconds_per_audio_second"], 3),
-            ratio,
-            p50,
-            p99,
-            fmt(&r["first_audio_ms"], 1),
+            r["threads"],
+            fmt(&speed["best"], 3),
+            fmt(&speed["median"], 3),
+            speed["best"].as_f64().unwrap() / full,
+            step_a,
+            step_b,
+            fmt(&r["first_audio_ms"]["best"], 1),
+            fmt(&r["first_audio_ms"]["median"], 1),
             r["relative_l2"].as_f64().unwrap(),
         );
     }
@@ -339,12 +553,38 @@ fn markdown(report: &Value) -> String {
         report["rss_streams_frames"],
         report["rss_per_100_streams"].as_f64().unwrap() / 1048576.0,
     );
-    md += "| concurrent streams (chunk-frames 4) | aggregate audio s per s |\n| ---: | ---: |\n";
+    md += "| concurrent streams (chunk-frames 4, one run) | aggregate audio s per s |\n| ---: | ---: |\n";
     for t in report["throughput"].as_array().unwrap() {
         md += &format!(
             "| {} | {} |\n",
             t["streams"],
             fmt(&t["audio_seconds_per_second"], 2)
+        );
+    }
+    let steady = &report["steady"];
+    if !steady.is_null() {
+        md += &format!(
+            "\nCost per frame late in a long stream: one stream of {} frames at chunk-frames 1 on {} (not the \
+             released widths: see benches/decode.rs), its first and last {} steps.\n\n",
+            steady["frames"],
+            steady["geometry"].as_str().unwrap(),
+            steady["steps_compared"],
+        );
+        md += "| steps | p50 ms | mean ms | p99 ms |\n| --- | ---: | ---: | ---: |\n";
+        for (label, key) in [("first", "first"), ("last", "last")] {
+            let s = &steady[key];
+            md += &format!(
+                "| {label} {} | {} | {} | {} |\n",
+                steady["steps_compared"],
+                fmt(&s["p50"], 3),
+                fmt(&s["mean"], 3),
+                fmt(&s["p99"], 3)
+            );
+        }
+        md += &format!(
+            "| last / first | {} | {} | |\n",
+            fmt(&steady["last_over_first_p50"], 3),
+            fmt(&steady["last_over_first_mean"], 3)
         );
     }
     md
@@ -361,33 +601,25 @@ fn main() {
     let upstream: Value = serde_json::from_str(&std::fs::read_to_string(&args.upstream).unwrap()).unwrap();
     let config = model.config();
     let frames = codes.len() / config.num_quantizers;
-    let (num, den) = config.frame_rate();
-    let frame_period = den as f64 / num as f64;
+    assert_eq!(
+        upstream["repeats"].as_u64(),
+        Some(args.repeats as u64),
+        "{} was timed with another --repeats: both sides are to be measured alike",
+        args.upstream.display()
+    );
 
     // First, while the allocator has no freed memory to hand out again, which would hide growth.
     let rss_frames = 8;
     let rss = rss_per_100_streams(&model, &codes, rss_frames);
 
-    let mut rows = Vec::new();
-    for (key, name) in [
-        ("full", "upstream PyTorch, full sequence"),
-        ("windowed", "upstream PyTorch, windowed (8 + 25 context)"),
-    ] {
-        let u = &upstream[key];
-        let steps: Vec<f64> = u["step_ms"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect();
-        rows.push(row(
-            name,
-            u["seconds_per_audio_second"].as_f64().unwrap(),
-            steps,
-            u["first_audio_ms"].as_f64().unwrap(),
-            u["relative_l2"].as_f64().unwrap(),
-        ));
-    }
+    let mut rows = vec![
+        upstream_row(&upstream, "full", "upstream PyTorch, full sequence"),
+        upstream_row(
+            &upstream,
+            "windowed",
+            "upstream PyTorch, windowed (8 + 25 context)",
+        ),
+    ];
     let graph_choices: &[bool] = if device.is_cuda() {
         &[false, true]
     } else {
@@ -395,14 +627,14 @@ fn main() {
     };
     for &chunk_frames in &args.chunks {
         for &cuda_graph in graph_choices {
-            let r = bench_core(&model, &codes, chunk_frames, cuda_graph, &reference, frame_period);
-            eprintln!("{}", r);
+            let r = bench_core(&model, &codes, chunk_frames, cuda_graph, &reference, args.repeats);
+            eprintln!("{r}");
             rows.push(r);
         }
     }
     for &chunk_frames in &args.chunks {
         let r = bench_element(&args, &model, &codes, chunk_frames, &reference);
-        eprintln!("{}", r);
+        eprintln!("{r}");
         rows.push(r);
     }
 
@@ -424,27 +656,41 @@ fn main() {
         })
         .collect();
 
+    let steady = if args.steady_frames > 0 {
+        let steady = steady_cost(&args, args.steady_frames);
+        eprintln!("{steady}");
+        steady
+    } else {
+        Value::Null
+    };
+
     let date = std::process::Command::new("date")
         .arg("+%Y-%m-%d")
         .output()
         .unwrap();
     let date = String::from_utf8_lossy(&date.stdout).trim().to_owned();
+    let machine = machine();
     let report = json!({
         "date": date,
-        "machine": machine(),
+        "machine": machine,
         "device": args.device,
         "dtype": args.dtype.to_string(),
         "frames": frames,
-        "audio_seconds": frames as f64 * frame_period,
-        "upstream_threads": upstream["threads"],
+        "audio_seconds": frames as f64 * frame_period(&model),
+        "repeats": args.repeats,
         "rows": rows,
         "state_bytes": state_bytes,
         "rss_per_100_streams": rss,
         "rss_streams_frames": rss_frames,
         "throughput": throughput,
+        "steady": steady,
     });
     std::fs::create_dir_all(&args.out).unwrap();
-    let stem = format!("{date}-{}-{}", args.device.replace(':', ""), args.dtype);
+    let cpu = cpu_slug(
+        machine["cpu"].as_str().unwrap(),
+        machine["avx512"].as_bool().unwrap(),
+    );
+    let stem = format!("{date}-{cpu}-{}-{}", args.device.replace(':', ""), args.dtype);
     std::fs::write(
         args.out.join(format!("{stem}.json")),
         serde_json::to_string_pretty(&report).unwrap(),
@@ -453,4 +699,8 @@ fn main() {
     let table = markdown(&report);
     std::fs::write(args.out.join(format!("{stem}.md")), &table).unwrap();
     println!("{table}");
+    eprintln!(
+        "written: {}",
+        args.out.join(format!("{stem}.{{md,json}}")).display()
+    );
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Time the upstream Python decoder on a checkpoint, for `make bench`.
 
-Runs, on the checkpoint's codes.raw, with the same torch thread count as the
-Rust side:
+Runs, on the checkpoint's codes.raw, with torch's default thread count (one
+per core, as libtorch on the Rust side), each decode once as a warm-up and
+then --repeats times, keeping the best and the median (the Rust side does the
+same):
 - the full-sequence forward `decoder(codes)` in float32 (what streaming must
   match in speed);
 - the windowed decode that stateless integrations use to stream: each block
@@ -17,6 +19,7 @@ Rust side:
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -48,17 +51,21 @@ def synchronize(device):
 
 
 def timed(function, repeats, device):
-    """Best wall-clock time of `repeats` runs (after one warm-up) and the
-    last result."""
-    result = function()
-    best = float("inf")
+    """Wall-clock times of `repeats` runs after one warm-up, and the results
+    of those runs."""
+    function()
+    times, results = [], []
     for _ in range(repeats):
         synchronize(device)
         start = time.perf_counter()
-        result = function()
+        results.append(function())
         synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return best, result
+        times.append(time.perf_counter() - start)
+    return times, results
+
+
+def best_and_median(values):
+    return {"best": min(values), "median": statistics.median(values)}
 
 
 def windowed_decode(decoder, codes, samples_per_frame, device):
@@ -80,12 +87,18 @@ def relative_l2(actual, expected):
     return float((actual.double() - expected).norm() / expected.norm())
 
 
+def worst_error(audios, reference):
+    """The largest error of the runs' outputs (they should all be equal)."""
+    return max(relative_l2(audio.cpu(), reference) for audio in audios)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--reference", type=Path, required=True)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed runs of each decode, after one warm-up")
     parser.add_argument("--device", default="cpu",
                         help="where the float32 decodes run (cpu, cuda)")
     args = parser.parse_args()
@@ -111,40 +124,53 @@ def main():
     device = torch.device(args.device)
     decoder.float().to(device)
     codes = codes.to(device)
-    full_time, full_audio = timed(
+    full_times, full_audios = timed(
         lambda: make_fixtures.upstream_forward(decoder, codes), args.repeats,
         device)
-    windowed_time, (windowed_audio, step_times) = timed(
-        lambda: windowed_decode(decoder, codes, spf, device), 1, device)
-    full_audio, windowed_audio = full_audio.cpu(), windowed_audio.cpu()
+    windowed_times, windowed_runs = timed(
+        lambda: windowed_decode(decoder, codes, spf, device), args.repeats,
+        device)
     frame_period = 1.0 / (rate / spf)
+    # First audio, as for every row of the benchmark: from the first frame
+    # handed over (frames arriving at the talker's pace, one per frame
+    # period) to its audio, the wait for the frames a step needs included.
+    # The full decode needs the whole utterance; the windowed one a block.
     result = {
         "threads": threads,
         "frames": frames,
         "audio_seconds": audio_seconds,
         "torch": torch.__version__,
         "device": args.device,
+        "repeats": args.repeats,
         "full": {
-            "seconds_per_audio_second": full_time / audio_seconds,
-            "step_ms": [full_time * 1e3],
-            # The whole utterance must have arrived before anything decodes.
-            "first_audio_ms": ((frames - 1) * frame_period + full_time) * 1e3,
-            "relative_l2": relative_l2(full_audio, reference),
+            "seconds_per_audio_second": best_and_median(
+                [t / audio_seconds for t in full_times]),
+            "step_ms": [t * 1e3 for t in full_times],
+            "first_audio_ms": best_and_median(
+                [((frames - 1) * frame_period + t) * 1e3
+                 for t in full_times]),
+            "relative_l2": worst_error(full_audios, reference),
         },
         "windowed": {
-            "seconds_per_audio_second": windowed_time / audio_seconds,
-            "step_ms": [t * 1e3 for t in step_times],
-            "first_audio_ms": ((WINDOW_BLOCK - 1) * frame_period
-                               + step_times[0]) * 1e3,
-            "relative_l2": relative_l2(windowed_audio, reference),
+            "seconds_per_audio_second": best_and_median(
+                [t / audio_seconds for t in windowed_times]),
+            "step_ms": [t * 1e3 for _, steps in windowed_runs
+                        for t in steps],
+            "first_audio_ms": best_and_median(
+                [((WINDOW_BLOCK - 1) * frame_period + steps[0]) * 1e3
+                 for _, steps in windowed_runs]),
+            "relative_l2": worst_error(
+                [audio for audio, _ in windowed_runs], reference),
         },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     for name in ("full", "windowed"):
         row = result[name]
-        print(f"upstream {name}: {row['seconds_per_audio_second']:.3f} s per "
-              f"audio s, error {row['relative_l2']:.2e}", flush=True)
+        speed = row["seconds_per_audio_second"]
+        print(f"upstream {name}: {speed['best']:.3f} s per audio s (best of "
+              f"{args.repeats}; median {speed['median']:.3f}), error "
+              f"{row['relative_l2']:.2e}", flush=True)
 
 
 if __name__ == "__main__":
