@@ -396,6 +396,10 @@ fn throughput(model: &Arc<Model>, codes: &[i16], streams: usize, chunk_frames: u
 /// One stream of `frames` frames at chunk-frames 1 (the checkpoint's codes over and over): the
 /// step times of its first and its last [`STEADY_WINDOW_STEPS`] steps.
 fn steady_cost(args: &Args, frames: usize) -> Value {
+    assert!(
+        frames >= 2,
+        "--steady-frames: at least 2 (a first and a last step), or 0 to skip"
+    );
     let device = parse_device(&args.device).unwrap();
     let model = Model::shared(&args.steady_model, device, args.dtype).unwrap();
     let codebooks = model.config().num_quantizers;
