@@ -137,7 +137,12 @@ fn random_buffer_splits_match_upstream() {
                     let tail_strategy = enum_value("tail-strategy", tail);
                     let mut h = harness(
                         &fixture,
-                        &[("chunk-frames", &chunk_frames), ("tail-strategy", &tail_strategy)],
+                        // Steps of chunk-frames only: frames that wait would join into larger ones.
+                        &[
+                            ("chunk-frames", &chunk_frames),
+                            ("tail-strategy", &tail_strategy),
+                            ("max-step-frames", &chunk_frames),
+                        ],
                     );
                     for piece in random_buffers(&bytes, 2 * fixture.codebooks, &mut rng) {
                         h.push(piece).unwrap();
@@ -431,10 +436,15 @@ fn stats_count_what_went_through() {
         stats.get::<u64>("samples-out").unwrap(),
         fixture.audio.len() as u64
     );
+    // One buffer of every frame: they wait together, so they run in steps of max-step-frames
+    // (8 by default, 120 = 15 x 8), each alone (no other stream on the model).
+    assert_eq!(h.element().unwrap().property::<u32>("max-step-frames"), 8);
     assert_eq!(
         stats.get::<u64>("decode-steps").unwrap(),
-        fixture.frames as u64 / 2
+        fixture.frames as u64 / 8
     );
+    assert_eq!(stats.get::<f64>("mean-batch-rows").unwrap(), 1.0);
+    assert_eq!(stats.get::<u64>("max-batch-rows").unwrap(), 1);
     assert!(stats.get::<f64>("mean-step-ms").unwrap() > 0.0);
     assert!(stats.get::<f64>("max-step-ms").unwrap() >= stats.get::<f64>("mean-step-ms").unwrap());
     assert!(stats.get::<f64>("real-time-factor").unwrap() > 0.0);

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use common::{Fixture, code_bytes, harness, load_fixture_in, pull_all, samples};
 use gst::prelude::*;
-use gstqwencodec::model::{Dtype, Model, StreamDecoder, TailStrategy};
+use gstqwencodec::model::{Dtype, Model, StepLimits, StreamDecoder, TailStrategy};
 
 /// The folder tools/released-fixture.sh makes under `$QWENCODEC_CACHE/fixtures`: 80 frames,
 /// more than the attention window of 72, so that the KV window fills and then slides.
@@ -40,7 +40,7 @@ fn released_fixture() -> Fixture {
 }
 
 /// The core at one frame per call and per step, and at three frames per step with the codes in
-/// one call (26 full steps, then a tail of two frames decoded eagerly).
+/// one call (joined into larger steps, then a tail of two frames decoded eagerly).
 #[test]
 fn core_matches_upstream_at_released_widths() {
     let fixture = released_fixture();
@@ -74,11 +74,18 @@ fn core_matches_upstream_at_released_widths() {
     assert_eq!(decoder.steps() as usize, fixture.frames);
     fixture.assert_matches(&audio, "core, chunk-frames 1, a frame per call");
 
+    // All frames in one call wait together, so they join into steps of up to 4 chunks: 26
+    // chunks are 6 steps of 12 frames and one of 6, then the 2-frame tail one frame a step.
     let mut decoder = StreamDecoder::new(model, 3, TailStrategy::Eager).unwrap();
+    decoder.set_limits(StepLimits {
+        max_step_frames: 12,
+        ..StepLimits::default()
+    });
     let mut audio = decoder.push(&fixture.codes).unwrap();
     audio.extend(decoder.finish().unwrap());
-    assert_eq!(decoder.steps() as usize, fixture.frames / 3 + fixture.frames % 3);
-    fixture.assert_matches(&audio, "core, chunk-frames 3, eager tail");
+    assert_eq!(fixture.frames, 80);
+    assert_eq!(decoder.steps(), 6 + 1 + 2);
+    fixture.assert_matches(&audio, "core, chunk-frames 3 joined up to 12, eager tail");
 }
 
 /// The element at four frames per step, fed five frames per buffer, so that steps straddle
@@ -86,7 +93,8 @@ fn core_matches_upstream_at_released_widths() {
 #[test]
 fn element_matches_upstream_at_released_widths() {
     let fixture = released_fixture();
-    let mut h = harness(&fixture, &[("chunk-frames", &4u32)]);
+    // Steps of chunk-frames only (frames that wait would join into larger ones).
+    let mut h = harness(&fixture, &[("chunk-frames", &4u32), ("max-step-frames", &4u32)]);
     for frames in fixture.codes.chunks(5 * fixture.codebooks) {
         h.push(gst::Buffer::from_slice(code_bytes(frames))).unwrap();
     }

@@ -102,10 +102,8 @@ fn sixty_four_elements_on_their_own_threads_are_exact_and_share_one_model() {
             let (fixture, started, counted) = (fixture.clone(), started.clone(), counted.clone());
             let model = dir.path().to_owned();
             std::thread::spawn(move || {
-                let branch = Branch::new(
-                    &[&decoder(&model, &[("chunk-frames", &(1 + index as u32 % 4))])],
-                    &fixture.caps(),
-                );
+                let element = decoder(&model, &[("chunk-frames", &(1 + index as u32 % 4))]);
+                let branch = Branch::new(&[&element], &fixture.caps());
                 branch.pipeline.set_state(gst::State::Playing).unwrap();
                 started.wait();
                 counted.wait();
@@ -113,6 +111,8 @@ fn sixty_four_elements_on_their_own_threads_are_exact_and_share_one_model() {
                 let bytes = code_bytes(&fixture.codes);
                 let audio = branch.decode(random_buffers(&bytes, 2 * fixture.codebooks, &mut rng));
                 fixture.assert_matches(&audio, &format!("element {index} of {ELEMENTS}"));
+                let stats = element.property::<gst::Structure>("stats");
+                stats.get::<u64>("max-batch-rows").unwrap()
             })
         })
         .collect();
@@ -127,9 +127,11 @@ fn sixty_four_elements_on_their_own_threads_are_exact_and_share_one_model() {
     let model = Arc::downgrade(&loaded);
     drop(loaded);
     counted.wait();
-    for thread in threads {
-        thread.join().unwrap();
-    }
+    let most_rows = threads.into_iter().map(|thread| thread.join().unwrap()).max();
+    assert!(
+        most_rows > Some(1),
+        "64 elements decoding at once never shared a step: {most_rows:?}"
+    );
     assert!(
         model.upgrade().is_none(),
         "the model is freed once the last element has stopped"

@@ -92,22 +92,15 @@ impl WeightFile {
         })
     }
 
-    pub fn device(&self) -> Device {
-        self.device
+    /// The decoder's tensors, named from the top (`decoder.` is implied).
+    pub fn root(&self) -> Weights<'_> {
+        Weights {
+            file: self,
+            prefix: String::new(),
+        }
     }
 
-    /// The compute kind that [`Self::get`] converts to.
-    pub fn kind(&self) -> Kind {
-        self.kind
-    }
-
-    /// Tensor `decoder.<name>` with the given shape, on the compute device and kind.
-    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
-        self.get_as(name, shape, self.kind)
-    }
-
-    /// Like [`Self::get`] but converted to `kind` (for tables kept at higher precision).
-    pub fn get_as(&self, name: &str, shape: &[usize], kind: Kind) -> Result<Tensor, ModelError> {
+    fn read(&self, name: &str, shape: &[usize], kind: Kind) -> Result<Tensor, ModelError> {
         let full_name = format!("{DECODER_PREFIX}{name}");
         let info = self
             .metadata
@@ -138,5 +131,47 @@ impl WeightFile {
         let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
         let tensor = Tensor::f_from_data_size(bytes, &dims, stored)?;
         Ok(tensor.f_to_device(self.device)?.f_to_kind(kind)?)
+    }
+}
+
+/// The tensors of one layer: names relative to its prefix, as upstream's module tree nests them
+/// (`weights.at("pre_transformer").at("layers").at(3)` reads `pre_transformer.layers.3.*`).
+#[derive(Clone)]
+pub struct Weights<'a> {
+    file: &'a WeightFile,
+    prefix: String,
+}
+
+impl<'a> Weights<'a> {
+    /// The sub-layer `name` (a field name or an index).
+    pub fn at(&self, name: impl std::fmt::Display) -> Weights<'a> {
+        let prefix = if self.prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}.{name}", self.prefix)
+        };
+        Weights {
+            file: self.file,
+            prefix,
+        }
+    }
+
+    /// This layer's tensor `name` with the given shape, on the compute device and kind.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
+        self.get_as(name, shape, self.file.kind)
+    }
+
+    /// Like [`Self::get`] but converted to `kind` (for tables kept at higher precision).
+    pub fn get_as(&self, name: &str, shape: &[usize], kind: Kind) -> Result<Tensor, ModelError> {
+        self.file.read(&self.at(name).prefix, shape, kind)
+    }
+
+    pub fn device(&self) -> Device {
+        self.file.device
+    }
+
+    /// The compute kind that [`Self::get`] converts to.
+    pub fn kind(&self) -> Kind {
+        self.file.kind
     }
 }

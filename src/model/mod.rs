@@ -4,6 +4,7 @@
 mod checkpoint;
 mod config;
 mod cuda_graph;
+mod engine;
 mod executor;
 mod network;
 mod stream;
@@ -19,9 +20,10 @@ use tch::{Device, Kind};
 pub use checkpoint::CheckpointFiles;
 pub use config::DecoderConfig;
 pub use cuda_graph::GraphError;
-pub use stream::{StreamDecoder, TailStrategy};
+pub use stream::{StepLimits, StreamDecoder, TailStrategy};
 
 use checkpoint::WeightFile;
+use engine::Engine;
 use network::Network;
 
 /// Problems loading a checkpoint.
@@ -145,9 +147,10 @@ pub fn parse_device(name: &str) -> Result<Device, ModelError> {
 }
 
 /// A loaded decoder: its geometry and weights on one device, in one dtype. Shared by every
-/// stream that decodes with it (wrap it in an `Arc`).
+/// stream that decodes with it (wrap it in an `Arc`), whose steps its engine batches.
 pub struct Model {
     network: Network,
+    engine: Engine,
     dtype: Dtype,
 }
 
@@ -160,6 +163,7 @@ impl Model {
             let weights = WeightFile::open(&files.weights, device, dtype.kind())?;
             Ok(Self {
                 network: Network::load(&weights, &config)?,
+                engine: Engine::new(),
                 dtype,
             })
         })
@@ -207,5 +211,9 @@ impl Model {
 
     fn network(&self) -> &Network {
         &self.network
+    }
+
+    fn engine(&self) -> &Engine {
+        &self.engine
     }
 }

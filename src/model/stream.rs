@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use tch::{Kind, Tensor};
 
 use super::cuda_graph::{CudaGraph, GraphError};
-use super::network::{StepTables, StreamState};
+use super::engine::Step;
+use super::network::{State, StepTables};
 use super::{DecodeError, Model, executor};
 
 /// How [`StreamDecoder::finish`] decodes frames that do not fill a whole step.
@@ -33,16 +34,38 @@ impl FromStr for TailStrategy {
     }
 }
 
+/// How a stream's steps may be grouped: with other streams' (batching) and with its own
+/// waiting frames (larger steps under a backlog).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepLimits {
+    /// The largest batch of streams this stream's steps may join; 1 runs them alone.
+    pub max_batch: usize,
+    /// The largest step, in frames, that frames waiting for the decoder are joined into (at
+    /// least `chunk_frames`): when more than one step's frames wait, they run as one step of
+    /// `chunk_frames` times a power of two, up to this.
+    pub max_step_frames: usize,
+}
+
+impl Default for StepLimits {
+    fn default() -> Self {
+        Self {
+            max_batch: 16,
+            max_step_frames: 8,
+        }
+    }
+}
+
 /// Decodes one stream of frames incrementally. Its output, concatenated over calls, equals the
 /// full-sequence decode of all frames pushed, whatever the split into calls. Frames wait until
-/// `chunk_frames` of them make a step; [`Self::finish`] decodes the rest.
+/// `chunk_frames` of them make a step; [`Self::finish`] decodes the rest. Steps go through the
+/// model's engine, which batches them with the steps of the model's other streams.
 pub struct StreamDecoder {
     model: Arc<Model>,
     chunk_frames: usize,
     tail: TailStrategy,
-    state: StreamState,
-    /// The tables of a full step, made once.
-    tables: StepTables,
+    limits: StepLimits,
+    /// None only while a step has it, or if a step panicked with it.
+    state: Option<State>,
     /// Full steps as a CUDA graph, where one was captured.
     graph: Option<StepGraph>,
     /// Codes of the frames waiting for a full step, frame-major.
@@ -51,6 +74,8 @@ pub struct StreamDecoder {
     steps: u64,
     step_time_total: Duration,
     step_time_max: Duration,
+    batch_rows_total: u64,
+    batch_rows_max: usize,
     finished: bool,
     broken: bool,
 }
@@ -61,24 +86,37 @@ impl StreamDecoder {
     pub fn new(model: Arc<Model>, chunk_frames: usize, tail: TailStrategy) -> Result<Self, DecodeError> {
         assert!(chunk_frames > 0, "chunk_frames must be positive");
         let network = model.network();
-        let (state, tables) = executor::run(model.device(), || {
-            Ok::<_, tch::TchError>((network.new_state()?, network.step_tables(chunk_frames)?))
-        })?;
+        let state = executor::run(model.device(), || network.new_state(1))?;
         Ok(Self {
             model,
             chunk_frames,
             tail,
-            state,
-            tables,
+            limits: StepLimits::default(),
+            state: Some(state),
             graph: None,
             pending: Vec::new(),
             frames_in: 0,
             steps: 0,
             step_time_total: Duration::ZERO,
             step_time_max: Duration::ZERO,
+            batch_rows_total: 0,
+            batch_rows_max: 0,
             finished: false,
             broken: false,
         })
+    }
+
+    /// Sets how this stream's steps may be grouped (see [`StepLimits`]; values below 1, or a
+    /// step limit below `chunk_frames`, count as the least).
+    pub fn set_limits(&mut self, limits: StepLimits) {
+        self.limits = StepLimits {
+            max_batch: limits.max_batch.max(1),
+            max_step_frames: limits.max_step_frames.max(self.chunk_frames),
+        };
+    }
+
+    pub fn limits(&self) -> StepLimits {
+        self.limits
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -109,10 +147,19 @@ impl StreamDecoder {
         (self.step_time_total, self.step_time_max)
     }
 
+    /// The batches this stream's steps ran in since it started: (mean rows, most rows).
+    pub fn batch_rows(&self) -> (f64, usize) {
+        let mean = match self.steps {
+            0 => 0.0,
+            steps => self.batch_rows_total as f64 / steps as f64,
+        };
+        (mean, self.batch_rows_max)
+    }
+
     /// Bytes this stream holds besides the shared weights: convolution contexts, KV window
     /// and waiting codes.
     pub fn state_bytes(&self) -> usize {
-        self.state.bytes() + self.pending.len() * std::mem::size_of::<i64>()
+        self.state.as_ref().map_or(0, State::bytes) + self.pending.len() * std::mem::size_of::<i64>()
     }
 
     fn codebooks(&self) -> usize {
@@ -143,14 +190,28 @@ impl StreamDecoder {
         self.pending.extend(codes.iter().map(|&c| i64::from(c)));
         self.frames_in += (codes.len() / codebooks) as u64;
 
-        let step_codes = self.chunk_frames * codebooks;
-        let full_steps = self.pending.len() / step_codes;
-        let ready: Vec<i64> = self.pending.drain(..full_steps * step_codes).collect();
-        let mut audio = Vec::with_capacity(full_steps * self.chunk_frames * self.model.samples_per_frame());
-        for block in ready.chunks(step_codes) {
-            audio.extend(self.run_step(block)?);
+        let chunk_codes = self.chunk_frames * codebooks;
+        let mut chunks = self.pending.len() / chunk_codes;
+        let mut audio = Vec::with_capacity(chunks * self.chunk_frames * self.model.samples_per_frame());
+        let mut taken = 0;
+        while chunks > 0 {
+            let step_chunks = self.step_chunks(chunks);
+            let end = taken + step_chunks * chunk_codes;
+            let codes = self.pending[taken..end].to_vec();
+            audio.extend(self.run_step(codes)?);
+            taken = end;
+            chunks -= step_chunks;
         }
+        self.pending.drain(..taken);
         Ok(audio)
+    }
+
+    /// How many of `waiting` full chunks the next step takes: the largest power of two that
+    /// the step limit allows (powers of two keep the step sizes few, so that streams with a
+    /// backlog still find each other's steps to batch with).
+    fn step_chunks(&self, waiting: usize) -> usize {
+        let most = (self.limits.max_step_frames / self.chunk_frames).clamp(1, waiting);
+        1 << most.ilog2()
     }
 
     /// Decodes the frames still waiting (the residual tail) and ends the stream. Returns
@@ -167,13 +228,13 @@ impl StreamDecoder {
             match self.tail {
                 TailStrategy::Eager => {
                     for frame in pending.chunks(self.codebooks()) {
-                        audio.extend(self.run_step(frame)?);
+                        audio.extend(self.run_step(frame.to_vec())?);
                     }
                 }
                 TailStrategy::Pad => {
                     let mut block = pending;
                     block.resize(self.chunk_frames * self.codebooks(), 0);
-                    audio = self.run_step(&block)?;
+                    audio = self.run_step(block)?;
                     audio.truncate(tail_frames * self.model.samples_per_frame());
                 }
             }
@@ -185,12 +246,18 @@ impl StreamDecoder {
     /// Starts a new stream: the next frame decodes as on a fresh decoder.
     pub fn reset(&mut self) -> Result<(), DecodeError> {
         // In place, as a captured graph refers to the state's memory.
-        executor::run(self.model.device(), || self.state.clear())?;
+        let network = self.model.network();
+        match &mut self.state {
+            Some(state) => executor::run(self.model.device(), || state.clear())?,
+            None => self.state = Some(executor::run(self.model.device(), || network.new_state(1))?),
+        }
         self.pending.clear();
         self.frames_in = 0;
         self.steps = 0;
         self.step_time_total = Duration::ZERO;
         self.step_time_max = Duration::ZERO;
+        self.batch_rows_total = 0;
+        self.batch_rows_max = 0;
         self.finished = false;
         self.broken = false;
         Ok(())
@@ -208,39 +275,37 @@ impl StreamDecoder {
 
     /// One network step over `codes` (whole frames). A failing step may leave the state half
     /// updated, so the stream refuses further work until it is reset.
-    fn run_step(&mut self, codes: &[i64]) -> Result<Vec<f32>, DecodeError> {
+    fn run_step(&mut self, codes: Vec<i64>) -> Result<Vec<f32>, DecodeError> {
         let started = Instant::now();
-        let result = executor::run(self.model.device(), || self.try_step(codes));
+        let frames = codes.len() / self.codebooks();
+        let (result, rows) = match &mut self.graph {
+            Some(graph) if frames == self.chunk_frames => {
+                let codebooks = self.model.config().num_quantizers;
+                let result = executor::run(self.model.device(), || graph.replay(&codes, frames, codebooks));
+                (result, 1)
+            }
+            _ => {
+                let Some(state) = self.state.take() else {
+                    return Err(DecodeError::Broken);
+                };
+                let step = Step {
+                    codes,
+                    frames,
+                    max_rows: self.limits.max_batch,
+                };
+                let done = self.model.engine().run(self.model.network(), step, state);
+                self.state = Some(done.state);
+                (done.audio.map_err(DecodeError::from), done.rows)
+            }
+        };
         let elapsed = started.elapsed();
         self.broken = result.is_err();
         self.steps += 1;
         self.step_time_total += elapsed;
         self.step_time_max = self.step_time_max.max(elapsed);
+        self.batch_rows_total += rows as u64;
+        self.batch_rows_max = self.batch_rows_max.max(rows);
         result
-    }
-
-    fn try_step(&mut self, codes: &[i64]) -> Result<Vec<f32>, DecodeError> {
-        let network = self.model.network();
-        let frames = codes.len() / self.codebooks();
-        let codes = Tensor::f_from_slice(codes)?.f_view([frames as i64, self.codebooks() as i64])?;
-        let audio = match &mut self.graph {
-            Some(graph) if frames == self.chunk_frames => {
-                graph.codes.f_copy_(&codes)?;
-                graph.graph.replay()?;
-                graph.audio.shallow_clone()
-            }
-            _ => {
-                let codes = codes.f_to_device(network.device())?;
-                if frames == self.chunk_frames {
-                    network.step(&codes, &mut self.state, &self.tables)?
-                } else {
-                    // Tail steps: rare, their tables made on the spot.
-                    network.step(&codes, &mut self.state, &network.step_tables(frames)?)?
-                }
-            }
-        };
-        let audio = audio.f_to_kind(Kind::Float)?.f_to_device(tch::Device::Cpu)?;
-        Ok(Vec::<f32>::try_from(&audio)?)
     }
 
     /// Records full steps as a CUDA graph, replayed from then on: one launch per step instead
@@ -263,22 +328,31 @@ impl StreamDecoder {
     fn record_step_graph(&mut self, device_index: usize) -> Result<StepGraph, GraphError> {
         let network = self.model.network();
         let codes = Tensor::f_zeros(
-            [self.chunk_frames as i64, self.codebooks() as i64],
+            [1, self.chunk_frames as i64, self.codebooks() as i64],
             (Kind::Int64, network.device()),
         )?;
-        let tables = &self.tables;
+        let tables = network.step_tables(self.chunk_frames)?;
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| GraphError::Cuda("the stream has no state".into()))?;
         let (graph, audio) = CudaGraph::capture(
             device_index,
-            &mut self.state,
+            state,
             |state| {
                 for _ in 0..2 {
-                    _ = network.step(&codes, state, tables)?;
+                    _ = network.step(&codes, state, &tables)?;
                 }
                 state.clear()
             },
-            |state| network.step(&codes, state, tables),
+            |state| network.step(&codes, state, &tables),
         )?;
-        Ok(StepGraph { graph, codes, audio })
+        Ok(StepGraph {
+            graph,
+            codes,
+            audio,
+            _tables: tables,
+        })
     }
 
     /// Whether full steps replay a CUDA graph.
@@ -288,9 +362,25 @@ impl StreamDecoder {
 }
 
 /// A full step captured as a CUDA graph, with the tensors it reads its codes from and writes
-/// its audio to (on the device, the same memory at every replay).
+/// its audio to (on the device, the same memory at every replay), and the tables it reads.
 struct StepGraph {
     graph: CudaGraph,
     codes: Tensor,
     audio: Tensor,
+    _tables: StepTables,
+}
+
+impl StepGraph {
+    /// On the compute thread: a full step's codes in, the graph replayed, its audio out.
+    fn replay(&mut self, codes: &[i64], frames: usize, codebooks: usize) -> Result<Vec<f32>, DecodeError> {
+        let codes = Tensor::f_from_slice(codes)?.f_view([1, frames as i64, codebooks as i64])?;
+        self.codes.f_copy_(&codes)?;
+        self.graph.replay()?;
+        let audio = self
+            .audio
+            .f_to_kind(Kind::Float)?
+            .f_to_device(tch::Device::Cpu)?
+            .f_flatten(0, -1)?;
+        Ok(Vec::<f32>::try_from(&audio)?)
+    }
 }

@@ -27,11 +27,12 @@ use gst::subclass::prelude::*;
 use gst_audio::prelude::*;
 use gst_audio::subclass::prelude::*;
 
-use crate::model::{self, DecodeError, Model, ModelError, StreamDecoder};
+use crate::model::{self, DecodeError, Model, ModelError, StepLimits, StreamDecoder};
 
 /// Read when `model-path` is unset, so that decodebin and playbin can plug the decoder.
 const MODEL_PATH_ENV: &str = "QWENCODEC_MODEL_PATH";
 const MAX_CHUNK_FRAMES: u32 = 4096;
+const MAX_BATCH: u32 = 1024;
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(
@@ -49,6 +50,8 @@ struct Settings {
     chunk_frames: u32,
     tail_strategy: super::TailStrategy,
     cuda_graphs: bool,
+    max_batch: u32,
+    max_step_frames: u32,
 }
 
 impl Default for Settings {
@@ -60,6 +63,8 @@ impl Default for Settings {
             chunk_frames: 1,
             tail_strategy: super::TailStrategy::default(),
             cuda_graphs: true,
+            max_batch: StepLimits::default().max_batch as u32,
+            max_step_frames: StepLimits::default().max_step_frames as u32,
         }
     }
 }
@@ -76,6 +81,8 @@ struct Stats {
     state_bytes: u64,
     sample_rate: u32,
     cuda_graph: bool,
+    mean_batch_rows: f64,
+    max_batch_rows: u64,
 }
 
 impl Stats {
@@ -100,6 +107,8 @@ impl Stats {
             .field("real-time-factor", real_time_factor)
             .field("state-bytes", self.state_bytes)
             .field("cuda-graph", self.cuda_graph)
+            .field("mean-batch-rows", self.mean_batch_rows)
+            .field("max-batch-rows", self.max_batch_rows)
             .build()
     }
 }
@@ -129,6 +138,8 @@ struct State {
     /// Decoder counters already added to the stats (the decoder's restart with each stream).
     counted_steps: u64,
     counted_step_time: Duration,
+    /// Rows of the batches of the steps counted before this stream began.
+    counted_batch_rows: f64,
 }
 
 impl State {
@@ -218,6 +229,7 @@ impl State {
         self.partial_frame.clear();
         self.frames_per_input.clear();
         self.audio.clear();
+        self.counted_batch_rows = stats.mean_batch_rows * stats.steps as f64;
         self.counted_steps = 0;
         self.counted_step_time = Duration::ZERO;
         Ok(())
@@ -230,6 +242,12 @@ impl State {
         stats.step_time += step_time - self.counted_step_time;
         stats.max_step_time = stats.max_step_time.max(max_step_time);
         stats.state_bytes = self.decoder.state_bytes() as u64;
+        let (mean_rows, max_rows) = self.decoder.batch_rows();
+        if stats.steps > 0 {
+            stats.mean_batch_rows =
+                (self.counted_batch_rows + mean_rows * self.decoder.steps() as f64) / stats.steps as f64;
+        }
+        stats.max_batch_rows = stats.max_batch_rows.max(max_rows as u64);
         self.counted_steps = self.decoder.steps();
         self.counted_step_time = step_time;
     }
@@ -327,6 +345,28 @@ impl QwenCodecDec {
         let decoder_error = |err: DecodeError| gst::error_msg!(gst::LibraryError::Init, ("{}", err));
         let mut decoder =
             StreamDecoder::new(model.clone(), settings.chunk_frames as usize, tail).map_err(decoder_error)?;
+        decoder.set_limits(StepLimits {
+            max_batch: settings.max_batch as usize,
+            max_step_frames: settings.max_step_frames as usize,
+        });
+        let limits = decoder.limits();
+        if limits.max_batch > 1 {
+            gst::info!(
+                CAT,
+                imp = self,
+                "Batching on: steps join those of other streams of the model, up to {} rows; \
+                 waiting frames join into steps of up to {} frames",
+                limits.max_batch,
+                limits.max_step_frames
+            );
+        } else {
+            gst::info!(
+                CAT,
+                imp = self,
+                "Batching off (max-batch 1); waiting frames join into steps of up to {} frames",
+                limits.max_step_frames
+            );
+        }
         if model.device().is_cuda() && settings.cuda_graphs {
             // Eager steps give the same audio, only slower: a failed capture is not fatal.
             if let Err(err) = decoder.capture_cuda_graph() {
@@ -405,6 +445,7 @@ impl QwenCodecDec {
             refused_caps: None,
             counted_steps: 0,
             counted_step_time: Duration::ZERO,
+            counted_batch_rows: 0.0,
         })
     }
 
@@ -545,12 +586,36 @@ impl ObjectImpl for QwenCodecDec {
                     )
                     .default_value(Settings::default().cuda_graphs)
                     .build(),
+                glib::ParamSpecUInt::builder("max-batch")
+                    .nick("Max batch")
+                    .blurb(
+                        "The most streams whose steps this element's steps may be computed with: the \
+                         elements of a process that decode with the same model (path, device, dtype) have \
+                         the steps that wait at the same moment computed together, and a batch holds at \
+                         most the smallest max-batch of its streams; 1 computes this element's steps alone",
+                    )
+                    .minimum(1)
+                    .maximum(MAX_BATCH)
+                    .default_value(Settings::default().max_batch)
+                    .build(),
+                glib::ParamSpecUInt::builder("max-step-frames")
+                    .nick("Max step frames")
+                    .blurb(
+                        "When more than one step's frames wait (a buffer of many frames, or a backlog), \
+                         they are decoded in steps of chunk-frames times a power of two, up to this many \
+                         frames (at least chunk-frames): fewer, cheaper steps, the same audio",
+                    )
+                    .minimum(1)
+                    .maximum(MAX_CHUNK_FRAMES)
+                    .default_value(Settings::default().max_step_frames)
+                    .build(),
                 glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
                     .nick("Statistics")
                     .blurb(
                         "Since start: frames-in, samples-out, decode-steps, mean-step-ms, max-step-ms, \
                          real-time-factor (decode time / audio time), state-bytes of the stream, \
-                         cuda-graph (whether full steps replay a CUDA graph)",
+                         cuda-graph (whether full steps replay a CUDA graph), mean-batch-rows and \
+                         max-batch-rows (the streams computed together in this element's steps)",
                     )
                     .read_only()
                     .build(),
@@ -573,6 +638,8 @@ impl ObjectImpl for QwenCodecDec {
             "chunk-frames" => settings.chunk_frames = value.get().unwrap(),
             "tail-strategy" => settings.tail_strategy = value.get().unwrap(),
             "cuda-graphs" => settings.cuda_graphs = value.get().unwrap(),
+            "max-batch" => settings.max_batch = value.get().unwrap(),
+            "max-step-frames" => settings.max_step_frames = value.get().unwrap(),
             _ => unreachable!(),
         }
         if self.state.try_lock().map_or(true, |state| state.is_some()) {
@@ -594,6 +661,8 @@ impl ObjectImpl for QwenCodecDec {
             "chunk-frames" => settings.chunk_frames.to_value(),
             "tail-strategy" => settings.tail_strategy.to_value(),
             "cuda-graphs" => settings.cuda_graphs.to_value(),
+            "max-batch" => settings.max_batch.to_value(),
+            "max-step-frames" => settings.max_step_frames.to_value(),
             "stats" => self.stats().to_structure().to_value(),
             _ => unreachable!(),
         }

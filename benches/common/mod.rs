@@ -1,0 +1,128 @@
+//! What the benchmarks share: options, the machine they ran on, statistics.
+#![allow(dead_code)] // each benchmark uses a different part
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+/// `--name value` options; `cargo bench` adds a bare `--bench`, which is skipped.
+pub struct Options(BTreeMap<String, String>);
+
+impl Options {
+    pub fn from_env() -> Self {
+        let mut values = BTreeMap::new();
+        let mut args = std::env::args().skip(1);
+        while let Some(name) = args.next() {
+            if let Some(name) = name.strip_prefix("--") {
+                if name == "bench" {
+                    continue;
+                }
+                let value = args.next().unwrap_or_else(|| panic!("--{name} needs a value"));
+                values.insert(name.to_owned(), value);
+            }
+        }
+        Self(values)
+    }
+
+    pub fn get(&self, name: &str) -> Option<String> {
+        self.0.get(name).cloned()
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        PathBuf::from(self.get(name).unwrap_or_else(|| panic!("--{name} is required")))
+    }
+
+    /// A comma-separated list of counts.
+    pub fn list(&self, name: &str, default: &str) -> Vec<usize> {
+        self.0
+            .get(name)
+            .map_or(default, String::as_str)
+            .split(',')
+            .map(|n| n.parse().unwrap_or_else(|_| panic!("--{name}: cannot read {n:?}")))
+            .collect()
+    }
+
+    pub fn number<T: std::str::FromStr>(&self, name: &str, default: T) -> T {
+        self.0.get(name).map_or(default, |n| {
+            n.parse().unwrap_or_else(|_| panic!("--{name}: cannot read {n:?}"))
+        })
+    }
+}
+
+/// Codes as int16 from a raw file.
+pub fn read_codes(path: &Path) -> Vec<i16> {
+    std::fs::read(path)
+        .unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+        .chunks_exact(2)
+        .map(|b| i16::from_le_bytes([b[0], b[1]]))
+        .collect()
+}
+
+pub fn sorted(values: &[f64]) -> Vec<f64> {
+    let mut values = values.to_vec();
+    values.sort_by(f64::total_cmp);
+    values
+}
+
+pub fn percentile(values: &[f64], p: f64) -> f64 {
+    let sorted = sorted(values);
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+pub fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len() as f64
+}
+
+/// The CPU's model name and whether it has AVX-512 (libtorch's fastest kernels need it).
+fn cpu() -> (String, bool) {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        cpuinfo.lines().find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            (key.trim() == name).then(|| value.trim().to_owned())
+        })
+    };
+    let model = field("model name").unwrap_or_else(|| "unknown CPU".into());
+    let avx512 = field("flags").is_some_and(|flags| flags.split_whitespace().any(|f| f == "avx512f"));
+    (model, avx512)
+}
+
+/// The machine a benchmark ran on: CPU model, AVX-512, cores, torch's threads, CUDA.
+pub fn machine() -> Value {
+    let (cpu, avx512) = cpu();
+    json!({
+        "cpu": cpu,
+        "avx512": avx512,
+        "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "torch_threads": tch::get_num_threads(),
+        "cuda": tch::Cuda::is_available(),
+    })
+}
+
+/// The machine's CPU for a file name: `Intel(R) Xeon(R) Platinum 8480+` with AVX-512 becomes
+/// `intel-xeon-platinum-8480-avx512`.
+pub fn slug(machine: &Value) -> String {
+    let model = machine["cpu"].as_str().unwrap_or("unknown");
+    let model = model.split(" @ ").next().unwrap().to_lowercase();
+    let mut words: Vec<String> = model
+        .replace("(r)", " ")
+        .replace("(tm)", " ")
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|word| !word.is_empty() && *word != "cpu" && *word != "processor")
+        .map(str::to_owned)
+        .collect();
+    if machine["avx512"].as_bool() == Some(true) {
+        words.push("avx512".into());
+    }
+    words.join("-")
+}
+
+/// Today's date, YYYY-MM-DD, as `date` gives it.
+pub fn today() -> String {
+    let output = std::process::Command::new("date")
+        .arg("+%Y-%m-%d")
+        .output()
+        .expect("date");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}

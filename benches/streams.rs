@@ -1,0 +1,320 @@
+//! `make bench`, many streams on one model: batched steps against batching off, side by side in
+//! one run, written to `bench/results/` as markdown and JSON (not a test: it asserts nothing).
+//!
+//! cargo bench --bench streams -- --model DIR [--out bench/results] [--streams 1,2,4,8,16]
+//!     [--frames 40] [--live 1,2,3,4] [--live-seconds 10] [--device cpu] [--dtype f32]
+//!
+//! - **Throughput**: N streams of chunk-frames 1 whose frames are all there from the start, each
+//!   pushed a frame at a time as fast as the decoder takes them (one frame per step, so that
+//!   only batching across streams differs between the two modes): aggregate audio seconds per
+//!   second, the step time each stream sees, and the first audio of the last stream to get one.
+//! - **Live**: streams that each push 12.5 frames a second in real time, started 300 ms apart;
+//!   a stream's frames that fell due while it waited for a step go in together at its next push
+//!   (as they pile up in front of an element). Per frame: the time from when it fell due to its
+//!   audio. The largest N whose p95 stays under 400 ms is the number of live streams served.
+//!
+//! Batching off is today's behaviour without the engine: one frame per step, steps taking
+//! turns (`max_batch` 1, `max_step_frames` 1). Batched: the defaults.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use common::{machine, percentile, read_codes, slug};
+use gstqwencodec::model::{Dtype, Model, StepLimits, StreamDecoder, TailStrategy, parse_device};
+use serde_json::{Value, json};
+
+const LIVE_P95_LIMIT_MS: f64 = 400.0;
+const LIVE_START_SPACING: Duration = Duration::from_millis(300);
+
+struct Args {
+    model: PathBuf,
+    out: PathBuf,
+    streams: Vec<usize>,
+    frames: usize,
+    live: Vec<usize>,
+    live_seconds: f64,
+    device: String,
+    dtype: Dtype,
+}
+
+fn parse_args() -> Args {
+    let options = common::Options::from_env();
+    Args {
+        model: options.path("model"),
+        out: options.get("out").map_or_else(|| PathBuf::from("bench/results"), PathBuf::from),
+        streams: options.list("streams", "1,2,4,8,16"),
+        frames: options.number("frames", 40),
+        live: options.list("live", "1,2,3,4"),
+        live_seconds: options.number("live-seconds", 10.0),
+        device: options.get("device").unwrap_or_else(|| "cpu".into()),
+        dtype: options.get("dtype").map_or(Dtype::F32, |d| d.parse().unwrap()),
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Mode {
+    Batched,
+    Off,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Batched => "batched",
+            Mode::Off => "batching off",
+        }
+    }
+
+    fn limits(self) -> StepLimits {
+        match self {
+            Mode::Batched => StepLimits::default(),
+            Mode::Off => StepLimits {
+                max_batch: 1,
+                max_step_frames: 1,
+            },
+        }
+    }
+}
+
+fn new_decoder(model: &Arc<Model>, limits: StepLimits) -> StreamDecoder {
+    let mut decoder = StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap();
+    decoder.set_limits(limits);
+    decoder
+}
+
+/// N streams decoding `frames` frames each, one frame per step, all started together.
+fn throughput(model: &Arc<Model>, codes: &[i16], streams: usize, frames: usize, mode: Mode) -> Value {
+    let codebooks = model.config().num_quantizers;
+    let limits = StepLimits {
+        max_step_frames: 1,
+        ..mode.limits()
+    };
+    let barrier = Arc::new(Barrier::new(streams + 1));
+    let workers: Vec<_> = (0..streams)
+        .map(|index| {
+            let (model, barrier) = (model.clone(), barrier.clone());
+            // Each stream its own stretch of the codes.
+            let codes: Vec<i16> = codes
+                .chunks(codebooks)
+                .cycle()
+                .skip(index * 7)
+                .take(frames)
+                .flatten()
+                .copied()
+                .collect();
+            std::thread::spawn(move || {
+                let mut decoder = new_decoder(&model, limits);
+                barrier.wait();
+                let started = Instant::now();
+                let mut first_audio = None;
+                let mut step_ms = Vec::with_capacity(frames);
+                for frame in codes.chunks(codebooks) {
+                    let handed_over = Instant::now();
+                    let audio = decoder.push(frame).unwrap();
+                    step_ms.push(handed_over.elapsed().as_secs_f64() * 1e3);
+                    first_audio.get_or_insert_with(|| started.elapsed());
+                    assert_eq!(audio.len(), model.samples_per_frame());
+                }
+                (step_ms, first_audio.unwrap(), decoder.batch_rows())
+            })
+        })
+        .collect();
+    barrier.wait();
+    let started = Instant::now();
+    let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let elapsed = started.elapsed().as_secs_f64();
+    let audio_seconds = (streams * frames * model.samples_per_frame()) as f64 / model.sample_rate() as f64;
+    let step_ms: Vec<f64> = results.iter().flat_map(|(steps, _, _)| steps.iter().copied()).collect();
+    let last_first_audio = results.iter().map(|(_, first, _)| *first).max().unwrap();
+    let mean_rows = results.iter().map(|(_, _, (mean, _))| mean).sum::<f64>() / streams as f64;
+    json!({
+        "mode": mode.name(),
+        "streams": streams,
+        "audio_seconds_per_second": audio_seconds / elapsed,
+        "step_ms_p50": percentile(&step_ms, 0.5),
+        "step_ms_p99": percentile(&step_ms, 0.99),
+        "last_first_audio_ms": last_first_audio.as_secs_f64() * 1e3,
+        "mean_batch_rows": mean_rows,
+    })
+}
+
+/// N live streams, each `seconds` long, started `LIVE_START_SPACING` apart.
+fn live(model: &Arc<Model>, codes: &[i16], streams: usize, seconds: f64, mode: Mode) -> Value {
+    let codebooks = model.config().num_quantizers;
+    let (num, den) = model.config().frame_rate();
+    let period = Duration::from_secs_f64(den as f64 / num as f64);
+    let frames = (seconds / period.as_secs_f64()).round() as usize;
+    let limits = mode.limits();
+    let start = Instant::now() + Duration::from_millis(50);
+    let workers: Vec<_> = (0..streams)
+        .map(|index| {
+            let model = model.clone();
+            let codes: Vec<i16> = codes
+                .chunks(codebooks)
+                .cycle()
+                .skip(index * 7)
+                .take(frames)
+                .flatten()
+                .copied()
+                .collect();
+            let begins = start + LIVE_START_SPACING * index as u32;
+            std::thread::spawn(move || {
+                let mut decoder = new_decoder(&model, limits);
+                let due = |frame: usize| begins + period * frame as u32;
+                let mut latencies_ms = Vec::with_capacity(frames);
+                let mut next = 0;
+                while next < frames {
+                    if let Some(wait) = due(next).checked_duration_since(Instant::now()) {
+                        std::thread::sleep(wait);
+                    }
+                    // Every frame due by now goes in: those that piled up during the last step.
+                    let now = Instant::now();
+                    let end = (next..frames).find(|&f| due(f) > now).unwrap_or(frames);
+                    let audio = decoder.push(&codes[next * codebooks..end * codebooks]).unwrap();
+                    let out = Instant::now();
+                    assert_eq!(audio.len(), (end - next) * model.samples_per_frame());
+                    latencies_ms.extend((next..end).map(|f| (out - due(f)).as_secs_f64() * 1e3));
+                    next = end;
+                }
+                (latencies_ms, decoder.batch_rows())
+            })
+        })
+        .collect();
+    let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let latencies: Vec<f64> = results.iter().flat_map(|(l, _)| l.iter().copied()).collect();
+    let max_rows = results.iter().map(|(_, (_, most))| *most).max().unwrap();
+    json!({
+        "mode": mode.name(),
+        "streams": streams,
+        "latency_ms_p50": percentile(&latencies, 0.5),
+        "latency_ms_p95": percentile(&latencies, 0.95),
+        "latency_ms_p99": percentile(&latencies, 0.99),
+        "max_batch_rows": max_rows,
+    })
+}
+
+fn markdown(report: &Value) -> String {
+    let m = &report["machine"];
+    let mut md = format!(
+        "# qwencodec benchmark, many streams, {}\n\nCPU: {} (AVX-512: {}), {} cores, {} torch threads; device {}, \
+         dtype {}; {} of the released geometry with random weights. Batched: the defaults (max-batch {}, \
+         max-step-frames {}); off: max-batch 1, max-step-frames 1.\n\n",
+        report["date"].as_str().unwrap(),
+        m["cpu"].as_str().unwrap(),
+        m["avx512"],
+        m["cores"],
+        m["torch_threads"],
+        report["device"].as_str().unwrap(),
+        report["dtype"].as_str().unwrap(),
+        report["model"].as_str().unwrap(),
+        StepLimits::default().max_batch,
+        StepLimits::default().max_step_frames,
+    );
+    md += &format!(
+        "## Throughput: N streams of chunk-frames 1, {} frames each, all there from the start, one frame per \
+         step\n\n| streams | mode | audio s per s | vs 1 stream | step p50 ms | step p99 ms | first audio of the \
+         last stream ms | mean batch rows |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        report["frames"]
+    );
+    let rows = report["throughput"].as_array().unwrap();
+    for row in rows {
+        let single = rows
+            .iter()
+            .find(|r| r["streams"] == 1 && r["mode"] == row["mode"])
+            .map_or(f64::NAN, |r| r["audio_seconds_per_second"].as_f64().unwrap());
+        let rate = row["audio_seconds_per_second"].as_f64().unwrap();
+        md += &format!(
+            "| {} | {} | {:.2} | {:.2}x | {:.1} | {:.1} | {:.0} | {:.2} |\n",
+            row["streams"],
+            row["mode"].as_str().unwrap(),
+            rate,
+            rate / single,
+            row["step_ms_p50"].as_f64().unwrap(),
+            row["step_ms_p99"].as_f64().unwrap(),
+            row["last_first_audio_ms"].as_f64().unwrap(),
+            row["mean_batch_rows"].as_f64().unwrap(),
+        );
+    }
+    md += &format!(
+        "\n## Live: streams pushing 12.5 frames a second, started {} ms apart, {} s each; per frame, from when \
+         it fell due to its audio\n\n| streams | mode | p50 ms | p95 ms | p99 ms | largest batch |\n| ---: | --- \
+         | ---: | ---: | ---: | ---: |\n",
+        LIVE_START_SPACING.as_millis(),
+        report["live_seconds"]
+    );
+    for row in report["live"].as_array().unwrap() {
+        md += &format!(
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {} |\n",
+            row["streams"],
+            row["mode"].as_str().unwrap(),
+            row["latency_ms_p50"].as_f64().unwrap(),
+            row["latency_ms_p95"].as_f64().unwrap(),
+            row["latency_ms_p99"].as_f64().unwrap(),
+            row["max_batch_rows"],
+        );
+    }
+    md += &format!(
+        "\nLive streams served (largest N with p95 under {LIVE_P95_LIMIT_MS:.0} ms): batched {}, batching off {}.\n",
+        report["live_served"]["batched"], report["live_served"]["batching off"]
+    );
+    md
+}
+
+fn main() {
+    let args = parse_args();
+    let device = parse_device(&args.device).unwrap();
+    let model = Model::shared(&args.model, device, args.dtype).unwrap();
+    let codes = read_codes(&args.model.join("codes.raw"));
+    // Warm-up: the first steps of each size and batch pay one-off costs.
+    throughput(&model, &codes, 2, 4, Mode::Batched);
+
+    let mut throughput_rows = Vec::new();
+    for &streams in &args.streams {
+        for mode in [Mode::Batched, Mode::Off] {
+            let row = throughput(&model, &codes, streams, args.frames, mode);
+            eprintln!("throughput {row}");
+            throughput_rows.push(row);
+        }
+    }
+    let mut live_rows = Vec::new();
+    let mut served = json!({"batched": 0, "batching off": 0});
+    for &streams in &args.live {
+        for mode in [Mode::Batched, Mode::Off] {
+            let row = live(&model, &codes, streams, args.live_seconds, mode);
+            eprintln!("live {row}");
+            if row["latency_ms_p95"].as_f64().unwrap() < LIVE_P95_LIMIT_MS {
+                let best = &mut served[mode.name()];
+                *best = json!(best.as_u64().unwrap().max(streams as u64));
+            }
+            live_rows.push(row);
+        }
+    }
+
+    let machine = machine();
+    let date = common::today();
+    let report = json!({
+        "date": date,
+        "machine": machine,
+        "device": args.device,
+        "dtype": args.dtype.to_string(),
+        "model": args.model.file_name().unwrap().to_string_lossy(),
+        "frames": args.frames,
+        "live_seconds": args.live_seconds,
+        "throughput": throughput_rows,
+        "live": live_rows,
+        "live_served": served,
+    });
+    std::fs::create_dir_all(&args.out).unwrap();
+    let stem = format!("{date}-{}-{}-{}-streams", slug(&machine), args.device, args.dtype);
+    let md = markdown(&report);
+    std::fs::write(args.out.join(format!("{stem}.md")), &md).unwrap();
+    std::fs::write(
+        args.out.join(format!("{stem}.json")),
+        serde_json::to_string_pretty(&report).unwrap(),
+    )
+    .unwrap();
+    print!("{md}");
+}

@@ -1,0 +1,186 @@
+//! Causal convolutions in streaming form: each keeps the columns of the past it needs (its left
+//! context, or a transposed convolution's overlap) as a row of the stream state.
+
+use tch::Tensor;
+
+use super::ops::{project, with_weights};
+use super::{State, StateLayout, TorchResult};
+use crate::model::ModelError;
+use crate::model::checkpoint::Weights;
+
+/// The shape of a convolution, as upstream's `Conv1d` takes it.
+#[derive(Clone, Copy)]
+pub struct ConvShape {
+    pub in_channels: usize,
+    pub out_channels: usize,
+    pub kernel: usize,
+    pub dilation: usize,
+    pub groups: usize,
+}
+
+impl ConvShape {
+    /// A dense convolution without dilation.
+    pub fn dense(in_channels: usize, out_channels: usize, kernel: usize) -> Self {
+        Self {
+            in_channels,
+            out_channels,
+            kernel,
+            dilation: 1,
+            groups: 1,
+        }
+    }
+}
+
+/// A 1-D convolution padded causally: `(kernel - 1) * dilation` columns of the past on the left.
+pub struct CausalConv {
+    weight: Tensor,
+    /// The weight as one [out, in * kernel] matrix (a view), for short inputs (see `forward`).
+    weight_matrix: Tensor,
+    bias: Tensor,
+    /// The bias as a column, [out, 1].
+    bias_column: Tensor,
+    in_channels: i64,
+    kernel: i64,
+    dilation: i64,
+    groups: i64,
+    context: i64,
+    slot: Option<usize>,
+}
+
+impl CausalConv {
+    /// Upstream's `CausalConvNet` at `weights` (its tensors under `conv.`).
+    pub fn load(weights: &Weights, layout: &mut StateLayout, shape: ConvShape) -> Result<Self, ModelError> {
+        let ConvShape {
+            in_channels,
+            out_channels,
+            kernel,
+            dilation,
+            groups,
+        } = shape;
+        let weights = weights.at("conv");
+        let context = (kernel - 1) * dilation;
+        let weight = weights.get("weight", &[out_channels, in_channels / groups, kernel])?;
+        let weight_matrix = weight.f_view([out_channels as i64, -1])?;
+        let bias = weights.get("bias", &[out_channels])?;
+        Ok(Self {
+            weight,
+            weight_matrix,
+            bias_column: bias.f_view([-1, 1])?,
+            bias,
+            in_channels: in_channels as i64,
+            kernel: kernel as i64,
+            dilation: dilation as i64,
+            groups: groups as i64,
+            context: context as i64,
+            slot: layout.reserve(in_channels, context),
+        })
+    }
+
+    /// `x`: [B, in, T] -> [B, out, T].
+    pub fn forward(&self, x: &Tensor, state: &mut State) -> TorchResult<Tensor> {
+        let input = match self.slot {
+            Some(slot) => {
+                let full = Tensor::f_cat(&[&state.contexts[slot], x], 2)?;
+                let len = full.size()[2];
+                // Written in place: a stream's state keeps its allocations from start to end.
+                state.contexts[slot].f_copy_(&full.f_narrow(2, len - self.context, self.context)?)?;
+                full
+            }
+            None => x.shallow_clone(),
+        };
+        let (batch, columns) = (x.size()[0], x.size()[2]);
+        with_weights(&input, self.weight.kind(), |input| {
+            // As one matrix product over the gathered taps: on CPU where the weight dominates
+            // (few output columns against many input channels: the low-rate layers of a small
+            // step), as it reads the weight faster than the convolution kernels do; on CUDA
+            // always, as cuBLAS keeps float32 exact where cuDNN defaults to TF32.
+            let rows = batch * columns;
+            if self.groups == 1 && (input.device().is_cuda() || rows * 16 <= self.in_channels) {
+                // [B, in, T, taps] -> [B * T, in * kernel]
+                let taps = input
+                    .f_unfold(2, self.context + 1, 1)?
+                    .f_slice(3, 0, self.context + 1, self.dilation)?
+                    .f_permute([0, 2, 1, 3])?
+                    .f_reshape([rows, self.in_channels * self.kernel])?;
+                let product = project(&self.weight_matrix, &taps, Some(&self.bias_column))?;
+                return product.f_view([-1, batch, columns])?.f_permute([1, 0, 2]);
+            }
+            input.f_conv1d(
+                &self.weight,
+                Some(&self.bias),
+                [1],
+                [0],
+                [self.dilation],
+                self.groups,
+            )
+        })
+    }
+}
+
+/// A transposed conv (stride `s`, kernel `s` or `2s`) trimmed on the right to `s` samples per
+/// input column, computed as one matrix product per step. With kernel `2s` each input column
+/// also adds into the next column's block: that overlap is carried to the next step.
+pub struct CausalTransConv {
+    /// [out * kernel, in]: row `o * kernel + j` is output channel `o`'s tap `j`.
+    weight_matrix: Tensor,
+    bias: Tensor,
+    out_channels: i64,
+    stride: i64,
+    kernel: i64,
+    slot: Option<usize>,
+}
+
+impl CausalTransConv {
+    /// Upstream's `CausalTransConvNet` at `weights` (its tensors under `conv.`).
+    pub fn load(
+        weights: &Weights,
+        layout: &mut StateLayout,
+        in_channels: usize,
+        out_channels: usize,
+        kernel: usize,
+        stride: usize,
+    ) -> Result<Self, ModelError> {
+        debug_assert!(kernel == stride || kernel == 2 * stride);
+        let weights = weights.at("conv");
+        let weight = weights.get("weight", &[in_channels, out_channels, kernel])?;
+        Ok(Self {
+            weight_matrix: weight
+                .f_reshape([in_channels as i64, -1])?
+                .f_transpose(0, 1)?
+                .f_contiguous()?,
+            bias: weights.get("bias", &[out_channels])?.f_view([1, -1, 1])?,
+            out_channels: out_channels as i64,
+            stride: stride as i64,
+            kernel: kernel as i64,
+            // The carried overlap: `kernel - stride` samples of every output channel.
+            slot: layout.reserve(out_channels, kernel - stride),
+        })
+    }
+
+    /// `x`: [B, in, T] -> [B, out, T * stride].
+    pub fn forward(&self, x: &Tensor, state: &mut State) -> TorchResult<Tensor> {
+        let (batch, columns) = (x.size()[0], x.size()[2]);
+        // [out, kernel, B, T]: what each new input column contributes to each output tap.
+        let taps = with_weights(
+            &x.f_transpose(1, 2)?.f_flatten(0, 1)?,
+            self.weight_matrix.kind(),
+            |rows| project(&self.weight_matrix, rows, None),
+        )?
+        .f_view([self.out_channels, self.kernel, batch, columns])?;
+        let mut blocks = taps.f_narrow(1, 0, self.stride)?;
+        if let Some(slot) = self.slot {
+            // Block t also gets the second half of column t - 1's taps; the first block gets
+            // the carry of the previous step. The state row [B, out, s] seen as [out, s, B, 1].
+            let mut carry = state.contexts[slot].f_permute([1, 2, 0])?.f_unsqueeze(3)?;
+            let overlap = taps.f_narrow(1, self.stride, self.stride)?;
+            let earlier = Tensor::f_cat(&[&carry, &overlap.f_narrow(3, 0, columns - 1)?], 3)?;
+            carry.f_copy_(&overlap.f_narrow(3, columns - 1, 1)?)?;
+            blocks = blocks.f_add(&earlier)?;
+        }
+        // [out, s, B, T] -> [B, out, T * s]
+        blocks
+            .f_permute([2, 0, 3, 1])?
+            .f_reshape([batch, self.out_channels, columns * self.stride])?
+            .f_add(&self.bias)
+    }
+}

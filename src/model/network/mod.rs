@@ -1,0 +1,260 @@
+//! The decoder network (upstream `Qwen3TTSTokenizerV2Decoder`) in streaming form: every
+//! layer takes the newest columns of its input plus the per-stream state it needs from the
+//! past, so decoding a sequence step by step gives the full-sequence result.
+//!
+//! Every layer computes a batch of streams at once: activations and states carry a row per
+//! stream first. The rows of a step share its frame count and nothing else; each row's KV
+//! window and empty-slot bias are its own, and the RoPE positions are relative to the window,
+//! so the same tables serve every row whatever its age.
+
+mod conv;
+mod ops;
+mod quantizer;
+mod transformer;
+mod upsampler;
+mod vocoder;
+
+use tch::{Device, Kind, Tensor};
+
+use super::ModelError;
+use super::checkpoint::WeightFile;
+use super::config::DecoderConfig;
+use conv::{CausalConv, ConvShape};
+use quantizer::Quantizer;
+use transformer::{Transformer, key_slots};
+use upsampler::UpsampleStage;
+use vocoder::Vocoder;
+
+pub use transformer::StepTables;
+
+type TorchResult<T> = Result<T, tch::TchError>;
+
+/// Activations, states and element-wise math are float32 whatever the dtype asked for; the
+/// weight products run in the weights' kind (bf16/f16 halve the weight traffic). Keeping
+/// activations in float32 matters: SnakeBeta's sin(exp(alpha) * x) magnifies the rounding of x.
+const ACTIVATION_KIND: Kind = Kind::Float;
+
+/// Shapes of the per-stream context tensors: one entry per stateful convolution, in network
+/// order, each [channels, columns] for one row.
+#[derive(Default)]
+pub struct StateLayout {
+    contexts: Vec<[i64; 2]>,
+}
+
+impl StateLayout {
+    /// Reserves a context of [channels, columns] per row; none for no columns.
+    fn reserve(&mut self, channels: usize, columns: usize) -> Option<usize> {
+        (columns > 0).then(|| {
+            self.contexts.push([channels as i64, columns as i64]);
+            self.contexts.len() - 1
+        })
+    }
+}
+
+/// What streams carry from one step to the next: a row per stream. A stream keeps a state of
+/// one row; a batched step gathers the rows of its streams into one state and scatters them
+/// back afterwards.
+pub struct State {
+    /// Past input columns of each causal conv (left context), and the overlap each transposed
+    /// conv carries into its next output block: [rows, channels, columns].
+    contexts: Vec<Tensor>,
+    /// Un-rotated keys and values of the last `sliding_window - 1` positions, per layer, in
+    /// buffers of that size filled from the end ([rows, kv heads, slots, head_dim]): RoPE is
+    /// applied afresh each step with positions counted from the oldest slot.
+    keys: Vec<Tensor>,
+    values: Vec<Tensor>,
+    /// [rows, slots]: 0 where the KV buffers hold a position, -inf where they are still empty
+    /// (the stream's start), added to the attention scores. Keeping this on the device instead
+    /// of a count gives every step the same shapes and no host input: a CUDA graph can replay
+    /// it.
+    key_bias: Tensor,
+}
+
+impl State {
+    pub fn rows(&self) -> i64 {
+        self.key_bias.size()[0]
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.tensors()
+            .map(|t| t.numel() * t.kind().elt_size_in_bytes())
+            .sum()
+    }
+
+    /// Back to fresh streams' state, in place: the tensors keep their memory, which a captured
+    /// CUDA graph refers to.
+    pub fn clear(&mut self) -> TorchResult<()> {
+        for tensor in self.tensors_mut() {
+            _ = tensor.f_zero_()?;
+        }
+        _ = self.key_bias.f_fill_(f64::NEG_INFINITY)?;
+        Ok(())
+    }
+
+    /// The rows of `parts`, in order, as one state (a copy).
+    pub fn gather(parts: &[&State]) -> TorchResult<State> {
+        let cat = |pick: &dyn Fn(&State) -> &Tensor| {
+            let rows: Vec<&Tensor> = parts.iter().map(|part| pick(part)).collect();
+            Tensor::f_cat(&rows, 0)
+        };
+        let first = parts[0];
+        Ok(State {
+            contexts: (0..first.contexts.len())
+                .map(|i| cat(&|s| &s.contexts[i]))
+                .collect::<TorchResult<_>>()?,
+            keys: (0..first.keys.len())
+                .map(|i| cat(&|s| &s.keys[i]))
+                .collect::<TorchResult<_>>()?,
+            values: (0..first.values.len())
+                .map(|i| cat(&|s| &s.values[i]))
+                .collect::<TorchResult<_>>()?,
+            key_bias: cat(&|s| &s.key_bias)?,
+        })
+    }
+
+    /// Writes this state's rows back into `parts`, row `i` into `parts[i]` (whose own rows are
+    /// overwritten in place).
+    pub fn scatter(&self, parts: &mut [&mut State]) -> TorchResult<()> {
+        let mut row = 0;
+        for part in parts {
+            let rows = part.rows();
+            for (source, target) in self.tensors().zip(part.tensors_mut()) {
+                target.f_copy_(&source.f_narrow(0, row, rows)?)?;
+            }
+            row += rows;
+        }
+        Ok(())
+    }
+
+    fn tensors(&self) -> impl Iterator<Item = &Tensor> {
+        self.contexts
+            .iter()
+            .chain(&self.keys)
+            .chain(&self.values)
+            .chain([&self.key_bias])
+    }
+
+    fn tensors_mut(&mut self) -> impl Iterator<Item = &mut Tensor> {
+        self.contexts
+            .iter_mut()
+            .chain(&mut self.keys)
+            .chain(&mut self.values)
+            .chain([&mut self.key_bias])
+    }
+}
+
+/// The loaded decoder. Immutable after loading, so one copy serves every stream.
+pub struct Network {
+    config: DecoderConfig,
+    device: Device,
+    quantizer: Quantizer,
+    pre_conv: CausalConv,
+    transformer: Transformer,
+    upsampler: Vec<UpsampleStage>,
+    vocoder: Vocoder,
+    layout: StateLayout,
+}
+
+// SAFETY: libtorch tensors may be read from several threads at once; the network's tensors
+// are written only while loading, before the network is shared, and only read afterwards
+// (every op here allocates its result, none works in place on a weight).
+unsafe impl Sync for Network {}
+
+impl Network {
+    pub fn load(file: &WeightFile, config: &DecoderConfig) -> Result<Self, ModelError> {
+        let c = config;
+        let weights = file.root();
+        let mut layout = StateLayout::default();
+        let quantizer = Quantizer::load(&weights.at("quantizer"), c)?;
+        let pre_conv = CausalConv::load(
+            &weights.at("pre_conv"),
+            &mut layout,
+            ConvShape::dense(c.codebook_dim, c.latent_dim, 3),
+        )?;
+        let transformer = Transformer::load(&weights.at("pre_transformer"), c)?;
+        let upsampler = c
+            .upsampling_ratios
+            .iter()
+            .enumerate()
+            .map(|(i, &ratio)| {
+                UpsampleStage::load(&weights.at("upsample").at(i), &mut layout, c.latent_dim, ratio)
+            })
+            .collect::<Result<_, _>>()?;
+        let vocoder = Vocoder::load(&weights.at("decoder"), &mut layout, c)?;
+        Ok(Self {
+            config: c.clone(),
+            device: weights.device(),
+            quantizer,
+            pre_conv,
+            transformer,
+            upsampler,
+            vocoder,
+            layout,
+        })
+    }
+
+    pub fn config(&self) -> &DecoderConfig {
+        &self.config
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// `rows` fresh streams' state: silence in every context, an empty KV window.
+    pub fn new_state(&self, rows: i64) -> TorchResult<State> {
+        let options = (ACTIVATION_KIND, self.device);
+        let contexts = self
+            .layout
+            .contexts
+            .iter()
+            .map(|&[channels, columns]| Tensor::f_zeros([rows, channels, columns], options))
+            .collect::<TorchResult<_>>()?;
+        let c = &self.config;
+        let slots = key_slots(c);
+        let empty_kv = || {
+            Tensor::f_zeros(
+                [rows, c.num_key_value_heads as i64, slots, c.head_dim as i64],
+                options,
+            )
+        };
+        let layers = c.num_hidden_layers;
+        Ok(State {
+            contexts,
+            keys: (0..layers).map(|_| empty_kv()).collect::<TorchResult<_>>()?,
+            values: (0..layers).map(|_| empty_kv()).collect::<TorchResult<_>>()?,
+            key_bias: Tensor::f_full([rows, slots], f64::NEG_INFINITY, options)?,
+        })
+    }
+
+    /// Decodes the next frames of a batch of streams. `codes`: [B, T, Q] int64 on the
+    /// network's device, already checked to lie in `0..codebook_size`; `state` of B rows;
+    /// `tables` made for T frames. Returns [B, T * samples_per_frame] audio. Every step of
+    /// B x T frames launches the same kernels on tensors of the same shapes, whatever the
+    /// streams' past.
+    pub fn step(&self, codes: &Tensor, state: &mut State, tables: &StepTables) -> TorchResult<Tensor> {
+        let _no_grad = tch::no_grad_guard();
+        let [batch, frames, _] = codes.size()[..] else {
+            panic!("codes of a step are [rows, frames, codebooks]");
+        };
+        assert_eq!(frames, tables.frames, "step tables made for another step size");
+        assert_eq!(batch, state.rows(), "a state row per row of codes");
+
+        let latent = self.pre_conv.forward(&self.quantizer.forward(codes)?, state)?;
+        let latent = self
+            .transformer
+            .forward(&latent.f_transpose(1, 2)?, state, tables)?;
+        let mut h = latent.f_transpose(1, 2)?;
+        for stage in &self.upsampler {
+            h = stage.forward(&h, state)?;
+        }
+        let wav = self.vocoder.forward(&h, state)?;
+        wav.f_clamp(-1.0, 1.0)?.f_flatten(1, -1)
+    }
+
+    /// RoPE tables and the sliding-window mask for steps of `frames` frames (see
+    /// [`StepTables`]).
+    pub fn step_tables(&self, frames: usize) -> TorchResult<StepTables> {
+        self.transformer.step_tables(frames)
+    }
+}
