@@ -56,7 +56,8 @@ released-fixture: setup-reference
 # The benchmark (not a test): upstream Python decoder and ours on the released geometry with
 # random weights, side by side, each decode timed BENCH_REPEATS times after a warm-up; writes
 # bench/results/<date>-<cpu>-<device>-<dtype>.{md,json} and the README's table of every result.
-# BENCH_ARGS: more options of benches/decode.rs (--chunks, --streams, --dtype, --steady-frames).
+# BENCH_ARGS: more options of benches/decode.rs (--chunks, --dtype, --steady-frames). Then many
+# streams on one model, batched and not (benches/streams.rs, STREAMS_ARGS: --streams, --live, ...).
 BENCH_MODEL := bench/cache/full-release
 BENCH_FRAMES ?= 100
 BENCH_REPEATS ?= 5
@@ -68,6 +69,7 @@ bench: build setup-reference
 	  --reference bench/cache/reference.f32 --repeats $(BENCH_REPEATS)
 	cargo bench --bench decode -- --model $(BENCH_MODEL) --upstream bench/cache/upstream.json \
 	  --reference bench/cache/reference.f32 --out bench/results --repeats $(BENCH_REPEATS) $(BENCH_ARGS)
+	cargo bench --bench streams -- --model $(BENCH_MODEL) --out bench/results $(STREAMS_ARGS)
 	$(VENV)/bin/python tools/bench_summary.py bench/results --readme README.md
 
 # What scripts/gpu-check.sh needs on a GPU host without Rust or GStreamer (see that script).

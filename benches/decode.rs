@@ -2,7 +2,7 @@
 //! machine, written to `bench/results/` as a markdown table and JSON.
 //!
 //! cargo bench --bench decode -- --model DIR --upstream upstream.json --reference reference.f32
-//!     [--out bench/results] [--chunks 1,2,4,8] [--streams 1,2,4,8] [--device cpu] [--dtype f32]
+//!     [--out bench/results] [--chunks 1,2,4,8] [--device cpu] [--dtype f32]
 //!     [--repeats 5] [--steady-model DIR] [--steady-frames 20000]
 //!
 //! Both sides are measured alike: every decode runs once as a warm-up, then `--repeats` times,
@@ -22,11 +22,13 @@
 //! which is what could grow with the stream, is most of a step and shows most. `--steady-model
 //! DIR` runs it on another checkpoint (the released widths included), `--steady-frames 0` skips it.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use common::{machine, mean, percentile, read_codes, sorted};
 use gst::prelude::*;
 use gstqwencodec::model::{Dtype, Model, StreamDecoder, TailStrategy, parse_device};
 use serde_json::{Value, json};
@@ -40,7 +42,6 @@ struct Args {
     reference: PathBuf,
     out: PathBuf,
     chunks: Vec<usize>,
-    streams: Vec<usize>,
     device: String,
     dtype: Dtype,
     repeats: usize,
@@ -49,62 +50,31 @@ struct Args {
 }
 
 fn parse_args() -> Args {
-    let mut values = BTreeMap::new();
-    let mut args = std::env::args().skip(1);
-    while let Some(name) = args.next() {
-        if let Some(name) = name.strip_prefix("--") {
-            if name == "bench" {
-                continue; // cargo bench passes --bench to harness-less benches
-            }
-            values.insert(
-                name.to_owned(),
-                args.next().unwrap_or_else(|| panic!("--{name} needs a value")),
-            );
-        }
-    }
-    let list = |name: &str, default: &str| -> Vec<usize> {
-        values
-            .get(name)
-            .map_or(default, String::as_str)
-            .split(',')
-            .map(|n| n.parse().unwrap())
-            .collect()
-    };
-    let number = |name: &str, default: usize| values.get(name).map_or(default, |n| n.parse().unwrap());
-    let path = |name: &str| PathBuf::from(values.get(name).unwrap_or_else(|| panic!("--{name} is required")));
+    let options = common::Options::from_env();
     // The committed fixtures, where the test binaries find them (QWENCODEC_FIXTURES for a bundle
     // unpacked on another host).
     let fixtures = std::env::var_os("QWENCODEC_FIXTURES").map_or_else(
         || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"),
         PathBuf::from,
     );
-    let repeats = number("repeats", 5);
+    let repeats = options.number("repeats", 5);
     assert!(repeats > 0, "--repeats must be at least 1");
     Args {
-        model: path("model"),
-        upstream: path("upstream"),
-        reference: path("reference"),
-        out: values
+        model: options.path("model"),
+        upstream: options.path("upstream"),
+        reference: options.path("reference"),
+        out: options
             .get("out")
             .map_or_else(|| PathBuf::from("bench/results"), PathBuf::from),
-        chunks: list("chunks", "1,2,4,8"),
-        streams: list("streams", "1,2,4,8"),
-        device: values.get("device").cloned().unwrap_or_else(|| "cpu".into()),
-        dtype: values.get("dtype").map_or(Dtype::F32, |d| d.parse().unwrap()),
+        chunks: options.list("chunks", "1,2,4,8"),
+        device: options.get("device").unwrap_or_else(|| "cpu".into()),
+        dtype: options.get("dtype").map_or(Dtype::F32, |d| d.parse().unwrap()),
         repeats,
-        steady_model: values
+        steady_model: options
             .get("steady-model")
             .map_or_else(|| fixtures.join("release-tiny"), PathBuf::from),
-        steady_frames: number("steady-frames", 20_000),
+        steady_frames: options.number("steady-frames", 20_000),
     }
-}
-
-fn read_codes(path: &Path) -> Vec<i16> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    bytes
-        .chunks_exact(2)
-        .map(|b| i16::from_le_bytes([b[0], b[1]]))
-        .collect()
 }
 
 fn read_f32(path: &Path) -> Vec<f32> {
@@ -123,21 +93,6 @@ fn relative_l2(actual: &[f32], expected: &[f32]) -> f64 {
         norm += (e as f64).powi(2);
     }
     (diff / norm).sqrt()
-}
-
-fn sorted(values: &[f64]) -> Vec<f64> {
-    let mut values = values.to_vec();
-    values.sort_by(f64::total_cmp);
-    values
-}
-
-fn percentile(values: &[f64], p: f64) -> f64 {
-    let sorted = sorted(values);
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-fn mean(values: &[f64]) -> f64 {
-    values.iter().sum::<f64>() / values.len() as f64
 }
 
 /// The statistic of every row: the best and the median of the timed runs.
@@ -372,27 +327,6 @@ fn rss_per_100_streams(model: &Arc<Model>, codes: &[i16], frames: usize) -> u64 
     after.saturating_sub(before)
 }
 
-/// Streams decoding the whole utterance at once on separate threads: audio seconds per second.
-fn throughput(model: &Arc<Model>, codes: &[i16], streams: usize, chunk_frames: usize) -> f64 {
-    let started = Instant::now();
-    let workers: Vec<_> = (0..streams)
-        .map(|_| {
-            let (model, codes) = (model.clone(), codes.to_vec());
-            std::thread::spawn(move || {
-                let codebooks = model.config().num_quantizers;
-                let mut decoder = StreamDecoder::new(model, chunk_frames, TailStrategy::Eager).unwrap();
-                let mut samples = 0;
-                for frame in codes.chunks(codebooks) {
-                    samples += decoder.push(frame).unwrap().len();
-                }
-                samples + decoder.finish().unwrap().len()
-            })
-        })
-        .collect();
-    let samples: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
-    samples as f64 / model.sample_rate() as f64 / started.elapsed().as_secs_f64()
-}
-
 /// One stream of `frames` frames at chunk-frames 1 (the checkpoint's codes over and over): the
 /// step times of its first and its last [`STEADY_WINDOW_STEPS`] steps.
 fn steady_cost(args: &Args, frames: usize) -> Value {
@@ -443,48 +377,6 @@ fn steady_cost(args: &Args, frames: usize) -> Value {
         "last": summary(last),
         "last_over_first_p50": percentile(last, 0.5) / percentile(first, 0.5),
         "last_over_first_mean": mean(last) / mean(first),
-    })
-}
-
-/// The CPU's model name and whether it has AVX-512 (libtorch's fastest kernels need it).
-fn cpu() -> (String, bool) {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let field = |name: &str| {
-        cpuinfo.lines().find_map(|line| {
-            let (key, value) = line.split_once(':')?;
-            (key.trim() == name).then(|| value.trim().to_owned())
-        })
-    };
-    let model = field("model name").unwrap_or_else(|| "unknown CPU".into());
-    let avx512 = field("flags").is_some_and(|flags| flags.split_whitespace().any(|f| f == "avx512f"));
-    (model, avx512)
-}
-
-/// The CPU for a file name: `Intel(R) Xeon(R) Platinum 8480+` with AVX-512 becomes
-/// `intel-xeon-platinum-8480-avx512`.
-fn cpu_slug(model: &str, avx512: bool) -> String {
-    let model = model.split(" @ ").next().unwrap().to_lowercase();
-    let mut words: Vec<String> = model
-        .replace("(r)", " ")
-        .replace("(tm)", " ")
-        .split(|c: char| !c.is_ascii_alphanumeric())
-        .filter(|word| !word.is_empty() && *word != "cpu" && *word != "processor")
-        .map(str::to_owned)
-        .collect();
-    if avx512 {
-        words.push("avx512".into());
-    }
-    words.join("-")
-}
-
-fn machine() -> Value {
-    let (cpu, avx512) = cpu();
-    json!({
-        "cpu": cpu,
-        "avx512": avx512,
-        "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
-        "torch_threads": tch::get_num_threads(),
-        "cuda": tch::Cuda::is_available(),
     })
 }
 
@@ -557,14 +449,6 @@ fn markdown(report: &Value) -> String {
         report["rss_streams_frames"],
         report["rss_per_100_streams"].as_f64().unwrap() / 1048576.0,
     );
-    md += "| concurrent streams (chunk-frames 4, one run) | aggregate audio s per s |\n| ---: | ---: |\n";
-    for t in report["throughput"].as_array().unwrap() {
-        md += &format!(
-            "| {} | {} |\n",
-            t["streams"],
-            fmt(&t["audio_seconds_per_second"], 2)
-        );
-    }
     let steady = &report["steady"];
     if !steady.is_null() {
         md += &format!(
@@ -650,16 +534,6 @@ fn main() {
     let state_bytes = settled.state_bytes();
     drop(settled);
 
-    let throughput: Vec<Value> = args
-        .streams
-        .iter()
-        .map(|&n| {
-            let t = throughput(&model, &codes, n, 4);
-            eprintln!("{n} streams: {t:.2} audio s per s");
-            json!({"streams": n, "audio_seconds_per_second": t})
-        })
-        .collect();
-
     let steady = if args.steady_frames > 0 {
         let steady = steady_cost(&args, args.steady_frames);
         eprintln!("{steady}");
@@ -668,11 +542,7 @@ fn main() {
         Value::Null
     };
 
-    let date = std::process::Command::new("date")
-        .arg("+%Y-%m-%d")
-        .output()
-        .unwrap();
-    let date = String::from_utf8_lossy(&date.stdout).trim().to_owned();
+    let date = common::today();
     let machine = machine();
     let report = json!({
         "date": date,
@@ -686,15 +556,15 @@ fn main() {
         "state_bytes": state_bytes,
         "rss_per_100_streams": rss,
         "rss_streams_frames": rss_frames,
-        "throughput": throughput,
         "steady": steady,
     });
     std::fs::create_dir_all(&args.out).unwrap();
-    let cpu = cpu_slug(
-        machine["cpu"].as_str().unwrap(),
-        machine["avx512"].as_bool().unwrap(),
+    let stem = format!(
+        "{date}-{}-{}-{}",
+        common::slug(&machine),
+        args.device.replace(':', ""),
+        args.dtype
     );
-    let stem = format!("{date}-{cpu}-{}-{}", args.device.replace(':', ""), args.dtype);
     std::fs::write(
         args.out.join(format!("{stem}.json")),
         serde_json::to_string_pretty(&report).unwrap(),

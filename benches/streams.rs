@@ -44,7 +44,9 @@ fn parse_args() -> Args {
     let options = common::Options::from_env();
     Args {
         model: options.path("model"),
-        out: options.get("out").map_or_else(|| PathBuf::from("bench/results"), PathBuf::from),
+        out: options
+            .get("out")
+            .map_or_else(|| PathBuf::from("bench/results"), PathBuf::from),
         streams: options.list("streams", "1,2,4,8,16"),
         frames: options.number("frames", 40),
         live: options.list("live", "1,2,3,4"),
@@ -127,7 +129,10 @@ fn throughput(model: &Arc<Model>, codes: &[i16], streams: usize, frames: usize, 
     let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
     let elapsed = started.elapsed().as_secs_f64();
     let audio_seconds = (streams * frames * model.samples_per_frame()) as f64 / model.sample_rate() as f64;
-    let step_ms: Vec<f64> = results.iter().flat_map(|(steps, _, _)| steps.iter().copied()).collect();
+    let step_ms: Vec<f64> = results
+        .iter()
+        .flat_map(|(steps, _, _)| steps.iter().copied())
+        .collect();
     let last_first_audio = results.iter().map(|(_, first, _)| *first).max().unwrap();
     let mean_rows = results.iter().map(|(_, _, (mean, _))| mean).sum::<f64>() / streams as f64;
     json!({

@@ -84,6 +84,8 @@ def table(results):
     lines = ["| " + " | ".join(header) + " |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for path in sorted(results.glob("*.json")):
+        if path.stem.endswith("-streams"):
+            continue  # benches/streams.rs: many streams, tabled in its own file
         report = json.loads(path.read_text())
         lines.append("| " + " | ".join(summary_row(path, report)) + " |")
     return "\n".join(lines) + "\n"

@@ -39,13 +39,17 @@ impl Options {
             .get(name)
             .map_or(default, String::as_str)
             .split(',')
-            .map(|n| n.parse().unwrap_or_else(|_| panic!("--{name}: cannot read {n:?}")))
+            .map(|n| {
+                n.parse()
+                    .unwrap_or_else(|_| panic!("--{name}: cannot read {n:?}"))
+            })
             .collect()
     }
 
     pub fn number<T: std::str::FromStr>(&self, name: &str, default: T) -> T {
         self.0.get(name).map_or(default, |n| {
-            n.parse().unwrap_or_else(|_| panic!("--{name}: cannot read {n:?}"))
+            n.parse()
+                .unwrap_or_else(|_| panic!("--{name}: cannot read {n:?}"))
         })
     }
 }
