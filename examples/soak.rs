@@ -35,7 +35,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use safetensors::{Dtype, SafeTensors};
 
-/// How far a stream may be from the first stream's audio: the same decoder on the same codes.
+/// How far a stream may be from the first stream's audio: the same decoder on the same codes,
+/// in steps of the same size (`max-step-frames` is held at `chunk-frames`, so that frames that
+/// arrive together in one buffer do not join into larger steps, whose last bits differ).
 const MAX_DIFFERENCE_FROM_FIRST: f64 = 1e-6;
 
 #[derive(Clone, Copy, PartialEq)]
@@ -314,6 +316,7 @@ impl Soak {
             .property("model-path", &self.model)
             .property("device", &self.device)
             .property("chunk-frames", self.chunk_frames)
+            .property("max-step-frames", self.chunk_frames)
             .build()?)
     }
 
