@@ -38,6 +38,8 @@ fn output_caps_follow_the_model_and_downstream() {
     let mut h = harness(&fixture, &[]);
     let bytes = code_bytes(&fixture.codes[..fixture.codebooks]);
     h.push(buffer(&bytes, Some(gst::ClockTime::ZERO))).unwrap();
+    // The audio leaves from the element's step thread: wait for it.
+    h.pull().unwrap();
     let caps = h.sinkpad().unwrap().current_caps().unwrap();
     let s = caps.structure(0).unwrap();
     assert_eq!(s.get::<&str>("format").unwrap(), "F32LE");
@@ -404,14 +406,16 @@ fn elements_share_one_loaded_model() {
         std::fs::copy(fixture_dir("gqa-bias").join(file), dir.path().join(file)).unwrap();
     }
     let elements: Vec<_> = (0..2).map(|_| decoder(dir.path(), &[])).collect();
-    for element in &elements {
-        element.set_state(gst::State::Paused).unwrap();
-    }
+    elements[0].set_state(gst::State::Paused).unwrap();
     let model = Model::shared(dir.path(), tch::Device::Cpu, Dtype::F32).unwrap();
+    // What one started element holds of the model (its decoder and its stream).
+    let per_element = Arc::strong_count(&model) - 1;
+    assert!(per_element > 0, "a started element holds the loaded model");
+    elements[1].set_state(gst::State::Paused).unwrap();
     assert_eq!(
         Arc::strong_count(&model),
-        3,
-        "two elements and this test hold one model"
+        1 + 2 * per_element,
+        "the second element holds the same loaded model"
     );
     for element in &elements {
         element.set_state(gst::State::Null).unwrap();
@@ -420,6 +424,37 @@ fn elements_share_one_loaded_model() {
         Arc::strong_count(&model),
         1,
         "the elements let go of it when stopped"
+    );
+}
+
+/// The streaming thread is not held for a step: buffers that arrive during one wait for the
+/// next, which takes them together (up to max-step-frames), and a step's audio leaves when the
+/// step ends, with no more input needed.
+#[test]
+fn buffers_arriving_during_a_step_join_the_next_one() {
+    let fixture = load_fixture("release-tiny");
+    let mut h = harness(&fixture, &[]);
+    let frame_bytes = 2 * fixture.codebooks;
+    let bytes = code_bytes(&fixture.codes);
+    h.push(buffer(&bytes[..frame_bytes], None)).unwrap();
+    let mut audio = audio_of(&[h.pull().unwrap()]);
+    assert_eq!(
+        audio.len(),
+        fixture.samples_per_frame,
+        "the first frame's audio, alone"
+    );
+    // A frame per buffer, as fast as the element takes them: far faster than it decodes.
+    for frame in bytes[frame_bytes..].chunks(frame_bytes) {
+        h.push(buffer(frame, None)).unwrap();
+    }
+    h.push_event(gst::event::Eos::new());
+    audio.extend(audio_of(&pull_all(&mut h)));
+    fixture.assert_matches(&audio, "one-frame buffers pushed during steps");
+    let steps = decode_steps(&h);
+    assert!(
+        steps < fixture.frames as u64,
+        "{steps} steps for {} one-frame buffers: none joined a step in flight's successor",
+        fixture.frames
     );
 }
 

@@ -209,6 +209,28 @@ impl Model {
         self.config().sample_rate
     }
 
+    /// Checks whole frames of codes (frame-major) against the codebook size; `first_frame` is
+    /// the stream's index of the first of them, for the error.
+    pub fn check_codes(&self, codes: &[i16], first_frame: u64) -> Result<(), DecodeError> {
+        let codebooks = self.config().num_quantizers;
+        if !codes.len().is_multiple_of(codebooks) {
+            return Err(DecodeError::PartialFrame {
+                codes: codes.len(),
+                codebooks,
+            });
+        }
+        let codebook_size = self.config().codebook_size;
+        match codes.iter().position(|&c| c < 0 || c as usize >= codebook_size) {
+            Some(index) => Err(DecodeError::InvalidCode {
+                frame: first_frame + (index / codebooks) as u64,
+                codebook: index % codebooks,
+                value: codes[index].into(),
+                codebook_size,
+            }),
+            None => Ok(()),
+        }
+    }
+
     fn network(&self) -> &Network {
         &self.network
     }

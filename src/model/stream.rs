@@ -171,22 +171,8 @@ impl StreamDecoder {
     /// is accepted, so the stream stays usable after an error.
     pub fn push(&mut self, codes: &[i16]) -> Result<Vec<f32>, DecodeError> {
         self.check_usable()?;
+        self.model.check_codes(codes, self.frames_in)?;
         let codebooks = self.codebooks();
-        if !codes.len().is_multiple_of(codebooks) {
-            return Err(DecodeError::PartialFrame {
-                codes: codes.len(),
-                codebooks,
-            });
-        }
-        let codebook_size = self.model.config().codebook_size;
-        if let Some(index) = codes.iter().position(|&c| c < 0 || c as usize >= codebook_size) {
-            return Err(DecodeError::InvalidCode {
-                frame: self.frames_in + (index / codebooks) as u64,
-                codebook: index % codebooks,
-                value: codes[index].into(),
-                codebook_size,
-            });
-        }
         self.pending.extend(codes.iter().map(|&c| i64::from(c)));
         self.frames_in += (codes.len() / codebooks) as u64;
 
@@ -204,6 +190,13 @@ impl StreamDecoder {
         }
         self.pending.drain(..taken);
         Ok(audio)
+    }
+
+    /// Of `waiting` frames not pushed yet, how many the next step would take if they were
+    /// pushed (with the frames already pending); none while they do not complete a chunk.
+    pub fn frames_for_next_step(&self, waiting: usize) -> Option<usize> {
+        let chunks = (self.pending_frames() + waiting) / self.chunk_frames;
+        (chunks > 0).then(|| self.step_chunks(chunks) * self.chunk_frames - self.pending_frames())
     }
 
     /// How many of `waiting` full chunks the next step takes: the largest power of two that

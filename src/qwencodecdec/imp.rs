@@ -16,25 +16,24 @@
  * Properties are read when the element starts (READY→PAUSED): a change while it runs takes
  * effect at the next start.
  */
-use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
 
 use gst::glib;
+use gst::glib::translate::ToGlibPtr;
 use gst::prelude::*;
 use gst::subclass::prelude::*;
 use gst_audio::prelude::*;
 use gst_audio::subclass::prelude::*;
 
-use crate::model::{self, DecodeError, Model, ModelError, StepLimits, StreamDecoder};
+use super::settings::{Settings, Stats};
+use super::stream::{Output, StepThread, Stream};
+use crate::model::DecodeError;
 
-/// Read when `model-path` is unset, so that decodebin and playbin can plug the decoder.
-const MODEL_PATH_ENV: &str = "QWENCODEC_MODEL_PATH";
 const MAX_CHUNK_FRAMES: u32 = 4096;
 const MAX_BATCH: u32 = 1024;
 
-static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
+pub(super) static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(
         "qwencodecdec",
         gst::DebugColorFlags::empty(),
@@ -42,214 +41,27 @@ static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     )
 });
 
-#[derive(Debug, Clone)]
-struct Settings {
-    model_path: Option<String>,
-    device: String,
-    dtype: super::Dtype,
-    chunk_frames: u32,
-    tail_strategy: super::TailStrategy,
-    cuda_graphs: bool,
-    max_batch: u32,
-    max_step_frames: u32,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            model_path: None,
-            device: "auto".into(),
-            dtype: super::Dtype::default(),
-            chunk_frames: 1,
-            tail_strategy: super::TailStrategy::default(),
-            cuda_graphs: true,
-            max_batch: StepLimits::default().max_batch as u32,
-            max_step_frames: StepLimits::default().max_step_frames as u32,
-        }
-    }
-}
-
-/// Counters behind the `stats` property, kept apart from the state so that reading them
-/// never waits for a decode step.
-#[derive(Debug, Default, Clone)]
-struct Stats {
-    frames_in: u64,
-    samples_out: u64,
-    steps: u64,
-    step_time: Duration,
-    max_step_time: Duration,
-    state_bytes: u64,
-    sample_rate: u32,
-    cuda_graph: bool,
-    mean_batch_rows: f64,
-    max_batch_rows: u64,
-}
-
-impl Stats {
-    fn to_structure(&self) -> gst::Structure {
-        let mean_step_ms = if self.steps > 0 {
-            self.step_time.as_secs_f64() * 1e3 / self.steps as f64
-        } else {
-            0.0
-        };
-        let audio_seconds = self.samples_out as f64 / self.sample_rate.max(1) as f64;
-        let real_time_factor = if audio_seconds > 0.0 {
-            self.step_time.as_secs_f64() / audio_seconds
-        } else {
-            0.0
-        };
-        gst::Structure::builder("qwencodecdec-stats")
-            .field("frames-in", self.frames_in)
-            .field("samples-out", self.samples_out)
-            .field("decode-steps", self.steps)
-            .field("mean-step-ms", mean_step_ms)
-            .field("max-step-ms", self.max_step_time.as_secs_f64() * 1e3)
-            .field("real-time-factor", real_time_factor)
-            .field("state-bytes", self.state_bytes)
-            .field("cuda-graph", self.cuda_graph)
-            .field("mean-batch-rows", self.mean_batch_rows)
-            .field("max-batch-rows", self.max_batch_rows)
-            .build()
-    }
-}
-
-/// Audio ready to go downstream, for `input_buffers` input buffers of the base class queue.
-struct Output {
-    input_buffers: i32,
-    audio: Vec<f32>,
-}
-
+/// A started element: its stream and the thread that decodes it.
 struct State {
-    decoder: StreamDecoder,
+    stream: Arc<Stream>,
+    /// Declared after `stream`'s users: stopping it waits for the step in flight.
+    _steps: StepThread,
     model_path: PathBuf,
-    /// Negotiated output sample format (F32LE or S16LE).
-    format: gst_audio::AudioFormat,
-    /// Bytes of a frame cut by a buffer boundary, waiting for the rest.
-    partial_frame: Vec<u8>,
-    /// Per input buffer not yet finished, oldest first: how many frames start in it. A buffer
-    /// is finished, and its audio pushed, once all of them are decoded, so every output buffer
-    /// starts where an input buffer's frames start and takes that buffer's timestamp.
-    frames_per_input: VecDeque<usize>,
-    /// Decoded audio of the unfinished input buffers.
-    audio: Vec<f32>,
     /// Caps refused already: upstream sends them again before each buffer, and one error
     /// message is enough.
     refused_caps: Option<gst::Caps>,
-    /// Decoder counters already added to the stats (the decoder's restart with each stream).
-    counted_steps: u64,
-    counted_step_time: Duration,
-    /// Rows of the batches of the steps counted before this stream began.
-    counted_batch_rows: f64,
 }
 
-impl State {
-    fn model(&self) -> &Arc<Model> {
-        self.decoder.model()
-    }
+/// The base class's stream lock (`GST_AUDIO_DECODER_STREAM_LOCK`, recursive), which
+/// gstreamer-rs does not wrap. Audio goes downstream under it, from the step thread as from the
+/// streaming thread, and the base class flushes under it: a flush falls between two pushes.
+struct StreamLockGuard(*mut glib::ffi::GRecMutex);
 
-    fn frame_bytes(&self) -> usize {
-        2 * self.model().config().num_quantizers
-    }
-
-    fn samples_per_frame(&self) -> usize {
-        self.model().samples_per_frame()
-    }
-
-    /// Takes one input buffer and decodes the whole frames it completes. On bad codes, the
-    /// frames before the bad one are still decoded.
-    fn push_bytes(&mut self, data: &[u8]) -> Result<(), DecodeError> {
-        let frame_bytes = self.frame_bytes();
-        let carried = self.partial_frame.len();
-        let starting_here = (carried + data.len()).div_ceil(frame_bytes) - carried.div_ceil(frame_bytes);
-        self.frames_per_input.push_back(starting_here);
-
-        self.partial_frame.extend_from_slice(data);
-        let whole = self.partial_frame.len() / frame_bytes * frame_bytes;
-        let codes: Vec<i16> = self
-            .partial_frame
-            .drain(..whole)
-            .as_slice()
-            .chunks_exact(2)
-            .map(|pair| i16::from_le_bytes([pair[0], pair[1]]))
-            .collect();
-        let frames_before = self.decoder.frames_in();
-        match self.decoder.push(&codes) {
-            Ok(audio) => {
-                self.audio.extend(audio);
-                Ok(())
-            }
-            Err(err @ DecodeError::InvalidCode { frame, .. }) => {
-                let valid = (frame - frames_before) as usize * (frame_bytes / 2);
-                self.audio.extend(self.decoder.push(&codes[..valid])?);
-                Err(err)
-            }
-            Err(err) => Err(err),
-        }
-    }
-
-    /// The input buffers whose frames are all decoded, with their audio.
-    fn finished_buffers(&mut self) -> Option<Output> {
-        let samples_per_frame = self.samples_per_frame();
-        let mut decoded_frames = self.audio.len() / samples_per_frame;
-        let mut frames = 0;
-        let mut input_buffers = 0;
-        while let Some(&starting) = self.frames_per_input.front() {
-            if starting > decoded_frames {
-                break;
-            }
-            decoded_frames -= starting;
-            frames += starting;
-            input_buffers += 1;
-            self.frames_per_input.pop_front();
-        }
-        (input_buffers > 0).then(|| Output {
-            input_buffers,
-            audio: self.audio.drain(..frames * samples_per_frame).collect(),
-        })
-    }
-
-    /// Ends the stream: decodes the frames still waiting and hands out everything decoded, for
-    /// every queued input buffer. Returns the output and the bytes of a cut frame dropped.
-    fn drain(&mut self) -> Result<(Option<Output>, usize), DecodeError> {
-        let tail = self.decoder.finish()?;
-        self.audio.extend(tail);
-        let dropped = std::mem::take(&mut self.partial_frame).len();
-        let input_buffers = std::mem::take(&mut self.frames_per_input).len();
-        let output = (input_buffers > 0).then(|| Output {
-            input_buffers: input_buffers as i32,
-            audio: std::mem::take(&mut self.audio),
-        });
-        Ok((output, dropped))
-    }
-
-    /// Forgets the stream: the next frame decodes as on a fresh decoder.
-    fn reset(&mut self, stats: &mut Stats) -> Result<(), DecodeError> {
-        self.count(stats);
-        self.decoder.reset()?;
-        self.partial_frame.clear();
-        self.frames_per_input.clear();
-        self.audio.clear();
-        self.counted_batch_rows = stats.mean_batch_rows * stats.steps as f64;
-        self.counted_steps = 0;
-        self.counted_step_time = Duration::ZERO;
-        Ok(())
-    }
-
-    /// Adds the decoder's new steps to the stats.
-    fn count(&mut self, stats: &mut Stats) {
-        let (step_time, max_step_time) = self.decoder.step_times();
-        stats.steps += self.decoder.steps() - self.counted_steps;
-        stats.step_time += step_time - self.counted_step_time;
-        stats.max_step_time = stats.max_step_time.max(max_step_time);
-        stats.state_bytes = self.decoder.state_bytes() as u64;
-        let (mean_rows, max_rows) = self.decoder.batch_rows();
-        if stats.steps > 0 {
-            stats.mean_batch_rows =
-                (self.counted_batch_rows + mean_rows * self.decoder.steps() as f64) / stats.steps as f64;
-        }
-        stats.max_batch_rows = stats.max_batch_rows.max(max_rows as u64);
-        self.counted_steps = self.decoder.steps();
-        self.counted_step_time = step_time;
+impl Drop for StreamLockGuard {
+    fn drop(&mut self) {
+        // SAFETY: locked by this guard in `QwenCodecDec::stream_lock`, on this thread; the
+        // element (and so the mutex) outlives the guard, which lives inside one of its methods.
+        unsafe { glib::ffi::g_rec_mutex_unlock(self.0) }
     }
 }
 
@@ -277,187 +89,37 @@ impl QwenCodecDec {
         self.state.lock().unwrap()
     }
 
-    fn stats(&self) -> MutexGuard<'_, Stats> {
+    pub(super) fn stats(&self) -> MutexGuard<'_, Stats> {
         self.stats.lock().unwrap()
     }
 
-    fn load(&self, settings: &Settings) -> Result<State, gst::ErrorMessage> {
-        let model_path = settings
-            .model_path
-            .clone()
-            .or_else(|| std::env::var(MODEL_PATH_ENV).ok())
-            .filter(|path| !path.is_empty())
-            .map(PathBuf::from)
-            .ok_or_else(|| {
-                gst::error_msg!(
-                    gst::LibraryError::Settings,
-                    (
-                        "No model: set the model-path property or the {} environment variable",
-                        MODEL_PATH_ENV
-                    )
-                )
-            })?;
-        let device = model::parse_device(&settings.device)
-            .map_err(|err| gst::error_msg!(gst::LibraryError::Settings, ("{}", err)))?;
-        let dtype = match settings.dtype {
-            super::Dtype::F32 => model::Dtype::F32,
-            super::Dtype::Bf16 => model::Dtype::Bf16,
-            super::Dtype::F16 => model::Dtype::F16,
-        };
-        gst::info!(
-            CAT,
-            imp = self,
-            "Loading {} on {:?} ({}), device {:?} asked for",
-            model_path.display(),
-            device,
-            dtype,
-            settings.device
-        );
-        gst::element_imp_info!(
-            self,
-            gst::LibraryError::Init,
-            (
-                "Loading the Qwen3-TTS decoder from {} on {:?} ({})",
-                model_path.display(),
-                device,
-                dtype
-            )
-        );
-        let loading = Instant::now();
-        let model = Model::shared(&model_path, device, dtype).map_err(|err| {
-            let message = format!("Cannot load the model from {}: {err}", model_path.display());
-            match err {
-                ModelError::Io { .. } | ModelError::Checkpoint(_) | ModelError::MissingTensor { .. } => {
-                    gst::error_msg!(gst::ResourceError::OpenRead, ("{}", message))
-                }
-                ModelError::Config(_) | ModelError::ShapeMismatch { .. } => {
-                    gst::error_msg!(gst::StreamError::Format, ("{}", message))
-                }
-                ModelError::Device(_) | ModelError::Torch(_) => {
-                    gst::error_msg!(gst::LibraryError::Init, ("{}", message))
-                }
-            }
-        })?;
-        let tail = match settings.tail_strategy {
-            super::TailStrategy::Eager => model::TailStrategy::Eager,
-            super::TailStrategy::Pad => model::TailStrategy::Pad,
-        };
-        let decoder_error = |err: DecodeError| gst::error_msg!(gst::LibraryError::Init, ("{}", err));
-        let mut decoder =
-            StreamDecoder::new(model.clone(), settings.chunk_frames as usize, tail).map_err(decoder_error)?;
-        decoder.set_limits(StepLimits {
-            max_batch: settings.max_batch as usize,
-            max_step_frames: settings.max_step_frames as usize,
-        });
-        let limits = decoder.limits();
-        if limits.max_batch > 1 {
-            gst::info!(
-                CAT,
-                imp = self,
-                "Batching on: steps join those of other streams of the model, up to {} rows; \
-                 waiting frames join into steps of up to {} frames",
-                limits.max_batch,
-                limits.max_step_frames
-            );
-        } else {
-            gst::info!(
-                CAT,
-                imp = self,
-                "Batching off (max-batch 1); waiting frames join into steps of up to {} frames",
-                limits.max_step_frames
-            );
-        }
-        if model.device().is_cuda() && settings.cuda_graphs {
-            // Eager steps give the same audio, only slower: a failed capture is not fatal.
-            if let Err(err) = decoder.capture_cuda_graph() {
-                gst::element_imp_warning!(
-                    self,
-                    gst::LibraryError::Init,
-                    ("Decoding without a CUDA graph: {}", err)
-                );
-            }
-        }
+    fn stream(&self) -> Option<Arc<Stream>> {
+        self.state().as_ref().map(|state| state.stream.clone())
+    }
 
-        // Warm-up: one step of silence-codes checks the samples per frame and pays the first
-        // step's one-off costs before real buffers arrive.
-        let config = model.config();
-        let warm_up = Instant::now();
-        let audio = decoder
-            .push(&vec![0; settings.chunk_frames as usize * config.num_quantizers])
-            .map_err(decoder_error)?;
-        let step_time = warm_up.elapsed();
-        let expected = settings.chunk_frames as usize * model.samples_per_frame();
-        if audio.len() != expected {
-            return Err(gst::error_msg!(
-                gst::LibraryError::Init,
-                (
-                    "Warm-up step gave {} samples instead of {}",
-                    audio.len(),
-                    expected
-                )
-            ));
+    fn stream_lock(&self) -> StreamLockGuard {
+        let decoder: *mut gst_audio::ffi::GstAudioDecoder = self
+            .obj()
+            .upcast_ref::<gst_audio::AudioDecoder>()
+            .to_glib_none()
+            .0;
+        // SAFETY: `decoder` points to this live element's GstAudioDecoder instance, whose
+        // `stream_lock` is a GRecMutex initialised by the base class for the element's life;
+        // recursive, so taking it where the base class already holds it (handle_frame, flush)
+        // is allowed.
+        unsafe {
+            let mutex = std::ptr::addr_of_mut!((*decoder).stream_lock);
+            glib::ffi::g_rec_mutex_lock(mutex);
+            StreamLockGuard(mutex)
         }
-        decoder.reset().map_err(decoder_error)?;
-
-        let (num, den) = config.frame_rate();
-        let frame = gst::ClockTime::SECOND
-            .mul_div_floor(den as u64, num as u64)
-            .unwrap();
-        let latency =
-            frame * (settings.chunk_frames as u64 - 1) + gst::ClockTime::try_from(step_time).unwrap();
-        self.obj().set_latency(latency, Some(latency));
-        gst::element_imp_info!(
-            self,
-            gst::LibraryError::Init,
-            (
-                "Loaded the Qwen3-TTS decoder from {} in {:.2} s: {} codebooks, {} Hz, {} samples per frame, \
-                 on {:?} ({}){}, warm-up step {:.1} ms, latency {}",
-                model_path.display(),
-                loading.elapsed().as_secs_f64(),
-                config.num_quantizers,
-                config.sample_rate,
-                model.samples_per_frame(),
-                model.device(),
-                model.dtype(),
-                if decoder.uses_cuda_graph() {
-                    ", CUDA graph"
-                } else {
-                    ""
-                },
-                step_time.as_secs_f64() * 1e3,
-                latency
-            )
-        );
-
-        *self.stats() = Stats {
-            sample_rate: config.sample_rate,
-            state_bytes: decoder.state_bytes() as u64,
-            cuda_graph: decoder.uses_cuda_graph(),
-            ..Stats::default()
-        };
-        Ok(State {
-            decoder,
-            model_path,
-            format: gst_audio::AudioFormat::F32le,
-            partial_frame: Vec::new(),
-            frames_per_input: VecDeque::new(),
-            audio: Vec::new(),
-            refused_caps: None,
-            counted_steps: 0,
-            counted_step_time: Duration::ZERO,
-            counted_batch_rows: 0.0,
-        })
     }
 
     /// Pushes decoded audio downstream through the base class, which stamps it.
     fn push_output(
         &self,
-        output: Option<Output>,
+        Output { input_buffers, audio }: Output,
         format: gst_audio::AudioFormat,
     ) -> Result<gst::FlowSuccess, gst::FlowError> {
-        let Some(Output { input_buffers, audio }) = output else {
-            return Ok(gst::FlowSuccess::Ok);
-        };
         if audio.is_empty() {
             return self.obj().finish_frame(None, input_buffers);
         }
@@ -466,20 +128,50 @@ impl QwenCodecDec {
         self.obj().finish_frame(Some(buffer), input_buffers)
     }
 
-    /// Decodes what the stream still holds, pushes it, and starts a fresh stream.
+    /// Pushes the audio of the steps finished so far, in order, under the stream lock; a
+    /// failed push is kept for the streaming thread to return.
+    pub(super) fn push_outbox(&self, stream: &Stream) {
+        let _lock = self.stream_lock();
+        loop {
+            let mut inner = stream.lock();
+            let Some(output) = inner.next_output() else {
+                return;
+            };
+            let format = inner.format;
+            drop(inner);
+            if let Err(err) = self.push_output(output, format) {
+                gst::debug!(CAT, imp = self, "Pushing audio: {:?}", err);
+                stream.lock().flow = Err(err);
+                return;
+            }
+        }
+    }
+
+    /// Decodes what the stream still holds (after the step in flight), pushes it, and starts a
+    /// fresh stream.
     fn drain(&self) -> Result<gst::FlowSuccess, gst::FlowError> {
-        let mut guard = self.state();
-        let Some(state) = guard.as_mut() else {
+        let Some(stream) = self.stream() else {
             return Ok(gst::FlowSuccess::Ok);
         };
-        let drained = state.drain();
+        let _lock = self.stream_lock();
+        let mut inner = stream.lock();
+        inner.set_draining(true);
+        drop(inner);
+        let mut inner = stream.lock_idle();
+        let (outputs, drained) = inner.drain();
         let mut stats = self.stats();
-        let reset = state.reset(&mut stats);
+        let reset = inner.reset(&mut stats);
         drop(stats);
-        let format = state.format;
-        drop(guard);
+        inner.set_draining(false);
+        let format = inner.format;
+        drop(inner);
+        stream.wake();
 
-        let (output, dropped) = drained.map_err(|err| self.decode_error(err))?;
+        let mut flow = Ok(gst::FlowSuccess::Ok);
+        for output in outputs {
+            flow = flow.and(self.push_output(output, format));
+        }
+        let dropped = drained.map_err(|err| self.decode_error(err))?;
         reset.map_err(|err| self.decode_error(err))?;
         if dropped > 0 {
             gst::element_imp_warning!(
@@ -491,14 +183,15 @@ impl QwenCodecDec {
                 )
             );
         }
-        self.push_output(output, format)
+        flow
     }
 
-    /// Drops everything of the current stream (flushing seek).
+    /// Drops everything of the current stream (flushing seek), once the step in flight is
+    /// done; its audio is dropped too.
     fn reset_stream(&self) {
-        if let Some(state) = self.state().as_mut()
-            && let Err(err) = state.reset(&mut self.stats())
-        {
+        let Some(stream) = self.stream() else { return };
+        let mut inner = stream.lock_idle();
+        if let Err(err) = inner.reset(&mut self.stats()) {
             gst::warning!(CAT, imp = self, "Cannot reset the decoder: {}", err);
         }
     }
@@ -518,7 +211,7 @@ impl QwenCodecDec {
         gst::loggable_error!(CAT, "Caps {} refused", caps)
     }
 
-    fn decode_error(&self, err: DecodeError) -> gst::FlowError {
+    pub(super) fn decode_error(&self, err: DecodeError) -> gst::FlowError {
         match err {
             DecodeError::InvalidCode { .. } | DecodeError::PartialFrame { .. } => {
                 gst::element_imp_error!(self, gst::StreamError::Decode, ("Invalid codec frame: {}", err));
@@ -713,8 +406,20 @@ impl ElementImpl for QwenCodecDec {
 impl AudioDecoderImpl for QwenCodecDec {
     fn start(&self) -> Result<(), gst::ErrorMessage> {
         let settings = self.settings.lock().unwrap().clone();
-        let state = self.load(&settings)?;
-        *self.state() = Some(state);
+        let (decoder, model_path) = self.load(&settings)?;
+        let stream = Stream::new(decoder);
+        let steps = stream.spawn_steps(self.obj().downgrade()).map_err(|err| {
+            gst::error_msg!(
+                gst::LibraryError::Init,
+                ("Cannot start the decoding thread: {}", err)
+            )
+        })?;
+        *self.state() = Some(State {
+            stream,
+            _steps: steps,
+            model_path,
+            refused_caps: None,
+        });
         // Lets the base class turn a BYTES segment (e.g. straight from filesrc) into TIME
         // through the sink's convert query. Set here: the base class clears it on each start.
         self.obj().set_estimate_rate(true);
@@ -731,7 +436,7 @@ impl AudioDecoderImpl for QwenCodecDec {
         let state = guard
             .as_mut()
             .ok_or_else(|| gst::loggable_error!(CAT, "Caps before start"))?;
-        let config = state.model().config().clone();
+        let config = state.stream.lock().model().config().clone();
         let s = caps
             .structure(0)
             .ok_or_else(|| gst::loggable_error!(CAT, "Empty caps"))?;
@@ -781,7 +486,7 @@ impl AudioDecoderImpl for QwenCodecDec {
         let info = gst_audio::AudioInfo::from_caps(&output)
             .map_err(|_| gst::loggable_error!(CAT, "Cannot use output caps {}", output))?;
         gst::debug!(CAT, imp = self, "Input {}, output {}", caps, output);
-        state.format = info.format();
+        state.stream.lock().format = info.format();
         drop(guard);
         self.obj()
             .set_output_format(&info)
@@ -797,24 +502,20 @@ impl AudioDecoderImpl for QwenCodecDec {
             gst::FlowError::Error
         })?;
 
-        let mut guard = self.state();
-        let state = guard.as_mut().ok_or(gst::FlowError::Flushing)?;
-        let frames_before = state.decoder.frames_in();
-        let pushed = state.push_bytes(map.as_slice());
-        let mut stats = self.stats();
-        stats.frames_in += state.decoder.frames_in() - frames_before;
-        state.count(&mut stats);
-        drop(stats);
-        let format = state.format;
-        match pushed {
-            Ok(()) => {
-                let output = state.finished_buffers();
-                drop(guard);
-                self.push_output(output, format)
+        let stream = self.stream().ok_or(gst::FlowError::Flushing)?;
+        let mut inner = stream.lock();
+        // What the step thread met since the last buffer: a failed step or push.
+        inner.flow?;
+        let accepted = inner.accept(map.as_slice());
+        drop(inner);
+        match accepted {
+            Ok(frames) => {
+                self.stats().frames_in += frames;
+                stream.wake();
+                Ok(gst::FlowSuccess::Ok)
             }
             Err(err) => {
-                // Push what the frames before the bad one gave, then fail.
-                drop(guard);
+                // Push what the frames before the bad one give, then fail.
                 let _ = self.drain();
                 Err(self.decode_error(err))
             }
@@ -842,8 +543,10 @@ impl AudioDecoderImpl for QwenCodecDec {
         if let gst::QueryViewMut::Convert(convert) = query.view_mut() {
             let (source, destination) = convert.get();
             let geometry = self.state().as_ref().map(|state| {
-                let (num, den) = state.model().config().frame_rate();
-                (state.frame_bytes() as u128, num as u128, den as u128)
+                let inner = state.stream.lock();
+                let config = inner.model().config();
+                let (num, den) = config.frame_rate();
+                (2 * config.num_quantizers as u128, num as u128, den as u128)
             });
             if let (Some((frame_bytes, num, den)), Some(value)) = (geometry, source.value().try_into().ok()) {
                 let value: u64 = value;

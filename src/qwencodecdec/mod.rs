@@ -4,6 +4,9 @@ use gst::glib;
 use gst::prelude::*;
 
 mod imp;
+mod load;
+mod settings;
+mod stream;
 
 /// Values of the `tail-strategy` property.
 #[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]

@@ -1,0 +1,76 @@
+//! The element's settings (its properties) and statistics.
+
+use std::time::Duration;
+
+use crate::model::StepLimits;
+
+#[derive(Debug, Clone)]
+pub(super) struct Settings {
+    pub(super) model_path: Option<String>,
+    pub(super) device: String,
+    pub(super) dtype: super::Dtype,
+    pub(super) chunk_frames: u32,
+    pub(super) tail_strategy: super::TailStrategy,
+    pub(super) cuda_graphs: bool,
+    pub(super) max_batch: u32,
+    pub(super) max_step_frames: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            model_path: None,
+            device: "auto".into(),
+            dtype: super::Dtype::default(),
+            chunk_frames: 1,
+            tail_strategy: super::TailStrategy::default(),
+            cuda_graphs: true,
+            max_batch: StepLimits::default().max_batch as u32,
+            max_step_frames: StepLimits::default().max_step_frames as u32,
+        }
+    }
+}
+
+/// Counters behind the `stats` property, kept apart from the state so that reading them
+/// never waits for a decode step.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Stats {
+    pub(super) frames_in: u64,
+    pub(super) samples_out: u64,
+    pub(super) steps: u64,
+    pub(super) step_time: Duration,
+    pub(super) max_step_time: Duration,
+    pub(super) state_bytes: u64,
+    pub(super) sample_rate: u32,
+    pub(super) cuda_graph: bool,
+    pub(super) mean_batch_rows: f64,
+    pub(super) max_batch_rows: u64,
+}
+
+impl Stats {
+    pub(super) fn to_structure(&self) -> gst::Structure {
+        let mean_step_ms = if self.steps > 0 {
+            self.step_time.as_secs_f64() * 1e3 / self.steps as f64
+        } else {
+            0.0
+        };
+        let audio_seconds = self.samples_out as f64 / self.sample_rate.max(1) as f64;
+        let real_time_factor = if audio_seconds > 0.0 {
+            self.step_time.as_secs_f64() / audio_seconds
+        } else {
+            0.0
+        };
+        gst::Structure::builder("qwencodecdec-stats")
+            .field("frames-in", self.frames_in)
+            .field("samples-out", self.samples_out)
+            .field("decode-steps", self.steps)
+            .field("mean-step-ms", mean_step_ms)
+            .field("max-step-ms", self.max_step_time.as_secs_f64() * 1e3)
+            .field("real-time-factor", real_time_factor)
+            .field("state-bytes", self.state_bytes)
+            .field("cuda-graph", self.cuda_graph)
+            .field("mean-batch-rows", self.mean_batch_rows)
+            .field("max-batch-rows", self.max_batch_rows)
+            .build()
+    }
+}

@@ -1,0 +1,344 @@
+//! One stream of the element: the frames its buffers bring, decoded on a thread of the
+//! element's own, so that the streaming thread goes on taking buffers during a step (frames that
+//! arrive meanwhile join into the next, larger step), and each step's audio goes downstream as
+//! the step ends.
+//!
+//! The streaming thread only splits buffers into frames and checks their codes; the step thread
+//! takes the decoder out, runs a step without any lock held, puts it back and queues the audio.
+//! Audio is pushed under the base class's stream lock, which a flush also holds, so audio of a
+//! step begun before a flush never follows it. A drain (EOS, a new stream, a bad code) and a
+//! flush wait for the step in flight, then do their work on the streaming thread.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use gst::glib;
+use gst::subclass::prelude::*;
+
+use super::settings::Stats;
+use crate::model::{DecodeError, Model, StreamDecoder};
+
+/// Audio ready to go downstream, for `input_buffers` input buffers of the base class queue.
+pub(super) struct Output {
+    pub(super) input_buffers: i32,
+    pub(super) audio: Vec<f32>,
+}
+
+/// What the streaming thread and the step thread share.
+pub(super) struct Stream {
+    inner: Mutex<Inner>,
+    changed: Condvar,
+}
+
+pub(super) struct Inner {
+    model: Arc<Model>,
+    /// None while the step thread runs a step with it.
+    decoder: Option<StreamDecoder>,
+    /// Negotiated output sample format (F32LE or S16LE).
+    pub(super) format: gst_audio::AudioFormat,
+    /// Whole frames taken from buffers, not handed to the decoder yet.
+    codes: Vec<i16>,
+    frames_accepted: u64,
+    /// Bytes of a frame cut by a buffer boundary, waiting for the rest.
+    partial_frame: Vec<u8>,
+    /// Per input buffer not yet finished, oldest first: how many frames start in it. A buffer
+    /// is finished, and its audio pushed, once all of them are decoded, so every output buffer
+    /// starts where an input buffer's frames start and takes that buffer's timestamp.
+    frames_per_input: VecDeque<usize>,
+    /// Decoded audio of the unfinished input buffers.
+    audio: Vec<f32>,
+    /// Finished input buffers' audio, oldest first, waiting to be pushed.
+    outbox: VecDeque<Output>,
+    /// Bumped by every reset: the audio of a step begun before it is dropped.
+    generation: u64,
+    /// The streaming thread decodes the rest itself: no new step starts.
+    draining: bool,
+    shutdown: bool,
+    /// The step thread's failed step or push, for the streaming thread to return.
+    pub(super) flow: Result<gst::FlowSuccess, gst::FlowError>,
+    /// Decoder counters already added to the stats (the decoder restarts with each stream).
+    counted_steps: u64,
+    counted_step_time: Duration,
+    counted_batch_rows: f64,
+}
+
+impl Stream {
+    pub(super) fn new(decoder: StreamDecoder) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Mutex::new(Inner {
+                model: decoder.model().clone(),
+                decoder: Some(decoder),
+                format: gst_audio::AudioFormat::F32le,
+                codes: Vec::new(),
+                frames_accepted: 0,
+                partial_frame: Vec::new(),
+                frames_per_input: VecDeque::new(),
+                audio: Vec::new(),
+                outbox: VecDeque::new(),
+                generation: 0,
+                draining: false,
+                shutdown: false,
+                flow: Ok(gst::FlowSuccess::Ok),
+                counted_steps: 0,
+                counted_step_time: Duration::ZERO,
+                counted_batch_rows: 0.0,
+            }),
+            changed: Condvar::new(),
+        })
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn wait<'a>(&self, inner: MutexGuard<'a, Inner>) -> MutexGuard<'a, Inner> {
+        self.changed
+            .wait(inner)
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The lock, once the step in flight (if any) has given the decoder back.
+    pub(super) fn lock_idle(&self) -> MutexGuard<'_, Inner> {
+        let mut inner = self.lock();
+        while inner.decoder.is_none() {
+            inner = self.wait(inner);
+        }
+        inner
+    }
+
+    /// Tells the step thread that there may be work.
+    pub(super) fn wake(&self) {
+        self.changed.notify_all();
+    }
+
+    /// Starts the step thread of `element`.
+    pub(super) fn spawn_steps(
+        self: &Arc<Self>,
+        element: glib::WeakRef<super::QwenCodecDec>,
+    ) -> std::io::Result<StepThread> {
+        let stream = self.clone();
+        let thread = std::thread::Builder::new()
+            .name("qwencodecdec-steps".into())
+            .spawn(move || stream.run_steps(element))?;
+        Ok(StepThread {
+            stream: self.clone(),
+            thread: Some(thread),
+        })
+    }
+
+    /// The step thread: a step whenever a full one waits, its audio queued and pushed.
+    fn run_steps(&self, element: glib::WeakRef<super::QwenCodecDec>) {
+        loop {
+            let mut inner = self.lock();
+            let step = loop {
+                if inner.shutdown {
+                    return;
+                }
+                if let Some(step) = inner.next_step() {
+                    break step;
+                }
+                inner = self.wait(inner);
+            };
+            let (mut decoder, codes, generation) = step;
+            drop(inner);
+            let result = decoder.push(&codes);
+
+            let Some(element) = element.upgrade() else {
+                return;
+            };
+            let imp = element.imp();
+            let mut inner = self.lock();
+            inner.decoder = Some(decoder);
+            let mut failed = None;
+            if inner.generation == generation {
+                match result {
+                    Ok(audio) => {
+                        inner.audio.extend(audio);
+                        if let Some(output) = inner.finished_buffers() {
+                            inner.outbox.push_back(output);
+                        }
+                    }
+                    Err(err) => {
+                        inner.flow = Err(gst::FlowError::Error);
+                        failed = Some(err);
+                    }
+                }
+                inner.count(&mut imp.stats());
+            }
+            self.changed.notify_all();
+            drop(inner);
+            if let Some(err) = failed {
+                // Posts the error; the flow it returns is kept above for the streaming thread.
+                let _ = imp.decode_error(err);
+            }
+            imp.push_outbox(self);
+        }
+    }
+}
+
+impl Inner {
+    pub(super) fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    fn frame_bytes(&self) -> usize {
+        2 * self.model.config().num_quantizers
+    }
+
+    /// The decoder, the codes of the next step and the generation it belongs to, when a full
+    /// step waits and nothing else has the decoder.
+    fn next_step(&mut self) -> Option<(StreamDecoder, Vec<i16>, u64)> {
+        if self.draining {
+            return None;
+        }
+        let codebooks = self.model.config().num_quantizers;
+        let take = self
+            .decoder
+            .as_ref()?
+            .frames_for_next_step(self.codes.len() / codebooks)?;
+        let codes = self.codes.drain(..take * codebooks).collect();
+        Some((self.decoder.take()?, codes, self.generation))
+    }
+
+    /// Takes one input buffer's bytes: its whole frames wait for the step thread. On a bad
+    /// code, the frames before it are taken and the error returned.
+    pub(super) fn accept(&mut self, data: &[u8]) -> Result<u64, DecodeError> {
+        let frame_bytes = self.frame_bytes();
+        let carried = self.partial_frame.len();
+        let starting_here = (carried + data.len()).div_ceil(frame_bytes) - carried.div_ceil(frame_bytes);
+        self.frames_per_input.push_back(starting_here);
+
+        self.partial_frame.extend_from_slice(data);
+        let whole = self.partial_frame.len() / frame_bytes * frame_bytes;
+        let codes: Vec<i16> = self
+            .partial_frame
+            .drain(..whole)
+            .as_slice()
+            .chunks_exact(2)
+            .map(|pair| i16::from_le_bytes([pair[0], pair[1]]))
+            .collect();
+        let (valid, checked) = match self.model.check_codes(&codes, self.frames_accepted) {
+            Ok(()) => (codes.len(), Ok(())),
+            Err(err @ DecodeError::InvalidCode { frame, .. }) => (
+                (frame - self.frames_accepted) as usize * (frame_bytes / 2),
+                Err(err),
+            ),
+            Err(err) => (0, Err(err)),
+        };
+        let frames = (valid / (frame_bytes / 2)) as u64;
+        self.codes.extend_from_slice(&codes[..valid]);
+        self.frames_accepted += frames;
+        checked.map(|()| frames)
+    }
+
+    /// The input buffers whose frames are all decoded, with their audio.
+    fn finished_buffers(&mut self) -> Option<Output> {
+        let samples_per_frame = self.model.samples_per_frame();
+        let mut decoded_frames = self.audio.len() / samples_per_frame;
+        let mut frames = 0;
+        let mut input_buffers = 0;
+        while let Some(&starting) = self.frames_per_input.front() {
+            if starting > decoded_frames {
+                break;
+            }
+            decoded_frames -= starting;
+            frames += starting;
+            input_buffers += 1;
+            self.frames_per_input.pop_front();
+        }
+        (input_buffers > 0).then(|| Output {
+            input_buffers,
+            audio: self.audio.drain(..frames * samples_per_frame).collect(),
+        })
+    }
+
+    /// Ends the stream on the calling thread, the decoder idle: what waits to be pushed, then
+    /// the audio of every frame still waiting (the tail by the tail strategy), for every queued
+    /// input buffer. Returns the outputs in order and the bytes of a cut frame dropped.
+    pub(super) fn drain(&mut self) -> (Vec<Output>, Result<usize, DecodeError>) {
+        let mut outputs: Vec<Output> = self.outbox.drain(..).collect();
+        let decoder = self.decoder.as_mut().expect("the decoder is idle");
+        let decoded = decoder
+            .push(&std::mem::take(&mut self.codes))
+            .and_then(|audio| Ok((audio, decoder.finish()?)));
+        let (audio, tail) = match decoded {
+            Ok(decoded) => decoded,
+            Err(err) => return (outputs, Err(err)),
+        };
+        self.audio.extend(audio);
+        self.audio.extend(tail);
+        let dropped = std::mem::take(&mut self.partial_frame).len();
+        let input_buffers = std::mem::take(&mut self.frames_per_input).len();
+        if input_buffers > 0 {
+            outputs.push(Output {
+                input_buffers: input_buffers as i32,
+                audio: std::mem::take(&mut self.audio),
+            });
+        }
+        (outputs, Ok(dropped))
+    }
+
+    /// Forgets the stream, the decoder idle: the next frame decodes as on a fresh decoder.
+    pub(super) fn reset(&mut self, stats: &mut Stats) -> Result<(), DecodeError> {
+        self.count(stats);
+        self.generation += 1;
+        self.codes.clear();
+        self.frames_accepted = 0;
+        self.partial_frame.clear();
+        self.frames_per_input.clear();
+        self.audio.clear();
+        self.outbox.clear();
+        self.flow = Ok(gst::FlowSuccess::Ok);
+        self.counted_batch_rows = stats.mean_batch_rows * stats.steps as f64;
+        self.counted_steps = 0;
+        self.counted_step_time = Duration::ZERO;
+        self.decoder.as_mut().expect("the decoder is idle").reset()
+    }
+
+    /// Adds the decoder's new steps to the stats.
+    fn count(&mut self, stats: &mut Stats) {
+        let Some(decoder) = &self.decoder else { return };
+        let (step_time, max_step_time) = decoder.step_times();
+        stats.steps += decoder.steps() - self.counted_steps;
+        stats.step_time += step_time - self.counted_step_time;
+        stats.max_step_time = stats.max_step_time.max(max_step_time);
+        stats.state_bytes = decoder.state_bytes() as u64;
+        let (mean_rows, max_rows) = decoder.batch_rows();
+        if stats.steps > 0 {
+            stats.mean_batch_rows =
+                (self.counted_batch_rows + mean_rows * decoder.steps() as f64) / stats.steps as f64;
+        }
+        stats.max_batch_rows = stats.max_batch_rows.max(max_rows as u64);
+        self.counted_steps = decoder.steps();
+        self.counted_step_time = step_time;
+    }
+
+    /// Takes the next output to push.
+    pub(super) fn next_output(&mut self) -> Option<Output> {
+        self.outbox.pop_front()
+    }
+
+    pub(super) fn set_draining(&mut self, draining: bool) {
+        self.draining = draining;
+    }
+}
+
+/// The running step thread; stopping it (on drop) lets the step in flight end first.
+pub(super) struct StepThread {
+    stream: Arc<Stream>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for StepThread {
+    fn drop(&mut self) {
+        self.stream.lock().shutdown = true;
+        self.stream.wake();
+        if let Some(thread) = self.thread.take()
+            && thread.thread().id() != std::thread::current().id()
+        {
+            let _ = thread.join();
+        }
+    }
+}
