@@ -8,10 +8,14 @@
 //!   pushed a frame at a time as fast as the decoder takes them (one frame per step, so that
 //!   only batching across streams differs between the two modes): aggregate audio seconds per
 //!   second, the step time each stream sees, and the first audio of the last stream to get one.
-//! - **Live**: streams that each push 12.5 frames a second in real time, started 300 ms apart;
-//!   a stream's frames that fell due while it waited for a step go in together at its next push
-//!   (as they pile up in front of an element). Per frame: the time from when it fell due to its
-//!   audio. The largest N whose p95 stays under 400 ms is the number of live streams served.
+//! - **Live**: streams that each push 12.5 frames a second in real time, started 300 ms apart,
+//!   each decoded as the element decodes: one step at a time, taking the frames that fell due
+//!   while the last step ran (as many as the next step takes: `frames_for_next_step`). Per
+//!   frame: the time from when it fell due to its audio. The largest N whose p95 stays under
+//!   400 ms is the number of live streams served.
+//!
+//! Each measurement runs twice, the two modes alternating, and the better run counts: the speed
+//! of these shared machines drifts by 15% and more within minutes.
 //!
 //! Batching off is today's behaviour without the engine: one frame per step, steps taking
 //! turns (`max_batch` 1, `max_step_frames` 1). Batched: the defaults.
@@ -170,19 +174,25 @@ fn live(model: &Arc<Model>, codes: &[i16], streams: usize, seconds: f64, mode: M
                 let mut decoder = new_decoder(&model, limits);
                 let due = |frame: usize| begins + period * frame as u32;
                 let mut latencies_ms = Vec::with_capacity(frames);
-                let mut next = 0;
-                while next < frames {
-                    if let Some(wait) = due(next).checked_duration_since(Instant::now()) {
-                        std::thread::sleep(wait);
-                    }
-                    // Every frame due by now goes in: those that piled up during the last step.
+                // Frames handed over and decoded so far.
+                let (mut pushed, mut decoded) = (0, 0);
+                while decoded < frames {
                     let now = Instant::now();
-                    let end = (next..frames).find(|&f| due(f) > now).unwrap_or(frames);
-                    let audio = decoder.push(&codes[next * codebooks..end * codebooks]).unwrap();
+                    let arrived = (pushed..frames).find(|&f| due(f) > now).unwrap_or(frames);
+                    // The next step takes what has arrived, as far as it goes.
+                    let Some(take) = decoder.frames_for_next_step(arrived - pushed) else {
+                        std::thread::sleep(due(arrived).saturating_duration_since(now));
+                        continue;
+                    };
+                    let audio = decoder
+                        .push(&codes[pushed * codebooks..(pushed + take) * codebooks])
+                        .unwrap();
+                    pushed += take;
                     let out = Instant::now();
-                    assert_eq!(audio.len(), (end - next) * model.samples_per_frame());
-                    latencies_ms.extend((next..end).map(|f| (out - due(f)).as_secs_f64() * 1e3));
-                    next = end;
+                    let done = audio.len() / model.samples_per_frame();
+                    latencies_ms
+                        .extend((decoded..decoded + done).map(|f| (out - due(f)).as_secs_f64() * 1e3));
+                    decoded += done;
                 }
                 (latencies_ms, decoder.batch_rows())
             })
@@ -199,6 +209,18 @@ fn live(model: &Arc<Model>, codes: &[i16], streams: usize, seconds: f64, mode: M
         "latency_ms_p99": percentile(&latencies, 0.99),
         "max_batch_rows": max_rows,
     })
+}
+
+/// Each mode run twice, alternating (batched, off, batched, off); per mode, the run with the
+/// higher `score`.
+fn best_of_two(mut run: impl FnMut(Mode) -> Value, score: impl Fn(&Value) -> f64) -> [Value; 2] {
+    let modes = [Mode::Batched, Mode::Off];
+    let first = modes.map(&mut run);
+    let second = modes.map(&mut run);
+    let [a, b] = first;
+    let [c, d] = second;
+    let better = |x: Value, y: Value| if score(&y) > score(&x) { y } else { x };
+    [better(a, c), better(b, d)]
 }
 
 fn markdown(report: &Value) -> String {
@@ -278,8 +300,11 @@ fn main() {
 
     let mut throughput_rows = Vec::new();
     for &streams in &args.streams {
-        for mode in [Mode::Batched, Mode::Off] {
-            let row = throughput(&model, &codes, streams, args.frames, mode);
+        let [batched, off] = best_of_two(
+            |mode| throughput(&model, &codes, streams, args.frames, mode),
+            |row| row["audio_seconds_per_second"].as_f64().unwrap(),
+        );
+        for row in [batched, off] {
             eprintln!("throughput {row}");
             throughput_rows.push(row);
         }
@@ -287,8 +312,11 @@ fn main() {
     let mut live_rows = Vec::new();
     let mut served = json!({"batched": 0, "batching off": 0});
     for &streams in &args.live {
-        for mode in [Mode::Batched, Mode::Off] {
-            let row = live(&model, &codes, streams, args.live_seconds, mode);
+        let rows = best_of_two(
+            |mode| live(&model, &codes, streams, args.live_seconds, mode),
+            |row| -row["latency_ms_p95"].as_f64().unwrap(),
+        );
+        for (row, mode) in rows.into_iter().zip([Mode::Batched, Mode::Off]) {
             eprintln!("live {row}");
             if row["latency_ms_p95"].as_f64().unwrap() < LIVE_P95_LIMIT_MS {
                 let best = &mut served[mode.name()];

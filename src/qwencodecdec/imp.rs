@@ -147,32 +147,54 @@ impl QwenCodecDec {
         }
     }
 
-    /// Decodes what the stream still holds (after the step in flight), pushes it, and starts a
-    /// fresh stream.
+    /// Decodes what the stream still holds (after the step in flight), pushing each step's
+    /// audio as it ends, and starts a fresh stream.
     fn drain(&self) -> Result<gst::FlowSuccess, gst::FlowError> {
         let Some(stream) = self.stream() else {
             return Ok(gst::FlowSuccess::Ok);
         };
         let _lock = self.stream_lock();
+        stream.lock().set_draining(true);
+        drop(stream.lock_idle());
+        let result = self.drain_idle(&stream);
         let mut inner = stream.lock();
-        inner.set_draining(true);
-        drop(inner);
-        let mut inner = stream.lock_idle();
-        let (outputs, drained) = inner.drain();
-        let mut stats = self.stats();
-        let reset = inner.reset(&mut stats);
-        drop(stats);
+        let reset = inner.reset(&mut self.stats());
         inner.set_draining(false);
-        let format = inner.format;
         drop(inner);
         stream.wake();
+        let flow = result?;
+        reset.map_err(|err| self.decode_error(err))?;
+        Ok(flow)
+    }
 
-        let mut flow = Ok(gst::FlowSuccess::Ok);
-        for output in outputs {
+    /// The drain with the step thread idle: what it finished, then the remaining steps and the
+    /// tail on this thread.
+    fn drain_idle(&self, stream: &Stream) -> Result<gst::FlowSuccess, gst::FlowError> {
+        self.push_outbox(stream);
+        let mut flow = stream.lock().flow;
+        loop {
+            let mut inner = stream.lock();
+            let format = inner.format;
+            let step = inner.step_here();
+            drop(inner);
+            match step {
+                None => break,
+                Some(Ok(output)) => {
+                    if let Some(output) = output {
+                        flow = flow.and(self.push_output(output, format));
+                    }
+                }
+                Some(Err(err)) => return Err(self.decode_error(err)),
+            }
+        }
+        let mut inner = stream.lock();
+        let format = inner.format;
+        let finished = inner.finish();
+        drop(inner);
+        let (output, dropped) = finished.map_err(|err| self.decode_error(err))?;
+        if let Some(output) = output {
             flow = flow.and(self.push_output(output, format));
         }
-        let dropped = drained.map_err(|err| self.decode_error(err))?;
-        reset.map_err(|err| self.decode_error(err))?;
         if dropped > 0 {
             gst::element_imp_warning!(
                 self,
@@ -512,7 +534,11 @@ impl AudioDecoderImpl for QwenCodecDec {
             Ok(frames) => {
                 self.stats().frames_in += frames;
                 stream.wake();
-                Ok(gst::FlowSuccess::Ok)
+                // The audio of steps finished meanwhile goes from here too: a streaming thread
+                // handed buffer after buffer holds the stream lock nearly all the time, and the
+                // step thread would wait for it until the buffers stop coming.
+                self.push_outbox(&stream);
+                stream.lock().flow
             }
             Err(err) => {
                 // Push what the frames before the bad one give, then fail.

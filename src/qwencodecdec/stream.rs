@@ -6,7 +6,8 @@
 //! The streaming thread only splits buffers into frames and checks their codes; the step thread
 //! takes the decoder out, runs a step without any lock held, puts it back and queues the audio.
 //! Audio is pushed under the base class's stream lock, which a flush also holds, so audio of a
-//! step begun before a flush never follows it. A drain (EOS, a new stream, a bad code) and a
+//! step begun before a flush never follows it: by the step thread when the step ends, or by the
+//! streaming thread with its next buffer if that comes first. A drain (EOS, a new stream, a bad code) and a
 //! flush wait for the step in flight, then do their work on the streaming thread.
 
 use std::collections::VecDeque;
@@ -254,30 +255,35 @@ impl Inner {
         })
     }
 
-    /// Ends the stream on the calling thread, the decoder idle: what waits to be pushed, then
-    /// the audio of every frame still waiting (the tail by the tail strategy), for every queued
-    /// input buffer. Returns the outputs in order and the bytes of a cut frame dropped.
-    pub(super) fn drain(&mut self) -> (Vec<Output>, Result<usize, DecodeError>) {
-        let mut outputs: Vec<Output> = self.outbox.drain(..).collect();
+    /// On the calling thread, the decoder idle: the next step if a full one waits, and the
+    /// output it finishes (if it finishes an input buffer).
+    pub(super) fn step_here(&mut self) -> Option<Result<Option<Output>, DecodeError>> {
+        let codebooks = self.model.config().num_quantizers;
         let decoder = self.decoder.as_mut().expect("the decoder is idle");
-        let decoded = decoder
-            .push(&std::mem::take(&mut self.codes))
-            .and_then(|audio| Ok((audio, decoder.finish()?)));
-        let (audio, tail) = match decoded {
-            Ok(decoded) => decoded,
-            Err(err) => return (outputs, Err(err)),
-        };
+        let take = decoder.frames_for_next_step(self.codes.len() / codebooks)?;
+        let codes: Vec<i16> = self.codes.drain(..take * codebooks).collect();
+        Some(decoder.push(&codes).map(|audio| {
+            self.audio.extend(audio);
+            self.finished_buffers()
+        }))
+    }
+
+    /// Ends the stream on the calling thread, the decoder idle and every full step run: the
+    /// frames still waiting (the tail, by the tail strategy), with the rest of the audio for
+    /// every queued input buffer. Returns that output and the bytes of a cut frame dropped.
+    pub(super) fn finish(&mut self) -> Result<(Option<Output>, usize), DecodeError> {
+        let decoder = self.decoder.as_mut().expect("the decoder is idle");
+        let frames = std::mem::take(&mut self.codes);
+        let mut audio = decoder.push(&frames)?;
+        audio.extend(decoder.finish()?);
         self.audio.extend(audio);
-        self.audio.extend(tail);
         let dropped = std::mem::take(&mut self.partial_frame).len();
         let input_buffers = std::mem::take(&mut self.frames_per_input).len();
-        if input_buffers > 0 {
-            outputs.push(Output {
-                input_buffers: input_buffers as i32,
-                audio: std::mem::take(&mut self.audio),
-            });
-        }
-        (outputs, Ok(dropped))
+        let output = (input_buffers > 0).then(|| Output {
+            input_buffers: input_buffers as i32,
+            audio: std::mem::take(&mut self.audio),
+        });
+        Ok((output, dropped))
     }
 
     /// Forgets the stream, the decoder idle: the next frame decodes as on a fresh decoder.
