@@ -5,7 +5,11 @@
 //! The engine never waits for a batch to fill: the first stream to find it idle runs the steps
 //! waiting then (its own at least), on the device's compute thread, while the steps that
 //! arrive meanwhile queue; when it is done, one of their streams runs those. So a lone stream
-//! runs at once, and batches form by themselves as load grows.
+//! runs at once, and batches form by themselves as load grows. One exception keeps them whole:
+//! the streams of the batch that just ended are waited for, up to [`REJOIN_GRACE`], as they hand
+//! over their next step. Streams that decode as fast as they can are back within microseconds;
+//! without it, streams stepping together split into two cohorts that take turns, each batch
+//! half as large. A lone stream is its own last batch, back at once: it never waits.
 //!
 //! State stays with its stream (a state of one row): a batched step gathers the rows of its
 //! streams into one state and scatters them back afterwards. Streams then join and leave
@@ -17,6 +21,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use tch::{Kind, Tensor};
 
@@ -40,8 +45,13 @@ pub struct StepDone {
     pub rows: usize,
 }
 
+/// How long the next batch waits for the streams of the last one to hand over their next step.
+pub const REJOIN_GRACE: Duration = Duration::from_millis(2);
+
 pub struct Engine {
     queue: Mutex<Queue>,
+    /// Signalled when a step is handed over, for a batch waiting for the last one's streams.
+    step_arrived: Condvar,
     /// Signalled when a batch ends: its streams take their results, and one of the streams
     /// still waiting runs the next batch.
     batch_done: Condvar,
@@ -55,6 +65,9 @@ struct Queue {
     done: HashMap<u64, StepDone>,
     running: bool,
     next_id: u64,
+    /// Rows of the batch that ended last, and the steps handed over since it ended.
+    last_rows: usize,
+    arrived_since: usize,
 }
 
 struct Job {
@@ -67,6 +80,7 @@ impl Engine {
     pub fn new() -> Self {
         Self {
             queue: Mutex::default(),
+            step_arrived: Condvar::new(),
             batch_done: Condvar::new(),
             tables: Mutex::default(),
         }
@@ -83,6 +97,8 @@ impl Engine {
         let id = queue.next_id;
         queue.next_id += 1;
         queue.waiting.push_back(Job { id, step, state });
+        queue.arrived_since += 1;
+        self.step_arrived.notify_all();
         loop {
             if let Some(done) = queue.done.remove(&id) {
                 return done;
@@ -94,8 +110,19 @@ impl Engine {
                     .unwrap_or_else(|poisoned| poisoned.into_inner());
                 continue;
             }
-            let mut batch = take_batch(&mut queue.waiting);
             queue.running = true;
+            let deadline = Instant::now() + REJOIN_GRACE;
+            while queue.arrived_since < queue.last_rows {
+                let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                    break;
+                };
+                queue = self
+                    .step_arrived
+                    .wait_timeout(queue, left)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .0;
+            }
+            let mut batch = take_batch(&mut queue.waiting);
             drop(queue);
             let outcome = executor::run(network.device(), || {
                 std::panic::catch_unwind(AssertUnwindSafe(|| self.compute(network, &mut batch)))
@@ -104,6 +131,8 @@ impl Engine {
             queue = self.lock();
             queue.running = false;
             let rows = batch.len();
+            queue.last_rows = rows;
+            queue.arrived_since = 0;
             let mut audio: Box<dyn Iterator<Item = Result<Vec<f32>, tch::TchError>>> = match outcome {
                 Ok(audio) => Box::new(audio.into_iter().map(Ok)),
                 Err(err) => Box::new(std::iter::repeat_with(move || Err(copy_error(&err)))),
