@@ -85,6 +85,18 @@ impl Mode {
     }
 }
 
+/// Stream `index`'s `frames` frames: its own stretch of the checkpoint's codes, over and over.
+fn stream_codes(codes: &[i16], codebooks: usize, index: usize, frames: usize) -> Vec<i16> {
+    codes
+        .chunks(codebooks)
+        .cycle()
+        .skip(index * 7)
+        .take(frames)
+        .flatten()
+        .copied()
+        .collect()
+}
+
 fn new_decoder(model: &Arc<Model>, limits: StepLimits) -> StreamDecoder {
     let mut decoder = StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap();
     decoder.set_limits(limits);
@@ -102,15 +114,7 @@ fn throughput(model: &Arc<Model>, codes: &[i16], streams: usize, frames: usize, 
     let workers: Vec<_> = (0..streams)
         .map(|index| {
             let (model, barrier) = (model.clone(), barrier.clone());
-            // Each stream its own stretch of the codes.
-            let codes: Vec<i16> = codes
-                .chunks(codebooks)
-                .cycle()
-                .skip(index * 7)
-                .take(frames)
-                .flatten()
-                .copied()
-                .collect();
+            let codes = stream_codes(codes, codebooks, index, frames);
             std::thread::spawn(move || {
                 let mut decoder = new_decoder(&model, limits);
                 barrier.wait();
@@ -161,14 +165,7 @@ fn live(model: &Arc<Model>, codes: &[i16], streams: usize, seconds: f64, mode: M
     let workers: Vec<_> = (0..streams)
         .map(|index| {
             let model = model.clone();
-            let codes: Vec<i16> = codes
-                .chunks(codebooks)
-                .cycle()
-                .skip(index * 7)
-                .take(frames)
-                .flatten()
-                .copied()
-                .collect();
+            let codes = stream_codes(codes, codebooks, index, frames);
             let begins = start + LIVE_START_SPACING * index as u32;
             std::thread::spawn(move || {
                 let mut decoder = new_decoder(&model, limits);

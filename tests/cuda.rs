@@ -50,17 +50,22 @@ fn every_fixture_decodes_on_the_cpu() {
     }
 }
 
+/// Every frame of `fixture` in one buffer through a started harness, then EOS: the audio.
+fn decode_in_harness(h: &mut gst_check::Harness, fixture: &common::Fixture) -> Vec<f32> {
+    h.push(gst::Buffer::from_slice(common::code_bytes(&fixture.codes)))
+        .unwrap();
+    h.push_event(gst::event::Eos::new());
+    common::pull_all(h)
+        .iter()
+        .flat_map(|buffer| common::samples(buffer))
+        .collect()
+}
+
 #[test]
 fn the_element_decodes_on_the_cpu() {
     let fixture = load_fixture("release-tiny");
     let mut h = common::harness(&fixture, &[("device", &"cpu"), ("chunk-frames", &2u32)]);
-    h.push(gst::Buffer::from_slice(common::code_bytes(&fixture.codes)))
-        .unwrap();
-    h.push_event(gst::event::Eos::new());
-    let audio: Vec<f32> = common::pull_all(&mut h)
-        .iter()
-        .flat_map(|buffer| common::samples(buffer))
-        .collect();
+    let audio = decode_in_harness(&mut h, &fixture);
     fixture.assert_matches(&audio, "qwencodecdec on the cpu");
 }
 
@@ -174,13 +179,7 @@ fn the_element_replays_a_cuda_graph() {
     cuda();
     let fixture = load_fixture("release-tiny");
     let mut h = common::harness(&fixture, &[("device", &"cuda"), ("chunk-frames", &2u32)]);
-    h.push(gst::Buffer::from_slice(common::code_bytes(&fixture.codes)))
-        .unwrap();
-    h.push_event(gst::event::Eos::new());
-    let audio: Vec<f32> = common::pull_all(&mut h)
-        .iter()
-        .flat_map(|buffer| common::samples(buffer))
-        .collect();
+    let audio = decode_in_harness(&mut h, &fixture);
     let stats = h.element().unwrap().property::<gst::Structure>("stats");
     assert!(stats.get::<bool>("cuda-graph").unwrap(), "{stats}");
     fixture.assert_matches(&audio, "qwencodecdec on cuda with a graph");
