@@ -128,7 +128,12 @@ fn throughput(model: &Arc<Model>, codes: &[i16], streams: usize, frames: usize, 
                     first_audio.get_or_insert_with(|| started.elapsed());
                     assert_eq!(audio.len(), model.samples_per_frame());
                 }
-                (step_ms, first_audio.unwrap(), decoder.batch_rows())
+                let (rows, _) = decoder.batch_rows();
+                (
+                    step_ms,
+                    first_audio.unwrap(),
+                    rows as f64 / decoder.steps() as f64,
+                )
             })
         })
         .collect();
@@ -142,7 +147,7 @@ fn throughput(model: &Arc<Model>, codes: &[i16], streams: usize, frames: usize, 
         .flat_map(|(steps, _, _)| steps.iter().copied())
         .collect();
     let last_first_audio = results.iter().map(|(_, first, _)| *first).max().unwrap();
-    let mean_rows = results.iter().map(|(_, _, (mean, _))| mean).sum::<f64>() / streams as f64;
+    let mean_rows = results.iter().map(|(_, _, mean)| mean).sum::<f64>() / streams as f64;
     json!({
         "mode": mode.name(),
         "streams": streams,
@@ -191,13 +196,13 @@ fn live(model: &Arc<Model>, codes: &[i16], streams: usize, seconds: f64, mode: M
                         .extend((decoded..decoded + done).map(|f| (out - due(f)).as_secs_f64() * 1e3));
                     decoded += done;
                 }
-                (latencies_ms, decoder.batch_rows())
+                (latencies_ms, decoder.batch_rows().1)
             })
         })
         .collect();
     let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
     let latencies: Vec<f64> = results.iter().flat_map(|(l, _)| l.iter().copied()).collect();
-    let max_rows = results.iter().map(|(_, (_, most))| *most).max().unwrap();
+    let max_rows = results.iter().map(|(_, most)| *most).max().unwrap();
     json!({
         "mode": mode.name(),
         "streams": streams,

@@ -133,12 +133,12 @@ impl Engine {
             let rows = batch.len();
             queue.last_rows = rows;
             queue.arrived_since = 0;
-            let mut audio: Box<dyn Iterator<Item = Result<Vec<f32>, tch::TchError>>> = match outcome {
-                Ok(audio) => Box::new(audio.into_iter().map(Ok)),
-                Err(err) => Box::new(std::iter::repeat_with(move || Err(copy_error(&err)))),
+            let audio: Vec<Result<Vec<f32>, tch::TchError>> = match outcome {
+                Ok(audio) => audio.into_iter().map(Ok).collect(),
+                Err(err) => batch.iter().map(|_| Err(copy_error(&err))).collect(),
             };
-            for job in batch {
-                let audio = audio.next().expect("audio for every row");
+            assert_eq!(audio.len(), rows, "audio for every row");
+            for (job, audio) in batch.into_iter().zip(audio) {
                 queue.done.insert(
                     job.id,
                     StepDone {

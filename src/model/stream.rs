@@ -147,13 +147,10 @@ impl StreamDecoder {
         (self.step_time_total, self.step_time_max)
     }
 
-    /// The batches this stream's steps ran in since it started: (mean rows, most rows).
-    pub fn batch_rows(&self) -> (f64, usize) {
-        let mean = match self.steps {
-            0 => 0.0,
-            steps => self.batch_rows_total as f64 / steps as f64,
-        };
-        (mean, self.batch_rows_max)
+    /// The batches this stream's steps ran in since it started: (their rows added up over the
+    /// steps, the most rows of one); the mean is the first over [`Self::steps`].
+    pub fn batch_rows(&self) -> (u64, usize) {
+        (self.batch_rows_total, self.batch_rows_max)
     }
 
     /// Bytes this stream holds besides the shared weights: convolution contexts, KV window

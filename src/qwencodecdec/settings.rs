@@ -43,7 +43,8 @@ pub(super) struct Stats {
     pub(super) state_bytes: u64,
     pub(super) sample_rate: u32,
     pub(super) cuda_graph: bool,
-    pub(super) mean_batch_rows: f64,
+    /// Rows of the batches of the steps, added up over the steps.
+    pub(super) batch_rows: u64,
     pub(super) max_batch_rows: u64,
 }
 
@@ -51,6 +52,11 @@ impl Stats {
     pub(super) fn to_structure(&self) -> gst::Structure {
         let mean_step_ms = if self.steps > 0 {
             self.step_time.as_secs_f64() * 1e3 / self.steps as f64
+        } else {
+            0.0
+        };
+        let mean_batch_rows = if self.steps > 0 {
+            self.batch_rows as f64 / self.steps as f64
         } else {
             0.0
         };
@@ -69,7 +75,7 @@ impl Stats {
             .field("real-time-factor", real_time_factor)
             .field("state-bytes", self.state_bytes)
             .field("cuda-graph", self.cuda_graph)
-            .field("mean-batch-rows", self.mean_batch_rows)
+            .field("mean-batch-rows", mean_batch_rows)
             .field("max-batch-rows", self.max_batch_rows)
             .build()
     }

@@ -62,7 +62,7 @@ pub(super) struct Inner {
     /// Decoder counters already added to the stats (the decoder restarts with each stream).
     counted_steps: u64,
     counted_step_time: Duration,
-    counted_batch_rows: f64,
+    counted_batch_rows: u64,
 }
 
 impl Stream {
@@ -84,7 +84,7 @@ impl Stream {
                 flow: Ok(gst::FlowSuccess::Ok),
                 counted_steps: 0,
                 counted_step_time: Duration::ZERO,
-                counted_batch_rows: 0.0,
+                counted_batch_rows: 0,
             }),
             changed: Condvar::new(),
         })
@@ -297,8 +297,8 @@ impl Inner {
         self.audio.clear();
         self.outbox.clear();
         self.flow = Ok(gst::FlowSuccess::Ok);
-        self.counted_batch_rows = stats.mean_batch_rows * stats.steps as f64;
         self.counted_steps = 0;
+        self.counted_batch_rows = 0;
         self.counted_step_time = Duration::ZERO;
         self.decoder.as_mut().expect("the decoder is idle").reset()
     }
@@ -311,13 +311,11 @@ impl Inner {
         stats.step_time += step_time - self.counted_step_time;
         stats.max_step_time = stats.max_step_time.max(max_step_time);
         stats.state_bytes = decoder.state_bytes() as u64;
-        let (mean_rows, max_rows) = decoder.batch_rows();
-        if stats.steps > 0 {
-            stats.mean_batch_rows =
-                (self.counted_batch_rows + mean_rows * decoder.steps() as f64) / stats.steps as f64;
-        }
+        let (batch_rows, max_rows) = decoder.batch_rows();
+        stats.batch_rows += batch_rows - self.counted_batch_rows;
         stats.max_batch_rows = stats.max_batch_rows.max(max_rows as u64);
         self.counted_steps = decoder.steps();
+        self.counted_batch_rows = batch_rows;
         self.counted_step_time = step_time;
     }
 
