@@ -30,7 +30,7 @@ use std::time::Instant;
 
 use common::{machine, mean, percentile, read_codes, sorted};
 use gst::prelude::*;
-use gstqwencodec::model::{Dtype, Model, StreamDecoder, TailStrategy, parse_device};
+use gstqwencodec::model::{Dtype, Model, StepLimits, StreamDecoder, TailStrategy, parse_device};
 use serde_json::{Value, json};
 
 /// Steps at each end of the long stream whose times are compared.
@@ -123,7 +123,7 @@ fn row(method: &str, threads: Value, runs: &[Run], steps: Value) -> Value {
 }
 
 /// Frames handed over one at a time, as from a talker; every push that completes a step is
-/// timed. With `cuda_graph`, full steps replay a graph captured before the first frame.
+/// timed. With `cuda_graph`, steps replay the model's CUDA graphs (recorded in the warm-up run).
 fn bench_core(
     model: &Arc<Model>,
     codes: &[i16],
@@ -135,9 +135,10 @@ fn bench_core(
     let codebooks = model.config().num_quantizers;
     let frame_period_ms = frame_period(model) * 1e3;
     let mut decoder = StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
-    if cuda_graph {
-        decoder.capture_cuda_graph().unwrap();
-    }
+    decoder.set_limits(StepLimits {
+        cuda_graphs: cuda_graph,
+        ..decoder.limits()
+    });
     let mut runs = Vec::new();
     let mut step_ms = Vec::new();
     // Run 0 is the warm-up.
@@ -166,6 +167,11 @@ fn bench_core(
         });
         step_ms.extend(run_steps);
     }
+    assert!(
+        !cuda_graph || decoder.graph_steps() > 0,
+        "no step replayed a CUDA graph: {:?}",
+        model.cuda_graphs().failure
+    );
     let graph = if cuda_graph { " + CUDA graph" } else { "" };
     row(
         &format!("qwencodec core{graph}, chunk-frames {chunk_frames}"),
@@ -338,11 +344,8 @@ fn steady_cost(args: &Args, frames: usize) -> Value {
     let model = Model::shared(&args.steady_model, device, args.dtype).unwrap();
     let codebooks = model.config().num_quantizers;
     let codes = read_codes(&args.steady_model.join("codes.raw"));
+    // On CUDA replaying graphs, as the element decodes there by default.
     let mut decoder = StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap();
-    if device.is_cuda() {
-        // As the element decodes there by default.
-        decoder.capture_cuda_graph().unwrap();
-    }
     decoder.push(&codes[..codebooks]).unwrap(); // warm-up
     decoder.reset().unwrap();
     let step_ms: Vec<f64> = codes

@@ -2,12 +2,15 @@
 //! one run, written to `bench/results/` as markdown and JSON (not a test: it asserts nothing).
 //!
 //! cargo bench --bench streams -- --model DIR [--out bench/results] [--streams 1,2,4,8,16]
-//!     [--frames 40] [--live 1,2,3,4] [--live-seconds 10] [--device cpu] [--dtype f32]
+//!     [--step-frames 1] [--frames 40] [--live 1,2,3,4] [--live-seconds 10] [--max-batch 16]
+//!     [--device cpu] [--dtype f32]
 //!
-//! - **Throughput**: N streams of chunk-frames 1 whose frames are all there from the start, each
-//!   pushed a frame at a time as fast as the decoder takes them (one frame per step, so that
-//!   only batching across streams differs between the two modes): aggregate audio seconds per
-//!   second, the step time each stream sees, and the first audio of the last stream to get one.
+//! - **Throughput**: N streams whose frames are all there from the start, each pushed a step at
+//!   a time as fast as the decoder takes them (steps of a fixed size, by default one frame, so
+//!   that only batching across streams differs between the two modes): aggregate audio seconds
+//!   per second, the step time each stream sees (per step size and N: the cost of a batch of N
+//!   rows of that many frames, as gpu-check.sh tabulates for the GPU's graph buckets), and the
+//!   first audio of the last stream to get one.
 //! - **Live**: streams that each push 12.5 frames a second in real time, started 300 ms apart,
 //!   each decoded as the element decodes: one step at a time, taking the frames that fell due
 //!   while the last step ran (as many as the next step takes: `frames_for_next_step`). Per
@@ -17,8 +20,8 @@
 //! Each measurement runs twice, the two modes alternating, and the better run counts: the speed
 //! of these shared machines drifts by 15% and more within minutes.
 //!
-//! Batching off is today's behaviour without the engine: one frame per step, steps taking
-//! turns (`max_batch` 1, `max_step_frames` 1). Batched: the defaults.
+//! Batching off: one frame per step, steps taking turns (`max_batch` 1, `max_step_frames` 1).
+//! Batched: the defaults, with `--max-batch` as the cap. On CUDA both replay the model's graphs.
 
 mod common;
 
@@ -37,9 +40,11 @@ struct Args {
     model: PathBuf,
     out: PathBuf,
     streams: Vec<usize>,
+    step_frames: Vec<usize>,
     frames: usize,
     live: Vec<usize>,
     live_seconds: f64,
+    max_batch: usize,
     device: String,
     dtype: Dtype,
 }
@@ -52,9 +57,11 @@ fn parse_args() -> Args {
             .get("out")
             .map_or_else(|| PathBuf::from("bench/results"), PathBuf::from),
         streams: options.list("streams", "1,2,4,8,16"),
+        step_frames: options.list("step-frames", "1"),
         frames: options.number("frames", 40),
         live: options.list("live", "1,2,3,4"),
         live_seconds: options.number("live-seconds", 10.0),
+        max_batch: options.number("max-batch", StepLimits::default().max_batch),
         device: options.get("device").unwrap_or_else(|| "cpu".into()),
         dtype: options.get("dtype").map_or(Dtype::F32, |d| d.parse().unwrap()),
     }
@@ -62,24 +69,29 @@ fn parse_args() -> Args {
 
 #[derive(Clone, Copy)]
 enum Mode {
-    Batched,
+    /// With this cap.
+    Batched(usize),
     Off,
 }
 
 impl Mode {
     fn name(self) -> &'static str {
         match self {
-            Mode::Batched => "batched",
+            Mode::Batched(_) => "batched",
             Mode::Off => "batching off",
         }
     }
 
     fn limits(self) -> StepLimits {
         match self {
-            Mode::Batched => StepLimits::default(),
+            Mode::Batched(max_batch) => StepLimits {
+                max_batch,
+                ..StepLimits::default()
+            },
             Mode::Off => StepLimits {
                 max_batch: 1,
                 max_step_frames: 1,
+                ..StepLimits::default()
             },
         }
     }
@@ -97,17 +109,26 @@ fn stream_codes(codes: &[i16], codebooks: usize, index: usize, frames: usize) ->
         .collect()
 }
 
-fn new_decoder(model: &Arc<Model>, limits: StepLimits) -> StreamDecoder {
-    let mut decoder = StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap();
+fn new_decoder(model: &Arc<Model>, chunk_frames: usize, limits: StepLimits) -> StreamDecoder {
+    let mut decoder = StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
     decoder.set_limits(limits);
     decoder
 }
 
-/// N streams decoding `frames` frames each, one frame per step, all started together.
-fn throughput(model: &Arc<Model>, codes: &[i16], streams: usize, frames: usize, mode: Mode) -> Value {
+/// N streams decoding `frames` frames each (rounded up to whole steps) in steps of
+/// `step_frames`, all started together.
+fn throughput(
+    model: &Arc<Model>,
+    codes: &[i16],
+    streams: usize,
+    step_frames: usize,
+    frames: usize,
+    mode: Mode,
+) -> Value {
     let codebooks = model.config().num_quantizers;
+    let frames = frames.div_ceil(step_frames) * step_frames;
     let limits = StepLimits {
-        max_step_frames: 1,
+        max_step_frames: step_frames,
         ..mode.limits()
     };
     let barrier = Arc::new(Barrier::new(streams + 1));
@@ -116,17 +137,17 @@ fn throughput(model: &Arc<Model>, codes: &[i16], streams: usize, frames: usize, 
             let (model, barrier) = (model.clone(), barrier.clone());
             let codes = stream_codes(codes, codebooks, index, frames);
             std::thread::spawn(move || {
-                let mut decoder = new_decoder(&model, limits);
+                let mut decoder = new_decoder(&model, step_frames, limits);
                 barrier.wait();
                 let started = Instant::now();
                 let mut first_audio = None;
                 let mut step_ms = Vec::with_capacity(frames);
-                for frame in codes.chunks(codebooks) {
+                for step in codes.chunks(codebooks * step_frames) {
                     let handed_over = Instant::now();
-                    let audio = decoder.push(frame).unwrap();
+                    let audio = decoder.push(step).unwrap();
                     step_ms.push(handed_over.elapsed().as_secs_f64() * 1e3);
                     first_audio.get_or_insert_with(|| started.elapsed());
-                    assert_eq!(audio.len(), model.samples_per_frame());
+                    assert_eq!(audio.len(), step_frames * model.samples_per_frame());
                 }
                 let (rows, _) = decoder.batch_rows();
                 (
@@ -151,6 +172,7 @@ fn throughput(model: &Arc<Model>, codes: &[i16], streams: usize, frames: usize, 
     json!({
         "mode": mode.name(),
         "streams": streams,
+        "step_frames": step_frames,
         "audio_seconds_per_second": audio_seconds / elapsed,
         "step_ms_p50": percentile(&step_ms, 0.5),
         "step_ms_p99": percentile(&step_ms, 0.99),
@@ -173,7 +195,7 @@ fn live(model: &Arc<Model>, codes: &[i16], streams: usize, seconds: f64, mode: M
             let codes = stream_codes(codes, codebooks, index, frames);
             let begins = start + LIVE_START_SPACING * index as u32;
             std::thread::spawn(move || {
-                let mut decoder = new_decoder(&model, limits);
+                let mut decoder = new_decoder(&model, 1, limits);
                 let due = |frame: usize| begins + period * frame as u32;
                 let mut latencies_ms = Vec::with_capacity(frames);
                 // Frames handed over and decoded so far.
@@ -215,8 +237,12 @@ fn live(model: &Arc<Model>, codes: &[i16], streams: usize, seconds: f64, mode: M
 
 /// Each mode run twice, alternating (batched, off, batched, off); per mode, the run with the
 /// higher `score`.
-fn best_of_two(mut run: impl FnMut(Mode) -> Value, score: impl Fn(&Value) -> f64) -> [Value; 2] {
-    let modes = [Mode::Batched, Mode::Off];
+fn best_of_two(
+    max_batch: usize,
+    mut run: impl FnMut(Mode) -> Value,
+    score: impl Fn(&Value) -> f64,
+) -> [Value; 2] {
+    let modes = [Mode::Batched(max_batch), Mode::Off];
     let first = modes.map(&mut run);
     let second = modes.map(&mut run);
     let [a, b] = first;
@@ -229,8 +255,8 @@ fn markdown(report: &Value) -> String {
     let m = &report["machine"];
     let mut md = format!(
         "# qwencodec benchmark, many streams, {}\n\nCPU: {} (AVX-512: {}), {} cores, {} torch threads; device {}, \
-         dtype {}; {} of the released geometry with random weights. Batched: the defaults (max-batch {}, \
-         max-step-frames {}); off: max-batch 1, max-step-frames 1.\n\n",
+         dtype {}; {} of the released geometry with random weights. Batched: max-batch {}, max-step-frames {}; \
+         off: max-batch 1, max-step-frames 1.{}\n\n",
         report["date"].as_str().unwrap(),
         m["cpu"].as_str().unwrap(),
         m["avx512"],
@@ -239,25 +265,36 @@ fn markdown(report: &Value) -> String {
         report["device"].as_str().unwrap(),
         report["dtype"].as_str().unwrap(),
         report["model"].as_str().unwrap(),
-        StepLimits::default().max_batch,
+        report["max_batch"],
         StepLimits::default().max_step_frames,
+        match report["cuda_graphs"]["graphs"].as_u64() {
+            Some(graphs) => format!(
+                " CUDA graphs recorded by the model: {graphs}, {:.0} MiB{}.",
+                report["cuda_graphs"]["bytes"].as_f64().unwrap() / 1048576.0,
+                report["cuda_graphs"]["failure"]
+                    .as_str()
+                    .map_or(String::new(), |why| format!(" (a capture failed: {why})"))
+            ),
+            None => String::new(),
+        }
     );
     md += &format!(
-        "## Throughput: N streams of chunk-frames 1, {} frames each, all there from the start, one frame per \
-         step\n\n| streams | mode | audio s per s | vs 1 stream | step p50 ms | step p99 ms | first audio of the \
-         last stream ms | mean batch rows |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "## Throughput: N streams, {} frames each, all there from the start, in steps of a fixed size\n\n\
+         | streams | step frames | mode | audio s per s | vs 1 stream | step p50 ms | step p99 ms | first audio of \
+         the last stream ms | mean batch rows |\n| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         report["frames"]
     );
     let rows = report["throughput"].as_array().unwrap();
     for row in rows {
         let single = rows
             .iter()
-            .find(|r| r["streams"] == 1 && r["mode"] == row["mode"])
+            .find(|r| r["streams"] == 1 && r["mode"] == row["mode"] && r["step_frames"] == row["step_frames"])
             .map_or(f64::NAN, |r| r["audio_seconds_per_second"].as_f64().unwrap());
         let rate = row["audio_seconds_per_second"].as_f64().unwrap();
         md += &format!(
-            "| {} | {} | {:.2} | {:.2}x | {:.1} | {:.1} | {:.0} | {:.2} |\n",
+            "| {} | {} | {} | {:.2} | {:.2}x | {:.1} | {:.1} | {:.0} | {:.2} |\n",
             row["streams"],
+            row["step_frames"],
             row["mode"].as_str().unwrap(),
             rate,
             rate / single,
@@ -298,27 +335,31 @@ fn main() {
     let model = Model::shared(&args.model, device, args.dtype).unwrap();
     let codes = read_codes(&args.model.join("codes.raw"));
     // Warm-up: the first steps of each size and batch pay one-off costs.
-    throughput(&model, &codes, 2, 4, Mode::Batched);
+    throughput(&model, &codes, 2, 1, 4, Mode::Batched(args.max_batch));
 
     let mut throughput_rows = Vec::new();
-    for &streams in &args.streams {
-        let [batched, off] = best_of_two(
-            |mode| throughput(&model, &codes, streams, args.frames, mode),
-            |row| row["audio_seconds_per_second"].as_f64().unwrap(),
-        );
-        for row in [batched, off] {
-            eprintln!("throughput {row}");
-            throughput_rows.push(row);
+    for &step_frames in &args.step_frames {
+        for &streams in &args.streams {
+            let [batched, off] = best_of_two(
+                args.max_batch,
+                |mode| throughput(&model, &codes, streams, step_frames, args.frames, mode),
+                |row| row["audio_seconds_per_second"].as_f64().unwrap(),
+            );
+            for row in [batched, off] {
+                eprintln!("throughput {row}");
+                throughput_rows.push(row);
+            }
         }
     }
     let mut live_rows = Vec::new();
     let mut served = json!({"batched": 0, "batching off": 0});
     for &streams in &args.live {
         let rows = best_of_two(
+            args.max_batch,
             |mode| live(&model, &codes, streams, args.live_seconds, mode),
             |row| -row["latency_ms_p95"].as_f64().unwrap(),
         );
-        for (row, mode) in rows.into_iter().zip([Mode::Batched, Mode::Off]) {
+        for (row, mode) in rows.into_iter().zip([Mode::Batched(args.max_batch), Mode::Off]) {
             eprintln!("live {row}");
             if row["latency_ms_p95"].as_f64().unwrap() < LIVE_P95_LIMIT_MS {
                 let best = &mut served[mode.name()];
@@ -330,7 +371,14 @@ fn main() {
 
     let machine = machine();
     let date = common::today();
+    let graphs = model.cuda_graphs();
     let report = json!({
+        "max_batch": args.max_batch,
+        "cuda_graphs": if device.is_cuda() {
+            json!({"graphs": graphs.graphs, "bytes": graphs.bytes, "failure": graphs.failure})
+        } else {
+            Value::Null
+        },
         "date": date,
         "machine": machine,
         "device": args.device,

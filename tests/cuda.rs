@@ -10,8 +10,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{FIXTURES, load_fixture, relative_l2};
-use gstqwencodec::model::{Dtype, Model, StreamDecoder, TailStrategy};
+use common::{FIXTURES, batching, load_fixture, relative_l2};
+use gstqwencodec::model::{Dtype, MAX_GRAPHS, Model, StepLimits, StreamDecoder, TailStrategy};
 use tch::Device;
 
 /// The first CUDA device; a test that needs it fails without it.
@@ -23,9 +23,10 @@ fn cuda() -> Device {
     Device::Cuda(0)
 }
 
+/// Eager steps, without CUDA graphs.
 fn decode(fixture: &common::Fixture, device: Device, dtype: Dtype, chunk_frames: usize) -> Vec<f32> {
     let model = Arc::new(Model::load(&fixture.dir, device, dtype).unwrap());
-    let mut decoder = StreamDecoder::new(model, chunk_frames, TailStrategy::Eager).unwrap();
+    let mut decoder = decoder_with_graphs(&model, chunk_frames, false);
     decode_stream(&mut decoder, &fixture.codes)
 }
 
@@ -101,6 +102,16 @@ fn cuda_half_precision_stays_close() {
     }
 }
 
+/// A decoder that may replay the model's graphs, or may not.
+fn decoder_with_graphs(model: &Arc<Model>, chunk_frames: usize, cuda_graphs: bool) -> StreamDecoder {
+    let mut decoder = StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
+    decoder.set_limits(StepLimits {
+        cuda_graphs,
+        ..decoder.limits()
+    });
+    decoder
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn cuda_graph_steps_match_eager_steps_and_survive_reset() {
@@ -109,18 +120,21 @@ fn cuda_graph_steps_match_eager_steps_and_survive_reset() {
         let fixture = load_fixture(name);
         for dtype in [Dtype::F32, Dtype::Bf16] {
             let model = Arc::new(Model::load(&fixture.dir, device, dtype).unwrap());
-            // 3 leaves a tail of eager steps (the fixtures' frame counts are not multiples).
+            // 3 leaves a tail of one-frame steps (the fixtures' frame counts are not multiples).
             for chunk_frames in [1, 3, 4] {
                 let what = format!("{name}, cuda {dtype} graph, chunk {chunk_frames}");
-                let mut eager = StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
+                let mut eager = decoder_with_graphs(&model, chunk_frames, false);
                 let expected = decode_stream(&mut eager, &fixture.codes);
+                assert_eq!(eager.graph_steps(), 0, "{what}: graphs off");
 
-                let mut decoder =
-                    StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
-                decoder.capture_cuda_graph().unwrap();
-                assert!(decoder.uses_cuda_graph());
+                let mut decoder = decoder_with_graphs(&model, chunk_frames, true);
                 for round in 0..2 {
                     let audio = decode_stream(&mut decoder, &fixture.codes);
+                    assert_eq!(
+                        decoder.graph_steps(),
+                        decoder.steps(),
+                        "{what}: every step a graph"
+                    );
                     let error = relative_l2(&audio, &expected);
                     assert!(
                         error <= 1e-6,
@@ -131,31 +145,57 @@ fn cuda_graph_steps_match_eager_steps_and_survive_reset() {
                     }
                     decoder.reset().unwrap();
                 }
-                // A second capture on the same decoder is refused; the graph stays.
-                assert!(decoder.capture_cuda_graph().is_err());
-                assert!(decoder.uses_cuda_graph());
             }
+            let report = model.cuda_graphs();
+            assert_eq!(report.failure, None);
+            assert!(report.graphs > 0 && report.graphs <= MAX_GRAPHS, "{report:?}");
+            println!("{name} {dtype}: {report:?}");
         }
     }
 }
 
+/// Streams of every age, length, chunk size and start, batched into graphs of padded buckets,
+/// each against its eager solo decode and upstream.
 #[test]
 #[ignore = "needs a CUDA device"]
-fn cuda_graph_streams_are_independent() {
+fn graph_batched_streams_match_eager_solo_decodes() {
+    let device = cuda();
+    for (name, seed) in [("release-tiny", 1), ("gqa-bias", 2)] {
+        let fixture = load_fixture(name);
+        let model = Arc::new(Model::load(&fixture.dir, device, Dtype::F32).unwrap());
+        // 13 streams: batches of every size up to 13, most padded up to their bucket.
+        let plans = batching::plans(&fixture, 13, seed);
+        let outcomes = batching::decode_together(&model, &plans, fixture.codebooks);
+        let most = outcomes.iter().map(|o| o.max_rows).max().unwrap();
+        assert!(most > 1, "{name}: thirteen busy streams never shared a step");
+        let graph_steps: u64 = outcomes.iter().map(|o| o.graph_steps).sum();
+        assert!(graph_steps > 0, "{name}: no step replayed a graph");
+        batching::check(&fixture, &model, &plans, &outcomes);
+        let report = model.cuda_graphs();
+        println!("{name}: largest batch {most}, {graph_steps} graph steps, {report:?}");
+        assert_eq!(report.failure, None);
+        assert!(report.graphs <= MAX_GRAPHS, "{report:?}");
+    }
+}
+
+/// Graphs address the state arena: when streams that start later grow it, the graphs recorded
+/// before are dropped and recorded again, and no stream hears another's audio.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn streams_that_grow_the_arena_keep_their_audio() {
     let device = cuda();
     let fixture = load_fixture("release-tiny");
     let model = Arc::new(Model::load(&fixture.dir, device, Dtype::F32).unwrap());
     let codebooks = fixture.codebooks;
-    let mut decoders: Vec<StreamDecoder> = (0..3)
-        .map(|_| {
-            let mut decoder = StreamDecoder::new(model.clone(), 2, TailStrategy::Eager).unwrap();
-            decoder.capture_cuda_graph().unwrap();
-            decoder
-        })
-        .collect();
-    // Interleaved, each stream starting a frame later than the one before.
-    let mut audio = vec![Vec::new(); decoders.len()];
-    for frame in 0..fixture.frames + decoders.len() {
+    let mut decoders: Vec<StreamDecoder> = Vec::new();
+    let mut audio: Vec<Vec<f32>> = Vec::new();
+    // A new stream every frame (the arena grows from 4 rows to 16), each pushed a frame a step.
+    let streams = 12;
+    for frame in 0..fixture.frames + streams {
+        if decoders.len() < streams {
+            decoders.push(decoder_with_graphs(&model, 1, true));
+            audio.push(Vec::new());
+        }
         for (index, decoder) in decoders.iter_mut().enumerate() {
             if let Some(at) = frame.checked_sub(index).filter(|&at| at < fixture.frames) {
                 audio[index].extend(
@@ -168,7 +208,8 @@ fn cuda_graph_streams_are_independent() {
     }
     for (index, decoder) in decoders.iter_mut().enumerate() {
         audio[index].extend(decoder.finish().unwrap());
-        fixture.assert_matches(&audio[index], &format!("interleaved graph stream {index}"));
+        assert!(decoder.graph_steps() > 0);
+        fixture.assert_matches(&audio[index], &format!("stream {index} started at frame {index}"));
     }
 }
 

@@ -3,6 +3,7 @@
 // message (NULL on success) for the caller to free with qwencodec_error_free.
 
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -93,9 +94,16 @@ char* qwencodec_graph_leave_side_stream(QwencodecGraph* graph) {
 }
 
 // Thread-local mode: other threads' CUDA calls (another element freeing tensors) cannot
-// break this capture.
-char* qwencodec_graph_capture_begin(QwencodecGraph* graph) {
-  return guarded([&] { graph->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal); });
+// break this capture. With `share_pool_of`, the graph takes its memory from that graph's pool
+// instead of a pool of its own: graphs replayed one at a time can reuse each other's scratch.
+char* qwencodec_graph_capture_begin(QwencodecGraph* graph, const QwencodecGraph* share_pool_of) {
+  return guarded([&] {
+    decltype(graph->graph.pool()) pool = {0, 0};
+    if (share_pool_of != nullptr) {
+      pool = const_cast<QwencodecGraph*>(share_pool_of)->graph.pool();
+    }
+    graph->graph.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+  });
 }
 
 char* qwencodec_graph_capture_end(QwencodecGraph* graph) {
@@ -105,6 +113,16 @@ char* qwencodec_graph_capture_end(QwencodecGraph* graph) {
 // Launches the captured kernels on the current stream.
 char* qwencodec_graph_replay(QwencodecGraph* graph) {
   return guarded([&] { graph->graph.replay(); });
+}
+
+// Device memory libtorch's caching allocator holds on `device` (graph pools included).
+char* qwencodec_cuda_reserved_bytes(int32_t device, uint64_t* out) {
+  *out = 0;
+  return guarded([&] {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+    *out = static_cast<uint64_t>(
+        stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current);
+  });
 }
 
 void qwencodec_error_free(char* error) { std::free(error); }

@@ -30,9 +30,13 @@ mod ffi {
         pub fn qwencodec_graph_free(graph: *mut QwencodecGraph);
         pub fn qwencodec_graph_enter_side_stream(graph: *mut QwencodecGraph) -> *mut c_char;
         pub fn qwencodec_graph_leave_side_stream(graph: *mut QwencodecGraph) -> *mut c_char;
-        pub fn qwencodec_graph_capture_begin(graph: *mut QwencodecGraph) -> *mut c_char;
+        pub fn qwencodec_graph_capture_begin(
+            graph: *mut QwencodecGraph,
+            share_pool_of: *const QwencodecGraph,
+        ) -> *mut c_char;
         pub fn qwencodec_graph_capture_end(graph: *mut QwencodecGraph) -> *mut c_char;
         pub fn qwencodec_graph_replay(graph: *mut QwencodecGraph) -> *mut c_char;
+        pub fn qwencodec_cuda_reserved_bytes(device: i32, out: *mut u64) -> *mut c_char;
         pub fn qwencodec_error_free(error: *mut c_char);
     }
 }
@@ -61,6 +65,7 @@ fn check(error: *mut c_char) -> Result<(), GraphError> {
         Some(end) => text[..end].trim_end().to_owned(),
         None => text,
     };
+    // SAFETY: `error` came from the shim, which allocated it with malloc; freed once, here.
     #[cfg(cuda_graphs)]
     unsafe {
         ffi::qwencodec_error_free(error)
@@ -73,9 +78,12 @@ impl CudaGraph {
     /// Runs `warm_up`, then records the kernels that `work` launches, both on a side stream of
     /// CUDA device `device` (capture needs one; the warm-up there creates what the stream's
     /// first kernels allocate, such as cuBLAS's workspace). Both get `context`. Recording runs
-    /// nothing: `work`'s results hold their values only after [`Self::replay`].
+    /// nothing: `work`'s results hold their values only after [`Self::replay`]. With
+    /// `share_pool_of`, the new graph allocates from that graph's memory pool: only for graphs
+    /// replayed one at a time whose results are read before the next replay.
     pub fn capture<C, T>(
         device: usize,
+        share_pool_of: Option<&CudaGraph>,
         context: &mut C,
         warm_up: impl FnOnce(&mut C) -> Result<(), tch::TchError>,
         work: impl FnOnce(&mut C) -> Result<T, tch::TchError>,
@@ -86,10 +94,12 @@ impl CudaGraph {
         let graph = Self {
             raw: NonNull::new(raw.cast()).ok_or(GraphError::Cuda("no graph made".into()))?,
         };
+        // SAFETY: `graph` is a live graph of the shim.
         let captured = check(unsafe { ffi::qwencodec_graph_enter_side_stream(graph.ptr()) })
-            .and_then(|()| graph.record(context, warm_up, work));
+            .and_then(|()| graph.record(share_pool_of, context, warm_up, work));
         // Back to the earlier device and stream whatever happened (leaving restores only what
         // entering changed), then report the first failure.
+        // SAFETY: `graph` is a live graph of the shim.
         let left = check(unsafe { ffi::qwencodec_graph_leave_side_stream(graph.ptr()) });
         let output = captured?;
         left?;
@@ -98,14 +108,18 @@ impl CudaGraph {
 
     fn record<C, T>(
         &self,
+        share_pool_of: Option<&CudaGraph>,
         context: &mut C,
         warm_up: impl FnOnce(&mut C) -> Result<(), tch::TchError>,
         work: impl FnOnce(&mut C) -> Result<T, tch::TchError>,
     ) -> Result<T, GraphError> {
         warm_up(context)?;
-        check(unsafe { ffi::qwencodec_graph_capture_begin(self.ptr()) })?;
+        let pool = share_pool_of.map_or(std::ptr::null(), |other| other.ptr().cast_const());
+        // SAFETY: both graphs are live graphs of the shim; `pool` may be null (a pool of its own).
+        check(unsafe { ffi::qwencodec_graph_capture_begin(self.ptr(), pool) })?;
         let output = work(context);
         // A capture must end even when the work failed, or the stream stays in capture mode.
+        // SAFETY: the graph is live, and its capture began above.
         let ended = check(unsafe { ffi::qwencodec_graph_capture_end(self.ptr()) });
         let output = output?;
         ended?;
@@ -114,6 +128,7 @@ impl CudaGraph {
 
     /// Launches the recorded kernels on the current stream of the graph's device.
     pub fn replay(&self) -> Result<(), GraphError> {
+        // SAFETY: the graph is live and was captured (only `capture` hands graphs out).
         check(unsafe { ffi::qwencodec_graph_replay(self.ptr()) })
     }
 
@@ -130,10 +145,26 @@ impl Drop for CudaGraph {
     }
 }
 
+/// Device memory that libtorch's caching allocator holds on CUDA device `device`, graph pools
+/// included.
+#[cfg(cuda_graphs)]
+pub fn reserved_bytes(device: usize) -> Result<u64, GraphError> {
+    let mut bytes = 0;
+    // SAFETY: the shim writes the count to `bytes` or returns an error.
+    check(unsafe { ffi::qwencodec_cuda_reserved_bytes(device as i32, &mut bytes) })?;
+    Ok(bytes)
+}
+
+#[cfg(not(cuda_graphs))]
+pub fn reserved_bytes(_device: usize) -> Result<u64, GraphError> {
+    Err(GraphError::Unavailable)
+}
+
 #[cfg(not(cuda_graphs))]
 impl CudaGraph {
     pub fn capture<C, T>(
         _device: usize,
+        _share_pool_of: Option<&CudaGraph>,
         _context: &mut C,
         _warm_up: impl FnOnce(&mut C) -> Result<(), tch::TchError>,
         _work: impl FnOnce(&mut C) -> Result<T, tch::TchError>,
@@ -155,6 +186,7 @@ mod tests {
         // A device index no machine has: libtorch throws, the shim returns its message.
         let result = CudaGraph::capture(
             99,
+            None,
             &mut (),
             |_| panic!("no warm-up without a graph"),
             |_| -> Result<(), tch::TchError> { panic!("no capture without a graph") },

@@ -11,12 +11,10 @@
 //! without it, streams stepping together split into two cohorts that take turns, each batch
 //! half as large. A lone stream is its own last batch, back at once: it never waits.
 //!
-//! State stays with its stream (a state of one row): a batched step gathers the rows of its
-//! streams into one state and scatters them back afterwards. Streams then join and leave
-//! between any two steps with nothing to allocate or free in a shared pool, and a reset or
-//! error of one stream touches no other; the copies cost a small fraction of a step (the state
-//! is a few MiB, the weights read by a step hundreds). A step of one row uses the stream's
-//! state directly.
+//! The streams' states are rows of one arena (see [`super::arena`]): a batched step selects its
+//! rows and puts them back, a step of one row runs on its row in place. On CUDA, batched steps
+//! replay graphs that the engine records per bucket of rows and step size (see
+//! [`super::batch_graphs`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
@@ -25,24 +23,40 @@ use std::time::{Duration, Instant};
 
 use tch::{Kind, Tensor};
 
+use super::arena::Arena;
+use super::batch_graphs::{BatchGraphs, step_rows};
 use super::executor;
-use super::network::{Network, State, StepTables};
+use super::network::{Network, StepTables};
 
 /// One stream's step as the engine runs it.
 pub struct Step {
+    /// The stream's arena row.
+    pub row: i64,
     /// Codes of `frames` whole frames, frame-major, checked against the codebook size.
     pub codes: Vec<i64>,
     pub frames: usize,
     /// The largest batch this step may join (1: alone).
     pub max_rows: usize,
+    /// Whether its batch may replay a CUDA graph (it does when every row allows it).
+    pub cuda_graphs: bool,
 }
 
-/// What a step gives back: the stream's state (advanced, unless the step failed), its audio,
-/// and how many rows its batch had.
+/// What a step gives back: its audio, how many rows its batch had, and whether the batch
+/// replayed a CUDA graph. A failed step may leave its row half updated.
 pub struct StepDone {
-    pub state: State,
     pub audio: Result<Vec<f32>, tch::TchError>,
     pub rows: usize,
+    pub graph: bool,
+}
+
+/// The CUDA graphs a model holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GraphReport {
+    pub graphs: usize,
+    /// Device memory reserved while they were recorded.
+    pub bytes: u64,
+    /// Why recording one failed, if it did (steps then run eagerly).
+    pub failure: Option<String>,
 }
 
 /// How long the next batch waits for the streams of the last one to hand over their next step.
@@ -55,8 +69,16 @@ pub struct Engine {
     /// Signalled when a batch ends: its streams take their results, and one of the streams
     /// still waiting runs the next batch.
     batch_done: Condvar,
+    /// What steps compute with; used on the compute thread only.
+    rows: Mutex<Rows>,
+}
+
+struct Rows {
+    arena: Arena,
     /// RoPE tables and masks per frame count, made on first use.
-    tables: Mutex<HashMap<usize, StepTables>>,
+    tables: HashMap<usize, StepTables>,
+    /// On CUDA.
+    graphs: Option<BatchGraphs>,
 }
 
 #[derive(Default)]
@@ -73,16 +95,22 @@ struct Queue {
 struct Job {
     id: u64,
     step: Step,
-    state: State,
 }
 
 impl Engine {
-    pub fn new() -> Self {
+    pub fn new(device: tch::Device) -> Self {
         Self {
             queue: Mutex::default(),
             step_arrived: Condvar::new(),
             batch_done: Condvar::new(),
-            tables: Mutex::default(),
+            rows: Mutex::new(Rows {
+                arena: Arena::default(),
+                tables: HashMap::new(),
+                graphs: match device {
+                    tch::Device::Cuda(index) => Some(BatchGraphs::new(index)),
+                    _ => None,
+                },
+            }),
         }
     }
 
@@ -90,13 +118,48 @@ impl Engine {
         self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Runs `step` on `state`, batched with the steps of other streams that wait at the same
-    /// time; returns when it is done.
-    pub fn run(&self, network: &Network, step: Step, state: State) -> StepDone {
+    fn rows(&self) -> MutexGuard<'_, Rows> {
+        self.rows.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A fresh arena row for a new stream.
+    pub fn new_row(&self, network: &Network) -> Result<i64, tch::TchError> {
+        executor::run(network.device(), || self.rows().arena.allocate(network))
+    }
+
+    /// Back to a fresh stream's state, in place.
+    pub fn clear_row(&self, network: &Network, row: i64) -> Result<(), tch::TchError> {
+        executor::run(network.device(), || self.rows().arena.state().row(row)?.clear())
+    }
+
+    /// Gives a stream's row back when the stream ends.
+    pub fn release_row(&self, row: i64) {
+        self.rows().arena.release(row);
+    }
+
+    /// Bytes of one stream's row.
+    pub fn row_bytes(&self) -> usize {
+        self.rows().arena.row_bytes()
+    }
+
+    pub fn graph_report(&self) -> GraphReport {
+        match &self.rows().graphs {
+            Some(graphs) => GraphReport {
+                graphs: graphs.count(),
+                bytes: graphs.bytes(),
+                failure: graphs.failure().map(str::to_owned),
+            },
+            None => GraphReport::default(),
+        }
+    }
+
+    /// Runs `step`, batched with the steps of other streams that wait at the same time;
+    /// returns when it is done.
+    pub fn run(&self, network: &Network, step: Step) -> StepDone {
         let mut queue = self.lock();
         let id = queue.next_id;
         queue.next_id += 1;
-        queue.waiting.push_back(Job { id, step, state });
+        queue.waiting.push_back(Job { id, step });
         queue.arrived_since += 1;
         self.step_arrived.notify_all();
         loop {
@@ -122,10 +185,10 @@ impl Engine {
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
                     .0;
             }
-            let mut batch = take_batch(&mut queue.waiting);
+            let batch = take_batch(&mut queue.waiting);
             drop(queue);
             let outcome = executor::run(network.device(), || {
-                std::panic::catch_unwind(AssertUnwindSafe(|| self.compute(network, &mut batch)))
+                std::panic::catch_unwind(AssertUnwindSafe(|| self.compute(network, &batch)))
                     .unwrap_or_else(|_| Err(tch::TchError::Torch("a decode step panicked".into())))
             });
             queue = self.lock();
@@ -133,53 +196,62 @@ impl Engine {
             let rows = batch.len();
             queue.last_rows = rows;
             queue.arrived_since = 0;
-            let audio: Vec<Result<Vec<f32>, tch::TchError>> = match outcome {
-                Ok(audio) => audio.into_iter().map(Ok).collect(),
-                Err(err) => batch.iter().map(|_| Err(copy_error(&err))).collect(),
+            let (audio, graph): (Vec<Result<Vec<f32>, tch::TchError>>, bool) = match outcome {
+                Ok((audio, graph)) => (audio.into_iter().map(Ok).collect(), graph),
+                Err(err) => (batch.iter().map(|_| Err(copy_error(&err))).collect(), false),
             };
             assert_eq!(audio.len(), rows, "audio for every row");
             for (job, audio) in batch.into_iter().zip(audio) {
-                queue.done.insert(
-                    job.id,
-                    StepDone {
-                        state: job.state,
-                        audio,
-                        rows,
-                    },
-                );
+                queue.done.insert(job.id, StepDone { audio, rows, graph });
             }
             self.batch_done.notify_all();
         }
     }
 
-    /// On the compute thread: the batch's rows as one step; each row's audio.
-    fn compute(&self, network: &Network, batch: &mut [Job]) -> Result<Vec<Vec<f32>>, tch::TchError> {
+    /// On the compute thread: the batch's rows as one step; each row's audio, and whether a
+    /// graph computed it.
+    fn compute(&self, network: &Network, batch: &[Job]) -> Result<(Vec<Vec<f32>>, bool), tch::TchError> {
         let rows = batch.len();
         let frames = batch[0].step.frames;
         let codebooks = network.config().num_quantizers;
+        let device = network.device();
         let codes: Vec<i64> = batch
             .iter()
             .flat_map(|job| job.step.codes.iter().copied())
             .collect();
         let codes = Tensor::f_from_slice(&codes)?
             .f_view([rows as i64, frames as i64, codebooks as i64])?
-            .f_to_device(network.device())?;
-        let mut tables = self
-            .tables
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+            .f_to_device(device)?;
+        let arena_rows: Vec<i64> = batch.iter().map(|job| job.step.row).collect();
+        let mut guard = self.rows();
+        let Rows {
+            arena,
+            tables,
+            graphs,
+        } = &mut *guard;
         let tables = match tables.entry(frames) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::hash_map::Entry::Vacant(entry) => entry.insert(network.step_tables(frames)?),
         };
-        let audio = if let [job] = batch {
-            network.step(&codes, &mut job.state, tables)?
-        } else {
-            let mut state = State::gather(&batch.iter().map(|job| &job.state).collect::<Vec<_>>())?;
-            let audio = network.step(&codes, &mut state, tables)?;
-            state.scatter(&mut batch.iter_mut().map(|job| &mut job.state).collect::<Vec<_>>())?;
-            audio
+        let graphs = graphs
+            .as_mut()
+            .filter(|_| batch.iter().all(|job| job.step.cuda_graphs));
+        let replayed = match graphs {
+            Some(graphs) => graphs
+                .run(network, arena, tables, &arena_rows, &codes)
+                .map_err(|err| tch::TchError::Torch(err.to_string()))?,
+            None => None,
         };
+        let graph = replayed.is_some();
+        let audio = match (replayed, &arena_rows[..]) {
+            (Some(audio), _) => audio,
+            (None, &[row]) => network.step(&codes, &mut arena.state().row(row)?, tables)?,
+            (None, _) => {
+                let index = Tensor::f_from_slice(&arena_rows)?.f_to_device(device)?;
+                step_rows(network, arena, &index, &codes, tables)?
+            }
+        };
+        // A copy to the host, before another replay of the graph overwrites its audio.
         let audio = Vec::<f32>::try_from(
             audio
                 .f_to_kind(Kind::Float)?
@@ -187,7 +259,7 @@ impl Engine {
                 .f_flatten(0, -1)?,
         )?;
         let per_row = audio.len() / rows;
-        Ok(audio.chunks_exact(per_row).map(<[f32]>::to_vec).collect())
+        Ok((audio.chunks_exact(per_row).map(<[f32]>::to_vec).collect(), graph))
     }
 }
 

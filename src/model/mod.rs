@@ -1,6 +1,8 @@
 //! The Qwen3-TTS 12 Hz tokenizer's decoder, streaming and exact, in libtorch. No GStreamer
 //! here: the element only adapts [`StreamDecoder`] to buffers and caps.
 
+mod arena;
+mod batch_graphs;
 mod checkpoint;
 mod config;
 mod cuda_graph;
@@ -17,9 +19,11 @@ use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use tch::{Device, Kind};
 
+pub use batch_graphs::MAX_GRAPHS;
 pub use checkpoint::CheckpointFiles;
 pub use config::DecoderConfig;
 pub use cuda_graph::GraphError;
+pub use engine::GraphReport;
 pub use stream::{StepLimits, StreamDecoder, TailStrategy};
 
 use checkpoint::WeightFile;
@@ -163,7 +167,7 @@ impl Model {
             let weights = WeightFile::open(&files.weights, device, dtype.kind())?;
             Ok(Self {
                 network: Network::load(&weights, &config)?,
-                engine: Engine::new(),
+                engine: Engine::new(device),
                 dtype,
             })
         })
@@ -229,6 +233,11 @@ impl Model {
             }),
             None => Ok(()),
         }
+    }
+
+    /// The CUDA graphs this model's engine recorded for batched steps (none off CUDA).
+    pub fn cuda_graphs(&self) -> GraphReport {
+        self.engine.graph_report()
     }
 
     fn network(&self) -> &Network {

@@ -4,12 +4,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tch::{Kind, Tensor};
-
-use super::cuda_graph::{CudaGraph, GraphError};
 use super::engine::Step;
-use super::network::{State, StepTables};
-use super::{DecodeError, Model, executor};
+use super::{DecodeError, Model};
 
 /// How [`StreamDecoder::finish`] decodes frames that do not fill a whole step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -44,6 +40,9 @@ pub struct StepLimits {
     /// least `chunk_frames`): when more than one step's frames wait, they run as one step of
     /// `chunk_frames` times a power of two, up to this.
     pub max_step_frames: usize,
+    /// On CUDA, whether this stream's steps may replay the model's CUDA graphs (a batch does
+    /// when all of its streams allow it); the same audio either way, graphs launch faster.
+    pub cuda_graphs: bool,
 }
 
 impl Default for StepLimits {
@@ -51,6 +50,7 @@ impl Default for StepLimits {
         Self {
             max_batch: 16,
             max_step_frames: 8,
+            cuda_graphs: true,
         }
     }
 }
@@ -64,10 +64,8 @@ pub struct StreamDecoder {
     chunk_frames: usize,
     tail: TailStrategy,
     limits: StepLimits,
-    /// None only while a step has it, or if a step panicked with it.
-    state: Option<State>,
-    /// Full steps as a CUDA graph, where one was captured.
-    graph: Option<StepGraph>,
+    /// This stream's row of the model's state arena.
+    row: i64,
     /// Codes of the frames waiting for a full step, frame-major.
     pending: Vec<i64>,
     frames_in: u64,
@@ -76,6 +74,7 @@ pub struct StreamDecoder {
     step_time_max: Duration,
     batch_rows_total: u64,
     batch_rows_max: usize,
+    graph_steps: u64,
     finished: bool,
     broken: bool,
 }
@@ -85,15 +84,13 @@ impl StreamDecoder {
     /// If `chunk_frames` is 0.
     pub fn new(model: Arc<Model>, chunk_frames: usize, tail: TailStrategy) -> Result<Self, DecodeError> {
         assert!(chunk_frames > 0, "chunk_frames must be positive");
-        let network = model.network();
-        let state = executor::run(model.device(), || network.new_state(1))?;
+        let row = model.engine().new_row(model.network())?;
         Ok(Self {
             model,
             chunk_frames,
             tail,
             limits: StepLimits::default(),
-            state: Some(state),
-            graph: None,
+            row,
             pending: Vec::new(),
             frames_in: 0,
             steps: 0,
@@ -101,6 +98,7 @@ impl StreamDecoder {
             step_time_max: Duration::ZERO,
             batch_rows_total: 0,
             batch_rows_max: 0,
+            graph_steps: 0,
             finished: false,
             broken: false,
         })
@@ -112,6 +110,7 @@ impl StreamDecoder {
         self.limits = StepLimits {
             max_batch: limits.max_batch.max(1),
             max_step_frames: limits.max_step_frames.max(self.chunk_frames),
+            ..limits
         };
     }
 
@@ -153,10 +152,15 @@ impl StreamDecoder {
         (self.batch_rows_total, self.batch_rows_max)
     }
 
-    /// Bytes this stream holds besides the shared weights: convolution contexts, KV window
-    /// and waiting codes.
+    /// Steps since the stream started that replayed a CUDA graph.
+    pub fn graph_steps(&self) -> u64 {
+        self.graph_steps
+    }
+
+    /// Bytes this stream holds besides the shared weights: its row of convolution contexts and
+    /// KV window, and waiting codes.
     pub fn state_bytes(&self) -> usize {
-        self.state.as_ref().map_or(0, State::bytes) + self.pending.len() * std::mem::size_of::<i64>()
+        self.model.engine().row_bytes() + self.pending.len() * std::mem::size_of::<i64>()
     }
 
     fn codebooks(&self) -> usize {
@@ -235,12 +239,7 @@ impl StreamDecoder {
 
     /// Starts a new stream: the next frame decodes as on a fresh decoder.
     pub fn reset(&mut self) -> Result<(), DecodeError> {
-        // In place, as a captured graph refers to the state's memory.
-        let network = self.model.network();
-        match &mut self.state {
-            Some(state) => executor::run(self.model.device(), || state.clear())?,
-            None => self.state = Some(executor::run(self.model.device(), || network.new_state(1))?),
-        }
+        self.model.engine().clear_row(self.model.network(), self.row)?;
         self.pending.clear();
         self.frames_in = 0;
         self.steps = 0;
@@ -248,6 +247,7 @@ impl StreamDecoder {
         self.step_time_max = Duration::ZERO;
         self.batch_rows_total = 0;
         self.batch_rows_max = 0;
+        self.graph_steps = 0;
         self.finished = false;
         self.broken = false;
         Ok(())
@@ -267,27 +267,17 @@ impl StreamDecoder {
     /// updated, so the stream refuses further work until it is reset.
     fn run_step(&mut self, codes: Vec<i64>) -> Result<Vec<f32>, DecodeError> {
         let started = Instant::now();
-        let frames = codes.len() / self.codebooks();
-        let (result, rows) = match &mut self.graph {
-            Some(graph) if frames == self.chunk_frames => {
-                let codebooks = self.model.config().num_quantizers;
-                let result = executor::run(self.model.device(), || graph.replay(&codes, frames, codebooks));
-                (result, 1)
-            }
-            _ => {
-                let Some(state) = self.state.take() else {
-                    return Err(DecodeError::Broken);
-                };
-                let step = Step {
-                    codes,
-                    frames,
-                    max_rows: self.limits.max_batch,
-                };
-                let done = self.model.engine().run(self.model.network(), step, state);
-                self.state = Some(done.state);
-                (done.audio.map_err(DecodeError::from), done.rows)
-            }
+        let step = Step {
+            row: self.row,
+            frames: codes.len() / self.codebooks(),
+            codes,
+            max_rows: self.limits.max_batch,
+            cuda_graphs: self.limits.cuda_graphs,
         };
+        let done = self.model.engine().run(self.model.network(), step);
+        let result = done.audio.map_err(DecodeError::from);
+        let rows = done.rows;
+        self.graph_steps += u64::from(done.graph);
         let elapsed = started.elapsed();
         self.broken = result.is_err();
         self.steps += 1;
@@ -297,80 +287,10 @@ impl StreamDecoder {
         self.batch_rows_max = self.batch_rows_max.max(rows);
         result
     }
-
-    /// Records full steps as a CUDA graph, replayed from then on: one launch per step instead
-    /// of hundreds, for a decoder on CUDA before its first frame. Warms up with two steps of
-    /// silence (the state is cleared afterwards). Steps of other sizes (the tail) stay eager.
-    pub fn capture_cuda_graph(&mut self) -> Result<(), GraphError> {
-        let tch::Device::Cuda(index) = self.model.device() else {
-            return Err(GraphError::Cuda("the decoder is not on a CUDA device".into()));
-        };
-        if self.frames_in > 0 || self.graph.is_some() {
-            return Err(GraphError::Cuda(
-                "a graph is captured on a fresh decoder, once".into(),
-            ));
-        }
-        let graph = executor::run(self.model.device(), || self.record_step_graph(index))?;
-        self.graph = Some(graph);
-        Ok(())
-    }
-
-    fn record_step_graph(&mut self, device_index: usize) -> Result<StepGraph, GraphError> {
-        let network = self.model.network();
-        let codes = Tensor::f_zeros(
-            [1, self.chunk_frames as i64, self.codebooks() as i64],
-            (Kind::Int64, network.device()),
-        )?;
-        let tables = network.step_tables(self.chunk_frames)?;
-        let state = self
-            .state
-            .as_mut()
-            .ok_or_else(|| GraphError::Cuda("the stream has no state".into()))?;
-        let (graph, audio) = CudaGraph::capture(
-            device_index,
-            state,
-            |state| {
-                for _ in 0..2 {
-                    _ = network.step(&codes, state, &tables)?;
-                }
-                state.clear()
-            },
-            |state| network.step(&codes, state, &tables),
-        )?;
-        Ok(StepGraph {
-            graph,
-            codes,
-            audio,
-            _tables: tables,
-        })
-    }
-
-    /// Whether full steps replay a CUDA graph.
-    pub fn uses_cuda_graph(&self) -> bool {
-        self.graph.is_some()
-    }
 }
 
-/// A full step captured as a CUDA graph, with the tensors it reads its codes from and writes
-/// its audio to (on the device, the same memory at every replay), and the tables it reads.
-struct StepGraph {
-    graph: CudaGraph,
-    codes: Tensor,
-    audio: Tensor,
-    _tables: StepTables,
-}
-
-impl StepGraph {
-    /// On the compute thread: a full step's codes in, the graph replayed, its audio out.
-    fn replay(&mut self, codes: &[i64], frames: usize, codebooks: usize) -> Result<Vec<f32>, DecodeError> {
-        let codes = Tensor::f_from_slice(codes)?.f_view([1, frames as i64, codebooks as i64])?;
-        self.codes.f_copy_(&codes)?;
-        self.graph.replay()?;
-        let audio = self
-            .audio
-            .f_to_kind(Kind::Float)?
-            .f_to_device(tch::Device::Cpu)?
-            .f_flatten(0, -1)?;
-        Ok(Vec::<f32>::try_from(&audio)?)
+impl Drop for StreamDecoder {
+    fn drop(&mut self) {
+        self.model.engine().release_row(self.row);
     }
 }

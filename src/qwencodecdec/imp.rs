@@ -296,8 +296,9 @@ impl ObjectImpl for QwenCodecDec {
                 glib::ParamSpecBoolean::builder("cuda-graphs")
                     .nick("CUDA graphs")
                     .blurb(
-                        "On CUDA, record a full decode step as a CUDA graph at start and replay it for \
-                         every full step (one launch instead of hundreds); off: launch each kernel",
+                        "On CUDA, let this element's steps replay the CUDA graphs the model records per \
+                         batch size and step size (one launch instead of hundreds; a batch replays one \
+                         when all its streams allow it); off: launch each kernel",
                     )
                     .default_value(Settings::default().cuda_graphs)
                     .build(),

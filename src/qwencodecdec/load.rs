@@ -83,6 +83,7 @@ impl QwenCodecDec {
         decoder.set_limits(StepLimits {
             max_batch: settings.max_batch as usize,
             max_step_frames: settings.max_step_frames as usize,
+            cuda_graphs: settings.cuda_graphs,
         });
         let limits = decoder.limits();
         if limits.max_batch > 1 {
@@ -102,17 +103,6 @@ impl QwenCodecDec {
                 limits.max_step_frames
             );
         }
-        if model.device().is_cuda() && settings.cuda_graphs {
-            // Eager steps give the same audio, only slower: a failed capture is not fatal.
-            if let Err(err) = decoder.capture_cuda_graph() {
-                gst::element_imp_warning!(
-                    self,
-                    gst::LibraryError::Init,
-                    ("Decoding without a CUDA graph: {}", err)
-                );
-            }
-        }
-
         // Warm-up: one step of silence-codes checks the samples per frame and pays the first
         // step's one-off costs before real buffers arrive.
         let config = model.config();
@@ -121,6 +111,19 @@ impl QwenCodecDec {
             .push(&vec![0; settings.chunk_frames as usize * config.num_quantizers])
             .map_err(decoder_error)?;
         let step_time = warm_up.elapsed();
+        let cuda_graph = decoder.graph_steps() > 0;
+        if model.device().is_cuda() && settings.cuda_graphs && !cuda_graph {
+            // Eager steps give the same audio, only slower: a failed capture is not fatal.
+            let why = model
+                .cuda_graphs()
+                .failure
+                .unwrap_or_else(|| "none recorded".into());
+            gst::element_imp_warning!(
+                self,
+                gst::LibraryError::Init,
+                ("Decoding without CUDA graphs: {}", why)
+            );
+        }
         let expected = settings.chunk_frames as usize * model.samples_per_frame();
         if audio.len() != expected {
             return Err(gst::error_msg!(
@@ -154,11 +157,7 @@ impl QwenCodecDec {
                 model.samples_per_frame(),
                 model.device(),
                 model.dtype(),
-                if decoder.uses_cuda_graph() {
-                    ", CUDA graph"
-                } else {
-                    ""
-                },
+                if cuda_graph { ", CUDA graphs" } else { "" },
                 step_time.as_secs_f64() * 1e3,
                 latency
             )
@@ -167,7 +166,7 @@ impl QwenCodecDec {
         *self.stats() = Stats {
             sample_rate: config.sample_rate,
             state_bytes: decoder.state_bytes() as u64,
-            cuda_graph: decoder.uses_cuda_graph(),
+            cuda_graph,
             ..Stats::default()
         };
         Ok((decoder, model_path))

@@ -1,6 +1,8 @@
 //! Reference fixtures made by `tools/make_fixtures.py` with the upstream decoder.
 #![allow(dead_code)]
 
+pub mod batching;
+
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 

@@ -51,9 +51,9 @@ impl StateLayout {
     }
 }
 
-/// What streams carry from one step to the next: a row per stream. A stream keeps a state of
-/// one row; a batched step gathers the rows of its streams into one state and scatters them
-/// back afterwards.
+/// What streams carry from one step to the next: a row per stream. The streams of a model keep
+/// their rows in one state (the engine's arena); a batched step selects its streams' rows into
+/// a state of its own and puts them back afterwards.
 pub struct State {
     /// Past input columns of each causal conv (left context), and the overlap each transposed
     /// conv carries into its next output block: [rows, channels, columns].
@@ -91,39 +91,44 @@ impl State {
         Ok(())
     }
 
-    /// The rows of `parts`, in order, as one state (a copy).
-    pub fn gather(parts: &[&State]) -> TorchResult<State> {
-        let cat = |pick: &dyn Fn(&State) -> &Tensor| {
-            let rows: Vec<&Tensor> = parts.iter().map(|part| pick(part)).collect();
-            Tensor::f_cat(&rows, 0)
-        };
-        let first = parts[0];
-        Ok(State {
-            contexts: (0..first.contexts.len())
-                .map(|i| cat(&|s| &s.contexts[i]))
-                .collect::<TorchResult<_>>()?,
-            keys: (0..first.keys.len())
-                .map(|i| cat(&|s| &s.keys[i]))
-                .collect::<TorchResult<_>>()?,
-            values: (0..first.values.len())
-                .map(|i| cat(&|s| &s.values[i]))
-                .collect::<TorchResult<_>>()?,
-            key_bias: cat(&|s| &s.key_bias)?,
-        })
+    /// Row `row` as a state of one row that shares this one's memory: steps on it update
+    /// this state in place.
+    pub fn row(&self, row: i64) -> TorchResult<State> {
+        self.map(|tensor| tensor.f_narrow(0, row, 1))
     }
 
-    /// Writes this state's rows back into `parts`, row `i` into `parts[i]` (whose own rows are
-    /// overwritten in place).
-    pub fn scatter(&self, parts: &mut [&mut State]) -> TorchResult<()> {
-        let mut row = 0;
-        for part in parts {
-            let rows = part.rows();
-            for (source, target) in self.tensors().zip(part.tensors_mut()) {
-                target.f_copy_(&source.f_narrow(0, row, rows)?)?;
-            }
-            row += rows;
+    /// The rows listed in `index` (int64, on the state's device), in its order, as one state
+    /// (a copy).
+    pub fn select(&self, index: &Tensor) -> TorchResult<State> {
+        self.map(|tensor| tensor.f_index_select(0, index))
+    }
+
+    /// Writes the rows of `rows` back to the rows of this state listed in `index`.
+    pub fn put(&mut self, index: &Tensor, rows: &State) -> TorchResult<()> {
+        for (target, source) in self.tensors_mut().zip(rows.tensors()) {
+            _ = target.f_index_copy_(0, index, source)?;
         }
         Ok(())
+    }
+
+    /// This state's rows in a new state of `rows` rows (at least as many), the rows added
+    /// fresh.
+    pub fn grown(&self, network: &Network, rows: i64) -> TorchResult<State> {
+        let mut grown = network.new_state(rows)?;
+        for (target, source) in grown.tensors_mut().zip(self.tensors()) {
+            target.f_narrow(0, 0, self.rows())?.f_copy_(source)?;
+        }
+        Ok(grown)
+    }
+
+    fn map(&self, each: impl Fn(&Tensor) -> TorchResult<Tensor>) -> TorchResult<State> {
+        let all = |tensors: &[Tensor]| tensors.iter().map(&each).collect::<TorchResult<Vec<_>>>();
+        Ok(State {
+            contexts: all(&self.contexts)?,
+            keys: all(&self.keys)?,
+            values: all(&self.values)?,
+            key_bias: each(&self.key_bias)?,
+        })
     }
 
     fn tensors(&self) -> impl Iterator<Item = &Tensor> {

@@ -30,6 +30,23 @@ pub struct StepTables {
 }
 
 impl StepTables {
+    pub fn frames(&self) -> usize {
+        self.frames as usize
+    }
+
+    /// The same tables (tensors share their memory).
+    pub fn shallow_clone(&self) -> Self {
+        Self {
+            frames: self.frames,
+            query_cos: self.query_cos.shallow_clone(),
+            query_sin: self.query_sin.shallow_clone(),
+            key_cos: self.key_cos.shallow_clone(),
+            key_sin: self.key_sin.shallow_clone(),
+            window_mask: self.window_mask.shallow_clone(),
+            new_key_bias: self.new_key_bias.shallow_clone(),
+        }
+    }
+
     /// Angles in float64, as upstream's positions are exact.
     fn new(config: &DecoderConfig, device: Device, frames: usize) -> TorchResult<Self> {
         let frames = frames as i64;

@@ -1,0 +1,100 @@
+//! The state of every stream of a model, as rows of one state: a stream owns a row from its
+//! start to its end. A step of one stream runs on its row in place; a batched step selects its
+//! streams' rows (one `index_select` per state tensor, whatever the number of rows) and puts
+//! them back (one `index_copy_` each). A CUDA graph records that selection with the rows as a
+//! device tensor of indices, so any cohort of streams replays the same graph.
+//!
+//! Row 0 belongs to no stream: it is the scratch row that pads a batch up to a graph's size and
+//! that graphs warm up on. Nobody reads it.
+//!
+//! The rows grow in place of need (doubling; the old rows copied over) and never shrink while
+//! the model lives: the memory is that of the most streams open at once. Growing moves every
+//! row, so graphs recorded before are void (see [`Arena::generation`]).
+
+use super::network::{Network, State};
+
+type TorchResult<T> = Result<T, tch::TchError>;
+
+/// The row that pads batches and warms graphs up.
+pub const SCRATCH_ROW: i64 = 0;
+
+#[derive(Default)]
+pub struct Arena {
+    /// None until the first stream starts.
+    state: Option<State>,
+    /// Rows no stream owns, the lowest last.
+    free: Vec<i64>,
+    generation: u64,
+}
+
+impl Arena {
+    /// A fresh row for a new stream (silence in its contexts, an empty KV window). On the
+    /// device's compute thread.
+    pub fn allocate(&mut self, network: &Network) -> TorchResult<i64> {
+        if self.free.is_empty() {
+            self.grow(network)?;
+        }
+        let row = self.free.pop().expect("rows after growing");
+        if let Err(err) = self.state().row(row).and_then(|mut state| state.clear()) {
+            self.free.push(row);
+            return Err(err);
+        }
+        Ok(row)
+    }
+
+    /// Gives `row` back, for a later stream (which clears it first).
+    pub fn release(&mut self, row: i64) {
+        debug_assert!(
+            row != SCRATCH_ROW && !self.free.contains(&row),
+            "row {row} released twice"
+        );
+        self.free.push(row);
+        // Lowest last, so that the streams of a quiet model keep to the first rows.
+        self.free.sort_unstable_by(|a, b| b.cmp(a));
+    }
+
+    fn grow(&mut self, network: &Network) -> TorchResult<()> {
+        let rows = self.rows();
+        let grown_rows = (rows * 2).max(4);
+        let grown = match &self.state {
+            Some(state) => state.grown(network, grown_rows)?,
+            None => network.new_state(grown_rows)?,
+        };
+        self.state = Some(grown);
+        self.free.extend((rows.max(SCRATCH_ROW + 1)..grown_rows).rev());
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// Every row, the scratch row included.
+    ///
+    /// # Panics
+    /// Before the first row is allocated.
+    pub fn state(&self) -> &State {
+        self.state
+            .as_ref()
+            .expect("the arena has rows once a stream started")
+    }
+
+    pub fn state_mut(&mut self) -> &mut State {
+        self.state
+            .as_mut()
+            .expect("the arena has rows once a stream started")
+    }
+
+    pub fn rows(&self) -> i64 {
+        self.state.as_ref().map_or(0, State::rows)
+    }
+
+    /// Counts the times the rows moved to new memory.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.state
+            .as_ref()
+            .map_or(0, |state| state.bytes() / state.rows() as usize)
+    }
+}

@@ -1,0 +1,171 @@
+//! CUDA graphs of batched steps, owned by the model and replayed by any cohort of its streams.
+//!
+//! A graph is recorded per bucket of rows ([`BUCKETS`]) and step size. It reads the rows of its
+//! cohort from a device tensor of arena row indices, selects them from the arena, steps and
+//! puts them back: the cohort changes from replay to replay by writing other indices. A batch
+//! is padded up to its bucket with the arena's scratch row (codes of earlier batches in the
+//! padding, audio dropped). All of a model's graphs take their memory from one pool (they are
+//! replayed one at a time on the compute thread and their audio is read before the next
+//! replay), and there are at most [`MAX_GRAPHS`] of them: graph memory is bounded whatever the
+//! number of streams, and reported ([`BatchGraphs::bytes`]).
+
+use std::collections::HashMap;
+
+use tch::{Kind, Tensor};
+
+use super::arena::{Arena, SCRATCH_ROW};
+use super::cuda_graph::{self, CudaGraph, GraphError};
+use super::network::{Network, StepTables};
+
+/// Rows a graph is recorded for; a batch runs in the smallest that holds it, and eagerly
+/// beyond the largest.
+pub const BUCKETS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+
+/// The most graphs of one model (buckets times step sizes); steps of further shapes run
+/// eagerly.
+pub const MAX_GRAPHS: usize = 32;
+
+pub struct BatchGraphs {
+    device: usize,
+    /// By (bucket, frames).
+    graphs: HashMap<(usize, usize), BatchGraph>,
+    /// The arena generation the graphs were recorded on: they address its memory.
+    arena_generation: u64,
+    /// Why a capture failed: steps then run eagerly, and no capture is tried again.
+    failure: Option<String>,
+    bytes: u64,
+}
+
+struct BatchGraph {
+    graph: CudaGraph,
+    /// Inputs, written before each replay: arena rows [bucket] and codes [bucket, frames, Q].
+    rows: Tensor,
+    codes: Tensor,
+    /// Output, [bucket, frames * samples_per_frame], valid after a replay.
+    audio: Tensor,
+    _tables: StepTables,
+}
+
+/// Selects `rows` of the arena, steps them over `codes` and puts them back: the batched step
+/// with its cohort given as a device tensor, as a graph records it.
+pub fn step_rows(
+    network: &Network,
+    arena: &mut Arena,
+    rows: &Tensor,
+    codes: &Tensor,
+    tables: &StepTables,
+) -> Result<Tensor, tch::TchError> {
+    let mut state = arena.state().select(rows)?;
+    let audio = network.step(codes, &mut state, tables)?;
+    arena.state_mut().put(rows, &state)?;
+    Ok(audio)
+}
+
+impl BatchGraphs {
+    pub fn new(device: usize) -> Self {
+        Self {
+            device,
+            graphs: HashMap::new(),
+            arena_generation: 0,
+            failure: None,
+            bytes: 0,
+        }
+    }
+
+    /// Device memory reserved while the graphs were recorded (their pool, mostly).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn count(&self) -> usize {
+        self.graphs.len()
+    }
+
+    /// Why recording a graph failed, if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    /// Runs the step of arena `rows` over `codes` ([rows, frames, Q] on the device) by
+    /// replaying its bucket's graph, recorded on first use; its audio, [rows, frames * S].
+    /// `Ok(None)` when no graph serves this step (more rows than the largest bucket, the
+    /// graph limit reached, a failed capture): the caller runs it eagerly.
+    pub fn run(
+        &mut self,
+        network: &Network,
+        arena: &mut Arena,
+        tables: &StepTables,
+        rows: &[i64],
+        codes: &Tensor,
+    ) -> Result<Option<Tensor>, GraphError> {
+        if self.arena_generation != arena.generation() {
+            // The arena moved: the graphs address its old memory.
+            self.graphs.clear();
+            self.arena_generation = arena.generation();
+        }
+        let Some(&bucket) = BUCKETS.iter().find(|&&bucket| bucket >= rows.len()) else {
+            return Ok(None);
+        };
+        let frames = tables.frames();
+        let key = (bucket, frames);
+        if !self.graphs.contains_key(&key) {
+            if self.failure.is_some() || self.graphs.len() >= MAX_GRAPHS {
+                return Ok(None);
+            }
+            match self.record(network, arena, tables, bucket) {
+                Ok(graph) => _ = self.graphs.insert(key, graph),
+                Err(err) => {
+                    self.failure = Some(err.to_string());
+                    return Ok(None);
+                }
+            }
+        }
+        let graph = self.graphs.get_mut(&key).expect("recorded above");
+        let mut padded = rows.to_vec();
+        padded.resize(bucket, SCRATCH_ROW);
+        graph.rows.f_copy_(&Tensor::f_from_slice(&padded)?)?;
+        let used = rows.len() as i64;
+        graph.codes.f_narrow(0, 0, used)?.f_copy_(codes)?;
+        graph.graph.replay()?;
+        Ok(Some(graph.audio.f_narrow(0, 0, used)?))
+    }
+
+    fn record(
+        &mut self,
+        network: &Network,
+        arena: &mut Arena,
+        tables: &StepTables,
+        bucket: usize,
+    ) -> Result<BatchGraph, GraphError> {
+        let device = network.device();
+        let codebooks = network.config().num_quantizers as i64;
+        // Warm-up and capture touch the scratch row only.
+        let rows = Tensor::f_full([bucket as i64], SCRATCH_ROW, (Kind::Int64, device))?;
+        let codes = Tensor::f_zeros(
+            [bucket as i64, tables.frames() as i64, codebooks],
+            (Kind::Int64, device),
+        )?;
+        let before = cuda_graph::reserved_bytes(self.device)?;
+        let share_pool_of = self.graphs.values().next().map(|graph| &graph.graph);
+        let (graph, audio) = CudaGraph::capture(
+            self.device,
+            share_pool_of,
+            arena,
+            |arena| {
+                for _ in 0..2 {
+                    _ = step_rows(network, arena, &rows, &codes, tables)?;
+                }
+                Ok(())
+            },
+            |arena| step_rows(network, arena, &rows, &codes, tables),
+        )?;
+        self.bytes += cuda_graph::reserved_bytes(self.device)?.saturating_sub(before);
+        Ok(BatchGraph {
+            graph,
+            rows,
+            codes,
+            audio,
+            _tables: tables.shallow_clone(),
+        })
+    }
+}

@@ -1,0 +1,170 @@
+//! Many streams on one model, each on a thread of its own, batched by the model's engine; each
+//! stream checked against its solo eager decode and upstream's (tests/batching.rs on the CPU,
+//! tests/cuda.rs with CUDA graphs).
+
+use std::sync::{Arc, Barrier};
+
+use gstqwencodec::model::{Model, StepLimits, StreamDecoder, TailStrategy};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::{Fixture, relative_l2};
+
+/// A stream's audio against its solo decode: batching may change the last bits of a product
+/// (another matrix shape), nothing more.
+pub const BATCHED_VS_SOLO: f64 = 1e-5;
+
+/// One stream of a run: what it decodes and how.
+#[derive(Clone)]
+pub struct Plan {
+    pub codes: Vec<i16>,
+    pub chunk_frames: usize,
+    pub tail: TailStrategy,
+    /// Frames per push, in order; they add up to the codes' frames.
+    pub calls: Vec<usize>,
+    /// Pushes made by the other streams before this one starts (a later start).
+    pub start_after: usize,
+    /// Reset after this many pushes and decode everything again (the second pass is kept).
+    pub reset_after: Option<usize>,
+    pub max_batch: usize,
+    /// On CUDA, whether its steps may replay the model's graphs.
+    pub cuda_graphs: bool,
+}
+
+/// What a stream gave and the batches it ran in.
+pub struct Outcome {
+    pub audio: Vec<f32>,
+    pub max_rows: usize,
+    pub graph_steps: u64,
+}
+
+pub fn random_calls(frames: usize, rng: &mut StdRng) -> Vec<usize> {
+    let mut calls = Vec::new();
+    let mut left = frames;
+    while left > 0 {
+        let n = rng.random_range(0..=left.min(6));
+        calls.push(n);
+        left -= n;
+    }
+    calls
+}
+
+pub fn decode(model: &Arc<Model>, plan: &Plan, codebooks: usize) -> Outcome {
+    let mut decoder = StreamDecoder::new(model.clone(), plan.chunk_frames, plan.tail).unwrap();
+    decoder.set_limits(StepLimits {
+        max_batch: plan.max_batch,
+        cuda_graphs: plan.cuda_graphs,
+        ..StepLimits::default()
+    });
+    let run = |decoder: &mut StreamDecoder, stop_after: Option<usize>| {
+        let mut audio = Vec::new();
+        let mut at = 0;
+        for (index, &frames) in plan.calls.iter().enumerate() {
+            if Some(index) == stop_after {
+                return audio;
+            }
+            let end = at + frames * codebooks;
+            audio.extend(decoder.push(&plan.codes[at..end]).unwrap());
+            at = end;
+        }
+        audio.extend(decoder.finish().unwrap());
+        audio
+    };
+    if plan.reset_after.is_some() {
+        run(&mut decoder, plan.reset_after);
+        decoder.reset().unwrap();
+    }
+    let audio = run(&mut decoder, None);
+    Outcome {
+        audio,
+        max_rows: decoder.batch_rows().1,
+        graph_steps: decoder.graph_steps(),
+    }
+}
+
+/// Every plan on a thread of its own, all on `model`, the later starts held back by a count
+/// of the pushes made so far.
+pub fn decode_together(model: &Arc<Model>, plans: &[Plan], codebooks: usize) -> Vec<Outcome> {
+    let barrier = Arc::new(Barrier::new(plans.len()));
+    let workers: Vec<_> = plans
+        .iter()
+        .map(|plan| {
+            let (model, plan, barrier) = (model.clone(), plan.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                // A later start: a few other streams' steps' worth of time.
+                for _ in 0..plan.start_after {
+                    std::thread::yield_now();
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                decode(&model, &plan, codebooks)
+            })
+        })
+        .collect();
+    workers.into_iter().map(|w| w.join().unwrap()).collect()
+}
+
+/// Plans of every kind for `fixture`: prefixes of its codes (checked against upstream) and
+/// reversed codes (checked against their solo decode), chunk sizes 1-4, both tails, random
+/// splits, later starts, a reset mid-stream.
+pub fn plans(fixture: &Fixture, streams: usize, seed: u64) -> Vec<Plan> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let codebooks = fixture.codebooks;
+    (0..streams)
+        .map(|index| {
+            let frames = rng.random_range(fixture.frames / 3..=fixture.frames);
+            let codes = if index % 2 == 0 {
+                fixture.codes[..frames * codebooks].to_vec()
+            } else {
+                let mut reversed: Vec<i16> =
+                    fixture.codes.chunks(codebooks).rev().flatten().copied().collect();
+                reversed.truncate(frames * codebooks);
+                reversed
+            };
+            Plan {
+                calls: random_calls(frames, &mut rng),
+                codes,
+                chunk_frames: 1 + index % 4,
+                tail: if index % 3 == 0 {
+                    TailStrategy::Pad
+                } else {
+                    TailStrategy::Eager
+                },
+                start_after: rng.random_range(0..4),
+                reset_after: (index % 5 == 4).then(|| rng.random_range(1..4)),
+                max_batch: 16,
+                cuda_graphs: true,
+            }
+        })
+        .collect()
+}
+
+pub fn check(fixture: &Fixture, model: &Arc<Model>, plans: &[Plan], outcomes: &[Outcome]) {
+    for (index, (plan, outcome)) in plans.iter().zip(outcomes).enumerate() {
+        let what = format!(
+            "{} stream {index} (chunk {}, {:?}, {} frames)",
+            fixture.name,
+            plan.chunk_frames,
+            plan.tail,
+            plan.codes.len() / fixture.codebooks
+        );
+        let solo = decode(
+            model,
+            &Plan {
+                max_batch: 1,
+                cuda_graphs: false,
+                ..plan.clone()
+            },
+            fixture.codebooks,
+        );
+        assert_eq!(solo.max_rows, 1, "{what}: max_batch 1 runs alone");
+        let error = relative_l2(&outcome.audio, &solo.audio);
+        assert!(
+            error <= BATCHED_VS_SOLO,
+            "{what}: {error:.3e} from its solo decode"
+        );
+        if index % 2 == 0 {
+            fixture.assert_prefix_matches(&outcome.audio, plan.codes.len() / fixture.codebooks, &what);
+        }
+    }
+}
