@@ -2,8 +2,8 @@
 //! one run, written to `bench/results/` as markdown and JSON (not a test: it asserts nothing).
 //!
 //! cargo bench --bench streams -- --model DIR [--out bench/results] [--streams 1,2,4,8,16]
-//!     [--step-frames 1] [--frames 40] [--live 1,2,3,4] [--live-seconds 10] [--max-batch 16]
-//!     [--device cpu] [--dtype f32]
+//!     [--step-frames 1] [--frames 40] [--live 1,2,3,4] [--live-seconds 10] [--live-spacing-ms 300]
+//!     [--max-batch 16] [--off-up-to N] [--device cpu] [--dtype f32]
 //!
 //! - **Throughput**: N streams whose frames are all there from the start, each pushed a step at
 //!   a time as fast as the decoder takes them (steps of a fixed size, by default one frame, so
@@ -11,14 +11,16 @@
 //!   per second, the step time each stream sees (per step size and N: the cost of a batch of N
 //!   rows of that many frames, as gpu-check.sh tabulates for the GPU's graph buckets), and the
 //!   first audio of the last stream to get one.
-//! - **Live**: streams that each push 12.5 frames a second in real time, started 300 ms apart,
+//! - **Live**: streams that each push 12.5 frames a second in real time, started 300 ms apart
+//!   (`--live-spacing-ms`),
 //!   each decoded as the element decodes: one step at a time, taking the frames that fell due
 //!   while the last step ran (as many as the next step takes: `frames_for_next_step`). Per
 //!   frame: the time from when it fell due to its audio. The largest N whose p95 stays under
 //!   400 ms is the number of live streams served.
 //!
 //! Each measurement runs twice, the two modes alternating, and the better run counts: the speed
-//! of these shared machines drifts by 15% and more within minutes.
+//! of these shared machines drifts by 15% and more within minutes. Batching off is measured up
+//! to `--off-up-to` streams (beyond, on a GPU, it would take minutes to fall behind).
 //!
 //! Batching off: one frame per step, steps taking turns (`max_batch` 1, `max_step_frames` 1).
 //! Batched: the defaults, with `--max-batch` as the cap. On CUDA both replay the model's graphs.
@@ -34,7 +36,6 @@ use gstqwencodec::model::{Dtype, Model, StepLimits, StreamDecoder, TailStrategy,
 use serde_json::{Value, json};
 
 const LIVE_P95_LIMIT_MS: f64 = 400.0;
-const LIVE_START_SPACING: Duration = Duration::from_millis(300);
 
 struct Args {
     model: PathBuf,
@@ -44,7 +45,9 @@ struct Args {
     frames: usize,
     live: Vec<usize>,
     live_seconds: f64,
+    live_spacing: Duration,
     max_batch: usize,
+    off_up_to: usize,
     device: String,
     dtype: Dtype,
 }
@@ -61,7 +64,9 @@ fn parse_args() -> Args {
         frames: options.number("frames", 40),
         live: options.list("live", "1,2,3,4"),
         live_seconds: options.number("live-seconds", 10.0),
+        live_spacing: Duration::from_millis(options.number("live-spacing-ms", 300)),
         max_batch: options.number("max-batch", StepLimits::default().max_batch),
+        off_up_to: options.number("off-up-to", usize::MAX),
         device: options.get("device").unwrap_or_else(|| "cpu".into()),
         dtype: options.get("dtype").map_or(Dtype::F32, |d| d.parse().unwrap()),
     }
@@ -181,8 +186,15 @@ fn throughput(
     })
 }
 
-/// N live streams, each `seconds` long, started `LIVE_START_SPACING` apart.
-fn live(model: &Arc<Model>, codes: &[i16], streams: usize, seconds: f64, mode: Mode) -> Value {
+/// N live streams, each `seconds` long, started `spacing` apart.
+fn live(
+    model: &Arc<Model>,
+    codes: &[i16],
+    streams: usize,
+    seconds: f64,
+    spacing: Duration,
+    mode: Mode,
+) -> Value {
     let codebooks = model.config().num_quantizers;
     let (num, den) = model.config().frame_rate();
     let period = Duration::from_secs_f64(den as f64 / num as f64);
@@ -193,7 +205,7 @@ fn live(model: &Arc<Model>, codes: &[i16], streams: usize, seconds: f64, mode: M
         .map(|index| {
             let model = model.clone();
             let codes = stream_codes(codes, codebooks, index, frames);
-            let begins = start + LIVE_START_SPACING * index as u32;
+            let begins = start + spacing * index as u32;
             std::thread::spawn(move || {
                 let mut decoder = new_decoder(&model, 1, limits);
                 let due = |frame: usize| begins + period * frame as u32;
@@ -238,17 +250,26 @@ fn live(model: &Arc<Model>, codes: &[i16], streams: usize, seconds: f64, mode: M
 /// Each mode run twice, alternating (batched, off, batched, off); per mode, the run with the
 /// higher `score`.
 fn best_of_two(
-    max_batch: usize,
+    modes: &[Mode],
     mut run: impl FnMut(Mode) -> Value,
     score: impl Fn(&Value) -> f64,
-) -> [Value; 2] {
-    let modes = [Mode::Batched(max_batch), Mode::Off];
-    let first = modes.map(&mut run);
-    let second = modes.map(&mut run);
-    let [a, b] = first;
-    let [c, d] = second;
-    let better = |x: Value, y: Value| if score(&y) > score(&x) { y } else { x };
-    [better(a, c), better(b, d)]
+) -> Vec<Value> {
+    let first: Vec<Value> = modes.iter().map(|&mode| run(mode)).collect();
+    let second: Vec<Value> = modes.iter().map(|&mode| run(mode)).collect();
+    first
+        .into_iter()
+        .zip(second)
+        .map(|(x, y)| if score(&y) > score(&x) { y } else { x })
+        .collect()
+}
+
+/// The modes measured for `streams` streams.
+fn modes(args: &Args, streams: usize) -> Vec<Mode> {
+    let mut modes = vec![Mode::Batched(args.max_batch)];
+    if streams <= args.off_up_to {
+        modes.push(Mode::Off);
+    }
+    modes
 }
 
 fn markdown(report: &Value) -> String {
@@ -308,8 +329,7 @@ fn markdown(report: &Value) -> String {
         "\n## Live: streams pushing 12.5 frames a second, started {} ms apart, {} s each; per frame, from when \
          it fell due to its audio\n\n| streams | mode | p50 ms | p95 ms | p99 ms | largest batch |\n| ---: | --- \
          | ---: | ---: | ---: | ---: |\n",
-        LIVE_START_SPACING.as_millis(),
-        report["live_seconds"]
+        report["live_spacing_ms"], report["live_seconds"]
     );
     for row in report["live"].as_array().unwrap() {
         md += &format!(
@@ -340,12 +360,12 @@ fn main() {
     let mut throughput_rows = Vec::new();
     for &step_frames in &args.step_frames {
         for &streams in &args.streams {
-            let [batched, off] = best_of_two(
-                args.max_batch,
+            let rows = best_of_two(
+                &modes(&args, streams),
                 |mode| throughput(&model, &codes, streams, step_frames, args.frames, mode),
                 |row| row["audio_seconds_per_second"].as_f64().unwrap(),
             );
-            for row in [batched, off] {
+            for row in rows {
                 eprintln!("throughput {row}");
                 throughput_rows.push(row);
             }
@@ -354,12 +374,22 @@ fn main() {
     let mut live_rows = Vec::new();
     let mut served = json!({"batched": 0, "batching off": 0});
     for &streams in &args.live {
+        let modes = modes(&args, streams);
         let rows = best_of_two(
-            args.max_batch,
-            |mode| live(&model, &codes, streams, args.live_seconds, mode),
+            &modes,
+            |mode| {
+                live(
+                    &model,
+                    &codes,
+                    streams,
+                    args.live_seconds,
+                    args.live_spacing,
+                    mode,
+                )
+            },
             |row| -row["latency_ms_p95"].as_f64().unwrap(),
         );
-        for (row, mode) in rows.into_iter().zip([Mode::Batched(args.max_batch), Mode::Off]) {
+        for (row, mode) in rows.into_iter().zip(modes) {
             eprintln!("live {row}");
             if row["latency_ms_p95"].as_f64().unwrap() < LIVE_P95_LIMIT_MS {
                 let best = &mut served[mode.name()];
@@ -386,6 +416,7 @@ fn main() {
         "model": args.model.file_name().unwrap().to_string_lossy(),
         "frames": args.frames,
         "live_seconds": args.live_seconds,
+        "live_spacing_ms": args.live_spacing.as_millis() as u64,
         "throughput": throughput_rows,
         "live": live_rows,
         "live_served": served,

@@ -14,11 +14,14 @@
 # steps, each run even when one before it failed (GPU time is scarce: one failure should not
 # cost the others' figures), the failures listed at the end:
 #  5. parity on CUDA (the ignored tests of the CUDA test binary, --ignored): float32 against the
-#     upstream expectations, bf16 and f16 against bounds, CUDA graphs against eager steps, and
-#     the element replaying a graph;
-#  6. a soak on CUDA (GPU memory must not grow as graphs are captured and freed);
+#     upstream expectations, bf16 and f16 against bounds, CUDA graphs against eager steps,
+#     streams batched into graphs of padded buckets against their eager solo decodes, and the
+#     element replaying graphs;
+#  6. a soak on CUDA (GPU memory must not grow as pipelines come and go);
 #  7. the benchmark on CUDA (upstream PyTorch on the GPU against ours, f32 and bf16; our core
-#     with and without a CUDA graph).
+#     with and without CUDA graphs);
+#  8. many streams on CUDA: ms per step for each bucket of rows (1 to 64) and step size, and
+#     live streams up to 256, batched (graphs of up to 64 rows) and, up to 8 streams, not.
 # Results of the GPU steps go to $OUT (else bench/results/); PYTHON is the host's Python with
 # torch (else python3).
 set -euo pipefail
@@ -87,7 +90,7 @@ echo "== parity on CUDA"
 "$bundle/bin/cuda-tests" --ignored --test-threads 1 --nocapture 2>&1 | tee "$out/$day-gpu-parity.txt" ||
   failed+=("parity ($out/$day-gpu-parity.txt)")
 
-echo "== soak on CUDA: a pipeline per stream, each capturing and freeing its CUDA graph"
+echo "== soak on CUDA: a pipeline per stream, on one model and its CUDA graphs"
 "$bundle/bin/soak" --device cuda --streams 400 --model "$QWENCODEC_FIXTURES/release-tiny" 2>&1 \
   | tee "$out/$day-gpu-soak.txt" || failed+=("soak ($out/$day-gpu-soak.txt)")
 
@@ -101,6 +104,11 @@ if "$python" tools/bench_upstream.py "$model" --device cuda --out "$work/upstrea
 else
   failed+=("upstream's benchmark")
 fi
+
+echo "== many streams on CUDA: steps per bucket of rows and step size, live streams"
+"$bundle/bin/streams" --model "$model" --out "$out" --device cuda --max-batch 64 \
+  --streams 1,2,4,8,16,32,64 --step-frames 1,4 --frames 24 --off-up-to 8 \
+  --live 1,32,128,256 --live-seconds 6 --live-spacing-ms 20 || failed+=("many streams")
 
 if [ ${#failed[@]} -gt 0 ]; then
   printf 'gpu-check: failed: %s\n' "${failed[@]}" >&2

@@ -26,8 +26,10 @@ for line in sys.stdin:
 # A failed build stops the script here (set -e, pipefail), with cargo's errors on stderr.
 cuda_tests="$(cargo test --release --test cuda --no-run --message-format=json | executable cuda)"
 bench="$(cargo bench --bench decode --no-run --message-format=json | executable decode)"
+streams="$(cargo bench --bench streams --no-run --message-format=json | executable streams)"
 cp "$cuda_tests" "$out/bin/cuda-tests"
 cp "$bench" "$out/bin/bench"
+cp "$streams" "$out/bin/streams"
 cargo build --release --example soak
 cp target/release/examples/soak "$out/bin/soak"
 # The binaries register the plugin themselves; a copy in plugins/ would be found by the registry
