@@ -8,7 +8,14 @@ export PATH := $(VENV)/bin:$(PATH)
 
 PLUGIN := target/release/libgstqwencodec.so
 
-.PHONY: setup setup-reference build demo test lint soak fixtures released-fixture bench gpu-bundle
+.PHONY: setup setup-reference build install uninstall demo test lint soak fixtures released-fixture \
+	bench gpu-bundle
+
+# make install puts the plugin where GStreamer looks for it: its own plugin folder, or the same
+# layout under PREFIX (e.g. PREFIX=/usr/local), below DESTDIR when staging a package. PLUGINDIR
+# overrides both. Deferred (?=), so that pkg-config is asked only after setup has installed it.
+PREFIX ?= $(shell pkg-config --variable=prefix gstreamer-1.0)
+PLUGINDIR ?= $(shell pkg-config --define-variable=prefix=$(PREFIX) --variable=pluginsdir gstreamer-1.0)
 
 setup:
 	@bash tools/setup.sh
@@ -20,6 +27,15 @@ setup-reference: setup
 
 build: setup
 	cargo build --release
+
+# The plugin keeps finding libtorch in the venv through its rpath: the venv must stay.
+install: build
+	@test -n "$(PLUGINDIR)" || { echo "install: no plugin folder (is pkg-config installed?)" >&2; exit 1; }
+	install -D -m 0755 $(PLUGIN) "$(DESTDIR)$(PLUGINDIR)/libgstqwencodec.so"
+
+uninstall:
+	@test -n "$(PLUGINDIR)" || { echo "uninstall: no plugin folder (is pkg-config installed?)" >&2; exit 1; }
+	rm -f "$(DESTDIR)$(PLUGINDIR)/libgstqwencodec.so"
 
 # The main job: a gst-launch pipeline decoding codes to a WAV (bundled test checkpoint unless
 # MODEL=<checkpoint> and CODES=<codes.raw> are given).
@@ -35,6 +51,7 @@ lint: setup
 # other (see "Threads" in the README).
 test: build lint released-fixture
 	bash tools/check-inspect.sh
+	bash tools/check-install.sh
 	bash tools/fuzz-short.sh
 	G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} cargo test --release
 
