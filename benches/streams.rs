@@ -3,7 +3,7 @@
 //!
 //! cargo bench --bench streams -- --model DIR [--out bench/results] [--streams 1,2,4,8,16]
 //!     [--step-frames 1] [--frames 40] [--live 1,2,3,4] [--live-seconds 10] [--live-spacing-ms 300]
-//!     [--max-batch 16] [--off-up-to N] [--device cpu] [--dtype f32]
+//!     [--max-batch 16] [--max-step-frames 8] [--off-up-to N] [--device cpu] [--dtype f32]
 //!
 //! - **Throughput**: N streams whose frames are all there from the start, each pushed a step at
 //!   a time as fast as the decoder takes them (steps of a fixed size, by default one frame, so
@@ -23,7 +23,8 @@
 //! to `--off-up-to` streams (beyond, on a GPU, it would take minutes to fall behind).
 //!
 //! Batching off: one frame per step, steps taking turns (`max_batch` 1, `max_step_frames` 1).
-//! Batched: the defaults, with `--max-batch` as the cap. On CUDA both replay the model's graphs.
+//! Batched: `--max-batch` and `--max-step-frames` (by default the element's defaults). On CUDA
+//! both replay the model's graphs.
 
 mod common;
 
@@ -47,6 +48,7 @@ struct Args {
     live_seconds: f64,
     live_spacing: Duration,
     max_batch: usize,
+    max_step_frames: usize,
     off_up_to: usize,
     device: String,
     dtype: Dtype,
@@ -66,6 +68,7 @@ fn parse_args() -> Args {
         live_seconds: options.number("live-seconds", 10.0),
         live_spacing: Duration::from_millis(options.number("live-spacing-ms", 300)),
         max_batch: options.number("max-batch", StepLimits::default().max_batch),
+        max_step_frames: options.number("max-step-frames", StepLimits::default().max_step_frames),
         off_up_to: options.number("off-up-to", usize::MAX),
         device: options.get("device").unwrap_or_else(|| "cpu".into()),
         dtype: options.get("dtype").map_or(Dtype::F32, |d| d.parse().unwrap()),
@@ -74,23 +77,24 @@ fn parse_args() -> Args {
 
 #[derive(Clone, Copy)]
 enum Mode {
-    /// With this cap.
-    Batched(usize),
+    /// Up to this many rows and this many frames a step.
+    Batched(usize, usize),
     Off,
 }
 
 impl Mode {
     fn name(self) -> &'static str {
         match self {
-            Mode::Batched(_) => "batched",
+            Mode::Batched(..) => "batched",
             Mode::Off => "batching off",
         }
     }
 
     fn limits(self) -> StepLimits {
         match self {
-            Mode::Batched(max_batch) => StepLimits {
+            Mode::Batched(max_batch, max_step_frames) => StepLimits {
                 max_batch,
+                max_step_frames,
                 ..StepLimits::default()
             },
             Mode::Off => StepLimits {
@@ -265,7 +269,7 @@ fn best_of_two(
 
 /// The modes measured for `streams` streams.
 fn modes(args: &Args, streams: usize) -> Vec<Mode> {
-    let mut modes = vec![Mode::Batched(args.max_batch)];
+    let mut modes = vec![Mode::Batched(args.max_batch, args.max_step_frames)];
     if streams <= args.off_up_to {
         modes.push(Mode::Off);
     }
@@ -287,7 +291,7 @@ fn markdown(report: &Value) -> String {
         report["dtype"].as_str().unwrap(),
         report["model"].as_str().unwrap(),
         report["max_batch"],
-        StepLimits::default().max_step_frames,
+        report["max_step_frames"],
         match report["cuda_graphs"]["graphs"].as_u64() {
             Some(graphs) => format!(
                 " CUDA graphs recorded by the model: {graphs}, {:.0} MiB{}.",
@@ -355,7 +359,7 @@ fn main() {
     let model = Model::shared(&args.model, device, args.dtype).unwrap();
     let codes = read_codes(&args.model.join("codes.raw"));
     // Warm-up: the first steps of each size and batch pay one-off costs.
-    throughput(&model, &codes, 2, 1, 4, Mode::Batched(args.max_batch));
+    throughput(&model, &codes, 2, 1, 4, modes(&args, 1)[0]);
 
     let mut throughput_rows = Vec::new();
     for &step_frames in &args.step_frames {
@@ -404,6 +408,7 @@ fn main() {
     let graphs = model.cuda_graphs();
     let report = json!({
         "max_batch": args.max_batch,
+        "max_step_frames": args.max_step_frames,
         "cuda_graphs": if device.is_cuda() {
             json!({"graphs": graphs.graphs, "bytes": graphs.bytes, "failure": graphs.failure})
         } else {
