@@ -25,6 +25,8 @@ mod ffi {
         _private: [u8; 0],
     }
 
+    // The shim's functions (cuda_graph.cpp): each catches what libtorch throws and returns it
+    // as a message, null on success.
     unsafe extern "C" {
         pub fn qwencodec_graph_new(device: i32, out: *mut *mut QwencodecGraph) -> *mut c_char;
         pub fn qwencodec_graph_free(graph: *mut QwencodecGraph);
