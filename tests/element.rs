@@ -6,31 +6,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::{
-    FIXTURES, code_bytes, codes_caps, decoder, fixture_dir, harness, init, load_fixture, messages, pull_all,
-    random_buffers, samples,
+    FIXTURES, audio_of, buffer, bus_for, code_bytes, codes_caps, decoder, fixture_dir, harness, init,
+    load_fixture, messages, pull_all, random_buffers, samples,
 };
 use gst::glib;
 use gst::prelude::*;
 use gstqwencodec::model::{Dtype, Model};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-
-fn buffer(bytes: &[u8], pts: Option<gst::ClockTime>) -> gst::Buffer {
-    let mut buffer = gst::Buffer::from_slice(bytes.to_vec());
-    buffer.get_mut().unwrap().set_pts(pts);
-    buffer
-}
-
-fn audio_of(buffers: &[gst::Buffer]) -> Vec<f32> {
-    buffers.iter().flat_map(|b| samples(b)).collect()
-}
-
-/// Collects the element's messages of one type from its own bus.
-fn bus_for(element: &gst::Element) -> gst::Bus {
-    let bus = gst::Bus::new();
-    element.set_bus(Some(&bus));
-    bus
-}
 
 #[test]
 fn output_caps_follow_the_model_and_downstream() {
@@ -280,11 +263,54 @@ fn eos_decodes_the_frames_waiting_for_a_full_step() {
     let mut h = harness(&fixture, &[("chunk-frames", &4u32)]);
     h.push(buffer(&code_bytes(fixture.prefix_codes(10)), None))
         .unwrap();
-    // The buffer's audio goes out whole, so nothing of it before its last frame is decoded.
-    assert_eq!(audio_of(&pull_all(&mut h)).len(), 0);
+    // Two full steps' audio leaves without EOS (one step of 8 frames, max-step-frames);
+    // the last 2 frames wait for a full step.
+    let mut audio = Vec::new();
+    while audio.len() < 8 * fixture.samples_per_frame {
+        audio.extend(audio_of(&[h.pull().unwrap()]));
+    }
+    assert_eq!(audio.len(), 8 * fixture.samples_per_frame);
+    assert!(h.try_pull().is_none(), "audio of frames waiting for a full step");
     h.push_event(gst::event::Eos::new());
-    let audio = audio_of(&pull_all(&mut h));
+    audio.extend(audio_of(&pull_all(&mut h)));
     fixture.assert_prefix_matches(&audio, 10, "two full steps and a tail of 2 at EOS");
+}
+
+/// Audio leaves as each step ends, not when the input buffer's last frame is decoded: one
+/// buffer of 100 frames in one-frame steps gives 100 output buffers, the first alone.
+#[test]
+fn a_long_buffer_leaves_step_by_step() {
+    let fixture = load_fixture("gqa-bias");
+    let mut h = harness(&fixture, &[("max-step-frames", &1u32)]);
+    let pts = gst::ClockTime::from_seconds(3);
+    h.push(buffer(&code_bytes(fixture.prefix_codes(100)), Some(pts)))
+        .unwrap();
+    let first = h.pull().unwrap();
+    assert_eq!(
+        samples(&first).len(),
+        fixture.samples_per_frame,
+        "the first step's audio, alone"
+    );
+    assert_eq!(first.pts(), Some(pts));
+    h.push_event(gst::event::Eos::new());
+    let mut buffers = vec![first];
+    buffers.extend(pull_all(&mut h));
+    assert_eq!(buffers.len(), 100, "one output buffer per step");
+    let mut samples_before = 0u64;
+    for buffer in &buffers {
+        let at = |count: u64| pts + gst::ClockTime::SECOND.mul_div_floor(count, 16000).unwrap();
+        assert_eq!(
+            buffer.pts(),
+            Some(at(samples_before)),
+            "after {samples_before} samples"
+        );
+        samples_before += samples(buffer).len() as u64;
+        assert_eq!(
+            buffer.pts().unwrap() + buffer.duration().unwrap(),
+            at(samples_before)
+        );
+    }
+    fixture.assert_prefix_matches(&audio_of(&buffers), 100, "100 frames in one-frame steps");
 }
 
 #[test]
@@ -292,8 +318,10 @@ fn flush_starts_a_fresh_stream() {
     let fixture = load_fixture("gqa-bias");
     let bytes = code_bytes(&fixture.codes);
     let mut h = harness(&fixture, &[("chunk-frames", &2u32)]);
-    // Half a stream, a partial frame included, then a flushing seek.
+    // Half a stream, a partial frame included, then a flushing seek once some of its audio is
+    // out (the base class then counts subframes of an input buffer that the flush drops).
     h.push(buffer(&bytes[..bytes.len() / 2 + 3], None)).unwrap();
+    h.pull().unwrap();
     pull_all(&mut h);
     h.push_event(gst::event::FlushStart::new());
     h.push_event(gst::event::FlushStop::new(true));
