@@ -5,6 +5,7 @@ mod common;
 
 use common::{bus_for, decoder, fixture_dir, init};
 use gst::prelude::*;
+use gst_audio::prelude::*;
 
 /// The load-model progress messages waiting on a bus, as (type, text).
 fn progress(bus: &gst::Bus) -> Vec<(gst::ProgressType, String)> {
@@ -31,12 +32,26 @@ fn the_model_loads_once_from_null_to_null() {
     assert_eq!(loaded[1].0, gst::ProgressType::Complete);
     assert!(loaded[1].1.contains("gqa-bias"), "{loaded:?}");
 
+    // The latency follows chunk-frames: 199 frames of 1/400 s wait for a step of 200.
+    let min_latency = || {
+        element
+            .downcast_ref::<gst_audio::AudioDecoder>()
+            .unwrap()
+            .latency()
+            .0
+    };
+    let waiting = gst::ClockTime::SECOND / 400 * 199;
+    element.set_state(gst::State::Paused).unwrap();
+    assert!(min_latency() < waiting / 2, "{}", min_latency());
+    element.set_state(gst::State::Ready).unwrap();
+
     // A property read at READY→PAUSED changes in READY; the model-path change waits for NULL.
-    element.set_property("chunk-frames", 3u32);
+    element.set_property("chunk-frames", 200u32);
     element.set_property("model-path", "/nonexistent/model");
     let sink = element.static_pad("sink").unwrap();
     for _ in 0..3 {
         element.set_state(gst::State::Paused).unwrap();
+        assert!(min_latency() >= waiting, "{}", min_latency());
         // Unlinked, the flush goes nowhere downstream; the element still flushes its stream.
         sink.send_event(gst::event::FlushStart::new());
         sink.send_event(gst::event::FlushStop::new(true));
