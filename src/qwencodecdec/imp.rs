@@ -13,22 +13,26 @@
  *   audioconvert ! wavenc ! filesink location=speech.wav
  * ```
  *
- * Properties are read when the element starts (READY→PAUSED): a change while it runs takes
- * effect at the next start.
+ * The model loads at NULL→READY (posted as progress messages) and stays loaded until
+ * READY→NULL: `model-path`, `device` and `dtype` are read then, so a change takes effect at the
+ * next NULL→READY. The other properties are read at READY→PAUSED.
+ *
+ * A code outside the codebook goes through the base class's error path: this element sets
+ * `max-errors` to 0 at construction, so it is an error; with `max-errors=-1` (or N) the buffer
+ * is dropped with a warning naming the code and decoding starts afresh after it.
  */
 use std::path::PathBuf;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 use gst::glib;
-use gst::glib::translate::ToGlibPtr;
 use gst::prelude::*;
 use gst::subclass::prelude::*;
 use gst_audio::prelude::*;
 use gst_audio::subclass::prelude::*;
 
+use super::load::LoadedModel;
 use super::settings::{Settings, Stats};
-use super::stream::{Output, StepThread, Stream};
-use crate::model::DecodeError;
+use super::stream::{StepThread, Stream};
 
 const MAX_CHUNK_FRAMES: u32 = 4096;
 const MAX_BATCH: u32 = 1024;
@@ -52,34 +56,12 @@ struct State {
     refused_caps: Option<gst::Caps>,
 }
 
-/// The base class's stream lock (`GST_AUDIO_DECODER_STREAM_LOCK`, recursive), which
-/// gstreamer-rs does not wrap. Audio goes downstream under it, from the step thread as from the
-/// streaming thread, and the base class flushes under it: a flush falls between two pushes.
-struct StreamLockGuard(*mut glib::ffi::GRecMutex);
-
-impl Drop for StreamLockGuard {
-    fn drop(&mut self) {
-        // SAFETY: locked by this guard in `QwenCodecDec::stream_lock`, on this thread; the
-        // element (and so the mutex) outlives the guard, which lives inside one of its methods.
-        unsafe { glib::ffi::g_rec_mutex_unlock(self.0) }
-    }
-}
-
-/// Audio in the negotiated sample format.
-fn output_buffer(audio: &[f32], format: gst_audio::AudioFormat) -> gst::Buffer {
-    let bytes: Vec<u8> = match format {
-        gst_audio::AudioFormat::S16le => audio
-            .iter()
-            .flat_map(|&sample| ((sample * 32767.0).round() as i16).to_le_bytes())
-            .collect(),
-        _ => audio.iter().flat_map(|sample| sample.to_le_bytes()).collect(),
-    };
-    gst::Buffer::from_mut_slice(bytes)
-}
-
 #[derive(Default)]
 pub struct QwenCodecDec {
     settings: Mutex<Settings>,
+    /// From NULL→READY to READY→NULL.
+    model: Mutex<Option<LoadedModel>>,
+    /// From READY→PAUSED to PAUSED→READY.
     state: Mutex<Option<State>>,
     stats: Mutex<Stats>,
 }
@@ -93,129 +75,8 @@ impl QwenCodecDec {
         self.stats.lock().unwrap()
     }
 
-    fn stream(&self) -> Option<Arc<Stream>> {
+    pub(super) fn stream(&self) -> Option<Arc<Stream>> {
         self.state().as_ref().map(|state| state.stream.clone())
-    }
-
-    fn stream_lock(&self) -> StreamLockGuard {
-        let decoder: *mut gst_audio::ffi::GstAudioDecoder = self
-            .obj()
-            .upcast_ref::<gst_audio::AudioDecoder>()
-            .to_glib_none()
-            .0;
-        // SAFETY: `decoder` points to this live element's GstAudioDecoder instance, whose
-        // `stream_lock` is a GRecMutex initialised by the base class for the element's life;
-        // recursive, so taking it where the base class already holds it (handle_frame, flush)
-        // is allowed.
-        unsafe {
-            let mutex = std::ptr::addr_of_mut!((*decoder).stream_lock);
-            glib::ffi::g_rec_mutex_lock(mutex);
-            StreamLockGuard(mutex)
-        }
-    }
-
-    /// Pushes decoded audio downstream through the base class, which stamps it.
-    fn push_output(
-        &self,
-        Output { input_buffers, audio }: Output,
-        format: gst_audio::AudioFormat,
-    ) -> Result<gst::FlowSuccess, gst::FlowError> {
-        if audio.is_empty() {
-            return self.obj().finish_frame(None, input_buffers);
-        }
-        let buffer = output_buffer(&audio, format);
-        self.stats().samples_out += audio.len() as u64;
-        self.obj().finish_frame(Some(buffer), input_buffers)
-    }
-
-    /// Pushes the audio of the steps finished so far, in order, under the stream lock; a
-    /// failed push is kept for the streaming thread to return.
-    pub(super) fn push_outbox(&self, stream: &Stream) {
-        let _lock = self.stream_lock();
-        loop {
-            let mut inner = stream.lock();
-            let Some(output) = inner.next_output() else {
-                return;
-            };
-            let format = inner.format;
-            drop(inner);
-            if let Err(err) = self.push_output(output, format) {
-                gst::debug!(CAT, imp = self, "Pushing audio: {:?}", err);
-                stream.lock().flow = Err(err);
-                return;
-            }
-        }
-    }
-
-    /// Decodes what the stream still holds (after the step in flight), pushing each step's
-    /// audio as it ends, and starts a fresh stream.
-    fn drain(&self) -> Result<gst::FlowSuccess, gst::FlowError> {
-        let Some(stream) = self.stream() else {
-            return Ok(gst::FlowSuccess::Ok);
-        };
-        let _lock = self.stream_lock();
-        stream.lock().set_draining(true);
-        drop(stream.lock_idle());
-        let result = self.drain_idle(&stream);
-        let mut inner = stream.lock();
-        let reset = inner.reset(&mut self.stats());
-        inner.set_draining(false);
-        drop(inner);
-        stream.wake();
-        let flow = result?;
-        reset.map_err(|err| self.decode_error(err))?;
-        Ok(flow)
-    }
-
-    /// The drain with the step thread idle: what it finished, then the remaining steps and the
-    /// tail on this thread.
-    fn drain_idle(&self, stream: &Stream) -> Result<gst::FlowSuccess, gst::FlowError> {
-        self.push_outbox(stream);
-        let mut flow = stream.lock().flow;
-        loop {
-            let mut inner = stream.lock();
-            let format = inner.format;
-            let step = inner.step_here();
-            drop(inner);
-            match step {
-                None => break,
-                Some(Ok(output)) => {
-                    if let Some(output) = output {
-                        flow = flow.and(self.push_output(output, format));
-                    }
-                }
-                Some(Err(err)) => return Err(self.decode_error(err)),
-            }
-        }
-        let mut inner = stream.lock();
-        let format = inner.format;
-        let finished = inner.finish();
-        drop(inner);
-        let (output, dropped) = finished.map_err(|err| self.decode_error(err))?;
-        if let Some(output) = output {
-            flow = flow.and(self.push_output(output, format));
-        }
-        if dropped > 0 {
-            gst::element_imp_warning!(
-                self,
-                gst::StreamError::Decode,
-                (
-                    "Dropped {} bytes at the end of the stream: an incomplete frame",
-                    dropped
-                )
-            );
-        }
-        flow
-    }
-
-    /// Drops everything of the current stream (flushing seek), once the step in flight is
-    /// done; its audio is dropped too.
-    fn reset_stream(&self) {
-        let Some(stream) = self.stream() else { return };
-        let mut inner = stream.lock_idle();
-        if let Err(err) = inner.reset(&mut self.stats()) {
-            gst::warning!(CAT, imp = self, "Cannot reset the decoder: {}", err);
-        }
     }
 
     /// Posts the error for caps refused, once for the same caps: upstream sends them again
@@ -232,18 +93,6 @@ impl QwenCodecDec {
         }
         gst::loggable_error!(CAT, "Caps {} refused", caps)
     }
-
-    pub(super) fn decode_error(&self, err: DecodeError) -> gst::FlowError {
-        match err {
-            DecodeError::InvalidCode { .. } | DecodeError::PartialFrame { .. } => {
-                gst::element_imp_error!(self, gst::StreamError::Decode, ("Invalid codec frame: {}", err));
-            }
-            _ => {
-                gst::element_imp_error!(self, gst::LibraryError::Failed, ("Decoding failed: {}", err));
-            }
-        }
-        gst::FlowError::Error
-    }
 }
 
 #[glib::object_subclass]
@@ -257,6 +106,9 @@ impl ObjectImpl for QwenCodecDec {
     fn constructed(&self) {
         self.parent_constructed();
         self.obj().set_needs_format(true);
+        // A code outside the codebook means sender and model disagree, and every later buffer
+        // would fail too: an error unless the application raises max-errors.
+        self.obj().set_max_errors(0);
     }
 
     fn properties() -> &'static [glib::ParamSpec] {
@@ -267,17 +119,20 @@ impl ObjectImpl for QwenCodecDec {
                     .blurb(
                         "Qwen3-TTS tokenizer checkpoint folder (config.json + model.safetensors) or the root \
                          of a full Qwen3-TTS checkpoint (its speech_tokenizer/ folder is used); when unset, \
-                         the QWENCODEC_MODEL_PATH environment variable",
+                         the QWENCODEC_MODEL_PATH environment variable; read at NULL→READY",
                     )
                     .build(),
                 glib::ParamSpecString::builder("device")
                     .nick("Device")
-                    .blurb("Where to decode: auto (CUDA when available, else CPU), cpu, cuda or cuda:N")
+                    .blurb(
+                        "Where to decode: auto (CUDA when available, else CPU), cpu, cuda or cuda:N; \
+                         read at NULL→READY",
+                    )
                     .default_value(Some("auto"))
                     .build(),
                 glib::ParamSpecEnum::builder_with_default("dtype", Settings::default().dtype)
                     .nick("Data type")
-                    .blurb("Precision of the decoder's computation")
+                    .blurb("Precision of the decoder's computation; read at NULL→READY")
                     .build(),
                 glib::ParamSpecUInt::builder("chunk-frames")
                     .nick("Chunk frames")
@@ -288,10 +143,12 @@ impl ObjectImpl for QwenCodecDec {
                     .minimum(1)
                     .maximum(MAX_CHUNK_FRAMES)
                     .default_value(Settings::default().chunk_frames)
+                    .mutable_ready()
                     .build(),
                 glib::ParamSpecEnum::builder_with_default("tail-strategy", Settings::default().tail_strategy)
                     .nick("Tail strategy")
                     .blurb("How the frames left over at the end of a stream (fewer than chunk-frames) are decoded")
+                    .mutable_ready()
                     .build(),
                 glib::ParamSpecBoolean::builder("cuda-graphs")
                     .nick("CUDA graphs")
@@ -301,6 +158,7 @@ impl ObjectImpl for QwenCodecDec {
                          when all its streams allow it); off: launch each kernel",
                     )
                     .default_value(Settings::default().cuda_graphs)
+                    .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt::builder("max-batch")
                     .nick("Max batch")
@@ -313,6 +171,7 @@ impl ObjectImpl for QwenCodecDec {
                     .minimum(1)
                     .maximum(MAX_BATCH)
                     .default_value(Settings::default().max_batch)
+                    .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt::builder("max-step-frames")
                     .nick("Max step frames")
@@ -324,6 +183,7 @@ impl ObjectImpl for QwenCodecDec {
                     .minimum(1)
                     .maximum(MAX_CHUNK_FRAMES)
                     .default_value(Settings::default().max_step_frames)
+                    .mutable_ready()
                     .build(),
                 glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
                     .nick("Statistics")
@@ -358,12 +218,23 @@ impl ObjectImpl for QwenCodecDec {
             "max-step-frames" => settings.max_step_frames = value.get().unwrap(),
             _ => unreachable!(),
         }
-        if self.state.try_lock().map_or(true, |state| state.is_some()) {
+        drop(settings);
+        let (read_at, in_use) = match pspec.name() {
+            "model-path" | "device" | "dtype" => {
+                ("NULL→READY", self.model.try_lock().map_or(true, |m| m.is_some()))
+            }
+            _ => (
+                "READY→PAUSED",
+                self.state.try_lock().map_or(true, |state| state.is_some()),
+            ),
+        };
+        if in_use {
             gst::info!(
                 CAT,
                 imp = self,
-                "{} changed while running: it takes effect at the next start",
-                pspec.name()
+                "{} changed while in use: it takes effect at the next {}",
+                pspec.name(),
+                read_at
             );
         }
     }
@@ -427,9 +298,29 @@ impl ElementImpl for QwenCodecDec {
 }
 
 impl AudioDecoderImpl for QwenCodecDec {
+    fn open(&self) -> Result<(), gst::ErrorMessage> {
+        let settings = self.settings.lock().unwrap().clone();
+        *self.model.lock().unwrap() = Some(self.load_model(&settings)?);
+        Ok(())
+    }
+
+    fn close(&self) -> Result<(), gst::ErrorMessage> {
+        *self.model.lock().unwrap() = None;
+        Ok(())
+    }
+
     fn start(&self) -> Result<(), gst::ErrorMessage> {
         let settings = self.settings.lock().unwrap().clone();
-        let (decoder, model_path) = self.load(&settings)?;
+        let (model, model_path) = match &*self.model.lock().unwrap() {
+            Some(loaded) => (loaded.model.clone(), loaded.path.clone()),
+            None => {
+                return Err(gst::error_msg!(
+                    gst::CoreError::StateChange,
+                    ["Started without a model"]
+                ));
+            }
+        };
+        let decoder = self.start_decoder(&model, &settings)?;
         let stream = Stream::new(decoder);
         let steps = stream.spawn_steps(self.obj().downgrade()).map_err(|err| {
             gst::error_msg!(
@@ -451,6 +342,7 @@ impl AudioDecoderImpl for QwenCodecDec {
 
     fn stop(&self) -> Result<(), gst::ErrorMessage> {
         *self.state() = None;
+        self.forget_subframes();
         Ok(())
     }
 
@@ -531,22 +423,17 @@ impl AudioDecoderImpl for QwenCodecDec {
         inner.flow?;
         let accepted = inner.accept(map.as_slice());
         drop(inner);
-        match accepted {
-            Ok(frames) => {
-                self.stats().frames_in += frames;
-                stream.wake();
-                // The audio of steps finished meanwhile goes from here too: a streaming thread
-                // handed buffer after buffer holds the stream lock nearly all the time, and the
-                // step thread would wait for it until the buffers stop coming.
-                self.push_outbox(&stream);
-                stream.lock().flow
-            }
-            Err(err) => {
-                // Push what the frames before the bad one give, then fail.
-                let _ = self.drain();
-                Err(self.decode_error(err))
-            }
-        }
+        let frames = match accepted {
+            Ok(frames) => frames,
+            Err(refused) => return self.refuse_buffer(&stream, refused),
+        };
+        self.stats().frames_in += frames;
+        stream.wake();
+        // The audio of steps finished meanwhile goes from here too: a streaming thread handed
+        // buffer after buffer holds the stream lock nearly all the time, and the step thread
+        // would wait for it until the buffers stop coming.
+        self.push_outbox(&stream);
+        stream.lock().flow
     }
 
     fn flush(&self, hard: bool) {

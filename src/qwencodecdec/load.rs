@@ -1,9 +1,11 @@
-//! Starting the element: the model loaded (or shared), the stream's decoder made and warmed up,
-//! the latency set.
+//! The model loaded (or shared) at NULL→READY, with progress messages; at each READY→PAUSED
+//! the stream's decoder made from it and warmed up, and the latency set.
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use gst::prelude::*;
 use gst::subclass::prelude::*;
 use gst_audio::prelude::*;
 
@@ -14,10 +16,25 @@ use crate::model::{self, DecodeError, Model, ModelError, StepLimits, StreamDecod
 /// Read when `model-path` is unset, so that decodebin and playbin can plug the decoder.
 const MODEL_PATH_ENV: &str = "QWENCODEC_MODEL_PATH";
 
-impl QwenCodecDec {
-    /// Loads (or shares) the model and makes the stream's decoder, warmed up.
-    pub(super) fn load(&self, settings: &Settings) -> Result<(StreamDecoder, PathBuf), gst::ErrorMessage> {
-        let model_path = settings
+/// The progress messages' code for the model load.
+const PROGRESS_CODE: &str = "load-model";
+
+/// The model as loaded at NULL→READY, kept until READY→NULL.
+pub(super) struct LoadedModel {
+    pub(super) model: Arc<Model>,
+    pub(super) path: PathBuf,
+}
+
+/// What the properties read at NULL→READY ask for.
+struct ModelSettings {
+    path: PathBuf,
+    device: tch::Device,
+    dtype: model::Dtype,
+}
+
+impl ModelSettings {
+    fn from_settings(settings: &Settings) -> Result<Self, gst::ErrorMessage> {
+        let path = settings
             .model_path
             .clone()
             .or_else(|| std::env::var(MODEL_PATH_ENV).ok())
@@ -34,52 +51,129 @@ impl QwenCodecDec {
             })?;
         let device = model::parse_device(&settings.device)
             .map_err(|err| gst::error_msg!(gst::LibraryError::Settings, ("{}", err)))?;
-        let dtype = match settings.dtype {
-            super::Dtype::F32 => model::Dtype::F32,
-            super::Dtype::Bf16 => model::Dtype::Bf16,
-            super::Dtype::F16 => model::Dtype::F16,
-        };
+        Ok(Self {
+            path,
+            device,
+            dtype: settings.dtype.into(),
+        })
+    }
+}
+
+fn load_error(path: &std::path::Path, err: ModelError) -> gst::ErrorMessage {
+    let message = format!("Cannot load the model from {}: {err}", path.display());
+    match err {
+        ModelError::Io { .. } | ModelError::Checkpoint(_) | ModelError::MissingTensor { .. } => {
+            gst::error_msg!(gst::ResourceError::OpenRead, ("{}", message))
+        }
+        ModelError::Config(_) | ModelError::ShapeMismatch { .. } => {
+            gst::error_msg!(gst::StreamError::Format, ("{}", message))
+        }
+        ModelError::Device(_) | ModelError::Torch(_) => {
+            gst::error_msg!(gst::LibraryError::Init, ("{}", message))
+        }
+    }
+}
+
+fn decoder_error(err: DecodeError) -> gst::ErrorMessage {
+    gst::error_msg!(gst::LibraryError::Init, ("{}", err))
+}
+
+impl QwenCodecDec {
+    fn post_progress(&self, kind: gst::ProgressType, text: &str) {
+        let message = gst::message::Progress::builder(kind, PROGRESS_CODE, text)
+            .src(&*self.obj())
+            .build();
+        let _ = self.obj().post_message(message);
+    }
+
+    /// NULL→READY: loads the model (or shares the one loaded by another element), posting the
+    /// load as progress messages.
+    pub(super) fn load_model(&self, settings: &Settings) -> Result<LoadedModel, gst::ErrorMessage> {
+        self.post_progress(gst::ProgressType::Start, "Loading the Qwen3-TTS decoder");
+        let loaded = ModelSettings::from_settings(settings).and_then(|wanted| self.load_checkpoint(&wanted));
+        match &loaded {
+            Ok(loaded) => self.post_progress(
+                gst::ProgressType::Complete,
+                &format!("Loaded the Qwen3-TTS decoder from {}", loaded.path.display()),
+            ),
+            Err(err) => self.post_progress(gst::ProgressType::Error, &err.to_string()),
+        }
+        loaded
+    }
+
+    fn load_checkpoint(&self, wanted: &ModelSettings) -> Result<LoadedModel, gst::ErrorMessage> {
         gst::info!(
             CAT,
             imp = self,
-            "Loading {} on {:?} ({}), device {:?} asked for",
-            model_path.display(),
-            device,
-            dtype,
-            settings.device
+            "Loading {} on {:?} ({})",
+            wanted.path.display(),
+            wanted.device,
+            wanted.dtype
         );
+        let loading = Instant::now();
+        let model = Model::shared(&wanted.path, wanted.device, wanted.dtype)
+            .map_err(|err| load_error(&wanted.path, err))?;
+        let config = model.config();
+        gst::info!(
+            CAT,
+            imp = self,
+            "Loaded {} in {:.2} s: {} codebooks, {} Hz, {} samples per frame",
+            wanted.path.display(),
+            loading.elapsed().as_secs_f64(),
+            config.num_quantizers,
+            config.sample_rate,
+            model.samples_per_frame()
+        );
+        Ok(LoadedModel {
+            model,
+            path: wanted.path.clone(),
+        })
+    }
+
+    /// READY→PAUSED: the stream's decoder, by the current settings, warmed up; the latency set.
+    pub(super) fn start_decoder(
+        &self,
+        model: &Arc<Model>,
+        settings: &Settings,
+    ) -> Result<StreamDecoder, gst::ErrorMessage> {
+        let mut decoder = self.stream_decoder(model, settings)?;
+        let (step_time, cuda_graph) = warm_up(&mut decoder)?;
+        if model.device().is_cuda() && settings.cuda_graphs {
+            self.check_cuda_graphs(model, cuda_graph);
+        }
+        let latency = self.set_latency(model, settings.chunk_frames, step_time);
         gst::element_imp_info!(
             self,
             gst::LibraryError::Init,
             (
-                "Loading the Qwen3-TTS decoder from {} on {:?} ({})",
-                model_path.display(),
-                device,
-                dtype
+                "Qwen3-TTS decoder ready on {:?} ({}){}, warm-up step {:.1} ms, latency {}",
+                model.device(),
+                model.dtype(),
+                if cuda_graph { ", CUDA graphs" } else { "" },
+                step_time.as_secs_f64() * 1e3,
+                latency
             )
         );
-        let loading = Instant::now();
-        let model = Model::shared(&model_path, device, dtype).map_err(|err| {
-            let message = format!("Cannot load the model from {}: {err}", model_path.display());
-            match err {
-                ModelError::Io { .. } | ModelError::Checkpoint(_) | ModelError::MissingTensor { .. } => {
-                    gst::error_msg!(gst::ResourceError::OpenRead, ("{}", message))
-                }
-                ModelError::Config(_) | ModelError::ShapeMismatch { .. } => {
-                    gst::error_msg!(gst::StreamError::Format, ("{}", message))
-                }
-                ModelError::Device(_) | ModelError::Torch(_) => {
-                    gst::error_msg!(gst::LibraryError::Init, ("{}", message))
-                }
-            }
-        })?;
-        let tail = match settings.tail_strategy {
-            super::TailStrategy::Eager => model::TailStrategy::Eager,
-            super::TailStrategy::Pad => model::TailStrategy::Pad,
+        *self.stats() = Stats {
+            sample_rate: model.config().sample_rate,
+            state_bytes: decoder.state_bytes() as u64,
+            cuda_graph,
+            ..Stats::default()
         };
-        let decoder_error = |err: DecodeError| gst::error_msg!(gst::LibraryError::Init, ("{}", err));
-        let mut decoder =
-            StreamDecoder::new(model.clone(), settings.chunk_frames as usize, tail).map_err(decoder_error)?;
+        Ok(decoder)
+    }
+
+    fn stream_decoder(
+        &self,
+        model: &Arc<Model>,
+        settings: &Settings,
+    ) -> Result<StreamDecoder, gst::ErrorMessage> {
+        let mut decoder = StreamDecoder::new(
+            model.clone(),
+            settings.chunk_frames as usize,
+            settings.tail_strategy.into(),
+        )
+        .map_err(decoder_error)?;
         decoder.set_limits(StepLimits {
             max_batch: settings.max_batch as usize,
             max_step_frames: settings.max_step_frames as usize,
@@ -103,72 +197,61 @@ impl QwenCodecDec {
                 limits.max_step_frames
             );
         }
-        // Warm-up: one step of silence-codes checks the samples per frame and pays the first
-        // step's one-off costs before real buffers arrive.
-        let config = model.config();
-        let warm_up = Instant::now();
-        let audio = decoder
-            .push(&vec![0; settings.chunk_frames as usize * config.num_quantizers])
-            .map_err(decoder_error)?;
-        let step_time = warm_up.elapsed();
-        let cuda_graph = decoder.graph_steps() > 0;
-        if model.device().is_cuda() && settings.cuda_graphs && !cuda_graph {
-            // Eager steps give the same audio, only slower: a failed capture is not fatal.
-            let why = model
-                .cuda_graphs()
-                .failure
-                .unwrap_or_else(|| "none recorded".into());
-            gst::element_imp_warning!(
-                self,
-                gst::LibraryError::Init,
-                ("Decoding without CUDA graphs: {}", why)
-            );
-        }
-        let expected = settings.chunk_frames as usize * model.samples_per_frame();
-        if audio.len() != expected {
-            return Err(gst::error_msg!(
-                gst::LibraryError::Init,
-                (
-                    "Warm-up step gave {} samples instead of {}",
-                    audio.len(),
-                    expected
-                )
-            ));
-        }
-        decoder.reset().map_err(decoder_error)?;
+        Ok(decoder)
+    }
 
-        let (num, den) = config.frame_rate();
+    /// Warns when the warm-up step, which was to replay one of the model's CUDA graphs, ran
+    /// eagerly: the same audio, only slower.
+    fn check_cuda_graphs(&self, model: &Model, replayed: bool) {
+        if replayed {
+            return;
+        }
+        let why = model
+            .cuda_graphs()
+            .failure
+            .unwrap_or_else(|| "none was recorded".into());
+        gst::element_imp_warning!(
+            self,
+            gst::LibraryError::Init,
+            ("Decoding without CUDA graphs: {}", why)
+        );
+    }
+
+    /// Reports `(chunk-frames - 1)` frames plus a step as the latency.
+    fn set_latency(&self, model: &Model, chunk_frames: u32, step_time: Duration) -> gst::ClockTime {
+        let (num, den) = model.config().frame_rate();
         let frame = gst::ClockTime::SECOND
             .mul_div_floor(den as u64, num as u64)
             .unwrap();
-        let latency =
-            frame * (settings.chunk_frames as u64 - 1) + gst::ClockTime::try_from(step_time).unwrap();
+        let latency = frame * (chunk_frames as u64 - 1) + gst::ClockTime::try_from(step_time).unwrap();
         self.obj().set_latency(latency, Some(latency));
-        gst::element_imp_info!(
-            self,
+        latency
+    }
+}
+
+/// One step of silence-codes checks the samples per frame and pays the first step's one-off
+/// costs (on CUDA, recording the model's graph for it) before real buffers arrive; returns the
+/// step's time and whether it replayed a CUDA graph.
+fn warm_up(decoder: &mut StreamDecoder) -> Result<(Duration, bool), gst::ErrorMessage> {
+    let model = decoder.model().clone();
+    let chunk_frames = decoder.chunk_frames();
+    let started = Instant::now();
+    let audio = decoder
+        .push(&vec![0; chunk_frames * model.config().num_quantizers])
+        .map_err(decoder_error)?;
+    let step_time = started.elapsed();
+    let expected = chunk_frames * model.samples_per_frame();
+    if audio.len() != expected {
+        return Err(gst::error_msg!(
             gst::LibraryError::Init,
             (
-                "Loaded the Qwen3-TTS decoder from {} in {:.2} s: {} codebooks, {} Hz, {} samples per frame, \
-                 on {:?} ({}){}, warm-up step {:.1} ms, latency {}",
-                model_path.display(),
-                loading.elapsed().as_secs_f64(),
-                config.num_quantizers,
-                config.sample_rate,
-                model.samples_per_frame(),
-                model.device(),
-                model.dtype(),
-                if cuda_graph { ", CUDA graphs" } else { "" },
-                step_time.as_secs_f64() * 1e3,
-                latency
+                "Warm-up step gave {} samples instead of {}",
+                audio.len(),
+                expected
             )
-        );
-
-        *self.stats() = Stats {
-            sample_rate: config.sample_rate,
-            state_bytes: decoder.state_bytes() as u64,
-            cuda_graph,
-            ..Stats::default()
-        };
-        Ok((decoder, model_path))
+        ));
     }
+    let cuda_graph = decoder.graph_steps() > 0;
+    decoder.reset().map_err(decoder_error)?;
+    Ok((step_time, cuda_graph))
 }

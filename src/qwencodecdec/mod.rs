@@ -3,6 +3,9 @@
 use gst::glib;
 use gst::prelude::*;
 
+use crate::model;
+
+mod flow;
 mod imp;
 mod load;
 mod settings;
@@ -32,6 +35,25 @@ pub enum Dtype {
     Bf16 = 1,
     #[enum_value(name = "float16", nick = "f16")]
     F16 = 2,
+}
+
+impl From<TailStrategy> for model::TailStrategy {
+    fn from(strategy: TailStrategy) -> Self {
+        match strategy {
+            TailStrategy::Eager => Self::Eager,
+            TailStrategy::Pad => Self::Pad,
+        }
+    }
+}
+
+impl From<Dtype> for model::Dtype {
+    fn from(dtype: Dtype) -> Self {
+        match dtype {
+            Dtype::F32 => Self::F32,
+            Dtype::Bf16 => Self::Bf16,
+            Dtype::F16 => Self::F16,
+        }
+    }
 }
 
 glib::wrapper! {

@@ -7,8 +7,10 @@
 //! takes the decoder out, runs a step without any lock held, puts it back and queues the audio.
 //! Audio is pushed under the base class's stream lock, which a flush also holds, so audio of a
 //! step begun before a flush never follows it: by the step thread when the step ends, or by the
-//! streaming thread with its next buffer if that comes first. A drain (EOS, a new stream, a bad code) and a
-//! flush wait for the step in flight, then do their work on the streaming thread.
+//! streaming thread with its next buffer if that comes first. A step's audio is cut where
+//! input buffers' frames end, so that each input buffer is closed as soon as its audio is out.
+//! A drain (EOS, a new stream, a refused buffer) and a flush wait for the step in flight, then
+//! do their work on the streaming thread.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -21,10 +23,20 @@ use gst::subclass::prelude::*;
 use super::settings::Stats;
 use crate::model::{DecodeError, Model, StreamDecoder};
 
-/// Audio ready to go downstream, for `input_buffers` input buffers of the base class queue.
-pub(super) struct Output {
-    pub(super) input_buffers: i32,
-    pub(super) audio: Vec<f32>,
+/// What goes downstream, in order.
+pub(super) enum Output {
+    /// Decoded audio of frames of the oldest unfinished input buffer (and maybe the next
+    /// ones'), pushed as a subframe of it.
+    Audio(Vec<f32>),
+    /// Input buffers whose frames' audio is all out, oldest first: the base class drops them.
+    InputsDone(i32),
+}
+
+/// A buffer with a code outside the codebook: none of its frames was taken.
+pub(super) struct Refused {
+    pub(super) error: DecodeError,
+    /// The codes of its whole frames before the bad one.
+    valid: Vec<i16>,
 }
 
 /// What the streaming thread and the step thread share.
@@ -44,13 +56,11 @@ pub(super) struct Inner {
     frames_accepted: u64,
     /// Bytes of a frame cut by a buffer boundary, waiting for the rest.
     partial_frame: Vec<u8>,
-    /// Per input buffer not yet finished, oldest first: how many frames start in it. A buffer
-    /// is finished, and its audio pushed, once all of them are decoded, so every output buffer
-    /// starts where an input buffer's frames start and takes that buffer's timestamp.
+    /// Per input buffer not yet finished, oldest first: how many of the frames that start in
+    /// it have no audio out yet. A buffer is finished as soon as the last of them is out, so
+    /// the next audio pushed starts at the next buffer's first frame and takes its timestamp.
     frames_per_input: VecDeque<usize>,
-    /// Decoded audio of the unfinished input buffers.
-    audio: Vec<f32>,
-    /// Finished input buffers' audio, oldest first, waiting to be pushed.
+    /// Audio and finished input buffers, oldest first, waiting to be pushed.
     outbox: VecDeque<Output>,
     /// Bumped by every reset: the audio of a step begun before it is dropped.
     generation: u64,
@@ -76,7 +86,6 @@ impl Stream {
                 frames_accepted: 0,
                 partial_frame: Vec::new(),
                 frames_per_input: VecDeque::new(),
-                audio: Vec::new(),
                 outbox: VecDeque::new(),
                 generation: 0,
                 draining: false,
@@ -155,12 +164,7 @@ impl Stream {
             let mut failed = None;
             if inner.generation == generation {
                 match result {
-                    Ok(audio) => {
-                        inner.audio.extend(audio);
-                        if let Some(output) = inner.finished_buffers() {
-                            inner.outbox.push_back(output);
-                        }
-                    }
+                    Ok(audio) => inner.queue_audio(audio),
                     Err(err) => {
                         inner.flow = Err(gst::FlowError::Error);
                         failed = Some(err);
@@ -172,7 +176,7 @@ impl Stream {
             drop(inner);
             if let Some(err) = failed {
                 // Posts the error; the flow it returns is kept above for the streaming thread.
-                let _ = imp.decode_error(err);
+                let _ = imp.step_error(err);
             }
             imp.push_outbox(self);
         }
@@ -203,87 +207,106 @@ impl Inner {
         Some((self.decoder.take()?, codes, self.generation))
     }
 
-    /// Takes one input buffer's bytes: its whole frames wait for the step thread. On a bad
-    /// code, the frames before it are taken and the error returned.
-    pub(super) fn accept(&mut self, data: &[u8]) -> Result<u64, DecodeError> {
+    /// Takes one input buffer's bytes: its whole frames wait for the step thread. A buffer with
+    /// a bad code is refused whole.
+    pub(super) fn accept(&mut self, data: &[u8]) -> Result<u64, Refused> {
         let frame_bytes = self.frame_bytes();
+        let codebooks = frame_bytes / 2;
         let carried = self.partial_frame.len();
         let starting_here = (carried + data.len()).div_ceil(frame_bytes) - carried.div_ceil(frame_bytes);
         self.frames_per_input.push_back(starting_here);
+        // A buffer with no frame starting in it is finished at once if it is the oldest.
+        self.queue_finished_inputs();
 
         self.partial_frame.extend_from_slice(data);
         let whole = self.partial_frame.len() / frame_bytes * frame_bytes;
-        let codes: Vec<i16> = self
+        let mut codes: Vec<i16> = self
             .partial_frame
             .drain(..whole)
             .as_slice()
             .chunks_exact(2)
             .map(|pair| i16::from_le_bytes([pair[0], pair[1]]))
             .collect();
-        let (valid, checked) = match self.model.check_codes(&codes, self.frames_accepted) {
-            Ok(()) => (codes.len(), Ok(())),
-            Err(err @ DecodeError::InvalidCode { frame, .. }) => (
-                (frame - self.frames_accepted) as usize * (frame_bytes / 2),
-                Err(err),
-            ),
-            Err(err) => (0, Err(err)),
-        };
-        let frames = (valid / (frame_bytes / 2)) as u64;
-        self.codes.extend_from_slice(&codes[..valid]);
-        self.frames_accepted += frames;
-        checked.map(|()| frames)
+        if let Err(error) = self.model.check_codes(&codes, self.frames_accepted) {
+            let valid_frames = match error {
+                DecodeError::InvalidCode { frame, .. } => frame - self.frames_accepted,
+                _ => 0,
+            };
+            codes.truncate(valid_frames as usize * codebooks);
+            return Err(Refused { error, valid: codes });
+        }
+        Ok(self.take_codes(codes))
     }
 
-    /// The input buffers whose frames are all decoded, with their audio.
-    fn finished_buffers(&mut self) -> Option<Output> {
+    /// Takes the whole frames of a refused buffer that come before its bad code.
+    pub(super) fn accept_before_bad_code(&mut self, refused: Refused) -> u64 {
+        self.take_codes(refused.valid)
+    }
+
+    fn take_codes(&mut self, codes: Vec<i16>) -> u64 {
+        let frames = (codes.len() / (self.frame_bytes() / 2)) as u64;
+        self.codes.extend(codes);
+        self.frames_accepted += frames;
+        frames
+    }
+
+    /// Queues a step's audio: cut where input buffers' frames end, so that each buffer is
+    /// finished as soon as its last frame's audio is out.
+    fn queue_audio(&mut self, mut audio: Vec<f32>) {
         let samples_per_frame = self.model.samples_per_frame();
-        let mut decoded_frames = self.audio.len() / samples_per_frame;
-        let mut frames = 0;
-        let mut input_buffers = 0;
-        while let Some(&starting) = self.frames_per_input.front() {
-            if starting > decoded_frames {
+        loop {
+            self.queue_finished_inputs();
+            let frames = audio.len() / samples_per_frame;
+            let Some(unfinished) = self.frames_per_input.front_mut() else {
+                break;
+            };
+            if frames == 0 {
                 break;
             }
-            decoded_frames -= starting;
-            frames += starting;
-            input_buffers += 1;
-            self.frames_per_input.pop_front();
+            let taken = frames.min(*unfinished);
+            *unfinished -= taken;
+            let rest = audio.split_off(taken * samples_per_frame);
+            self.outbox.push_back(Output::Audio(audio));
+            audio = rest;
         }
-        (input_buffers > 0).then(|| Output {
-            input_buffers,
-            audio: self.audio.drain(..frames * samples_per_frame).collect(),
-        })
     }
 
-    /// On the calling thread, the decoder idle: the next step if a full one waits, and the
-    /// output it finishes (if it finishes an input buffer).
-    pub(super) fn step_here(&mut self) -> Option<Result<Option<Output>, DecodeError>> {
+    /// Queues the closing of the oldest input buffers whose frames' audio is all out.
+    fn queue_finished_inputs(&mut self) {
+        let mut finished = 0;
+        while self.frames_per_input.front() == Some(&0) {
+            self.frames_per_input.pop_front();
+            finished += 1;
+        }
+        if finished > 0 {
+            self.outbox.push_back(Output::InputsDone(finished));
+        }
+    }
+
+    /// On the calling thread, the decoder idle: the next step if a full one waits, its audio
+    /// queued.
+    pub(super) fn step_here(&mut self) -> Option<Result<(), DecodeError>> {
         let codebooks = self.model.config().num_quantizers;
         let decoder = self.decoder.as_mut().expect("the decoder is idle");
         let take = decoder.frames_for_next_step(self.codes.len() / codebooks)?;
         let codes: Vec<i16> = self.codes.drain(..take * codebooks).collect();
-        Some(decoder.push(&codes).map(|audio| {
-            self.audio.extend(audio);
-            self.finished_buffers()
-        }))
+        Some(decoder.push(&codes).map(|audio| self.queue_audio(audio)))
     }
 
     /// Ends the stream on the calling thread, the decoder idle and every full step run: the
-    /// frames still waiting (the tail, by the tail strategy), with the rest of the audio for
-    /// every queued input buffer. Returns that output and the bytes of a cut frame dropped.
-    pub(super) fn finish(&mut self) -> Result<(Option<Output>, usize), DecodeError> {
+    /// frames still waiting (the tail, by the tail strategy) decoded and queued, with the
+    /// closing of every input buffer left. Returns the bytes of a cut frame dropped.
+    pub(super) fn finish(&mut self) -> Result<usize, DecodeError> {
         let decoder = self.decoder.as_mut().expect("the decoder is idle");
         let frames = std::mem::take(&mut self.codes);
         let mut audio = decoder.push(&frames)?;
         audio.extend(decoder.finish()?);
-        self.audio.extend(audio);
-        let dropped = std::mem::take(&mut self.partial_frame).len();
-        let input_buffers = std::mem::take(&mut self.frames_per_input).len();
-        let output = (input_buffers > 0).then(|| Output {
-            input_buffers: input_buffers as i32,
-            audio: std::mem::take(&mut self.audio),
-        });
-        Ok((output, dropped))
+        self.queue_audio(audio);
+        let unfinished = std::mem::take(&mut self.frames_per_input).len();
+        if unfinished > 0 {
+            self.outbox.push_back(Output::InputsDone(unfinished as i32));
+        }
+        Ok(std::mem::take(&mut self.partial_frame).len())
     }
 
     /// Forgets the stream, the decoder idle: the next frame decodes as on a fresh decoder.
@@ -294,7 +317,6 @@ impl Inner {
         self.frames_accepted = 0;
         self.partial_frame.clear();
         self.frames_per_input.clear();
-        self.audio.clear();
         self.outbox.clear();
         self.flow = Ok(gst::FlowSuccess::Ok);
         self.counted_steps = 0;

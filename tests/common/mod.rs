@@ -101,6 +101,26 @@ pub fn errors_and_warnings(bus: &gst::Bus) -> (Vec<String>, Vec<String>) {
     (errors, warnings)
 }
 
+/// A buffer of `bytes`, stamped with `pts`.
+pub fn buffer(bytes: &[u8], pts: Option<gst::ClockTime>) -> gst::Buffer {
+    let mut buffer = gst::Buffer::from_slice(bytes.to_vec());
+    buffer.get_mut().unwrap().set_pts(pts);
+    buffer
+}
+
+/// The samples of output buffers, in order.
+pub fn audio_of(buffers: &[gst::Buffer]) -> Vec<f32> {
+    buffers.iter().flat_map(|b| samples(b)).collect()
+}
+
+/// Collects the element's messages on a bus of its own.
+pub fn bus_for(element: &gst::Element) -> gst::Bus {
+    use gst::prelude::*;
+    let bus = gst::Bus::new();
+    element.set_bus(Some(&bus));
+    bus
+}
+
 /// Codes as the decoder takes them: little-endian int16.
 pub fn code_bytes(codes: &[i16]) -> Vec<u8> {
     codes.iter().flat_map(|c| c.to_le_bytes()).collect()

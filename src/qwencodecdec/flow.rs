@@ -1,0 +1,191 @@
+//! The way downstream: each step's audio pushed through the base class under its stream lock,
+//! input buffers closed as their frames' audio is out, drains, resets and refused buffers.
+
+use gst::glib;
+use gst::glib::translate::ToGlibPtr;
+use gst::prelude::*;
+use gst::subclass::prelude::*;
+use gst_audio::prelude::*;
+
+use super::imp::{CAT, QwenCodecDec};
+use super::stream::{Output, Refused, Stream};
+use crate::model::DecodeError;
+
+/// The base class's stream lock (`GST_AUDIO_DECODER_STREAM_LOCK`, recursive), which
+/// gstreamer-rs does not wrap. Audio goes downstream under it, from the step thread as from the
+/// streaming thread, and the base class flushes under it: a flush falls between two pushes.
+struct StreamLockGuard(*mut glib::ffi::GRecMutex);
+
+impl Drop for StreamLockGuard {
+    fn drop(&mut self) {
+        // SAFETY: locked by this guard in `QwenCodecDec::stream_lock`, on this thread; the
+        // element (and so the mutex) outlives the guard, which lives inside one of its methods.
+        unsafe { glib::ffi::g_rec_mutex_unlock(self.0) }
+    }
+}
+
+/// Audio in the negotiated sample format.
+fn output_buffer(audio: &[f32], format: gst_audio::AudioFormat) -> gst::Buffer {
+    let bytes: Vec<u8> = match format {
+        gst_audio::AudioFormat::S16le => audio
+            .iter()
+            .flat_map(|&sample| ((sample * 32767.0).round() as i16).to_le_bytes())
+            .collect(),
+        _ => audio.iter().flat_map(|sample| sample.to_le_bytes()).collect(),
+    };
+    gst::Buffer::from_mut_slice(bytes)
+}
+
+impl QwenCodecDec {
+    fn stream_lock(&self) -> StreamLockGuard {
+        let decoder: *mut gst_audio::ffi::GstAudioDecoder = self
+            .obj()
+            .upcast_ref::<gst_audio::AudioDecoder>()
+            .to_glib_none()
+            .0;
+        // SAFETY: `decoder` points to this live element's GstAudioDecoder instance, whose
+        // `stream_lock` is a GRecMutex initialised by the base class for the element's life;
+        // recursive, so taking it where the base class already holds it (handle_frame, flush)
+        // is allowed.
+        unsafe {
+            let mutex = std::ptr::addr_of_mut!((*decoder).stream_lock);
+            glib::ffi::g_rec_mutex_lock(mutex);
+            StreamLockGuard(mutex)
+        }
+    }
+
+    /// Hands one output to the base class, which stamps audio from the oldest unfinished input
+    /// buffer's timestamp on: a subframe that starts an input buffer's audio resyncs to its PTS.
+    fn push_output(
+        &self,
+        output: Output,
+        format: gst_audio::AudioFormat,
+    ) -> Result<gst::FlowSuccess, gst::FlowError> {
+        match output {
+            Output::Audio(audio) => {
+                self.stats().samples_out += audio.len() as u64;
+                self.obj().finish_subframe(Some(output_buffer(&audio, format)))
+            }
+            Output::InputsDone(input_buffers) => self.obj().finish_frame(None, input_buffers),
+        }
+    }
+
+    /// Pushes what the stream has queued, in order, under the stream lock; a failed push is
+    /// kept for the streaming thread to return.
+    pub(super) fn push_outbox(&self, stream: &Stream) {
+        let _lock = self.stream_lock();
+        loop {
+            let mut inner = stream.lock();
+            let Some(output) = inner.next_output() else {
+                return;
+            };
+            let format = inner.format;
+            drop(inner);
+            if let Err(err) = self.push_output(output, format) {
+                gst::debug!(CAT, imp = self, "Pushing audio: {:?}", err);
+                stream.lock().flow = Err(err);
+                return;
+            }
+        }
+    }
+
+    /// Decodes what the stream still holds (after the step in flight), pushing each step's
+    /// audio as it ends, and starts a fresh stream.
+    pub(super) fn drain(&self) -> Result<gst::FlowSuccess, gst::FlowError> {
+        let Some(stream) = self.stream() else {
+            return Ok(gst::FlowSuccess::Ok);
+        };
+        let _lock = self.stream_lock();
+        stream.lock().set_draining(true);
+        drop(stream.lock_idle());
+        let result = self.drain_idle(&stream);
+        let mut inner = stream.lock();
+        let reset = inner.reset(&mut self.stats());
+        inner.set_draining(false);
+        drop(inner);
+        stream.wake();
+        let flow = result?;
+        reset.map_err(|err| self.step_error(err))?;
+        Ok(flow)
+    }
+
+    /// The drain with the step thread idle: what it finished, then the remaining steps and the
+    /// tail on this thread.
+    fn drain_idle(&self, stream: &Stream) -> Result<gst::FlowSuccess, gst::FlowError> {
+        self.push_outbox(stream);
+        loop {
+            let step = stream.lock().step_here();
+            match step {
+                None => break,
+                Some(Ok(())) => self.push_outbox(stream),
+                Some(Err(err)) => return Err(self.step_error(err)),
+            }
+        }
+        let finished = stream.lock().finish();
+        let dropped = finished.map_err(|err| self.step_error(err))?;
+        self.push_outbox(stream);
+        if dropped > 0 {
+            gst::element_imp_warning!(
+                self,
+                gst::StreamError::Decode,
+                (
+                    "Dropped {} bytes at the end of the stream: an incomplete frame",
+                    dropped
+                )
+            );
+        }
+        stream.lock().flow
+    }
+
+    /// Drops everything of the current stream (flushing seek), once the step in flight is
+    /// done; its audio is dropped too. Under the stream lock: a push failing on the flush is
+    /// over before, and its flow reset with the rest.
+    pub(super) fn reset_stream(&self) {
+        let Some(stream) = self.stream() else { return };
+        let _lock = self.stream_lock();
+        let mut inner = stream.lock_idle();
+        if let Err(err) = inner.reset(&mut self.stats()) {
+            gst::warning!(CAT, imp = self, "Cannot reset the decoder: {}", err);
+        }
+        drop(inner);
+        self.forget_subframes();
+    }
+
+    /// The base class counts the audio pushed for its oldest input buffer in subframes until
+    /// a finish_frame closes it, and neither its flush nor its stop resets that count; while
+    /// it is not 0, it holds back pending events (the next segment) and the timestamp resync.
+    /// A finish with no audio for all (-1) of its queued input buffers resets it.
+    pub(super) fn forget_subframes(&self) {
+        let _ = self.obj().finish_frame(None, -1);
+    }
+
+    /// A buffer with a code outside the codebook, through the base class's error path: an
+    /// error past `max-errors` (0 by default), after the audio of the frames before the bad
+    /// one; otherwise the buffer is dropped with a warning and a fresh stream starts after the
+    /// frames before it, as after a discontinuity.
+    pub(super) fn refuse_buffer(
+        &self,
+        stream: &Stream,
+        refused: Refused,
+    ) -> Result<gst::FlowSuccess, gst::FlowError> {
+        let message = format!("Invalid codec frame: {}", refused.error);
+        let flow = gst_audio::audio_decoder_error!(self.obj(), 1, gst::StreamError::Decode, ("{}", message));
+        if flow.is_err() {
+            self.stats().frames_in += stream.lock().accept_before_bad_code(refused);
+            let _ = self.drain();
+            return flow;
+        }
+        gst::element_imp_warning!(
+            self,
+            gst::StreamError::Decode,
+            ("Dropped a buffer: {} (max-errors allows it)", message)
+        );
+        self.drain()
+    }
+
+    /// A decode step that failed: the stream cannot go on.
+    pub(super) fn step_error(&self, err: DecodeError) -> gst::FlowError {
+        gst::element_imp_error!(self, gst::LibraryError::Failed, ("Decoding failed: {}", err));
+        gst::FlowError::Error
+    }
+}

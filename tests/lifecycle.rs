@@ -1,0 +1,91 @@
+//! qwencodecdec's model lifecycle: loaded at NULL→READY with progress messages, kept through
+//! READY↔PAUSED cycles and flushes, let go at READY→NULL.
+
+mod common;
+
+use common::{bus_for, decoder, fixture_dir, init};
+use gst::prelude::*;
+use gst_audio::prelude::*;
+
+/// The load-model progress messages waiting on a bus, as (type, text).
+fn progress(bus: &gst::Bus) -> Vec<(gst::ProgressType, String)> {
+    std::iter::from_fn(|| bus.pop_filtered(&[gst::MessageType::Progress]))
+        .filter_map(|message| match message.view() {
+            gst::MessageView::Progress(progress) => {
+                let (kind, code, text) = progress.get();
+                (code == "load-model").then(|| (kind, text.to_string()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_model_loads_once_from_null_to_null() {
+    init();
+    let element = decoder(&fixture_dir("gqa-bias"), &[]);
+    let bus = bus_for(&element);
+    element.set_state(gst::State::Ready).unwrap();
+    let loaded = progress(&bus);
+    assert_eq!(loaded.len(), 2, "{loaded:?}");
+    assert_eq!(loaded[0].0, gst::ProgressType::Start);
+    assert_eq!(loaded[1].0, gst::ProgressType::Complete);
+    assert!(loaded[1].1.contains("gqa-bias"), "{loaded:?}");
+
+    // The latency follows chunk-frames: 199 frames of 1/400 s wait for a step of 200.
+    let min_latency = || {
+        element
+            .downcast_ref::<gst_audio::AudioDecoder>()
+            .unwrap()
+            .latency()
+            .0
+    };
+    let waiting = gst::ClockTime::SECOND / 400 * 199;
+    element.set_state(gst::State::Paused).unwrap();
+    assert!(min_latency() < waiting / 2, "{}", min_latency());
+    element.set_state(gst::State::Ready).unwrap();
+
+    // A property read at READY→PAUSED changes in READY; the model-path change waits for NULL.
+    element.set_property("chunk-frames", 200u32);
+    element.set_property("model-path", "/nonexistent/model");
+    let sink = element.static_pad("sink").unwrap();
+    for _ in 0..3 {
+        element.set_state(gst::State::Paused).unwrap();
+        assert!(min_latency() >= waiting, "{}", min_latency());
+        // Unlinked, the flush goes nowhere downstream; the element still flushes its stream.
+        sink.send_event(gst::event::FlushStart::new());
+        sink.send_event(gst::event::FlushStop::new(true));
+        element.set_state(gst::State::Ready).unwrap();
+    }
+    assert_eq!(progress(&bus), [], "READY↔PAUSED cycles and flushes load nothing");
+
+    element.set_state(gst::State::Null).unwrap();
+    // Now the new path is read, and its load fails with a progress error.
+    assert!(element.set_state(gst::State::Ready).is_err());
+    let failed = progress(&bus);
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    assert_eq!(failed[0].0, gst::ProgressType::Start);
+    assert_eq!(failed[1].0, gst::ProgressType::Error);
+    assert!(failed[1].1.contains("/nonexistent/model"), "{failed:?}");
+    element.set_state(gst::State::Null).unwrap();
+}
+
+#[test]
+fn properties_read_at_null_to_ready_say_so() {
+    init();
+    let element = gst::ElementFactory::make("qwencodecdec").build().unwrap();
+    for name in ["model-path", "device", "dtype"] {
+        let flags = element.find_property(name).unwrap().flags();
+        assert!(!flags.contains(gst::PARAM_FLAG_MUTABLE_READY), "{name}");
+    }
+    for name in [
+        "chunk-frames",
+        "tail-strategy",
+        "cuda-graphs",
+        "max-batch",
+        "max-step-frames",
+    ] {
+        let flags = element.find_property(name).unwrap().flags();
+        assert!(flags.contains(gst::PARAM_FLAG_MUTABLE_READY), "{name}");
+    }
+}
