@@ -14,14 +14,11 @@ mod typefind;
 /// Media type of codec frames: `codebooks` codes (little-endian int16) per frame.
 const CODES_MEDIA_TYPE: &str = "audio/x-qwen3-tts-codes";
 
-/// Codec frames of any codebook count and frame rate (for pad templates).
+/// Codec frames of any codebook count, with or without a frame rate (for pad templates: caps
+/// without one are a subset, so that a parser that cannot know the rate before a decoder is
+/// linked, as decodebin links it, still finds one).
 fn any_codes_caps() -> gst::caps::Builder<gst::caps::NoFeature> {
-    gst::Caps::builder(CODES_MEDIA_TYPE)
-        .field("codebooks", gst::IntRange::new(1, i32::MAX))
-        .field(
-            "framerate",
-            gst::FractionRange::new(gst::Fraction::new(0, 1), gst::Fraction::new(i32::MAX, 1)),
-        )
+    gst::Caps::builder(CODES_MEDIA_TYPE).field("codebooks", gst::IntRange::new(1, i32::MAX))
 }
 
 fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {

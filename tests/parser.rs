@@ -124,6 +124,11 @@ fn run_pipeline(description: &str, seek: Option<gst::ClockTime>) -> Run {
         .unwrap()
         .downcast::<gst::Pipeline>()
         .unwrap();
+    run_built(&pipeline, seek)
+}
+
+/// What `run_pipeline` does, on a pipeline already made.
+fn run_built(pipeline: &gst::Pipeline, seek: Option<gst::ClockTime>) -> Run {
     let sink = pipeline
         .by_name("sink")
         .unwrap()
@@ -953,11 +958,63 @@ fn a_stream_that_does_not_fit_the_model_is_refused_by_the_decoder() {
     let run = decode_file(&path, &load_fixture("gqa-bias"), "", None);
     assert!(
         run.errors()
-            .contains("codebooks=16 (model has 8), framerate=25/2 (model has 400)"),
+            .contains("codebooks=16 (model has 8), framerate=400 (model has 400)"),
         "{}",
         run.errors()
     );
     assert!(run.buffers.is_empty());
+}
+
+/// A `.npy` file does not say its frame rate: through decodebin, the parser takes the rate of
+/// the decoder's model, here 400 frames a second (not the released 25/2 the parser assumes
+/// alone), so that the audio is exact and its timestamps too.
+#[test]
+fn npy_codes_of_a_model_at_another_frame_rate_play_through_decodebin() {
+    init();
+    let fixture = load_fixture("gqa-bias");
+    let frame_rate = fixture.sample_rate as usize / fixture.samples_per_frame;
+    assert_ne!(
+        frame_rate * 2,
+        25,
+        "the fixture runs at another rate than the released one"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let npy = temp_file(&dir, "codes.npy", &fixture_npy(&fixture, 1, "<i2", false));
+    let pipeline = gst::parse::launch(&format!(
+        "filesrc location=\"{}\" ! decodebin name=decode ! audioconvert ! audio/x-raw,format=F32LE \
+         ! appsink name=sink",
+        npy.display()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    // What QWENCODEC_MODEL_PATH does for gst-launch, without changing this process's environment.
+    let model = fixture.dir.clone();
+    pipeline
+        .by_name("decode")
+        .unwrap()
+        .downcast::<gst::Bin>()
+        .unwrap()
+        .connect_element_added(move |_, element| {
+            if element.factory().is_some_and(|f| f.name() == "qwencodecdec") {
+                element.set_property("model-path", model.to_str().unwrap());
+            }
+        });
+    let run = run_built(&pipeline, None);
+    assert!(run.errors.is_empty(), "{}", run.errors());
+    fixture.assert_matches(&run.audio(), "a 400 frames/s .npy through decodebin");
+    let mut samples = 0;
+    for (index, buffer) in run.buffers.iter().enumerate() {
+        let at = gst::ClockTime::SECOND.mul_div_floor(samples, fixture.sample_rate as u64);
+        let pts = buffer.pts().unwrap();
+        assert!(
+            pts.nseconds().abs_diff(at.unwrap().nseconds()) <= 1,
+            "buffer {index} at {pts}, its first sample at {}",
+            at.unwrap()
+        );
+        samples += (buffer.size() / 4) as u64;
+    }
+    assert_eq!(samples as usize, fixture.frames * fixture.samples_per_frame);
 }
 
 #[test]

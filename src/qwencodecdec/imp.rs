@@ -360,8 +360,10 @@ impl AudioDecoderImpl for QwenCodecDec {
             gst::Fraction::new(num as i32, den as i32)
         };
         let codebooks = s.get::<i32>("codebooks").ok();
+        // Without a rate the codes are taken at the model's (timestamps come with the buffers).
         let framerate = s.get::<gst::Fraction>("framerate").ok();
-        if codebooks != Some(config.num_quantizers as i32) || framerate != Some(model_rate) {
+        if codebooks != Some(config.num_quantizers as i32) || framerate.is_some_and(|rate| rate != model_rate)
+        {
             let show = |v: Option<String>| v.unwrap_or_else(|| "none".into());
             let error = gst::error_msg!(
                 gst::StreamError::Format,
@@ -442,9 +444,21 @@ impl AudioDecoderImpl for QwenCodecDec {
     }
 
     /// The sink caps are the codes' own; the base class would otherwise copy the rate and
-    /// channels that downstream wants onto them.
+    /// channels that downstream wants onto them. Once the model is loaded, they are the codes
+    /// it takes: its codebook count and frame rate, so that a parser can take the rate from here
+    /// (a `.npy` file does not state it).
     fn caps(&self, filter: Option<&gst::Caps>) -> gst::Caps {
-        let template = self.obj().sink_pad().pad_template_caps();
+        let mut template = self.obj().sink_pad().pad_template_caps();
+        let model = self.model.lock().unwrap();
+        if let Some(config) = model.as_ref().map(|loaded| loaded.model.config()) {
+            let (num, den) = config.frame_rate();
+            let model_caps = gst::Caps::builder(crate::CODES_MEDIA_TYPE)
+                .field("codebooks", config.num_quantizers as i32)
+                .field("framerate", gst::Fraction::new(num as i32, den as i32))
+                .build();
+            template = template.intersect_with_mode(&model_caps, gst::CapsIntersectMode::First);
+        }
+        drop(model);
         match filter {
             Some(filter) => filter.intersect_with_mode(&template, gst::CapsIntersectMode::First),
             None => template,
@@ -454,6 +468,15 @@ impl AudioDecoderImpl for QwenCodecDec {
     /// Bytes and time convert exactly: a frame is a fixed number of bytes and of nanoseconds.
     /// This also lets the base class take a BYTES segment (e.g. straight from filesrc).
     fn sink_query(&self, query: &mut gst::QueryRef) -> bool {
+        // Caps of the template are taken, even those the model cannot decode (which the caps
+        // query leaves out): set_format then says why they do not fit, where a refusal here would
+        // end the stream with a bare not-negotiated.
+        if let gst::QueryViewMut::AcceptCaps(accept) = query.view_mut() {
+            let template = self.obj().sink_pad().pad_template_caps();
+            let fits = accept.caps().is_subset(&template);
+            accept.set_result(fits);
+            return true;
+        }
         if let gst::QueryViewMut::Convert(convert) = query.view_mut() {
             let (source, destination) = convert.get();
             let geometry = self.state().as_ref().map(|state| {

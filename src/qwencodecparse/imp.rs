@@ -106,6 +106,9 @@ struct Layout {
     data_offset: u64,
     format: FrameFormat,
     framerate: gst::Fraction,
+    /// Whether the input stated the frame rate (caps with a framerate); if not, downstream's
+    /// (a decoder's model) is taken where it is known, else the `framerate` property.
+    framerate_stated: bool,
     /// The `.npy` header: its frame count, and what it says, for messages.
     declared: Option<Declared>,
     /// Whole frames after `data_offset` and bytes of a cut frame after them, when upstream
@@ -155,9 +158,14 @@ impl Layout {
     }
 
     fn src_caps(&self) -> gst::Caps {
+        let mut caps = self.src_caps_without_rate();
+        caps.make_mut().set("framerate", self.framerate);
+        caps
+    }
+
+    fn src_caps_without_rate(&self) -> gst::Caps {
         gst::Caps::builder(CODES_MEDIA_TYPE)
             .field("codebooks", self.format.codebooks as i32)
-            .field("framerate", self.framerate)
             .field("parsed", true)
             .build()
     }
@@ -407,6 +415,7 @@ impl QwenCodecParse {
                         codebooks,
                     },
                     framerate: framerate.unwrap_or(settings.framerate),
+                    framerate_stated: framerate.is_some(),
                     declared: None,
                     present: None,
                 };
@@ -463,6 +472,7 @@ impl QwenCodecParse {
                     data_offset: header.data_offset as u64,
                     format: header.format,
                     framerate: settings.framerate,
+                    framerate_stated: false,
                     declared: Some(Declared {
                         frames: header.frames,
                         description,
@@ -503,6 +513,23 @@ impl QwenCodecParse {
                 return Err(gst::FlowError::Error);
             }
         }
+        let obj = self.obj();
+        let mut accepted = true;
+        if !layout.framerate_stated {
+            // The rate of the decoder downstream (its model's), where one is linked. decodebin
+            // links one only once it has seen caps: first caps without a rate, then ask again.
+            if self.downstream_framerate().is_none() {
+                accepted = obj
+                    .src_pad()
+                    .push_event(gst::event::Caps::new(&layout.src_caps_without_rate()));
+            }
+            if let Some(rate) = self.downstream_framerate() {
+                layout.framerate = rate;
+            }
+        }
+        accepted &= obj
+            .src_pad()
+            .push_event(gst::event::Caps::new(&layout.src_caps()));
         gst::info!(
             CAT,
             imp = self,
@@ -513,12 +540,7 @@ impl QwenCodecParse {
             layout.data_offset,
             layout.playable_frames()
         );
-
-        let obj = self.obj();
-        if !obj
-            .src_pad()
-            .push_event(gst::event::Caps::new(&layout.src_caps()))
-        {
+        if !accepted {
             // Downstream says why (the decoder: caps that do not fit its model).
             gst::warning!(CAT, imp = self, "Downstream refuses {}", layout.src_caps());
             return Err(if obj.src_pad().pad_flags().contains(gst::PadFlags::FLUSHING) {
@@ -550,6 +572,15 @@ impl QwenCodecParse {
             }
         }
         Ok(Arc::new(layout))
+    }
+
+    /// The frame rate downstream takes, where it takes one only (a decoder with its model).
+    fn downstream_framerate(&self) -> Option<gst::Fraction> {
+        let caps = self.obj().src_pad().peer_query_caps(None);
+        let s = caps.structure(0).filter(|_| caps.size() == 1)?;
+        s.get::<gst::Fraction>("framerate")
+            .ok()
+            .filter(|f| f.numer() > 0 && f.denom() > 0)
     }
 
     fn post_warning(&self, warning: Option<String>) {
