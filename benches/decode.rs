@@ -205,6 +205,9 @@ fn element_run(
         .property("model-path", args.model.to_str().unwrap())
         .property("device", &args.device)
         .property("chunk-frames", chunk_frames as u32)
+        // Steps of chunk-frames, as the core's rows run (the frames come faster than a talker's:
+        // by default they would join into larger steps).
+        .property("max-step-frames", chunk_frames as u32)
         .build()
         .unwrap();
     decoder.set_property_from_str("dtype", &args.dtype.to_string());

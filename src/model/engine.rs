@@ -33,7 +33,7 @@ pub struct Step {
     /// The stream's arena row.
     pub row: i64,
     /// Codes of `frames` whole frames, frame-major, checked against the codebook size.
-    pub codes: Vec<i64>,
+    pub codes: Vec<i16>,
     pub frames: usize,
     /// The largest batch this step may join (1: alone).
     pub max_rows: usize,
@@ -215,13 +215,19 @@ impl Engine {
         let frames = batch[0].step.frames;
         let codebooks = network.config().num_quantizers;
         let device = network.device();
-        let codes: Vec<i64> = batch
-            .iter()
-            .flat_map(|job| job.step.codes.iter().copied())
-            .collect();
-        let codes = Tensor::f_from_slice(&codes)?
+        let codes = match batch {
+            [job] => Tensor::f_from_slice(&job.step.codes)?,
+            _ => Tensor::f_from_slice(
+                &batch
+                    .iter()
+                    .flat_map(|job| job.step.codes.iter().copied())
+                    .collect::<Vec<i16>>(),
+            )?,
+        };
+        let codes = codes
             .f_view([rows as i64, frames as i64, codebooks as i64])?
-            .f_to_device(device)?;
+            .f_to_device(device)?
+            .f_to_kind(Kind::Int64)?;
         let arena_rows: Vec<i64> = batch.iter().map(|job| job.step.row).collect();
         let mut guard = self.rows();
         let Rows {
@@ -251,15 +257,13 @@ impl Engine {
                 step_rows(network, arena, &index, &codes, tables)?
             }
         };
-        // A copy to the host, before another replay of the graph overwrites its audio.
-        let audio = Vec::<f32>::try_from(
-            audio
-                .f_to_kind(Kind::Float)?
-                .f_to_device(tch::Device::Cpu)?
-                .f_flatten(0, -1)?,
-        )?;
-        let per_row = audio.len() / rows;
-        Ok((audio.chunks_exact(per_row).map(<[f32]>::to_vec).collect(), graph))
+        // Copies to the host, one per row, before another replay of the graph overwrites its
+        // audio.
+        let audio = audio.f_to_kind(Kind::Float)?.f_to_device(tch::Device::Cpu)?;
+        let audio = (0..rows as i64)
+            .map(|row| Vec::<f32>::try_from(audio.f_get(row)?))
+            .collect::<Result<_, _>>()?;
+        Ok((audio, graph))
     }
 }
 

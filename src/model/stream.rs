@@ -67,7 +67,7 @@ pub struct StreamDecoder {
     /// This stream's row of the model's state arena.
     row: i64,
     /// Codes of the frames waiting for a full step, frame-major.
-    pending: Vec<i64>,
+    pending: Vec<i16>,
     frames_in: u64,
     steps: u64,
     step_time_total: Duration,
@@ -160,7 +160,7 @@ impl StreamDecoder {
     /// Bytes this stream holds besides the shared weights: its row of convolution contexts and
     /// KV window, and waiting codes.
     pub fn state_bytes(&self) -> usize {
-        self.model.engine().row_bytes() + self.pending.len() * std::mem::size_of::<i64>()
+        self.model.engine().row_bytes() + std::mem::size_of_val(self.pending.as_slice())
     }
 
     fn codebooks(&self) -> usize {
@@ -174,18 +174,23 @@ impl StreamDecoder {
         self.check_usable()?;
         self.model.check_codes(codes, self.frames_in)?;
         let codebooks = self.codebooks();
-        self.pending.extend(codes.iter().map(|&c| i64::from(c)));
+        self.pending.extend_from_slice(codes);
         self.frames_in += (codes.len() / codebooks) as u64;
 
         let chunk_codes = self.chunk_frames * codebooks;
         let mut chunks = self.pending.len() / chunk_codes;
-        let mut audio = Vec::with_capacity(chunks * self.chunk_frames * self.model.samples_per_frame());
+        let mut audio = Vec::new();
         let mut taken = 0;
         while chunks > 0 {
             let step_chunks = self.step_chunks(chunks);
             let end = taken + step_chunks * chunk_codes;
-            let codes = self.pending[taken..end].to_vec();
-            audio.extend(self.run_step(codes)?);
+            let step_audio = self.run_step(self.pending[taken..end].to_vec())?;
+            // One step's audio (the usual case) is handed on as it came.
+            if audio.is_empty() {
+                audio = step_audio;
+            } else {
+                audio.extend(step_audio);
+            }
             taken = end;
             chunks -= step_chunks;
         }
@@ -265,7 +270,7 @@ impl StreamDecoder {
 
     /// One network step over `codes` (whole frames). A failing step may leave the state half
     /// updated, so the stream refuses further work until it is reset.
-    fn run_step(&mut self, codes: Vec<i64>) -> Result<Vec<f32>, DecodeError> {
+    fn run_step(&mut self, codes: Vec<i16>) -> Result<Vec<f32>, DecodeError> {
         let started = Instant::now();
         let step = Step {
             row: self.row,

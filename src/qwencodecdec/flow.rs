@@ -24,16 +24,45 @@ impl Drop for StreamLockGuard {
     }
 }
 
-/// Audio in the negotiated sample format.
-fn output_buffer(audio: &[f32], format: gst_audio::AudioFormat) -> gst::Buffer {
-    let bytes: Vec<u8> = match format {
-        gst_audio::AudioFormat::S16le => audio
-            .iter()
-            .flat_map(|&sample| ((sample * 32767.0).round() as i16).to_le_bytes())
-            .collect(),
-        _ => audio.iter().flat_map(|sample| sample.to_le_bytes()).collect(),
-    };
-    gst::Buffer::from_mut_slice(bytes)
+/// Float samples as the bytes of an F32LE buffer, without a copy: the buffer takes the vector.
+struct F32Samples(Vec<f32>);
+
+impl AsRef<[u8]> for F32Samples {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: f32 has no padding and any byte is a valid u8; the slice covers exactly the
+        // vector's initialised samples and borrows it.
+        unsafe {
+            std::slice::from_raw_parts(self.0.as_ptr().cast(), std::mem::size_of_val(self.0.as_slice()))
+        }
+    }
+}
+
+impl AsMut<[u8]> for F32Samples {
+    fn as_mut(&mut self) -> &mut [u8] {
+        let bytes = std::mem::size_of_val(self.0.as_slice());
+        // SAFETY: as in `as_ref`; any bytes written are a valid f32 bit pattern.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), bytes) }
+    }
+}
+
+/// Audio in the negotiated sample format: F32LE hands the samples over as they are (on a
+/// little-endian machine), S16LE converts them.
+fn output_buffer(audio: Vec<f32>, format: gst_audio::AudioFormat) -> gst::Buffer {
+    match format {
+        gst_audio::AudioFormat::S16le => gst::Buffer::from_mut_slice(
+            audio
+                .iter()
+                .flat_map(|&sample| ((sample * 32767.0).round() as i16).to_le_bytes())
+                .collect::<Vec<u8>>(),
+        ),
+        _ if cfg!(target_endian = "little") => gst::Buffer::from_mut_slice(F32Samples(audio)),
+        _ => gst::Buffer::from_mut_slice(
+            audio
+                .iter()
+                .flat_map(|sample| sample.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        ),
+    }
 }
 
 impl QwenCodecDec {
@@ -64,7 +93,7 @@ impl QwenCodecDec {
         match output {
             Output::Audio(audio) => {
                 self.stats().samples_out += audio.len() as u64;
-                self.obj().finish_subframe(Some(output_buffer(&audio, format)))
+                self.obj().finish_subframe(Some(output_buffer(audio, format)))
             }
             Output::InputsDone(input_buffers) => self.obj().finish_frame(None, input_buffers),
         }

@@ -75,6 +75,13 @@ pub(super) struct Inner {
     counted_batch_rows: u64,
 }
 
+/// Little-endian int16 codes as numbers.
+fn codes_of(bytes: &[u8]) -> impl Iterator<Item = i16> + '_ {
+    bytes
+        .chunks_exact(2)
+        .map(|pair| i16::from_le_bytes([pair[0], pair[1]]))
+}
+
 impl Stream {
     pub(super) fn new(decoder: StreamDecoder) -> Arc<Self> {
         Arc::new(Self {
@@ -203,7 +210,7 @@ impl Inner {
             .decoder
             .as_ref()?
             .frames_for_next_step(self.codes.len() / codebooks)?;
-        let codes = self.codes.drain(..take * codebooks).collect();
+        let codes = self.take_codes(take * codebooks);
         Some((self.decoder.take()?, codes, self.generation))
     }
 
@@ -218,36 +225,51 @@ impl Inner {
         // A buffer with no frame starting in it is finished at once if it is the oldest.
         self.queue_finished_inputs();
 
-        self.partial_frame.extend_from_slice(data);
-        let whole = self.partial_frame.len() / frame_bytes * frame_bytes;
-        let mut codes: Vec<i16> = self
-            .partial_frame
-            .drain(..whole)
-            .as_slice()
-            .chunks_exact(2)
-            .map(|pair| i16::from_le_bytes([pair[0], pair[1]]))
-            .collect();
-        if let Err(error) = self.model.check_codes(&codes, self.frames_accepted) {
+        // Frames are read from the buffer in place; only a frame cut by its start or end is
+        // gathered in `partial_frame`.
+        let before = self.codes.len();
+        let mut data = data;
+        if !self.partial_frame.is_empty() {
+            let missing = (frame_bytes - self.partial_frame.len()).min(data.len());
+            self.partial_frame.extend_from_slice(&data[..missing]);
+            data = &data[missing..];
+            if self.partial_frame.len() == frame_bytes {
+                self.codes.extend(codes_of(&self.partial_frame));
+                self.partial_frame.clear();
+            }
+        }
+        let whole = data.len() / frame_bytes * frame_bytes;
+        self.codes.extend(codes_of(&data[..whole]));
+        self.partial_frame.extend_from_slice(&data[whole..]);
+        if let Err(error) = self
+            .model
+            .check_codes(&self.codes[before..], self.frames_accepted)
+        {
             let valid_frames = match error {
                 DecodeError::InvalidCode { frame, .. } => frame - self.frames_accepted,
                 _ => 0,
             };
-            codes.truncate(valid_frames as usize * codebooks);
-            return Err(Refused { error, valid: codes });
+            let mut valid = self.codes.split_off(before);
+            valid.truncate(valid_frames as usize * codebooks);
+            return Err(Refused { error, valid });
         }
-        Ok(self.take_codes(codes))
+        let frames = ((self.codes.len() - before) / codebooks) as u64;
+        self.frames_accepted += frames;
+        Ok(frames)
     }
 
     /// Takes the whole frames of a refused buffer that come before its bad code.
     pub(super) fn accept_before_bad_code(&mut self, refused: Refused) -> u64 {
-        self.take_codes(refused.valid)
-    }
-
-    fn take_codes(&mut self, codes: Vec<i16>) -> u64 {
-        let frames = (codes.len() / (self.frame_bytes() / 2)) as u64;
-        self.codes.extend(codes);
+        let frames = (refused.valid.len() / (self.frame_bytes() / 2)) as u64;
+        self.codes.extend(refused.valid);
         self.frames_accepted += frames;
         frames
+    }
+
+    /// The first `count` waiting codes, moved out (the usual step takes them all).
+    fn take_codes(&mut self, count: usize) -> Vec<i16> {
+        let rest = self.codes.split_off(count);
+        std::mem::replace(&mut self.codes, rest)
     }
 
     /// Queues a step's audio: cut where input buffers' frames end, so that each buffer is
@@ -287,9 +309,13 @@ impl Inner {
     /// queued.
     pub(super) fn step_here(&mut self) -> Option<Result<(), DecodeError>> {
         let codebooks = self.model.config().num_quantizers;
+        let take = self
+            .decoder
+            .as_ref()
+            .expect("the decoder is idle")
+            .frames_for_next_step(self.codes.len() / codebooks)?;
+        let codes = self.take_codes(take * codebooks);
         let decoder = self.decoder.as_mut().expect("the decoder is idle");
-        let take = decoder.frames_for_next_step(self.codes.len() / codebooks)?;
-        let codes: Vec<i16> = self.codes.drain(..take * codebooks).collect();
         Some(decoder.push(&codes).map(|audio| self.queue_audio(audio)))
     }
 
