@@ -147,7 +147,9 @@ pub fn read(socket: &mut Socket) -> Received {
             Received::Nothing
         }
         Err(tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed) => Received::Closed,
-        Err(tungstenite::Error::Capacity(err)) => Received::TooLarge(err.to_string()),
+        Err(tungstenite::Error::Capacity(err)) => {
+            Received::TooLarge(format!("message over the size cap: {err}"))
+        }
         Err(err) => Received::Failed(err.to_string()),
     }
 }

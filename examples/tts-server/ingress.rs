@@ -5,7 +5,7 @@
 //! `{"type":"cancel"}` drops what is queued and not yet heard (barge-in). One connection feeds a
 //! session at a time, for as many utterances as it likes; it ends when the session does.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use tungstenite::Message;
@@ -56,7 +56,14 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
     let Some(session) = server.sessions.get(id) else {
         return refuse(socket, close::NO_SUCH_SESSION, format!("no session {id}"));
     };
-    if !session.attach_sender() {
+    // A sender that just closed may still be on its way out.
+    let asked = Instant::now();
+    let mut attached = session.attach_sender();
+    while !attached && asked.elapsed() < Duration::from_millis(500) {
+        std::thread::sleep(http::POLL);
+        attached = session.attach_sender();
+    }
+    if !attached {
         return refuse(socket, close::BUSY, format!("session {id} has a sender already"));
     }
     log!("sender {peer} feeds session {id}");

@@ -149,6 +149,9 @@ impl Session {
             )
             .property("device", &settings.device)
             .property("chunk-frames", settings.chunk_frames)
+            // Audio leaves in steps of chunk-frames even when frames pile up (a burst): a
+            // larger step would leave for the browser whole, out of reach of a cancel.
+            .property("max-step-frames", settings.chunk_frames)
             .build()
             .map_err(|err| err.to_string())?;
         // The TTS may hand over frames faster than real time: the audio leaves at its time, so
@@ -183,11 +186,11 @@ impl Session {
         let sink = webrtcbin
             .request_pad_simple("sink_%u")
             .ok_or("webrtcbin gives no sink pad")?;
-        capsfilter
-            .static_pad("src")
-            .unwrap()
-            .link(&sink)
-            .map_err(|err| err.to_string())?;
+        let into_webrtcbin = capsfilter.static_pad("src").unwrap();
+        into_webrtcbin.link(&sink).map_err(|err| err.to_string())?;
+        // A cancel's flush ends here: webrtcbin holds nothing that waits to be sent, and its
+        // RTP funnel takes no new segment after a flush (GStreamer 1.22).
+        drop_flushes(&into_webrtcbin);
         // No caps reach webrtcbin before speech comes: the transceiver says what will be sent.
         let transceiver = sink.property::<glib::Object>("transceiver");
         transceiver.set_property("codec-preferences", &rtp_caps);
@@ -285,7 +288,9 @@ impl Session {
 
     /// Takes the session's one sender slot; false when another connection has it.
     pub fn attach_sender(&self) -> bool {
-        !self.has_sender.swap(true, Ordering::SeqCst)
+        self.has_sender
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
     }
 
     pub fn detach_sender(&self) {
@@ -305,6 +310,42 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         let _ = self.pipeline.set_state(gst::State::Null);
+    }
+}
+
+/// Drops the flush events that reach `pad`. Through the C API: gstreamer-rs's probe wrapper
+/// takes a dropped event out of the probe's info, and GStreamer 1.22 then unrefs a NULL event
+/// where the event was a flush (a GStreamer-CRITICAL).
+fn drop_flushes(pad: &gst::Pad) {
+    use gst::ffi;
+    use gst::glib::translate::ToGlibPtr;
+    unsafe extern "C" fn drop_flush(
+        _pad: *mut ffi::GstPad,
+        info: *mut ffi::GstPadProbeInfo,
+        _data: glib::ffi::gpointer,
+    ) -> ffi::GstPadProbeReturn {
+        // SAFETY: an event probe's info holds the event, alive during the call.
+        let event = unsafe { (*info).data } as *const ffi::GstEvent;
+        if !event.is_null()
+            && matches!(
+                unsafe { (*event).type_ },
+                ffi::GST_EVENT_FLUSH_START | ffi::GST_EVENT_FLUSH_STOP
+            )
+        {
+            ffi::GST_PAD_PROBE_DROP
+        } else {
+            ffi::GST_PAD_PROBE_OK
+        }
+    }
+    // SAFETY: a probe with no data to free on a live pad.
+    unsafe {
+        ffi::gst_pad_add_probe(
+            pad.to_glib_none().0,
+            ffi::GST_PAD_PROBE_TYPE_EVENT_DOWNSTREAM | ffi::GST_PAD_PROBE_TYPE_EVENT_FLUSH,
+            Some(drop_flush),
+            std::ptr::null_mut(),
+            None,
+        );
     }
 }
 
