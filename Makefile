@@ -9,7 +9,7 @@ export PATH := $(VENV)/bin:$(PATH)
 PLUGIN := target/release/libgstqwencodec.so
 
 .PHONY: setup setup-reference build install uninstall demo test lint soak fixtures released-fixture \
-	bench gpu-bundle
+	bench gpu-bundle serve
 
 # make install puts the plugin where GStreamer looks for it: its own plugin folder, or the same
 # layout under PREFIX (e.g. PREFIX=/usr/local), below DESTDIR when staging a package. PLUGINDIR
@@ -41,6 +41,12 @@ uninstall:
 # MODEL=<checkpoint> and CODES=<codes.raw> are given).
 demo: build
 	@bash tools/demo.sh
+
+# The TTS media server (examples/tts-server) with the bundled test checkpoint; it prints the
+# page's URL and the codes ingress's token. SERVE_ARGS: more options, e.g. --bind 0.0.0.0:8080.
+serve: setup
+	cargo build --release --example tts-server
+	GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} target/release/examples/tts-server $(SERVE_ARGS)
 
 lint: setup
 	cargo fmt --all -- --check

@@ -27,6 +27,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::webrtc::loopback_webrtcbin;
 use common::{Codes, Options, ms};
 use gst::glib;
 use gst::prelude::*;
@@ -101,8 +102,8 @@ fn run() -> Result<(), Box<dyn Error>> {
             .property("caps", &rtp_caps)
             .build()?,
     ];
-    let sender = webrtcbin("sender")?;
-    let receiver = webrtcbin("receiver")?;
+    let sender = loopback_webrtcbin("sender")?;
+    let receiver = loopback_webrtcbin("receiver")?;
     pipeline.add_many(send_chain)?;
     pipeline.add_many([&sender, &receiver])?;
     gst::Element::link_many(send_chain)?;
@@ -226,19 +227,6 @@ fn run() -> Result<(), Box<dyn Error>> {
         return Err("what arrived is silence".into());
     }
     Ok(())
-}
-
-/// A peer whose ICE stays on the loopback interface.
-fn webrtcbin(name: &str) -> Result<gst::Element, Box<dyn Error>> {
-    let webrtcbin = gst::ElementFactory::make("webrtcbin")
-        .name(name)
-        .property_from_str("bundle-policy", "max-bundle")
-        .build()?;
-    let ice = webrtcbin.property::<glib::Object>("ice-agent");
-    let agent = ice.property::<glib::Object>("agent");
-    agent.set_property("upnp", false);
-    loopback::restrict_to_loopback(&agent)?;
-    Ok(webrtcbin)
 }
 
 /// The in-memory signalling: the sender offers, the receiver answers, and each peer's ICE
@@ -378,44 +366,5 @@ fn error_on(bus: &gst::Bus) -> Option<Box<dyn Error>> {
             .into(),
         ),
         _ => None,
-    }
-}
-
-/// libnice, which webrtcbin's ICE agent is, offers the addresses of every interface unless it
-/// is given its own; it has no property for that, hence these few calls. Linked by the soname
-/// of Debian 12's libnice10, so that no -dev package is needed.
-mod loopback {
-    use std::ffi::{c_char, c_int, c_void};
-
-    use gst::glib;
-    use gst::glib::translate::ToGlibPtr;
-
-    #[link(name = "libnice.so.10", kind = "dylib", modifiers = "+verbatim")]
-    unsafe extern "C" {
-        fn nice_address_new() -> *mut c_void;
-        fn nice_address_set_from_string(address: *mut c_void, text: *const c_char) -> c_int;
-        fn nice_address_free(address: *mut c_void);
-        fn nice_agent_add_local_address(
-            agent: *mut glib::gobject_ffi::GObject,
-            address: *const c_void,
-        ) -> c_int;
-    }
-
-    /// Makes the NiceAgent `agent` gather host candidates on 127.0.0.1 only.
-    pub fn restrict_to_loopback(agent: &glib::Object) -> Result<(), String> {
-        // SAFETY: `agent` is a live NiceAgent (the type of GstWebRTCNice's `agent` property);
-        // the address is allocated, set, copied by the agent and freed here.
-        let added = unsafe {
-            let address = nice_address_new();
-            let set = nice_address_set_from_string(address, c"127.0.0.1".as_ptr());
-            let added = set != 0 && nice_agent_add_local_address(agent.to_glib_none().0, address) != 0;
-            nice_address_free(address);
-            added
-        };
-        if added {
-            Ok(())
-        } else {
-            Err("cannot restrict ICE to 127.0.0.1".into())
-        }
     }
 }

@@ -56,7 +56,11 @@ fn example(name: &str) -> PathBuf {
                 binary.display()
             )
         });
-    for source in [format!("examples/{name}.rs"), "examples/common/mod.rs".into()] {
+    for source in [
+        format!("examples/{name}.rs"),
+        "examples/common/mod.rs".into(),
+        "examples/common/webrtc.rs".into(),
+    ] {
         let changed = std::fs::metadata(root().join(&source))
             .unwrap()
             .modified()

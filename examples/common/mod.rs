@@ -2,6 +2,8 @@
 //! `appsrc` fed the way a TTS model feeds it (a few frames at a time, live, timestamped).
 #![allow(dead_code)] // each example uses a different part
 
+pub mod webrtc;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

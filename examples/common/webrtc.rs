@@ -1,0 +1,125 @@
+//! What the WebRTC examples share: a `webrtcbin` whose ICE stays on 127.0.0.1, and SDP text to
+//! and from webrtcbin's session descriptions.
+//!
+//! Both go through a few C calls: libnice has no property for the addresses it gathers on, and
+//! `GstWebRTCSessionDescription` is a plain C struct in libgstwebrtc, whose Rust bindings would
+//! need the `-dev` package of gst-plugins-bad (it pulls in OpenCV). The libraries are linked by
+//! the sonames of Debian 12's packages, so no `-dev` package beyond the plugin's is needed.
+
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+
+use gst::glib;
+use gst::glib::translate::{ToGlibPtr, ToGlibPtrMut};
+use gst::prelude::*;
+
+/// A `webrtcbin` that bundles its media and gathers ICE candidates on 127.0.0.1 only, with no
+/// STUN or TURN server and no UPnP: nothing it sends leaves the machine.
+pub fn loopback_webrtcbin(name: &str) -> Result<gst::Element, Box<dyn std::error::Error>> {
+    let webrtcbin = gst::ElementFactory::make("webrtcbin")
+        .name(name)
+        .property_from_str("bundle-policy", "max-bundle")
+        .build()?;
+    let ice = webrtcbin.property::<glib::Object>("ice-agent");
+    let agent = ice.property::<glib::Object>("agent");
+    agent.set_property("upnp", false);
+    restrict_to_loopback(&agent)?;
+    Ok(webrtcbin)
+}
+
+#[link(name = "libnice.so.10", kind = "dylib", modifiers = "+verbatim")]
+unsafe extern "C" {
+    fn nice_address_new() -> *mut c_void;
+    fn nice_address_set_from_string(address: *mut c_void, text: *const c_char) -> c_int;
+    fn nice_address_free(address: *mut c_void);
+    fn nice_agent_add_local_address(agent: *mut glib::gobject_ffi::GObject, address: *const c_void) -> c_int;
+}
+
+/// Makes the NiceAgent `agent` gather host candidates on 127.0.0.1 only.
+fn restrict_to_loopback(agent: &glib::Object) -> Result<(), String> {
+    // SAFETY: `agent` is a live NiceAgent (the type of GstWebRTCNice's `agent` property);
+    // the address is allocated, set, copied by the agent and freed here.
+    let added = unsafe {
+        let address = nice_address_new();
+        let set = nice_address_set_from_string(address, c"127.0.0.1".as_ptr());
+        let added = set != 0 && nice_agent_add_local_address(agent.to_glib_none().0, address) != 0;
+        nice_address_free(address);
+        added
+    };
+    if added {
+        Ok(())
+    } else {
+        Err("cannot restrict ICE to 127.0.0.1".into())
+    }
+}
+
+/// `GstWebRTCSDPType`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SdpKind {
+    Offer = 1,
+    Answer = 3,
+}
+
+/// `GstWebRTCSessionDescription`'s layout (public in gst/webrtc/rtcsessiondescription.h).
+#[repr(C)]
+struct RawDescription {
+    kind: c_int,
+    sdp: *mut c_void,
+}
+
+#[link(name = "libgstsdp-1.0.so.0", kind = "dylib", modifiers = "+verbatim")]
+unsafe extern "C" {
+    fn gst_sdp_message_new_from_text(text: *const c_char, message: *mut *mut c_void) -> c_int;
+    fn gst_sdp_message_free(message: *mut c_void) -> c_int;
+    fn gst_sdp_message_as_text(message: *const c_void) -> *mut c_char;
+}
+
+#[link(name = "libgstwebrtc-1.0.so.0", kind = "dylib", modifiers = "+verbatim")]
+unsafe extern "C" {
+    fn gst_webrtc_session_description_new(kind: c_int, sdp: *mut c_void) -> *mut c_void;
+}
+
+const GST_SDP_OK: c_int = 0;
+
+fn description_type() -> Result<glib::Type, String> {
+    glib::Type::from_name("GstWebRTCSessionDescription")
+        .ok_or_else(|| "GstWebRTCSessionDescription is not registered: no webrtcbin loaded".into())
+}
+
+/// A session description value for webrtcbin's `set-remote-description`, from SDP text.
+pub fn description_from_sdp(kind: SdpKind, text: &str) -> Result<glib::Value, String> {
+    let text = CString::new(text).map_err(|_| "the SDP holds a NUL byte".to_string())?;
+    let mut value = glib::Value::from_type(description_type()?);
+    // SAFETY: the SDP message is created by libgstsdp and either freed here or owned by the
+    // description, which the value takes.
+    unsafe {
+        let mut message = std::ptr::null_mut();
+        if gst_sdp_message_new_from_text(text.as_ptr(), &mut message) != GST_SDP_OK || message.is_null() {
+            if !message.is_null() {
+                gst_sdp_message_free(message);
+            }
+            return Err("the SDP cannot be parsed".into());
+        }
+        let description = gst_webrtc_session_description_new(kind as c_int, message);
+        glib::gobject_ffi::g_value_take_boxed(value.to_glib_none_mut().0, description);
+    }
+    Ok(value)
+}
+
+/// The SDP text of a session description value (as `create-offer` or `create-answer` give it).
+pub fn sdp_of(description: &glib::Value) -> Result<String, String> {
+    if description.type_() != description_type()? {
+        return Err(format!("{} is not a session description", description.type_()));
+    }
+    // SAFETY: the value holds a GstWebRTCSessionDescription (checked above), whose SDP message
+    // is valid while the value lives; the text is copied and freed.
+    unsafe {
+        let raw = glib::gobject_ffi::g_value_get_boxed(description.to_glib_none().0) as *const RawDescription;
+        if raw.is_null() || (*raw).sdp.is_null() {
+            return Err("the session description is empty".into());
+        }
+        let text = gst_sdp_message_as_text((*raw).sdp);
+        let sdp = CStr::from_ptr(text).to_string_lossy().into_owned();
+        glib::ffi::g_free(text as *mut c_void);
+        Ok(sdp)
+    }
+}

@@ -1,0 +1,119 @@
+//! The TTS side of a session: `/codes?session=ID`, with the header
+//! `Authorization: Bearer <token>`.
+//!
+//! Binary messages are whole frames (S16LE codes, frame-major); the text message
+//! `{"type":"cancel"}` drops what is queued and not yet heard (barge-in). One connection feeds a
+//! session at a time, for as many utterances as it likes; it ends when the session does.
+
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use tungstenite::Message;
+
+use crate::http::{self, Received, Request, Socket, close};
+use crate::{Server, log};
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+enum FromSender {
+    Cancel,
+}
+
+/// Compares in a time that does not tell how much of the token was right.
+fn same_token(given: &str, token: &str) -> bool {
+    given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0, |diff, (a, b)| diff | (a ^ b))
+            == 0
+}
+
+pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &str) {
+    let Some(mut socket) = socket else {
+        return;
+    };
+    let refuse = |socket, code: u16, reason: String| {
+        log!("refused {peer} on /codes: {code} {reason}");
+        http::close(socket, code, &reason);
+    };
+    match request
+        .header("authorization")
+        .and_then(|value| value.strip_prefix("Bearer "))
+    {
+        None => {
+            let reason = "no token: send the header Authorization: Bearer <token>".into();
+            return refuse(socket, close::UNAUTHORIZED, reason);
+        }
+        Some(given) if !same_token(given, &server.token) => {
+            return refuse(socket, close::UNAUTHORIZED, "wrong token".into());
+        }
+        Some(_) => (),
+    }
+    let Some(id) = request.query("session") else {
+        return refuse(socket, close::NO_SUCH_SESSION, "no session=ID in the URL".into());
+    };
+    let Some(session) = server.sessions.get(id) else {
+        return refuse(socket, close::NO_SUCH_SESSION, format!("no session {id}"));
+    };
+    // A sender that just closed may still be on its way out.
+    let asked = Instant::now();
+    let mut attached = session.attach_sender();
+    while !attached && asked.elapsed() < Duration::from_millis(500) {
+        std::thread::sleep(http::POLL);
+        attached = session.attach_sender();
+    }
+    if !attached {
+        return refuse(socket, close::BUSY, format!("session {id} has a sender already"));
+    }
+    log!("sender {peer} feeds session {id}");
+    let format = server.sessions.format();
+    let connected = Instant::now();
+    let mut spoke = false;
+    let mut frames = 0;
+    let ending = loop {
+        if session.has_ended() {
+            let reason = format!("session {id} ended: its browser left");
+            break Some((close::SESSION_ENDED, reason));
+        }
+        match http::read(&mut socket) {
+            Received::Message(Message::Binary(bytes)) => {
+                spoke = true;
+                if let Err(refusal) = format.check(&bytes) {
+                    break Some(refusal);
+                }
+                if let Err(refusal) = session.push(&bytes, format.frame_bytes()) {
+                    break Some(refusal);
+                }
+                frames += bytes.len() / format.frame_bytes();
+            }
+            Received::Message(Message::Text(text)) => {
+                spoke = true;
+                match serde_json::from_str(&text) {
+                    Ok(FromSender::Cancel) => {
+                        session.cancel();
+                        log!("session {id}: cancelled after {frames} frames in all");
+                    }
+                    Err(err) => break Some((close::BAD_MESSAGE, format!("malformed message: {err}"))),
+                }
+            }
+            Received::Message(_) => spoke = true,
+            Received::Nothing if !spoke && connected.elapsed() > server.idle_timeout => {
+                let reason = format!("sent nothing within {:?}", server.idle_timeout);
+                break Some((close::TIMEOUT, reason));
+            }
+            Received::Nothing => (),
+            Received::TooLarge(err) => break Some((close::TOO_LARGE, err)),
+            Received::Closed => break None,
+            Received::Failed(err) => {
+                log!("sender {peer} of session {id} failed: {err}");
+                break None;
+            }
+        }
+    };
+    session.detach_sender();
+    match ending {
+        Some((code, reason)) => refuse(socket, code, reason),
+        None => log!("sender {peer} of session {id} left after {frames} frames"),
+    }
+}

@@ -1,0 +1,451 @@
+//! A browser session: its pipeline, from the codes the ingress pushes to the WebRTC peer that
+//! the browser's signalling talks to, and the registry of the sessions of the server.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+
+use gst::glib;
+use gst::prelude::*;
+use gstqwencodec::model::{DecoderConfig, Model};
+use serde_json::json;
+
+use crate::common::webrtc::{SdpKind, description_from_sdp, loopback_webrtcbin, sdp_of};
+use crate::log;
+
+/// Frames that come later than the end of the speech before them by up to this much still
+/// continue it (their audio is late by as much, and the browser's jitter buffer stretches);
+/// later frames start new speech at the time they come.
+const SLACK: gst::ClockTime = gst::ClockTime::from_mseconds(200);
+/// The most speech a session may hold ahead of what it plays.
+pub const MAX_AHEAD: gst::ClockTime = gst::ClockTime::from_seconds(60);
+
+/// The codec frames the model takes.
+#[derive(Clone)]
+pub struct CodecFormat {
+    pub caps: gst::Caps,
+    pub codebooks: usize,
+    pub codebook_size: usize,
+    pub frame_duration: gst::ClockTime,
+}
+
+impl CodecFormat {
+    pub fn new(config: &DecoderConfig) -> Self {
+        let (num, den) = config.frame_rate();
+        Self {
+            caps: gst::Caps::builder("audio/x-qwen3-tts-codes")
+                .field("codebooks", config.num_quantizers as i32)
+                .field("framerate", gst::Fraction::new(num as i32, den as i32))
+                .build(),
+            codebooks: config.num_quantizers,
+            codebook_size: config.codebook_size,
+            frame_duration: gst::ClockTime::SECOND
+                .mul_div_floor(den as u64, num as u64)
+                .unwrap(),
+        }
+    }
+
+    pub fn frame_bytes(&self) -> usize {
+        2 * self.codebooks
+    }
+
+    /// Why `bytes` are not whole frames of valid codes, if they are not.
+    pub fn check(&self, bytes: &[u8]) -> Result<(), (u16, String)> {
+        use crate::http::close;
+        if bytes.is_empty() || !bytes.len().is_multiple_of(self.frame_bytes()) {
+            return Err((
+                close::BAD_MESSAGE,
+                format!(
+                    "not whole frames: {} bytes, a frame is {} ({} codes of 2 bytes)",
+                    bytes.len(),
+                    self.frame_bytes(),
+                    self.codebooks
+                ),
+            ));
+        }
+        for (at, pair) in bytes.chunks_exact(2).enumerate() {
+            let code = i16::from_le_bytes([pair[0], pair[1]]);
+            if code < 0 || code as usize >= self.codebook_size {
+                return Err((
+                    close::BAD_CODES,
+                    format!(
+                        "frame {}, codebook {}: code {code} is outside 0..{}",
+                        at / self.codebooks,
+                        at % self.codebooks,
+                        self.codebook_size
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What every session's pipeline is made with.
+pub struct PipelineSettings {
+    pub model: PathBuf,
+    pub device: String,
+    pub chunk_frames: u32,
+    pub format: CodecFormat,
+    /// Held so that the model stays loaded while no session runs.
+    pub _model: Arc<Model>,
+}
+
+/// Every pipeline made, to count those still alive (not freed): a leak shows here.
+static PIPELINES: Mutex<Vec<glib::WeakRef<gst::Pipeline>>> = Mutex::new(Vec::new());
+
+pub fn live_pipelines() -> usize {
+    let mut pipelines = PIPELINES.lock().unwrap();
+    pipelines.retain(|pipeline| pipeline.upgrade().is_some());
+    pipelines.len()
+}
+
+pub struct Session {
+    pub id: String,
+    pipeline: gst::Pipeline,
+    appsrc: gst_app::AppSrc,
+    webrtcbin: gst::Element,
+    frame_duration: gst::ClockTime,
+    /// Where the audio of the next frames starts: after the speech before them (see SLACK).
+    next_pts: Mutex<Option<gst::ClockTime>>,
+    /// Whether an ingress connection feeds this session now.
+    has_sender: AtomicBool,
+    ended: AtomicBool,
+}
+
+impl Session {
+    /// Builds the pipeline and starts it; what webrtcbin wants the browser to know (the offer,
+    /// ICE candidates) goes to `to_browser` as JSON messages.
+    fn start(
+        id: String,
+        settings: &PipelineSettings,
+        to_browser: Sender<serde_json::Value>,
+    ) -> Result<Self, String> {
+        let pipeline = gst::Pipeline::with_name(&format!("session-{id}"));
+        let appsrc = gst_app::AppSrc::builder()
+            .caps(&settings.format.caps)
+            .format(gst::Format::Time)
+            .is_live(true)
+            .build();
+        let rtp_caps = gst::Caps::builder("application/x-rtp")
+            .field("media", "audio")
+            .field("encoding-name", "OPUS")
+            .field("payload", 96i32)
+            .field("clock-rate", 48_000i32)
+            .field("encoding-params", "2")
+            .build();
+        let make = |factory: &str| {
+            gst::ElementFactory::make(factory)
+                .build()
+                .map_err(|err| err.to_string())
+        };
+        let decoder = gst::ElementFactory::make("qwencodecdec")
+            .property(
+                "model-path",
+                settings.model.to_str().ok_or("the model path is not UTF-8")?,
+            )
+            .property("device", &settings.device)
+            .property("chunk-frames", settings.chunk_frames)
+            // Audio leaves in steps of chunk-frames even when frames pile up (a burst): a
+            // larger step would leave for the browser whole, out of reach of a cancel.
+            .property("max-step-frames", settings.chunk_frames)
+            .build()
+            .map_err(|err| err.to_string())?;
+        // The TTS may hand over frames faster than real time: the audio leaves at its time, so
+        // that the browser's jitter buffer is not flooded and a cancel still finds it here.
+        let clocksync = make("clocksync")?;
+        let opusenc = gst::ElementFactory::make("opusenc")
+            .property_from_str("audio-type", "voice")
+            .build()
+            .map_err(|err| err.to_string())?;
+        let payloader = gst::ElementFactory::make("rtpopuspay")
+            .property("pt", 96u32)
+            .build()
+            .map_err(|err| err.to_string())?;
+        let capsfilter = gst::ElementFactory::make("capsfilter")
+            .property("caps", &rtp_caps)
+            .build()
+            .map_err(|err| err.to_string())?;
+        let webrtcbin = loopback_webrtcbin("webrtc").map_err(|err| err.to_string())?;
+        let chain = [
+            appsrc.upcast_ref(),
+            &decoder,
+            &make("audioconvert")?,
+            &make("audioresample")?,
+            &clocksync,
+            &opusenc,
+            &payloader,
+            &capsfilter,
+        ];
+        pipeline.add_many(chain).map_err(|err| err.to_string())?;
+        pipeline.add(&webrtcbin).map_err(|err| err.to_string())?;
+        gst::Element::link_many(chain).map_err(|err| err.to_string())?;
+        let sink = webrtcbin
+            .request_pad_simple("sink_%u")
+            .ok_or("webrtcbin gives no sink pad")?;
+        let into_webrtcbin = capsfilter.static_pad("src").unwrap();
+        into_webrtcbin.link(&sink).map_err(|err| err.to_string())?;
+        // A cancel's flush ends here: webrtcbin holds nothing that waits to be sent, and its
+        // RTP funnel takes no new segment after a flush (GStreamer 1.22).
+        drop_flushes(&into_webrtcbin);
+        // No caps reach webrtcbin before speech comes: the transceiver says what will be sent.
+        let transceiver = sink.property::<glib::Object>("transceiver");
+        transceiver.set_property("codec-preferences", &rtp_caps);
+        transceiver.set_property_from_str("direction", "sendonly");
+        connect_signalling(&webrtcbin, to_browser);
+
+        PIPELINES.lock().unwrap().push(pipeline.downgrade());
+        let session = Self {
+            id,
+            pipeline,
+            appsrc,
+            webrtcbin,
+            frame_duration: settings.format.frame_duration,
+            next_pts: Mutex::new(None),
+            has_sender: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+        };
+        session.pipeline.set_state(gst::State::Playing).map_err(|_| {
+            session
+                .error()
+                .unwrap_or_else(|| "the pipeline does not start".into())
+        })?;
+        Ok(session)
+    }
+
+    /// Queues whole, checked frames for decoding. Their audio follows the speech before them
+    /// without a gap, or starts now when the sender paused (see SLACK).
+    pub fn push(&self, frames: &[u8], frame_bytes: usize) -> Result<(), (u16, String)> {
+        use crate::http::close;
+        let now = self.appsrc.current_running_time().unwrap_or(gst::ClockTime::ZERO);
+        let duration = self.frame_duration * (frames.len() / frame_bytes) as u64;
+        let pts = {
+            let mut next_pts = self.next_pts.lock().unwrap();
+            let pts = match *next_pts {
+                Some(next) if next + SLACK >= now => next,
+                _ => now,
+            };
+            if pts > now + MAX_AHEAD {
+                return Err((
+                    close::TOO_LARGE,
+                    format!("more than {} s of speech queued", MAX_AHEAD.seconds()),
+                ));
+            }
+            *next_pts = Some(pts + duration);
+            pts
+        };
+        let mut buffer = gst::Buffer::from_slice(frames.to_vec());
+        {
+            let buffer = buffer.get_mut().unwrap();
+            buffer.set_pts(pts);
+            buffer.set_duration(duration);
+        }
+        self.appsrc.push_buffer(buffer).map(|_| ()).map_err(|flow| {
+            let err = self
+                .error()
+                .unwrap_or_else(|| format!("the pipeline took no frames: {flow:?}"));
+            (close::SERVER_ERROR, err)
+        })
+    }
+
+    /// Barge-in: drops every frame and every sample not yet sent, and the decoder starts fresh.
+    pub fn cancel(&self) {
+        let mut next_pts = self.next_pts.lock().unwrap();
+        self.appsrc.send_event(gst::event::FlushStart::new());
+        self.appsrc.send_event(gst::event::FlushStop::new(false));
+        *next_pts = None;
+    }
+
+    /// The browser's answer to the offer.
+    pub fn set_answer(&self, sdp: &str) -> Result<(), String> {
+        let answer = description_from_sdp(SdpKind::Answer, sdp)?;
+        self.webrtcbin
+            .emit_by_name::<()>("set-remote-description", &[&answer, &None::<gst::Promise>]);
+        Ok(())
+    }
+
+    /// One of the browser's ICE candidates.
+    pub fn add_ice_candidate(&self, mline_index: u32, candidate: &str) {
+        self.webrtcbin
+            .emit_by_name::<()>("add-ice-candidate", &[&mline_index, &candidate]);
+    }
+
+    /// The first error the pipeline posted, if any.
+    pub fn error(&self) -> Option<String> {
+        let message = self.pipeline.bus()?.pop_filtered(&[gst::MessageType::Error])?;
+        match message.view() {
+            gst::MessageView::Error(err) => Some(format!(
+                "{} (from {})",
+                err.error(),
+                err.src().map(|src| src.name().to_string()).unwrap_or_default()
+            )),
+            _ => None,
+        }
+    }
+
+    /// Takes the session's one sender slot; false when another connection has it.
+    pub fn attach_sender(&self) -> bool {
+        self.has_sender
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    pub fn detach_sender(&self) {
+        self.has_sender.store(false, Ordering::SeqCst);
+    }
+
+    pub fn has_ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    fn stop(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+        let _ = self.pipeline.set_state(gst::State::Null);
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.pipeline.set_state(gst::State::Null);
+    }
+}
+
+/// Drops the flush events that reach `pad`. Through the C API: gstreamer-rs's probe wrapper
+/// takes a dropped event out of the probe's info, and GStreamer 1.22 then unrefs a NULL event
+/// where the event was a flush (a GStreamer-CRITICAL).
+fn drop_flushes(pad: &gst::Pad) {
+    use gst::ffi;
+    use gst::glib::translate::ToGlibPtr;
+    unsafe extern "C" fn drop_flush(
+        _pad: *mut ffi::GstPad,
+        info: *mut ffi::GstPadProbeInfo,
+        _data: glib::ffi::gpointer,
+    ) -> ffi::GstPadProbeReturn {
+        // SAFETY: an event probe's info holds the event, alive during the call.
+        let event = unsafe { (*info).data } as *const ffi::GstEvent;
+        if !event.is_null()
+            && matches!(
+                unsafe { (*event).type_ },
+                ffi::GST_EVENT_FLUSH_START | ffi::GST_EVENT_FLUSH_STOP
+            )
+        {
+            ffi::GST_PAD_PROBE_DROP
+        } else {
+            ffi::GST_PAD_PROBE_OK
+        }
+    }
+    // SAFETY: a probe with no data to free on a live pad.
+    unsafe {
+        ffi::gst_pad_add_probe(
+            pad.to_glib_none().0,
+            ffi::GST_PAD_PROBE_TYPE_EVENT_DOWNSTREAM | ffi::GST_PAD_PROBE_TYPE_EVENT_FLUSH,
+            Some(drop_flush),
+            std::ptr::null_mut(),
+            None,
+        );
+    }
+}
+
+/// webrtcbin offers as soon as it wants to negotiate; its offer and its candidates go to the
+/// browser.
+fn connect_signalling(webrtcbin: &gst::Element, to_browser: Sender<serde_json::Value>) {
+    let offers = to_browser.clone();
+    webrtcbin.connect("on-negotiation-needed", false, move |values| {
+        let webrtcbin = values[0].get::<gst::Element>().unwrap();
+        let weak = webrtcbin.downgrade();
+        let offers = offers.clone();
+        let promise = gst::Promise::with_change_func(move |reply| {
+            let Some(webrtcbin) = weak.upgrade() else {
+                return;
+            };
+            let offer = match reply {
+                Ok(Some(reply)) => reply.value("offer").map_err(|_| reply.to_string()),
+                other => Err(format!("{other:?}")),
+            };
+            match offer.and_then(|offer| {
+                webrtcbin.emit_by_name::<()>("set-local-description", &[offer, &None::<gst::Promise>]);
+                sdp_of(offer)
+            }) {
+                Ok(sdp) => {
+                    let _ = offers.send(json!({"type": "offer", "sdp": sdp}));
+                }
+                Err(err) => log!("creating the offer failed: {err}"),
+            }
+        });
+        webrtcbin.emit_by_name::<()>("create-offer", &[&None::<gst::Structure>, &promise]);
+        None
+    });
+    webrtcbin.connect("on-ice-candidate", false, move |values| {
+        let mline_index = values[1].get::<u32>().unwrap();
+        let candidate = values[2].get::<String>().unwrap();
+        let _ = to_browser.send(json!({"type": "ice", "sdpMLineIndex": mline_index, "candidate": candidate}));
+        None
+    });
+}
+
+/// The sessions of the server, by id.
+pub struct Sessions {
+    settings: PipelineSettings,
+    max: usize,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+}
+
+impl Sessions {
+    pub fn new(settings: PipelineSettings, max: usize) -> Self {
+        Self {
+            settings,
+            max,
+            sessions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn format(&self) -> &CodecFormat {
+        &self.settings.format
+    }
+
+    /// A new session with its pipeline playing, unless the server has its most sessions.
+    pub fn open(&self, to_browser: Sender<serde_json::Value>) -> Result<Arc<Session>, (u16, String)> {
+        use crate::http::close;
+        let mut sessions = self.sessions.lock().unwrap();
+        if sessions.len() >= self.max {
+            return Err((
+                close::TOO_MANY_SESSIONS,
+                format!("the server has its most sessions ({})", self.max),
+            ));
+        }
+        let id = random_hex(16).map_err(|err| (close::SERVER_ERROR, err))?;
+        let session = Session::start(id.clone(), &self.settings, to_browser)
+            .map(Arc::new)
+            .map_err(|err| (close::SERVER_ERROR, format!("cannot start a pipeline: {err}")))?;
+        sessions.insert(id, session.clone());
+        Ok(session)
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        self.sessions.lock().unwrap().get(id).cloned()
+    }
+
+    /// Ends a session: its pipeline stops, and its sender is told at its next look.
+    pub fn close(&self, id: &str) {
+        let session = self.sessions.lock().unwrap().remove(id);
+        if let Some(session) = session {
+            session.stop();
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.sessions.lock().unwrap().len()
+    }
+}
+
+/// `bytes` random bytes in hex, for session ids and the token.
+pub fn random_hex(bytes: usize) -> Result<String, String> {
+    let mut random = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut file| file.read_exact(&mut random))
+        .map_err(|err| format!("cannot read /dev/urandom: {err}"))?;
+    Ok(random.iter().map(|byte| format!("{byte:02x}")).collect())
+}

@@ -1,0 +1,140 @@
+//! The browser's side of a session: `/signal`, JSON text messages.
+//!
+//! browser → server: `{"type":"join"}` first (a session and its pipeline start), then
+//! `{"type":"answer","sdp":…}` and `{"type":"ice","candidate":…,"sdpMLineIndex":…}`.
+//! server → browser: `{"type":"session","id":…}`, `{"type":"offer","sdp":…}`, `{"type":"ice",…}`.
+//! The session ends when this connection does.
+
+use std::sync::mpsc;
+use std::time::Instant;
+
+use serde::Deserialize;
+use serde_json::json;
+use tungstenite::Message;
+
+use crate::http::{self, Received, Socket, close};
+use crate::{Server, log};
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+enum FromBrowser {
+    Join,
+    Answer {
+        sdp: String,
+    },
+    Ice {
+        candidate: String,
+        #[serde(rename = "sdpMLineIndex")]
+        mline_index: u32,
+    },
+}
+
+/// The next message, or why the connection ends: `Err(None)` when the browser closed it.
+fn next_message(socket: &mut Socket) -> Result<Option<FromBrowser>, Option<(u16, String)>> {
+    match http::read(socket) {
+        Received::Message(Message::Text(text)) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|err| Some((close::BAD_MESSAGE, format!("malformed signalling message: {err}")))),
+        Received::Message(Message::Binary(_)) => Err(Some((
+            close::BAD_MESSAGE,
+            "signalling takes JSON text messages, not binary ones".into(),
+        ))),
+        Received::Message(_) | Received::Nothing => Ok(None),
+        Received::TooLarge(err) => Err(Some((close::TOO_LARGE, err))),
+        Received::Closed => Err(None),
+        Received::Failed(err) => {
+            log!("signalling connection failed: {err}");
+            Err(None)
+        }
+    }
+}
+
+pub fn serve(server: &Server, socket: Option<Socket>, peer: &str) {
+    let Some(mut socket) = socket else {
+        return;
+    };
+    let refuse = |socket, (code, reason): (u16, String)| {
+        log!("refused {peer} on /signal: {code} {reason}");
+        http::close(socket, code, &reason);
+    };
+
+    let connected = Instant::now();
+    loop {
+        match next_message(&mut socket) {
+            Ok(Some(FromBrowser::Join)) => break,
+            Ok(Some(_)) => return refuse(socket, (close::BAD_MESSAGE, "join first".into())),
+            Ok(None) if connected.elapsed() > server.idle_timeout => {
+                let reason = format!("no join within {:?}", server.idle_timeout);
+                return refuse(socket, (close::TIMEOUT, reason));
+            }
+            Ok(None) => (),
+            Err(Some(refusal)) => return refuse(socket, refusal),
+            Err(None) => return,
+        }
+    }
+    let (to_browser, outgoing) = mpsc::channel();
+    let session = match server.sessions.open(to_browser) {
+        Ok(session) => session,
+        Err(refusal) => return refuse(socket, refusal),
+    };
+    let id = session.id.clone();
+    log!(
+        "session {id} joined from {peer} ({} sessions)",
+        server.sessions.count()
+    );
+    let mut ending = None;
+    if !http::send_text(&mut socket, json!({"type": "session", "id": id}).to_string()) {
+        ending = Some("its connection failed".to_string());
+    }
+
+    while ending.is_none() {
+        for message in outgoing.try_iter() {
+            if !http::send_text(&mut socket, message.to_string()) {
+                ending = Some("its connection failed".into());
+            }
+        }
+        if let Some(err) = session.error() {
+            log!("session {id}: pipeline error: {err}");
+            http::close(socket, close::SERVER_ERROR, &format!("pipeline error: {err}"));
+            ending = Some("pipeline error".into());
+            break;
+        }
+        match next_message(&mut socket) {
+            Ok(Some(FromBrowser::Answer { sdp })) => {
+                if let Err(err) = session.set_answer(&sdp) {
+                    refuse(socket, (close::BAD_MESSAGE, format!("bad answer: {err}")));
+                    ending = Some("bad answer".into());
+                    break;
+                }
+            }
+            Ok(Some(FromBrowser::Ice {
+                candidate,
+                mline_index,
+            })) => {
+                // An empty candidate is the browser's end of candidates.
+                if !candidate.is_empty() {
+                    session.add_ice_candidate(mline_index, &candidate);
+                }
+            }
+            Ok(Some(FromBrowser::Join)) => {
+                refuse(socket, (close::BAD_MESSAGE, "joined already".into()));
+                ending = Some("joined twice".into());
+                break;
+            }
+            Ok(None) => (),
+            Err(Some(refusal)) => {
+                ending = Some(refusal.1.clone());
+                refuse(socket, refusal);
+                break;
+            }
+            Err(None) => ending = Some("the browser closed the connection".into()),
+        }
+    }
+    drop(session);
+    server.sessions.close(&id);
+    log!(
+        "session {id} left: {} ({} sessions)",
+        ending.unwrap_or_default(),
+        server.sessions.count()
+    );
+}

@@ -1,0 +1,254 @@
+//! The server under test as a process, its two WebSocket endpoints as clients, and the network
+//! namespace the tests run in.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{Value, json};
+use tungstenite::client::IntoClientRequest;
+use tungstenite::{Message, WebSocket};
+
+pub const TOKEN: &str = "test-token";
+const INSIDE: &str = "QWENCODEC_TEST_NETNS";
+
+/// Runs `test` of this binary again in a network namespace of its own, with only `lo` up, and
+/// fails when it fails; true when this process is that run (then the test itself runs). Nothing
+/// the browser or libnice send can leave the machine.
+pub fn in_own_network(test: &str) -> bool {
+    if std::env::var_os(INSIDE).is_some() {
+        return true;
+    }
+    // One namespace at a time: two browsers at once would slow each other's measurements.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|line| line.starts_with("Uid:") && line.split_whitespace().nth(1) == Some("0"));
+    let mut unshare = Command::new("unshare");
+    unshare.arg("--net");
+    if !root {
+        unshare.arg("--map-root-user");
+    }
+    let status = unshare
+        .args(["--", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            test,
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+            "--include-ignored",
+        ])
+        .env(INSIDE, "1")
+        .status()
+        .expect("unshare (util-linux) does not run");
+    assert!(status.success(), "{test} in its network namespace: {status}");
+    false
+}
+
+/// Milliseconds since the epoch: the clock the page's `Date.now()` reads.
+pub fn epoch_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        * 1e3
+}
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The built server, refused when older than its sources: it would not be what is tested.
+fn server_binary() -> PathBuf {
+    let binary = super::common::build_dir().join("examples/tts-server");
+    let built = std::fs::metadata(&binary)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} is missing: a plain cargo test builds it, or cargo build --release --examples",
+                binary.display()
+            )
+        });
+    for folder in [
+        "examples/tts-server",
+        "examples/tts-server/page",
+        "examples/common",
+    ] {
+        for entry in std::fs::read_dir(root().join(folder)).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_file() {
+                assert!(
+                    entry.metadata().unwrap().modified().unwrap() <= built,
+                    "{} is older than {}: rebuild the examples",
+                    binary.display(),
+                    entry.path().display()
+                );
+            }
+        }
+    }
+    binary
+}
+
+/// A running `tts-server` with the bundled test checkpoint; its log is kept.
+pub struct Server {
+    process: Child,
+    pub address: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Server {
+    pub fn start(options: &[&str]) -> Self {
+        let mut process = Command::new(server_binary())
+            .args(["--bind", "127.0.0.1:0", "--device", "cpu", "--token", TOKEN])
+            .arg("--model")
+            .arg(root().join("tests/fixtures/release-tiny"))
+            .args(options)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (address_tx, address_rx) = std::sync::mpsc::channel();
+        let lines = BufReader::new(process.stdout.take().unwrap()).lines();
+        std::thread::spawn({
+            let log = log.clone();
+            move || {
+                for line in lines.map_while(Result::ok) {
+                    println!("{line}");
+                    if let Some(url) = line.split("open http://").nth(1) {
+                        let _ = address_tx.send(url.split('/').next().unwrap().to_string());
+                    }
+                    log.lock().unwrap().push(line);
+                }
+            }
+        });
+        let address = address_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the server does not say where it listens");
+        Self {
+            process,
+            address,
+            log,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/", self.address)
+    }
+
+    /// Whether a line of the log matches, waiting up to `within` for it (the log comes
+    /// through a pipe).
+    pub fn await_log(&self, matches: impl Fn(&str) -> bool, within: Duration) -> bool {
+        let start = Instant::now();
+        loop {
+            if self.log.lock().unwrap().iter().any(|line| matches(line)) {
+                return true;
+            }
+            if start.elapsed() > within {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `/status`: sessions and live pipelines.
+    pub fn status(&self) -> (u64, u64) {
+        let mut stream = TcpStream::connect(&self.address).unwrap();
+        write!(stream, "GET /status HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let status: Value = serde_json::from_str(response.split_once("\r\n\r\n").unwrap().1).unwrap();
+        (
+            status["sessions"].as_u64().unwrap(),
+            status["pipelines"].as_u64().unwrap(),
+        )
+    }
+
+    /// Waits up to `within` for `/status` to be `wanted`; what it was last.
+    pub fn await_status(&self, wanted: (u64, u64), within: Duration) -> (u64, u64) {
+        let start = Instant::now();
+        loop {
+            let status = self.status();
+            if status == wanted || start.elapsed() > within {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A WebSocket to `path`, with `token` as the bearer when given.
+    pub fn connect(&self, path: &str, token: Option<&str>) -> Client {
+        let mut request = format!("ws://{}{path}", self.address)
+            .into_client_request()
+            .unwrap();
+        if let Some(token) = token {
+            request
+                .headers_mut()
+                .insert("Authorization", format!("Bearer {token}").parse().unwrap());
+        }
+        let stream = TcpStream::connect(&self.address).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (socket, _) = tungstenite::client(request, stream).expect("a WebSocket handshake");
+        Client(socket)
+    }
+
+    /// The codes ingress of `session`, with the right token.
+    pub fn sender(&self, session: &str) -> Client {
+        self.connect(&format!("/codes?session={session}"), Some(TOKEN))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+pub struct Client(WebSocket<TcpStream>);
+
+impl Client {
+    pub fn send_binary(&mut self, bytes: Vec<u8>) {
+        self.0.send(Message::binary(bytes)).unwrap();
+    }
+
+    pub fn send_text(&mut self, text: &str) {
+        self.0.send(Message::text(text)).unwrap();
+    }
+
+    pub fn cancel(&mut self) {
+        self.send_text(&json!({"type": "cancel"}).to_string());
+    }
+
+    /// The next text message, as JSON.
+    pub fn receive_json(&mut self) -> Value {
+        loop {
+            match self.0.read().unwrap() {
+                Message::Text(text) => return serde_json::from_str(&text).unwrap(),
+                Message::Close(frame) => panic!("closed by the server: {frame:?}"),
+                _ => (),
+            }
+        }
+    }
+
+    /// Reads until the server closes; its close code and reason.
+    pub fn close_reason(&mut self) -> (u16, String) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            match self.0.read() {
+                Ok(Message::Close(Some(frame))) => return (frame.code.into(), frame.reason.to_string()),
+                Ok(Message::Close(None)) => return (0, String::new()),
+                Ok(_) => (),
+                Err(err) => panic!("the connection ended without a close frame: {err}"),
+            }
+        }
+        panic!("the server did not close the connection");
+    }
+}
