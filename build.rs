@@ -5,14 +5,15 @@ fn main() {
     gst_plugin_version_helper::info();
     println!("cargo::rustc-check-cfg=cfg(cuda_graphs)");
     println!("cargo::rerun-if-changed=src/model/cuda_graph.cpp");
+    println!("cargo::rerun-if-changed=src/model/network/fp16_gemm.cpp");
 
-    // torch-sys tells its dependents where the libtorch it linked lives.
-    let Ok(lib_dir) = env::var("DEP_TCH_LIBTORCH_LIB") else {
-        return;
-    };
-    let lib_dir = PathBuf::from(lib_dir);
+    // torch-sys tells its dependents where the libtorch it linked lives (and the shims need
+    // its headers).
+    let lib_dir =
+        PathBuf::from(env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys gives its libtorch's lib folder"));
     // Let the plugin (and the tests) find libtorch at run time without LD_LIBRARY_PATH.
     println!("cargo::rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+    build_fp16_gemm_shim(&lib_dir);
 
     if !lib_dir.join("libtorch_cuda.so").exists() {
         return; // A CPU-only libtorch: no CUDA, no graphs.
@@ -45,22 +46,37 @@ fn cuda_include_dir(lib_dir: &Path) -> Option<PathBuf> {
         .find(|dir| dir.join("cuda_runtime_api.h").exists())
 }
 
-/// libtorch's CUDA graphs behind a C interface (tch does not wrap them).
-fn build_graph_shim(lib_dir: &Path, cuda_include: &Path) {
+/// A C++ build against libtorch's headers.
+fn torch_shim_build(lib_dir: &Path) -> cc::Build {
     let torch_include = lib_dir
         .parent()
         .expect("libtorch lib dir has a parent")
         .join("include");
-    cc::Build::new()
+    let mut build = cc::Build::new();
+    build
         .cpp(true)
         .std("c++17")
-        .file("src/model/cuda_graph.cpp")
         .include(&torch_include)
-        .include(cuda_include)
         // libtorch 2.x is built with the C++11 ABI.
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .define("GLOG_USE_GLOG_EXPORT", None)
-        .warnings(false)
+        .warnings(false);
+    build
+}
+
+/// FBGEMM's float16-weight product behind a C interface (tch does not wrap it): the CPU's
+/// dtype f16.
+fn build_fp16_gemm_shim(lib_dir: &Path) {
+    torch_shim_build(lib_dir)
+        .file("src/model/network/fp16_gemm.cpp")
+        .compile("qwencodec_fp16_gemm");
+}
+
+/// libtorch's CUDA graphs behind a C interface (tch does not wrap them).
+fn build_graph_shim(lib_dir: &Path, cuda_include: &Path) {
+    torch_shim_build(lib_dir)
+        .file("src/model/cuda_graph.cpp")
+        .include(cuda_include)
         .compile("qwencodec_cuda_graph");
     println!("cargo::rustc-cfg=cuda_graphs");
 }

@@ -2,7 +2,7 @@
 //! machine, written to `bench/results/` as a markdown table and JSON.
 //!
 //! cargo bench --bench decode -- --model DIR --upstream upstream.json --reference reference.f32
-//!     [--out bench/results] [--chunks 1,2,4,8] [--device cpu] [--dtype f32]
+//!     [--out bench/results] [--chunks 1,2,4,8] [--device cpu] [--dtype f32] [--alongside f32]
 //!     [--repeats 5] [--steady-model DIR] [--steady-frames 20000]
 //!
 //! Both sides are measured alike: every decode runs once as a warm-up, then `--repeats` times,
@@ -12,6 +12,10 @@
 //! a full step (chunk-frames - 1 frame periods) plus the time from handing over the frame that
 //! fills the step to its audio coming out (of `push` for the core, of the pipeline's appsink
 //! for the element).
+//!
+//! `--alongside DTYPE` times the core in that dtype too, its runs alternating with `--dtype`'s
+//! (on a machine whose load changes, a ratio between dtypes is only fair from the same
+//! moments), and reports the ratio.
 //!
 //! The cost of a frame late in a long stream is measured on one stream of `--steady-frames`
 //! frames at chunk-frames 1: the step times of its first and last 1,000 steps. By default that
@@ -44,6 +48,7 @@ struct Args {
     chunks: Vec<usize>,
     device: String,
     dtype: Dtype,
+    alongside: Option<Dtype>,
     repeats: usize,
     steady_model: PathBuf,
     steady_frames: usize,
@@ -69,6 +74,7 @@ fn parse_args() -> Args {
         chunks: options.list("chunks", "1,2,4,8"),
         device: options.get("device").unwrap_or_else(|| "cpu".into()),
         dtype: options.get("dtype").map_or(Dtype::F32, |d| d.parse().unwrap()),
+        alongside: options.get("alongside").map(|d| d.parse().unwrap()),
         repeats,
         steady_model: options
             .get("steady-model")
@@ -122,63 +128,117 @@ fn row(method: &str, threads: Value, runs: &[Run], steps: Value) -> Value {
     })
 }
 
-/// Frames handed over one at a time, as from a talker; every push that completes a step is
-/// timed. With `cuda_graph`, steps replay the model's CUDA graphs (recorded in the warm-up run).
-fn bench_core(
-    model: &Arc<Model>,
-    codes: &[i16],
+/// A streaming decoder of one model, timed run after run: frames handed over one at a time, as
+/// from a talker; every push that completes a step is timed. With `cuda_graph`, steps replay
+/// the model's CUDA graphs (recorded in the warm-up run).
+struct CoreBench {
+    model: Arc<Model>,
+    decoder: StreamDecoder,
     chunk_frames: usize,
     cuda_graph: bool,
-    reference: &[f32],
-    repeats: usize,
-) -> Value {
-    let codebooks = model.config().num_quantizers;
-    let frame_period_ms = frame_period(model) * 1e3;
-    let mut decoder = StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
-    decoder.set_limits(StepLimits {
-        cuda_graphs: cuda_graph,
-        ..decoder.limits()
-    });
-    let mut runs = Vec::new();
-    let mut step_ms = Vec::new();
-    // Run 0 is the warm-up.
-    for run in 0..=repeats {
-        decoder.reset().unwrap();
+    runs: Vec<Run>,
+    step_ms: Vec<f64>,
+}
+
+impl CoreBench {
+    fn new(model: &Arc<Model>, chunk_frames: usize, cuda_graph: bool) -> Self {
+        let mut decoder = StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
+        decoder.set_limits(StepLimits {
+            cuda_graphs: cuda_graph,
+            ..decoder.limits()
+        });
+        Self {
+            model: model.clone(),
+            decoder,
+            chunk_frames,
+            cuda_graph,
+            runs: Vec::new(),
+            step_ms: Vec::new(),
+        }
+    }
+
+    /// One decode of `codes`, kept unless it is the warm-up.
+    fn run(&mut self, codes: &[i16], reference: &[f32], warm_up: bool) {
+        let codebooks = self.model.config().num_quantizers;
+        self.decoder.reset().unwrap();
         let mut audio = Vec::with_capacity(reference.len());
         let mut run_steps = Vec::new();
         let started = Instant::now();
         for frame in codes.chunks(codebooks) {
             let handed_over = Instant::now();
-            let out = decoder.push(frame).unwrap();
+            let out = self.decoder.push(frame).unwrap();
             if !out.is_empty() {
                 run_steps.push(handed_over.elapsed().as_secs_f64() * 1e3);
             }
             audio.extend(out);
         }
-        audio.extend(decoder.finish().unwrap());
+        audio.extend(self.decoder.finish().unwrap());
         let total = started.elapsed().as_secs_f64();
-        if run == 0 {
-            continue;
+        if warm_up {
+            return;
         }
-        runs.push(Run {
-            seconds_per_audio_second: total / (audio.len() as f64 / model.sample_rate() as f64),
-            first_audio_ms: (chunk_frames - 1) as f64 * frame_period_ms + run_steps[0],
+        let frame_period_ms = frame_period(&self.model) * 1e3;
+        self.runs.push(Run {
+            seconds_per_audio_second: total / (audio.len() as f64 / self.model.sample_rate() as f64),
+            first_audio_ms: (self.chunk_frames - 1) as f64 * frame_period_ms + run_steps[0],
             error: relative_l2(&audio, reference),
         });
-        step_ms.extend(run_steps);
+        self.step_ms.extend(run_steps);
     }
-    assert!(
-        !cuda_graph || decoder.graph_steps() > 0,
-        "no step replayed a CUDA graph: {:?}",
-        model.cuda_graphs().failure
-    );
-    let graph = if cuda_graph { " + CUDA graph" } else { "" };
-    row(
-        &format!("qwencodec core{graph}, chunk-frames {chunk_frames}"),
-        json!(tch::get_num_threads()),
-        &runs,
-        json!({"p50": percentile(&step_ms, 0.5), "p99": percentile(&step_ms, 0.99)}),
-    )
+
+    /// The row of the timed runs; `dtype_label` names the dtype where it is not the report's.
+    fn row(&self, dtype_label: &str) -> Value {
+        assert!(
+            !self.cuda_graph || self.decoder.graph_steps() > 0,
+            "no step replayed a CUDA graph: {:?}",
+            self.model.cuda_graphs().failure
+        );
+        let graph = if self.cuda_graph { " + CUDA graph" } else { "" };
+        row(
+            &format!(
+                "qwencodec core{graph}{dtype_label}, chunk-frames {}",
+                self.chunk_frames
+            ),
+            json!(tch::get_num_threads()),
+            &self.runs,
+            json!({"p50": percentile(&self.step_ms, 0.5), "p99": percentile(&self.step_ms, 0.99)}),
+        )
+    }
+}
+
+/// The core's row for `model`, and one for the `alongside` model (another dtype) whose runs
+/// alternate with its own, so that both see the same load on the machine.
+fn bench_core(
+    model: &Arc<Model>,
+    alongside: Option<&Arc<Model>>,
+    codes: &[i16],
+    chunk_frames: usize,
+    cuda_graph: bool,
+    reference: &[f32],
+    repeats: usize,
+) -> Vec<Value> {
+    let mut benches: Vec<CoreBench> = std::iter::once(model)
+        .chain(alongside)
+        .map(|model| CoreBench::new(model, chunk_frames, cuda_graph))
+        .collect();
+    // Run 0 is the warm-up.
+    for run in 0..=repeats {
+        for bench in &mut benches {
+            bench.run(codes, reference, run == 0);
+        }
+    }
+    benches
+        .iter()
+        .enumerate()
+        .map(|(index, bench)| {
+            let label = if index == 0 {
+                String::new()
+            } else {
+                format!(" in {} (alongside)", bench.model.dtype())
+            };
+            bench.row(&label)
+        })
+        .collect()
 }
 
 /// One run of the element in a fresh pipeline, fed one frame per buffer as fast as it takes
@@ -392,6 +452,38 @@ fn fmt(value: &Value, digits: usize) -> String {
         .map_or_else(|| "–".into(), |v| format!("{v:.digits$}"))
 }
 
+/// Per chunk size: how much longer the alongside dtype's core took than the report's dtype, from
+/// the same alternated runs.
+fn alongside_ratios(report: &Value, other: &str) -> String {
+    let dtype = report["dtype"].as_str().unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    let speed = |method: &str, statistic: &str| {
+        rows.iter()
+            .find(|r| r["method"] == method)
+            .and_then(|r| r["seconds_per_audio_second"][statistic].as_f64())
+    };
+    let mut md = format!(
+        "\nThe core in {other} alongside, its runs alternating with {dtype}'s: {other}'s time over {dtype}'s \
+         (above 1: {dtype} is faster).\n\n| chunk-frames | best | median |\n| ---: | ---: | ---: |\n"
+    );
+    for r in rows {
+        let method = r["method"].as_str().unwrap();
+        let Some(chunk) = method
+            .strip_prefix("qwencodec core, chunk-frames ")
+            .filter(|_| !method.contains("alongside"))
+        else {
+            continue;
+        };
+        let other_method = format!("qwencodec core in {other} (alongside), chunk-frames {chunk}");
+        let ratio = |statistic| match (speed(&other_method, statistic), speed(method, statistic)) {
+            (Some(theirs), Some(ours)) => format!("{:.2}x", theirs / ours),
+            _ => "–".into(),
+        };
+        md += &format!("| {chunk} | {} | {} |\n", ratio("best"), ratio("median"));
+    }
+    md
+}
+
 fn markdown(report: &Value) -> String {
     let mut md = String::new();
     let m = &report["machine"];
@@ -447,6 +539,9 @@ fn markdown(report: &Value) -> String {
             fmt(&r["first_audio_ms"]["median"], 1),
             r["relative_l2"].as_f64().unwrap(),
         );
+    }
+    if let Some(other) = report["alongside"].as_str() {
+        md += &alongside_ratios(report, other);
     }
     md += &format!(
         "\nState per stream (window full): {:.2} MiB. Process RSS growth per 100 open streams (each after \
@@ -519,11 +614,23 @@ fn main() {
     } else {
         &[false]
     };
+    let alongside = args
+        .alongside
+        .map(|dtype| Model::shared(&args.model, device, dtype).unwrap());
     for &chunk_frames in &args.chunks {
         for &cuda_graph in graph_choices {
-            let r = bench_core(&model, &codes, chunk_frames, cuda_graph, &reference, args.repeats);
-            eprintln!("{r}");
-            rows.push(r);
+            for r in bench_core(
+                &model,
+                alongside.as_ref(),
+                &codes,
+                chunk_frames,
+                cuda_graph,
+                &reference,
+                args.repeats,
+            ) {
+                eprintln!("{r}");
+                rows.push(r);
+            }
         }
     }
     for &chunk_frames in &args.chunks {
@@ -555,6 +662,7 @@ fn main() {
         "machine": machine,
         "device": args.device,
         "dtype": args.dtype.to_string(),
+        "alongside": args.alongside.map(|dtype| dtype.to_string()),
         "frames": frames,
         "audio_seconds": frames as f64 * frame_period(&model),
         "repeats": args.repeats,

@@ -253,26 +253,49 @@ fn one_model_per_checkpoint_device_and_dtype_is_shared_then_freed() {
     assert_eq!(reloaded.config(), other_dtype.config());
 }
 
-/// Half-precision weights and products (activations stay float32): float16 within 2e-2
-/// (relative L2) of the float64 expectation; both no worse than upstream's own forward in the
-/// same dtype. (These random-weight fixtures magnify rounding about 50-fold, so bfloat16's
-/// 8-bit mantissa lands at 2-7e-2 here, upstream's at 4-10e-2.)
+/// dtype f16 on the CPU rounds only the weights of the products bound by their bytes (packed
+/// to float16 for FBGEMM): activations, accumulation and the other weights stay float32. Where
+/// the checkpoint is stored in float16 or bfloat16 (exact in float16) nothing is rounded, so
+/// the decode matches at the float32 tolerance, which any rounding of activations would
+/// exceed; from float32 weights it stays under half of upstream's own float16 decode, which
+/// rounds every activation too.
 #[test]
-fn bf16_and_f16_compute_stay_close() {
+fn f16_on_cpu_rounds_only_the_weights() {
     for name in FIXTURES {
         let fixture = load_fixture(name);
-        for (dtype, bound) in [
-            (Dtype::F16, fixture.upstream_f16_error.min(2e-2)),
-            (Dtype::Bf16, fixture.upstream_bf16_error),
-        ] {
-            let model = Arc::new(Model::load(&fixture.dir, Device::Cpu, dtype).unwrap());
-            let mut decoder = StreamDecoder::new(model, 2, TailStrategy::Eager).unwrap();
-            let audio = decode_in_calls(&mut decoder, &fixture.codes, &[fixture.frames]);
-            let error = relative_l2(&audio, &fixture.audio);
-            assert!(
-                error <= bound,
-                "{name} in {dtype}: relative L2 error {error:.3e} above {bound:.3e}"
-            );
-        }
+        let model = Arc::new(Model::load(&fixture.dir, Device::Cpu, Dtype::F16).unwrap());
+        let mut decoder = StreamDecoder::new(model, 1, TailStrategy::Eager).unwrap();
+        let audio = decode_in_calls(&mut decoder, &fixture.codes, &[fixture.frames]);
+        let error = relative_l2(&audio, &fixture.audio);
+        let bound = if fixture.storage_dtype != "float32" {
+            fixture.tolerance()
+        } else {
+            (fixture.upstream_f16_error / 2.0).min(2e-2)
+        };
+        eprintln!("{name}: f16 on the CPU {error:.3e} (bound {bound:.3e})");
+        assert!(
+            error <= bound,
+            "{name} in f16 on the CPU: relative L2 error {error:.3e} above {bound:.3e}"
+        );
+    }
+}
+
+/// bfloat16 weights and products (activations stay float32 between products): no worse than
+/// upstream's own bfloat16 forward. (These random-weight fixtures magnify rounding about
+/// 50-fold, so bfloat16's 8-bit mantissa lands at 2-7e-2 here, upstream's at 4-10e-2.)
+#[test]
+fn bf16_compute_stays_within_upstreams_bf16() {
+    for name in FIXTURES {
+        let fixture = load_fixture(name);
+        let model = Arc::new(Model::load(&fixture.dir, Device::Cpu, Dtype::Bf16).unwrap());
+        let mut decoder = StreamDecoder::new(model, 2, TailStrategy::Eager).unwrap();
+        let audio = decode_in_calls(&mut decoder, &fixture.codes, &[fixture.frames]);
+        let error = relative_l2(&audio, &fixture.audio);
+        let bound = fixture.upstream_bf16_error;
+        eprintln!("{name}: bf16 {error:.3e} (bound {bound:.3e})");
+        assert!(
+            error <= bound,
+            "{name} in bf16: relative L2 error {error:.3e} above {bound:.3e}"
+        );
     }
 }

@@ -61,10 +61,13 @@ pub struct WeightFile {
     metadata: Metadata,
     device: Device,
     kind: Kind,
+    packs_f16: bool,
 }
 
 impl WeightFile {
-    pub fn open(path: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
+    /// `packs_f16`: the network packs its weight-bound product weights to float16 (see
+    /// [`Weights::packs_f16`]).
+    pub fn open(path: &Path, device: Device, kind: Kind, packs_f16: bool) -> Result<Self, ModelError> {
         let file = File::open(path).map_err(|source| ModelError::Io {
             path: path.to_owned(),
             source,
@@ -89,6 +92,7 @@ impl WeightFile {
             metadata,
             device,
             kind,
+            packs_f16,
         })
     }
 
@@ -97,6 +101,7 @@ impl WeightFile {
         Weights {
             file: self,
             prefix: String::new(),
+            columns_per_frame: 1,
         }
     }
 
@@ -140,6 +145,8 @@ impl WeightFile {
 pub struct Weights<'a> {
     file: &'a WeightFile,
     prefix: String,
+    /// Columns of the layer's input per frame of codes (1 up to the upsampler).
+    columns_per_frame: usize,
 }
 
 impl<'a> Weights<'a> {
@@ -153,6 +160,7 @@ impl<'a> Weights<'a> {
         Weights {
             file: self.file,
             prefix,
+            columns_per_frame: self.columns_per_frame,
         }
     }
 
@@ -173,5 +181,27 @@ impl<'a> Weights<'a> {
     /// The compute kind that [`Self::get`] converts to.
     pub fn kind(&self) -> Kind {
         self.file.kind
+    }
+
+    /// The same layer, its input at `columns` per frame of codes (the sub-layers inherit it).
+    pub fn at_rate(&self, columns: usize) -> Weights<'a> {
+        Weights {
+            columns_per_frame: columns,
+            ..self.clone()
+        }
+    }
+
+    pub fn columns_per_frame(&self) -> usize {
+        self.columns_per_frame
+    }
+
+    /// Whether a product layer here with `in_features` inputs per column packs its weight to
+    /// float16, where weights are packed at all (dtype f16 on the CPU): those whose products
+    /// at one frame per step are bound by the weight's bytes, having few columns against many
+    /// inputs (at least 16 inputs per column; a convolution's inputs count every tap). The
+    /// others, the vocoder's late layers, are bound by arithmetic, where FBGEMM's float16
+    /// product is slower than float32's, and stay float32.
+    pub fn packs_f16(&self, in_features: usize) -> bool {
+        self.file.packs_f16 && self.columns_per_frame * 16 <= in_features
     }
 }

@@ -75,12 +75,18 @@ pub enum DecodeError {
     Torch(#[from] tch::TchError),
 }
 
-/// Precision the network computes in.
+/// Precision the network computes in. Activations, states and element-wise math are float32
+/// in every dtype; the dtypes differ in the weights and the products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Dtype {
+    /// float32 throughout.
     #[default]
     F32,
+    /// bfloat16 weights, products in bfloat16 (their inputs rounded to it).
     Bf16,
+    /// float16 weights. On the CPU only the weights of the products bound by their bytes are
+    /// rounded, and those products keep float32 activations and accumulation (FBGEMM); on CUDA
+    /// products run in float16.
     F16,
 }
 
@@ -164,7 +170,11 @@ impl Model {
         let files = CheckpointFiles::locate(path)?;
         let config = DecoderConfig::from_file(&files.config)?;
         executor::run(device, || {
-            let weights = WeightFile::open(&files.weights, device, dtype.kind())?;
+            // f16 on the CPU rounds only the large product weights, which the network packs
+            // for FBGEMM: everything is read in float32.
+            let f16_on_cpu = dtype == Dtype::F16 && device == Device::Cpu;
+            let kind = if f16_on_cpu { Kind::Float } else { dtype.kind() };
+            let weights = WeightFile::open(&files.weights, device, kind, f16_on_cpu)?;
             Ok(Self {
                 network: Network::load(&weights, &config)?,
                 engine: Engine::new(device),

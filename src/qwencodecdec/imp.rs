@@ -132,7 +132,11 @@ impl ObjectImpl for QwenCodecDec {
                     .build(),
                 glib::ParamSpecEnum::builder_with_default("dtype", Settings::default().dtype)
                     .nick("Data type")
-                    .blurb("Precision of the decoder's computation; read at NULL→READY")
+                    .blurb(
+                        "Precision of the decoder's computation: f32; f16 (float16 weights; on the CPU with \
+                         float32 activations, the precise reduced mode); bf16 (bfloat16 weights and \
+                         products, the fast one); read at NULL→READY",
+                    )
                     .build(),
                 glib::ParamSpecUInt::builder("chunk-frames")
                     .nick("Chunk frames")

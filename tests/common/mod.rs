@@ -150,6 +150,8 @@ pub struct Fixture {
     /// The same for upstream's bfloat16 and float16 forwards.
     pub upstream_bf16_error: f64,
     pub upstream_f16_error: f64,
+    /// How the checkpoint stores its weights: float32, bfloat16 or float16.
+    pub storage_dtype: String,
 }
 
 /// Every committed fixture, each a different geometry.
@@ -205,6 +207,7 @@ pub fn load_fixture_in(name: &'static str, dir: PathBuf) -> Fixture {
         upstream_f32_error: number("upstream_f32_rel_l2"),
         upstream_bf16_error: number("upstream_bf16_rel_l2"),
         upstream_f16_error: number("upstream_f16_rel_l2"),
+        storage_dtype: meta["storage_dtype"].clone(),
     }
 }
 

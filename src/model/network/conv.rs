@@ -3,7 +3,7 @@
 
 use tch::Tensor;
 
-use super::ops::{project, with_weights};
+use super::ops::{Matrix, with_weights};
 use super::{State, StateLayout, TorchResult};
 use crate::model::ModelError;
 use crate::model::checkpoint::Weights;
@@ -33,12 +33,12 @@ impl ConvShape {
 
 /// A 1-D convolution padded causally: `(kernel - 1) * dilation` columns of the past on the left.
 pub struct CausalConv {
-    weight: Tensor,
-    /// The weight as one [out, in * kernel] matrix (a view), for short inputs (see `forward`).
-    weight_matrix: Tensor,
-    bias: Tensor,
-    /// The bias as a column, [out, 1].
-    bias_column: Tensor,
+    /// [out, in / groups, kernel] and [out], for the convolution kernels; none where the matrix
+    /// is packed, which is then always multiplied as a matrix.
+    kernel_weights: Option<(Tensor, Tensor)>,
+    /// A dense convolution's weight as one [out, in * kernel] matrix (for plain weights a view)
+    /// and its bias, for short inputs (see `forward`).
+    matrix: Option<Matrix>,
     in_channels: i64,
     kernel: i64,
     dilation: i64,
@@ -60,13 +60,21 @@ impl CausalConv {
         let weights = weights.at("conv");
         let context = (kernel - 1) * dilation;
         let weight = weights.get("weight", &[out_channels, in_channels / groups, kernel])?;
-        let weight_matrix = weight.f_view([out_channels as i64, -1])?;
         let bias = weights.get("bias", &[out_channels])?;
+        // Grouped convolutions have no matrix form.
+        let matrix = if groups == 1 {
+            Some(Matrix::new(
+                weight.f_view([out_channels as i64, -1])?,
+                Some(bias.shallow_clone()),
+                weights.packs_f16(in_channels * kernel),
+            )?)
+        } else {
+            None
+        };
+        let packed = matrix.as_ref().is_some_and(Matrix::is_packed);
         Ok(Self {
-            weight,
-            weight_matrix,
-            bias_column: bias.f_view([-1, 1])?,
-            bias,
+            kernel_weights: (!packed).then_some((weight, bias)),
+            matrix,
             in_channels: in_channels as i64,
             kernel: kernel as i64,
             dilation: dilation as i64,
@@ -89,30 +97,32 @@ impl CausalConv {
             None => x.shallow_clone(),
         };
         let (batch, columns) = (x.size()[0], x.size()[2]);
-        with_weights(&input, self.weight.kind(), |input| {
-            // As one matrix product over the gathered taps: on CPU where the weight dominates
-            // (few output columns against many input channels: the low-rate layers of a small
-            // step), as it reads the weight faster than the convolution kernels do; on CUDA
-            // always, as cuBLAS keeps float32 exact where cuDNN defaults to TF32.
-            let rows = batch * columns;
-            if self.groups == 1 && (input.device().is_cuda() || rows * 16 <= self.in_channels) {
-                // [B, in, T, taps] -> [B * T, in * kernel]
-                let taps = input
-                    .f_unfold(2, self.context + 1, 1)?
-                    .f_slice(3, 0, self.context + 1, self.dilation)?
-                    .f_permute([0, 2, 1, 3])?
-                    .f_reshape([rows, self.in_channels * self.kernel])?;
-                let product = project(&self.weight_matrix, &taps, Some(&self.bias_column))?;
-                return product.f_view([-1, batch, columns])?.f_permute([1, 0, 2]);
-            }
-            input.f_conv1d(
-                &self.weight,
-                Some(&self.bias),
-                [1],
-                [0],
-                [self.dilation],
-                self.groups,
-            )
+        // As one matrix product over the gathered taps: on CPU where the weight dominates (few
+        // output columns against many input channels: the low-rate layers of a small step), as
+        // it reads the weight faster than the convolution kernels do; on CUDA always, as cuBLAS
+        // keeps float32 exact where cuDNN defaults to TF32; packed weights always.
+        let rows = batch * columns;
+        if let Some(matrix) = &self.matrix
+            && (matrix.is_packed() || input.device().is_cuda() || rows * 16 <= self.in_channels)
+        {
+            // [B, in, T, taps] -> [B * T, in * kernel]
+            let taps = input
+                .f_unfold(2, self.context + 1, 1)?
+                .f_slice(3, 0, self.context + 1, self.dilation)?
+                .f_permute([0, 2, 1, 3])?
+                .f_reshape([rows, self.in_channels * self.kernel])?;
+            // [B * T, out] -> [B, out, T]
+            return matrix
+                .forward(&taps)?
+                .f_reshape([batch, columns, -1])?
+                .f_permute([0, 2, 1]);
+        }
+        let (weight, bias) = self
+            .kernel_weights
+            .as_ref()
+            .expect("convolutions without a packed matrix keep their kernel weights");
+        with_weights(&input, weight.kind(), |input| {
+            input.f_conv1d(weight, Some(bias), [1], [0], [self.dilation], self.groups)
         })
     }
 }
@@ -122,7 +132,7 @@ impl CausalConv {
 /// also adds into the next column's block: that overlap is carried to the next step.
 pub struct CausalTransConv {
     /// [out * kernel, in]: row `o * kernel + j` is output channel `o`'s tap `j`.
-    weight_matrix: Tensor,
+    matrix: Matrix,
     bias: Tensor,
     out_channels: i64,
     stride: i64,
@@ -144,10 +154,14 @@ impl CausalTransConv {
         let weights = weights.at("conv");
         let weight = weights.get("weight", &[in_channels, out_channels, kernel])?;
         Ok(Self {
-            weight_matrix: weight
-                .f_reshape([in_channels as i64, -1])?
-                .f_transpose(0, 1)?
-                .f_contiguous()?,
+            matrix: Matrix::new(
+                weight
+                    .f_reshape([in_channels as i64, -1])?
+                    .f_transpose(0, 1)?
+                    .f_contiguous()?,
+                None,
+                weights.packs_f16(in_channels),
+            )?,
             bias: weights.get("bias", &[out_channels])?.f_view([1, -1, 1])?,
             out_channels: out_channels as i64,
             stride: stride as i64,
@@ -161,12 +175,11 @@ impl CausalTransConv {
     pub fn forward(&self, x: &Tensor, state: &mut State) -> TorchResult<Tensor> {
         let (batch, columns) = (x.size()[0], x.size()[2]);
         // [out, kernel, B, T]: what each new input column contributes to each output tap.
-        let taps = with_weights(
-            &x.f_transpose(1, 2)?.f_flatten(0, 1)?,
-            self.weight_matrix.kind(),
-            |rows| project(&self.weight_matrix, rows, None),
-        )?
-        .f_view([self.out_channels, self.kernel, batch, columns])?;
+        let taps = self
+            .matrix
+            .forward(&x.f_transpose(1, 2)?.f_flatten(0, 1)?)?
+            .f_reshape([batch, columns, self.out_channels, self.kernel])?
+            .f_permute([2, 3, 0, 1])?;
         let mut blocks = taps.f_narrow(1, 0, self.stride)?;
         if let Some(slot) = self.slot {
             // Block t also gets the second half of column t - 1's taps; the first block gets

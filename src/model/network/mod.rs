@@ -8,6 +8,7 @@
 //! so the same tables serve every row whatever its age.
 
 mod conv;
+mod fp16_gemm;
 mod ops;
 mod quantizer;
 mod transformer;
@@ -30,8 +31,9 @@ pub use transformer::StepTables;
 type TorchResult<T> = Result<T, tch::TchError>;
 
 /// Activations, states and element-wise math are float32 whatever the dtype asked for; the
-/// weight products run in the weights' kind (bf16/f16 halve the weight traffic). Keeping
-/// activations in float32 matters: SnakeBeta's sin(exp(alpha) * x) magnifies the rounding of x.
+/// weight products run in the weights' kind (bf16/f16 halve the weight traffic), except f16 on
+/// the CPU, whose products keep float32 activations (`ops::Matrix`). Keeping activations in
+/// float32 matters: SnakeBeta's sin(exp(alpha) * x) magnifies the rounding of x.
 const ACTIVATION_KIND: Kind = Kind::Float;
 
 /// Shapes of the per-stream context tensors: one entry per stateful convolution, in network
@@ -182,10 +184,15 @@ impl Network {
             .iter()
             .enumerate()
             .map(|(i, &ratio)| {
-                UpsampleStage::load(&weights.at("upsample").at(i), &mut layout, c.latent_dim, ratio)
+                let columns = c.upsampling_ratios[..i].iter().product();
+                let stage = weights.at("upsample").at(i).at_rate(columns);
+                UpsampleStage::load(&stage, &mut layout, c.latent_dim, ratio)
             })
             .collect::<Result<_, _>>()?;
-        let vocoder = Vocoder::load(&weights.at("decoder"), &mut layout, c)?;
+        let vocoder_weights = weights
+            .at("decoder")
+            .at_rate(c.upsampling_ratios.iter().product());
+        let vocoder = Vocoder::load(&vocoder_weights, &mut layout, c)?;
         Ok(Self {
             config: c.clone(),
             device: weights.device(),

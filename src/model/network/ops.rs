@@ -3,6 +3,7 @@
 
 use tch::{Device, Kind, Tensor};
 
+use super::fp16_gemm::Fp16Matrix;
 use super::{ACTIVATION_KIND, TorchResult};
 use crate::model::ModelError;
 use crate::model::checkpoint::Weights;
@@ -48,13 +49,59 @@ pub fn project(weight: &Tensor, rows: &Tensor, bias: Option<&Tensor>) -> TorchRe
     }
 }
 
-pub struct Linear {
-    weight: Tensor,
-    /// [out, 1]
-    bias: Option<Tensor>,
+/// A weight [out, in] and its bias, multiplied with rows of float32 activations.
+pub enum Matrix {
+    /// In the compute kind: activations are cast to it for the product ([`with_weights`]).
+    Plain {
+        weight: Tensor,
+        /// [out, 1]
+        bias: Option<Tensor>,
+    },
+    /// float16 on the CPU (dtype f16), packed for FBGEMM: activations and accumulation stay
+    /// float32, so only the weights are rounded (bfloat16 or float16 activations would round
+    /// every input of every product, which the vocoder magnifies).
+    Fp16(Fp16Matrix),
 }
 
-impl Linear {
+impl Matrix {
+    /// `weight` [out, in] and `bias` [out], in the compute kind; with `pack_f16` (see
+    /// [`Weights::packs_f16`]) packed to float16.
+    pub fn new(weight: Tensor, bias: Option<Tensor>, pack_f16: bool) -> TorchResult<Self> {
+        if pack_f16 {
+            return Ok(Self::Fp16(Fp16Matrix::pack(&weight, bias.as_ref())?));
+        }
+        Ok(Self::Plain {
+            weight,
+            bias: bias.map(|bias| bias.f_view([-1, 1])).transpose()?,
+        })
+    }
+
+    /// Whether the weight is packed: there are no convolution kernels for it, so a
+    /// convolution always multiplies it as a matrix.
+    pub fn is_packed(&self) -> bool {
+        matches!(self, Self::Fp16(_))
+    }
+
+    /// `rows` [R, in] float32 -> [R, out] float32 (for plain weights, a transposed view).
+    pub fn forward(&self, rows: &Tensor) -> TorchResult<Tensor> {
+        match self {
+            Self::Plain { weight, bias } => {
+                with_weights(rows, weight.kind(), |rows| project(weight, rows, bias.as_ref()))?
+                    .f_transpose(0, 1)
+            }
+            Self::Fp16(matrix) => matrix.forward(rows),
+        }
+    }
+}
+
+/// A linear layer's weight and bias as read, before they become a [`Linear`].
+pub struct LinearWeights {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    pack_f16: bool,
+}
+
+impl LinearWeights {
     pub fn load(
         weights: &Weights,
         in_features: usize,
@@ -63,33 +110,56 @@ impl Linear {
     ) -> Result<Self, ModelError> {
         Ok(Self {
             weight: weights.get("weight", &[out_features, in_features])?,
-            bias: if bias {
-                Some(weights.get("bias", &[out_features])?.f_view([-1, 1])?)
-            } else {
-                None
-            },
+            bias: bias.then(|| weights.get("bias", &[out_features])).transpose()?,
+            pack_f16: weights.packs_f16(in_features),
         })
     }
 
     /// One layer computing all of `parts` (same input), their outputs one after another.
-    pub fn stacked(parts: &[Linear]) -> TorchResult<Self> {
+    pub fn stacked(parts: &[LinearWeights]) -> TorchResult<Self> {
         let weights: Vec<&Tensor> = parts.iter().map(|part| &part.weight).collect();
         let biases: Option<Vec<&Tensor>> = parts.iter().map(|part| part.bias.as_ref()).collect();
         Ok(Self {
             weight: Tensor::f_cat(&weights, 0)?,
             bias: biases.map(|biases| Tensor::f_cat(&biases, 0)).transpose()?,
+            // Parts share their input, so they are kept alike.
+            pack_f16: parts[0].pack_f16,
         })
+    }
+}
+
+pub struct Linear {
+    matrix: Matrix,
+}
+
+impl Linear {
+    pub fn new(weights: LinearWeights) -> TorchResult<Self> {
+        Ok(Self {
+            matrix: Matrix::new(weights.weight, weights.bias, weights.pack_f16)?,
+        })
+    }
+
+    pub fn load(
+        weights: &Weights,
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+    ) -> Result<Self, ModelError> {
+        Ok(Self::new(LinearWeights::load(
+            weights,
+            in_features,
+            out_features,
+            bias,
+        )?)?)
     }
 
     /// `x`: [B, T, in] -> [B, T, out].
     pub fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
         let (batch, steps) = (x.size()[0], x.size()[1]);
-        with_weights(x, self.weight.kind(), |x| {
-            project(&self.weight, &x.f_flatten(0, 1)?, self.bias.as_ref())?
-                .f_transpose(0, 1)?
-                .f_contiguous()?
-                .f_view([batch, steps, -1])
-        })
+        self.matrix
+            .forward(&x.f_flatten(0, 1)?)?
+            .f_contiguous()?
+            .f_view([batch, steps, -1])
     }
 }
 

@@ -3,7 +3,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::ops::{Linear, RmsNorm};
+use super::ops::{Linear, LinearWeights, RmsNorm};
 use super::{ACTIVATION_KIND, State, TorchResult};
 use crate::model::ModelError;
 use crate::model::checkpoint::Weights;
@@ -179,20 +179,20 @@ impl TransformerLayer {
         let mlp = weights.at("mlp");
         Ok(Self {
             input_norm: RmsNorm::load(&weights.at("input_layernorm"), hidden, eps)?,
-            qkv_proj: Linear::stacked(&[
-                Linear::load(&attention.at("q_proj"), hidden, q_width, bias)?,
-                Linear::load(&attention.at("k_proj"), hidden, kv_width, bias)?,
-                Linear::load(&attention.at("v_proj"), hidden, kv_width, bias)?,
-            ])?,
+            qkv_proj: Linear::new(LinearWeights::stacked(&[
+                LinearWeights::load(&attention.at("q_proj"), hidden, q_width, bias)?,
+                LinearWeights::load(&attention.at("k_proj"), hidden, kv_width, bias)?,
+                LinearWeights::load(&attention.at("v_proj"), hidden, kv_width, bias)?,
+            ])?)?,
             o_proj: Linear::load(&attention.at("o_proj"), q_width, hidden, bias)?,
             attention_scale: weights
                 .at("self_attn_layer_scale")
                 .get_as("scale", &[hidden], Kind::Float)?,
             post_attention_norm: RmsNorm::load(&weights.at("post_attention_layernorm"), hidden, eps)?,
-            gate_up_proj: Linear::stacked(&[
-                Linear::load(&mlp.at("gate_proj"), hidden, intermediate, false)?,
-                Linear::load(&mlp.at("up_proj"), hidden, intermediate, false)?,
-            ])?,
+            gate_up_proj: Linear::new(LinearWeights::stacked(&[
+                LinearWeights::load(&mlp.at("gate_proj"), hidden, intermediate, false)?,
+                LinearWeights::load(&mlp.at("up_proj"), hidden, intermediate, false)?,
+            ])?)?,
             down_proj: Linear::load(&mlp.at("down_proj"), intermediate, hidden, false)?,
             mlp_scale: weights
                 .at("mlp_layer_scale")

@@ -25,7 +25,11 @@ impl UpsampleStage {
     ) -> Result<Self, ModelError> {
         Ok(Self {
             upsample: CausalTransConv::load(&weights.at(0), layout, channels, channels, ratio, ratio)?,
-            convnext: ConvNeXt::load(&weights.at(1), layout, channels)?,
+            convnext: ConvNeXt::load(
+                &weights.at(1).at_rate(weights.columns_per_frame() * ratio),
+                layout,
+                channels,
+            )?,
         })
     }
 

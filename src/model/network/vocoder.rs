@@ -28,16 +28,25 @@ impl Vocoder {
             .upsample_rates
             .iter()
             .enumerate()
-            .map(|(i, &rate)| DecoderBlock::load(&weights.at(i + 1), layout, c.decoder_dim >> i, rate))
+            .map(|(i, &rate)| {
+                let columns = weights.columns_per_frame() * c.upsample_rates[..i].iter().product::<usize>();
+                DecoderBlock::load(
+                    &weights.at(i + 1).at_rate(columns),
+                    layout,
+                    c.decoder_dim >> i,
+                    rate,
+                )
+            })
             .collect::<Result<_, _>>()?;
         let n = c.upsample_rates.len();
+        let output_rate = weights.columns_per_frame() * c.upsample_rates.iter().product::<usize>();
         let output_channels = c.decoder_dim >> n;
         Ok(Self {
             input_conv,
             blocks,
             final_act: SnakeBeta::load(&weights.at(n + 1), output_channels)?,
             final_conv: CausalConv::load(
-                &weights.at(n + 2),
+                &weights.at(n + 2).at_rate(output_rate),
                 layout,
                 ConvShape::dense(output_channels, 1, 7),
             )?,
@@ -74,10 +83,18 @@ impl DecoderBlock {
         let act = SnakeBeta::load(&weights.at(0), in_channels)?;
         let upsample =
             CausalTransConv::load(&weights.at(1), layout, in_channels, out_channels, 2 * rate, rate)?;
+        let upsampled = weights.columns_per_frame() * rate;
         let units = [1, 3, 9]
             .into_iter()
             .enumerate()
-            .map(|(i, dilation)| ResidualUnit::load(&weights.at(i + 2), layout, out_channels, dilation))
+            .map(|(i, dilation)| {
+                ResidualUnit::load(
+                    &weights.at(i + 2).at_rate(upsampled),
+                    layout,
+                    out_channels,
+                    dilation,
+                )
+            })
             .collect::<Result<_, _>>()?;
         Ok(Self { act, upsample, units })
     }
