@@ -207,7 +207,11 @@ impl SnakeBeta {
 
     /// `x`: [B, channels, T].
     pub fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
-        let wave = x.f_mul(&self.frequency)?.f_sin()?.f_square()?;
-        x.f_add(&wave.f_mul(&self.inverse_magnitude)?)
+        // Two new tensors and four passes: the late blocks run this on hundreds of thousands of
+        // samples a frame, where each pass and allocation counts.
+        let mut wave = x.f_mul(&self.frequency)?;
+        _ = wave.f_sin_()?;
+        _ = wave.f_square_()?;
+        x.f_addcmul(&wave, &self.inverse_magnitude)
     }
 }

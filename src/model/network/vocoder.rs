@@ -140,7 +140,7 @@ impl ResidualUnit {
 
     fn forward(&self, x: &Tensor, state: &mut State) -> TorchResult<Tensor> {
         let h = self.conv1.forward(&self.act1.forward(x)?, state)?;
-        let h = self.conv2.forward(&self.act2.forward(&h)?, state)?;
-        x.f_add(&h)
+        let mut h = self.conv2.forward(&self.act2.forward(&h)?, state)?;
+        h.f_add_(x)
     }
 }
