@@ -64,8 +64,9 @@ pub struct StreamDecoder {
     chunk_frames: usize,
     tail: TailStrategy,
     limits: StepLimits,
-    /// This stream's row of the model's state arena.
+    /// This stream's row of the model's state arena, and its size.
     row: i64,
+    row_bytes: usize,
     /// Codes of the frames waiting for a full step, frame-major.
     pending: Vec<i16>,
     frames_in: u64,
@@ -85,12 +86,14 @@ impl StreamDecoder {
     pub fn new(model: Arc<Model>, chunk_frames: usize, tail: TailStrategy) -> Result<Self, DecodeError> {
         assert!(chunk_frames > 0, "chunk_frames must be positive");
         let row = model.engine().new_row(model.network())?;
+        let row_bytes = model.engine().row_bytes();
         Ok(Self {
             model,
             chunk_frames,
             tail,
             limits: StepLimits::default(),
             row,
+            row_bytes,
             pending: Vec::new(),
             frames_in: 0,
             steps: 0,
@@ -160,7 +163,7 @@ impl StreamDecoder {
     /// Bytes this stream holds besides the shared weights: its row of convolution contexts and
     /// KV window, and waiting codes.
     pub fn state_bytes(&self) -> usize {
-        self.model.engine().row_bytes() + std::mem::size_of_val(self.pending.as_slice())
+        self.row_bytes + std::mem::size_of_val(self.pending.as_slice())
     }
 
     fn codebooks(&self) -> usize {
