@@ -45,33 +45,9 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The built example, refused when older than its sources: it would not be what is tested.
+/// The built example `name` (from `examples/{name}.rs` and the examples' common code).
 fn example(name: &str) -> PathBuf {
-    let binary = common::build_dir().join("examples").join(name);
-    let built = std::fs::metadata(&binary)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|_| {
-            panic!(
-                "{} is missing: a plain cargo test builds it, or cargo build --examples",
-                binary.display()
-            )
-        });
-    for source in [
-        format!("examples/{name}.rs"),
-        "examples/common/mod.rs".into(),
-        "examples/common/webrtc.rs".into(),
-    ] {
-        let changed = std::fs::metadata(root().join(&source))
-            .unwrap()
-            .modified()
-            .unwrap();
-        assert!(
-            changed <= built,
-            "{} is older than {source}: rebuild the examples (cargo build --examples)",
-            binary.display()
-        );
-    }
-    binary
+    common::built_example(name, &[&format!("examples/{name}.rs"), "examples/common"])
 }
 
 /// The first `FRAMES` frames of the release-tiny fixture's codes, in a file.

@@ -66,35 +66,16 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The built server, refused when older than its sources: it would not be what is tested.
+/// The built server, from its folder, its page and the examples' common code.
 fn server_binary() -> PathBuf {
-    let binary = super::common::build_dir().join("examples/tts-server");
-    let built = std::fs::metadata(&binary)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|_| {
-            panic!(
-                "{} is missing: a plain cargo test builds it, or cargo build --release --examples",
-                binary.display()
-            )
-        });
-    for folder in [
-        "examples/tts-server",
-        "examples/tts-server/page",
-        "examples/common",
-    ] {
-        for entry in std::fs::read_dir(root().join(folder)).unwrap() {
-            let entry = entry.unwrap();
-            if entry.file_type().unwrap().is_file() {
-                assert!(
-                    entry.metadata().unwrap().modified().unwrap() <= built,
-                    "{} is older than {}: rebuild the examples",
-                    binary.display(),
-                    entry.path().display()
-                );
-            }
-        }
-    }
-    binary
+    super::common::built_example(
+        "tts-server",
+        &[
+            "examples/tts-server",
+            "examples/tts-server/page",
+            "examples/common",
+        ],
+    )
 }
 
 /// A running `tts-server` with the bundled test checkpoint; its log is kept.

@@ -289,6 +289,42 @@ pub fn run_script(script: &str, args: &[&Path], env: &[(&str, &str)]) {
 
 /// target/<profile>, where the plugin (and the examples) are built beside the test binary's
 /// deps/ folder: for child processes.
+/// The built example `name`, refused when older than any of `sources` (files, or folders whose
+/// files all count; relative to the repository): it would not be what is tested.
+pub fn built_example(name: &str, sources: &[&str]) -> PathBuf {
+    let binary = build_dir().join("examples").join(name);
+    let built = std::fs::metadata(&binary)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} is missing: a plain cargo test builds it, or cargo build --release --examples",
+                binary.display()
+            )
+        });
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for source in sources.iter().map(|source| root.join(source)) {
+        let files: Vec<PathBuf> = if source.is_dir() {
+            std::fs::read_dir(&source)
+                .unwrap()
+                .map(|entry| entry.unwrap().path())
+                .filter(|path| path.is_file())
+                .collect()
+        } else {
+            vec![source]
+        };
+        for file in files {
+            let changed = std::fs::metadata(&file).unwrap().modified().unwrap();
+            assert!(
+                changed <= built,
+                "{} is older than {}: rebuild the examples (cargo build --release --examples)",
+                binary.display(),
+                file.display()
+            );
+        }
+    }
+    binary
+}
+
 pub fn build_dir() -> PathBuf {
     let dir = std::env::current_exe()
         .unwrap()
