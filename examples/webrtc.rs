@@ -27,7 +27,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::webrtc::loopback_webrtcbin;
+use common::webrtc::{loopback_webrtcbin, opus_rtp_caps};
 use common::{Codes, Options, ms};
 use gst::glib;
 use gst::prelude::*;
@@ -80,13 +80,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         .property("model-path", model.to_str().ok_or("the model path is not UTF-8")?)
         .property("device", &device)
         .build()?;
-    let rtp_caps = gst::Caps::builder("application/x-rtp")
-        .field("media", "audio")
-        .field("encoding-name", "OPUS")
-        .field("payload", 96i32)
-        .field("clock-rate", 48_000i32)
-        .field("encoding-params", "2")
-        .build();
+    let rtp_caps = opus_rtp_caps();
     let send_chain = [
         appsrc.upcast_ref(),
         &decoder,

@@ -16,16 +16,22 @@ fn good_then_bad(fixture: &common::Fixture) -> (Vec<u8>, Vec<u8>) {
     (good, code_bytes(&bad))
 }
 
+/// `element`'s bus, and a harness around it playing the fixture's caps.
+fn playing(element: &gst::Element, fixture: &common::Fixture) -> (gst::Bus, gst_check::Harness) {
+    let bus = bus_for(element);
+    let mut h = gst_check::Harness::with_element(element, Some("sink"), Some("src"));
+    h.set_src_caps(fixture.caps());
+    h.play();
+    (bus, h)
+}
+
 #[test]
 fn an_invalid_code_is_an_error_by_default() {
     init();
     let fixture = load_fixture("gqa-bias");
     let element = decoder(&fixture.dir, &[]);
     assert_eq!(element.property::<i32>("max-errors"), 0);
-    let bus = bus_for(&element);
-    let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
-    h.set_src_caps(fixture.caps());
-    h.play();
+    let (bus, mut h) = playing(&element, &fixture);
     let (good, bad) = good_then_bad(&fixture);
     h.push(buffer(&good, None)).unwrap();
     assert_eq!(h.push(buffer(&bad, None)), Err(gst::FlowError::Error));
@@ -39,10 +45,7 @@ fn with_max_errors_a_buffer_with_an_invalid_code_is_dropped() {
     init();
     let fixture = load_fixture("gqa-bias");
     let element = decoder(&fixture.dir, &[("max-errors", &-1i32)]);
-    let bus = bus_for(&element);
-    let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
-    h.set_src_caps(fixture.caps());
-    h.play();
+    let (bus, mut h) = playing(&element, &fixture);
     let (good, bad) = good_then_bad(&fixture);
     h.push(buffer(&good, None)).unwrap();
     h.push(buffer(&bad, None)).unwrap();

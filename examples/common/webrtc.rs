@@ -1,5 +1,5 @@
-//! What the WebRTC examples share: a `webrtcbin` whose ICE stays on 127.0.0.1, and SDP text to
-//! and from webrtcbin's session descriptions.
+//! What the WebRTC examples share: the Opus RTP caps, a `webrtcbin` whose ICE stays on 127.0.0.1,
+//! and SDP text to and from webrtcbin's session descriptions.
 //!
 //! Both go through a few C calls: libnice has no property for the addresses it gathers on, and
 //! `GstWebRTCSessionDescription` is a plain C struct in libgstwebrtc, whose Rust bindings would
@@ -11,6 +11,18 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use gst::glib;
 use gst::glib::translate::{ToGlibPtr, ToGlibPtrMut};
 use gst::prelude::*;
+
+/// The RTP caps of the Opus stream the examples send (payload 96; Opus on RTP always states 2
+/// channels).
+pub fn opus_rtp_caps() -> gst::Caps {
+    gst::Caps::builder("application/x-rtp")
+        .field("media", "audio")
+        .field("encoding-name", "OPUS")
+        .field("payload", 96i32)
+        .field("clock-rate", 48_000i32)
+        .field("encoding-params", "2")
+        .build()
+}
 
 /// A `webrtcbin` that bundles its media and gathers ICE candidates on 127.0.0.1 only, with no
 /// STUN or TURN server and no UPnP: nothing it sends leaves the machine.

@@ -13,7 +13,7 @@ use gst::prelude::*;
 use gstqwencodec::model::{DecoderConfig, Model};
 use serde_json::json;
 
-use crate::common::webrtc::{SdpKind, description_from_sdp, loopback_webrtcbin, sdp_of};
+use crate::common::webrtc::{SdpKind, description_from_sdp, loopback_webrtcbin, opus_rtp_caps, sdp_of};
 use crate::log;
 
 /// Frames that come later than the end of the speech before them by up to this much still
@@ -130,13 +130,7 @@ impl Session {
             .format(gst::Format::Time)
             .is_live(true)
             .build();
-        let rtp_caps = gst::Caps::builder("application/x-rtp")
-            .field("media", "audio")
-            .field("encoding-name", "OPUS")
-            .field("payload", 96i32)
-            .field("clock-rate", 48_000i32)
-            .field("encoding-params", "2")
-            .build();
+        let rtp_caps = opus_rtp_caps();
         let make = |factory: &str| {
             gst::ElementFactory::make(factory)
                 .build()
