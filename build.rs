@@ -5,7 +5,9 @@ fn main() {
     gst_plugin_version_helper::info();
     println!("cargo::rustc-check-cfg=cfg(cuda_graphs)");
     println!("cargo::rerun-if-changed=src/model/cuda_graph.cpp");
-    println!("cargo::rerun-if-changed=src/model/network/fp16_gemm.cpp");
+    for shim in ["shim.h", "fp16_gemm.cpp", "skinny_gemm.cpp"] {
+        println!("cargo::rerun-if-changed=src/model/network/{shim}");
+    }
 
     // torch-sys tells its dependents where the libtorch it linked lives (and the shims need
     // its headers).
@@ -13,7 +15,7 @@ fn main() {
         PathBuf::from(env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys gives its libtorch's lib folder"));
     // Let the plugin (and the tests) find libtorch at run time without LD_LIBRARY_PATH.
     println!("cargo::rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
-    build_fp16_gemm_shim(&lib_dir);
+    build_cpu_product_shims(&lib_dir);
 
     if !lib_dir.join("libtorch_cuda.so").exists() {
         return; // A CPU-only libtorch: no CUDA, no graphs.
@@ -64,12 +66,17 @@ fn torch_shim_build(lib_dir: &Path) -> cc::Build {
     build
 }
 
-/// FBGEMM's float16-weight product behind a C interface (tch does not wrap it): the CPU's
-/// dtype f16.
-fn build_fp16_gemm_shim(lib_dir: &Path) {
+/// The CPU's products that tch does not offer, behind a C interface: FBGEMM's float16-weight
+/// product (the CPU's dtype f16) and the float32 kernel for few rows.
+fn build_cpu_product_shims(lib_dir: &Path) {
+    // With OpenMP, as libtorch's `at::parallel_for` is inline and runs serially without it.
+    // The libgomp it links resolves to the one libtorch already loaded (one per process).
     torch_shim_build(lib_dir)
+        .flag("-fopenmp")
         .file("src/model/network/fp16_gemm.cpp")
-        .compile("qwencodec_fp16_gemm");
+        .file("src/model/network/skinny_gemm.cpp")
+        .compile("qwencodec_cpu_products");
+    println!("cargo::rustc-link-lib=gomp");
 }
 
 /// libtorch's CUDA graphs behind a C interface (tch does not wrap them).

@@ -1,16 +1,16 @@
 // FBGEMM's float16-weight product (at::fbgemm_linear_fp16_weight_fp32_activation) behind a C
 // interface for fp16_gemm.rs: tch does not wrap it. The weight is packed once to float16; the
 // activations, the accumulation and the result stay float32. Each function returns false on
-// failure, with libtorch's message copied into `error` (of `error_size` bytes).
+// failure, with libtorch's message in `error` (shim.h).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <cstddef>
-#include <cstring>
-#include <exception>
 #include <vector>
+
+#include "shim.h"
 
 namespace {
 
@@ -21,27 +21,13 @@ class SilentWarnings : public c10::WarningHandler {
   void process(const c10::Warning&) override {}
 };
 
-template <typename F>
-bool guarded(char* error, size_t error_size, F&& work) {
-  try {
-    work();
-    return true;
-  } catch (const std::exception& caught) {
-    std::strncpy(error, caught.what(), error_size - 1);
-  } catch (...) {
-    std::strncpy(error, "unknown C++ exception", error_size - 1);
-  }
-  error[error_size - 1] = '\0';
-  return false;
-}
-
 }  // namespace
 
 extern "C" {
 
 // `weight`: [out, in] float32 on the CPU. `*out`: the packed matrix, a new tensor.
 bool qwencodec_fp16_pack(const at::Tensor* weight, at::Tensor** out, char* error, size_t error_size) {
-  return guarded(error, error_size, [&] {
+  return qwencodec::guarded(error, error_size, [&] {
     SilentWarnings silent;
     c10::WarningUtils::WarningHandlerGuard guard(&silent);
     *out = new at::Tensor(at::fbgemm_pack_gemm_matrix_fp16(*weight));
@@ -54,7 +40,7 @@ bool qwencodec_fp16_pack(const at::Tensor* weight, at::Tensor** out, char* error
 bool qwencodec_fp16_linear(const at::Tensor* input, const at::Tensor* const* packed,
                            const at::Tensor* const* biases, size_t parts, at::Tensor** out, char* error,
                            size_t error_size) {
-  return guarded(error, error_size, [&] {
+  return qwencodec::guarded(error, error_size, [&] {
     std::vector<at::Tensor> outputs(parts);
     at::parallel_for(0, static_cast<int64_t>(parts), 1, [&](int64_t begin, int64_t end) {
       SilentWarnings silent;

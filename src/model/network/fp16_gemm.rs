@@ -3,11 +3,13 @@
 //! bytes of float32, which is what a small step's products cost; the activations and the
 //! accumulation keep float32, so the only rounding is the weights' own.
 
-use std::ffi::{CStr, c_char};
-
-use tch::{Kind, TchError, Tensor};
+use tch::{Kind, Tensor};
 
 use super::TorchResult;
+use super::shim::call;
+
+/// What an error of these products says failed.
+const WHAT: &str = "float16 weights (FBGEMM)";
 
 mod ffi {
     use std::ffi::c_char;
@@ -40,21 +42,6 @@ mod ffi {
     }
 }
 
-/// Calls a shim function that writes a new tensor or an error message.
-fn call(f: impl FnOnce(*mut *mut torch_sys::C_tensor, *mut c_char, usize) -> bool) -> TorchResult<Tensor> {
-    let mut error = [0 as c_char; 512];
-    let mut out = std::ptr::null_mut();
-    if f(&mut out, error.as_mut_ptr(), error.len()) {
-        // SAFETY: on success the shim handed over a tensor it allocated with `new`.
-        return Ok(unsafe { Tensor::from_ptr(out) });
-    }
-    // SAFETY: on failure the shim wrote a NUL-terminated message into `error`.
-    let text = unsafe { CStr::from_ptr(error.as_ptr()) }.to_string_lossy();
-    // libtorch's messages end with a C++ backtrace: keep what it says, not where.
-    let text = text.split("\nException raised from").next().unwrap_or_default();
-    Err(TchError::Torch(format!("float16 weights (FBGEMM): {text}")))
-}
-
 /// A weight [out, in] packed to float16, and its bias in float32, in slices of the output
 /// features: one per thread, as FBGEMM's product runs on the thread that calls it.
 pub struct Fp16Matrix {
@@ -78,7 +65,7 @@ impl Fp16Matrix {
             .map(|slice| {
                 let slice = slice.f_contiguous()?;
                 // SAFETY: `slice` is a live tensor for the duration of the call.
-                call(|out, error, size| unsafe {
+                call(WHAT, |out, error, size| unsafe {
                     ffi::qwencodec_fp16_pack(ffi::raw(&slice), out, error, size)
                 })
             })
@@ -97,7 +84,7 @@ impl Fp16Matrix {
         let packed: Vec<_> = self.packed.iter().map(ffi::raw).collect();
         let biases: Vec<_> = self.biases.iter().map(ffi::raw).collect();
         // SAFETY: every tensor is live for the duration of the call; both lists hold `parts`.
-        call(|out, error, size| unsafe {
+        call(WHAT, |out, error, size| unsafe {
             ffi::qwencodec_fp16_linear(
                 ffi::raw(&rows),
                 packed.as_ptr(),

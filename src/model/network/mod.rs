@@ -11,6 +11,8 @@ mod conv;
 mod fp16_gemm;
 mod ops;
 mod quantizer;
+mod shim;
+mod skinny_gemm;
 mod transformer;
 mod upsampler;
 mod vocoder;

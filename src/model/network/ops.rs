@@ -4,6 +4,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::fp16_gemm::Fp16Matrix;
+use super::skinny_gemm;
 use super::{ACTIVATION_KIND, TorchResult};
 use crate::model::ModelError;
 use crate::model::checkpoint::Weights;
@@ -85,6 +86,9 @@ impl Matrix {
     /// `rows` [R, in] float32 -> [R, out] float32 (for plain weights, a transposed view).
     pub fn forward(&self, rows: &Tensor) -> TorchResult<Tensor> {
         match self {
+            Self::Plain { weight, bias } if skinny_gemm::applies(weight, rows.size()[0]) => {
+                skinny_gemm::product(weight, rows, bias.as_ref())?.f_transpose(0, 1)
+            }
             Self::Plain { weight, bias } => {
                 with_weights(rows, weight.kind(), |rows| project(weight, rows, bias.as_ref()))?
                     .f_transpose(0, 1)

@@ -1,0 +1,26 @@
+//! Calling the CPU product shims (`shim.h`): each returns a new tensor or an error message.
+
+use std::ffi::{CStr, c_char};
+
+use tch::{TchError, Tensor};
+
+use super::TorchResult;
+
+/// Calls a shim function that writes a new tensor or an error message; `what` names the
+/// product in the error.
+pub fn call(
+    what: &str,
+    f: impl FnOnce(*mut *mut torch_sys::C_tensor, *mut c_char, usize) -> bool,
+) -> TorchResult<Tensor> {
+    let mut error = [0 as c_char; 512];
+    let mut out = std::ptr::null_mut();
+    if f(&mut out, error.as_mut_ptr(), error.len()) {
+        // SAFETY: on success the shim handed over a tensor it allocated with `new`.
+        return Ok(unsafe { Tensor::from_ptr(out) });
+    }
+    // SAFETY: on failure the shim wrote a NUL-terminated message into `error`.
+    let text = unsafe { CStr::from_ptr(error.as_ptr()) }.to_string_lossy();
+    // libtorch's messages end with a C++ backtrace: keep what it says, not where.
+    let text = text.split("\nException raised from").next().unwrap_or_default();
+    Err(TchError::Torch(format!("{what}: {text}")))
+}

@@ -1,0 +1,119 @@
+// A float32 weight [out, in] against a few rows of float32 activations [rows, in]: the products
+// of a small decode step, whose cost is streaming the weight once. MKL's kernels for such
+// shapes re-pack or re-read the weight for 4 to 64 rows (see skinny_gemm.rs); here each tile
+// of 4 weight rows is read from memory once and multiplied, from the first-level cache, with
+// every activation row. AVX-512 only: skinny_gemm.rs asks `qwencodec_skinny_gemm_supported`
+// and uses libtorch's product elsewhere. Errors as in shim.h.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "shim.h"
+
+namespace {
+
+// Weight rows per tile; activation rows per tile: 4 x 6 accumulators, 4 weight vectors and one
+// activation vector fill AVX-512's 32 registers.
+constexpr int64_t kWeightRows = 4;
+constexpr int kActivationRows = 6;
+
+struct Product {
+  const float* weight;  // [out, in]
+  const float* rows;    // [n, in]
+  const float* bias;    // [out] or null
+  float* result;        // [out, n]
+  int64_t in;
+  int64_t out;
+  int64_t n;
+};
+
+// Weight rows `first..first + O` against activation rows `row..row + R`. The full vectors' loop
+// is kept apart from the masked tail, and the accumulators local: either way (a branch in the
+// loop, or a helper taking them by reference) they left the registers and the tile ran at half
+// the speed.
+template <int O, int R>
+__attribute__((target("avx512f"))) void tile(const Product& p, int64_t first, int64_t row) {
+  const int64_t in = p.in;
+  const float* weight = p.weight + first * in;
+  const float* rows = p.rows + row * in;
+  __m512 sums[O][R];
+  for (int o = 0; o < O; ++o) {
+    for (int r = 0; r < R; ++r) sums[o][r] = _mm512_setzero_ps();
+  }
+  int64_t k = 0;
+  for (; k + 16 <= in; k += 16) {
+    __m512 w[O];
+    for (int o = 0; o < O; ++o) w[o] = _mm512_loadu_ps(weight + o * in + k);
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_loadu_ps(rows + r * in + k);
+      for (int o = 0; o < O; ++o) sums[o][r] = _mm512_fmadd_ps(w[o], x, sums[o][r]);
+    }
+  }
+  if (k < in) {
+    const auto mask = static_cast<__mmask16>((1u << (in - k)) - 1);
+    __m512 w[O];
+    for (int o = 0; o < O; ++o) w[o] = _mm512_maskz_loadu_ps(mask, weight + o * in + k);
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_maskz_loadu_ps(mask, rows + r * in + k);
+      for (int o = 0; o < O; ++o) sums[o][r] = _mm512_fmadd_ps(w[o], x, sums[o][r]);
+    }
+  }
+  for (int o = 0; o < O; ++o) {
+    const float bias = p.bias ? p.bias[first + o] : 0.0f;
+    float* result = p.result + (first + o) * p.n + row;
+    for (int r = 0; r < R; ++r) result[r] = _mm512_reduce_add_ps(sums[o][r]) + bias;
+  }
+}
+
+// Weight rows `first..first + O` against every activation row.
+template <int O>
+void weight_rows(const Product& p, int64_t first) {
+  int64_t row = 0;
+  for (; row + kActivationRows <= p.n; row += kActivationRows) tile<O, kActivationRows>(p, first, row);
+  switch (p.n - row) {
+    case 1: tile<O, 1>(p, first, row); break;
+    case 2: tile<O, 2>(p, first, row); break;
+    case 3: tile<O, 3>(p, first, row); break;
+    case 4: tile<O, 4>(p, first, row); break;
+    case 5: tile<O, 5>(p, first, row); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+bool qwencodec_skinny_gemm_supported() { return __builtin_cpu_supports("avx512f"); }
+
+// `weight`: [out, in] float32, contiguous; `rows`: [n, in] float32; `bias`: [out] float32 or
+// null. `*out`: the weight times the rows' transpose plus the bias, [out, n], a new tensor (the
+// layout of libtorch's product as ops.rs calls it).
+bool qwencodec_skinny_gemm(const at::Tensor* weight, const at::Tensor* rows, const at::Tensor* bias,
+                           at::Tensor** out, char* error, size_t error_size) {
+  return qwencodec::guarded(error, error_size, [&] {
+    TORCH_CHECK(weight->dim() == 2 && weight->is_contiguous() && weight->scalar_type() == at::kFloat,
+                "the weight must be a contiguous float32 matrix");
+    TORCH_CHECK(rows->dim() == 2 && rows->size(1) == weight->size(1) && rows->scalar_type() == at::kFloat,
+                "the activations must be float32 rows of the weight's width");
+    TORCH_CHECK(!bias || (bias->is_contiguous() && bias->numel() == weight->size(0) &&
+                          bias->scalar_type() == at::kFloat),
+                "the bias must be float32, one per output");
+    const at::Tensor input = rows->contiguous();
+    at::Tensor result = at::empty({weight->size(0), input.size(0)}, input.options());
+    const Product p{weight->data_ptr<float>(), input.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr,
+                    result.data_ptr<float>(), weight->size(1), weight->size(0), input.size(0)};
+    const int64_t tiles = p.out / kWeightRows;
+    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) weight_rows<kWeightRows>(p, t * kWeightRows);
+    });
+    for (int64_t first = tiles * kWeightRows; first < p.out; ++first) weight_rows<1>(p, first);
+    *out = new at::Tensor(std::move(result));
+  });
+}
+
+}  // extern "C"
