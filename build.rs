@@ -5,7 +5,7 @@ fn main() {
     gst_plugin_version_helper::info();
     println!("cargo::rustc-check-cfg=cfg(cuda_graphs)");
     println!("cargo::rerun-if-changed=src/model/cuda_graph.cpp");
-    for shim in ["shim.h", "fp16_gemm.cpp", "skinny_gemm.cpp"] {
+    for shim in ["shim.h", "fp16_gemm.cpp", "skinny_gemm.cpp", "snake_beta.cpp"] {
         println!("cargo::rerun-if-changed=src/model/network/{shim}");
     }
 
@@ -15,7 +15,7 @@ fn main() {
         PathBuf::from(env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys gives its libtorch's lib folder"));
     // Let the plugin (and the tests) find libtorch at run time without LD_LIBRARY_PATH.
     println!("cargo::rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
-    build_cpu_product_shims(&lib_dir);
+    build_cpu_shims(&lib_dir);
 
     if !lib_dir.join("libtorch_cuda.so").exists() {
         return; // A CPU-only libtorch: no CUDA, no graphs.
@@ -66,16 +66,17 @@ fn torch_shim_build(lib_dir: &Path) -> cc::Build {
     build
 }
 
-/// The CPU's products that tch does not offer, behind a C interface: FBGEMM's float16-weight
-/// product (the CPU's dtype f16) and the float32 kernel for few rows.
-fn build_cpu_product_shims(lib_dir: &Path) {
+/// The CPU kernels that tch does not offer, behind a C interface: FBGEMM's float16-weight
+/// product (the CPU's dtype f16), the float32 product for few rows and SnakeBeta.
+fn build_cpu_shims(lib_dir: &Path) {
     // With OpenMP, as libtorch's `at::parallel_for` is inline and runs serially without it.
     // The libgomp it links resolves to the one libtorch already loaded (one per process).
     torch_shim_build(lib_dir)
         .flag("-fopenmp")
         .file("src/model/network/fp16_gemm.cpp")
         .file("src/model/network/skinny_gemm.cpp")
-        .compile("qwencodec_cpu_products");
+        .file("src/model/network/snake_beta.cpp")
+        .compile("qwencodec_cpu_kernels");
     println!("cargo::rustc-link-lib=gomp");
 }
 

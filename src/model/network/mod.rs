@@ -13,6 +13,7 @@ mod ops;
 mod quantizer;
 mod shim;
 mod skinny_gemm;
+mod snake_beta;
 mod transformer;
 mod upsampler;
 mod vocoder;

@@ -187,35 +187,3 @@ impl RmsNorm {
             .f_mul(&x.f_mul(&variance.f_add_scalar(self.eps)?.f_rsqrt()?)?)
     }
 }
-
-/// `x + 1 / (exp(beta) + 1e-9) * sin(exp(alpha) * x)^2`, with both factors precomputed.
-pub struct SnakeBeta {
-    frequency: Tensor,
-    inverse_magnitude: Tensor,
-}
-
-impl SnakeBeta {
-    pub fn load(weights: &Weights, channels: usize) -> Result<Self, ModelError> {
-        let alpha = weights.get_as("alpha", &[channels], Kind::Double)?;
-        let beta = weights.get_as("beta", &[channels], Kind::Double)?;
-        Ok(Self {
-            frequency: alpha.f_exp()?.f_view([1, -1, 1])?.f_to_kind(ACTIVATION_KIND)?,
-            inverse_magnitude: beta
-                .f_exp()?
-                .f_add_scalar(1e-9)?
-                .f_reciprocal()?
-                .f_view([1, -1, 1])?
-                .f_to_kind(ACTIVATION_KIND)?,
-        })
-    }
-
-    /// `x`: [B, channels, T].
-    pub fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
-        // Two new tensors and four passes: the late blocks run this on hundreds of thousands of
-        // samples a frame, where each pass and allocation counts.
-        let mut wave = x.f_mul(&self.frequency)?;
-        _ = wave.f_sin_()?;
-        _ = wave.f_square_()?;
-        x.f_addcmul(&wave, &self.inverse_magnitude)
-    }
-}

@@ -1,4 +1,4 @@
-//! Calling the CPU product shims (`shim.h`): each returns a new tensor or an error message.
+//! Calling the CPU shims (`shim.h`): each returns a new tensor or an error message.
 
 use std::ffi::{CStr, c_char};
 
@@ -23,4 +23,12 @@ pub fn call(
     // libtorch's messages end with a C++ backtrace: keep what it says, not where.
     let text = text.split("\nException raised from").next().unwrap_or_default();
     Err(TchError::Torch(format!("{what}: {text}")))
+}
+
+/// Whether this CPU runs the shims' AVX-512 kernels (elsewhere libtorch's ops do their work).
+pub fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    return false;
 }

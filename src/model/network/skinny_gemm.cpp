@@ -2,8 +2,8 @@
 // of a small decode step, whose cost is streaming the weight once. MKL's kernels for such
 // shapes re-pack or re-read the weight for 4 to 64 rows (see skinny_gemm.rs); here each tile
 // of 4 weight rows is read from memory once and multiplied, from the first-level cache, with
-// every activation row. AVX-512 only: skinny_gemm.rs asks `qwencodec_skinny_gemm_supported`
-// and uses libtorch's product elsewhere. Errors as in shim.h.
+// every activation row. AVX-512 only (shim.rs checks the CPU); skinny_gemm.rs
+// uses libtorch's product elsewhere. Errors as in shim.h.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -87,8 +87,6 @@ void weight_rows(const Product& p, int64_t first) {
 }  // namespace
 
 extern "C" {
-
-bool qwencodec_skinny_gemm_supported() { return __builtin_cpu_supports("avx512f"); }
 
 // `weight`: [out, in] float32, contiguous; `rows`: [n, in] float32; `bias`: [out] float32 or
 // null. `*out`: the weight times the rows' transpose plus the bias, [out, n], a new tensor (the

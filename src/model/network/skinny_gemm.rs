@@ -7,12 +7,10 @@
 //! runs several times slower than the weight's bytes allow
 //! (`bench/results/2026-11-30-amd-epyc-avx512-skinny-gemm.md`).
 
-use std::sync::LazyLock;
-
 use tch::{Device, Kind, Tensor};
 
 use super::TorchResult;
-use super::shim::call;
+use super::shim::{self, call};
 
 mod ffi {
     use std::ffi::c_char;
@@ -21,7 +19,6 @@ mod ffi {
 
     // Tensors cross as libtorch's own `at::Tensor*` (tch's `C_tensor`).
     unsafe extern "C" {
-        pub fn qwencodec_skinny_gemm_supported() -> bool;
         pub fn qwencodec_skinny_gemm(
             weight: *const C_tensor,
             rows: *const C_tensor,
@@ -37,9 +34,6 @@ mod ffi {
 /// element often enough to be as fast.
 const MAX_ROWS: i64 = 128;
 
-// SAFETY: a CPU feature check without arguments.
-static SUPPORTED: LazyLock<bool> = LazyLock::new(|| unsafe { ffi::qwencodec_skinny_gemm_supported() });
-
 /// Whether `weight` [out, in] against `rows` rows runs here: a contiguous float32 weight on a
 /// CPU with AVX-512, at most [`MAX_ROWS`] rows.
 pub fn applies(weight: &Tensor, rows: i64) -> bool {
@@ -47,7 +41,7 @@ pub fn applies(weight: &Tensor, rows: i64) -> bool {
         && weight.device() == Device::Cpu
         && weight.kind() == Kind::Float
         && weight.is_contiguous()
-        && *SUPPORTED
+        && shim::avx512()
 }
 
 /// `weight` [out, in] times each row of `rows` [R, in], plus `bias` (`out` values): [out, R],

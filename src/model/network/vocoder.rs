@@ -4,7 +4,7 @@
 use tch::Tensor;
 
 use super::conv::{CausalConv, CausalTransConv, ConvShape};
-use super::ops::SnakeBeta;
+use super::snake_beta::SnakeBeta;
 use super::{State, StateLayout, TorchResult};
 use crate::model::ModelError;
 use crate::model::checkpoint::Weights;

@@ -1,0 +1,76 @@
+// SnakeBeta, x + inverse_magnitude * sin(frequency * x)^2 per channel, in one pass over float32
+// activations on the CPU: libtorch's element-wise ops take four passes and two tensors, and the
+// vocoder's late blocks run it on hundreds of thousands of samples a step. The sine is
+// SLEEF's 1-ulp AVX-512 one, which libtorch_cpu exports (its own vectorized sin calls it).
+// AVX-512 only (shim.rs checks the CPU). Errors as in shim.h.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "shim.h"
+
+extern "C" __m512 Sleef_sinf16_u10(__m512);
+
+namespace {
+
+// Elements per thread below which a split costs more than it saves.
+constexpr int64_t kGrain = 32768;
+
+// Rows `begin..end` of [rows, length], row r of channel r % channels.
+__attribute__((target("avx512f"))) void snake_rows(const float* x, float* y, const float* frequency,
+                                                   const float* inverse_magnitude, int64_t channels,
+                                                   int64_t length, int64_t begin, int64_t end) {
+  for (int64_t row = begin; row < end; ++row) {
+    const __m512 f = _mm512_set1_ps(frequency[row % channels]);
+    const __m512 m = _mm512_set1_ps(inverse_magnitude[row % channels]);
+    const float* in = x + row * length;
+    float* out = y + row * length;
+    int64_t t = 0;
+    for (; t + 16 <= length; t += 16) {
+      const __m512 v = _mm512_loadu_ps(in + t);
+      const __m512 s = Sleef_sinf16_u10(_mm512_mul_ps(v, f));
+      _mm512_storeu_ps(out + t, _mm512_fmadd_ps(_mm512_mul_ps(s, s), m, v));
+    }
+    if (t < length) {
+      const auto mask = static_cast<__mmask16>((1u << (length - t)) - 1);
+      const __m512 v = _mm512_maskz_loadu_ps(mask, in + t);
+      const __m512 s = Sleef_sinf16_u10(_mm512_mul_ps(v, f));
+      _mm512_mask_storeu_ps(out + t, mask, _mm512_fmadd_ps(_mm512_mul_ps(s, s), m, v));
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// `x`: [B, channels, T] float32; `frequency`, `inverse_magnitude`: `channels` float32 values
+// each, contiguous. `*out`: SnakeBeta of `x`, a new contiguous tensor.
+bool qwencodec_snake_beta(const at::Tensor* x, const at::Tensor* frequency, const at::Tensor* inverse_magnitude,
+                          at::Tensor** out, char* error, size_t error_size) {
+  return qwencodec::guarded(error, error_size, [&] {
+    TORCH_CHECK(x->dim() == 3 && x->scalar_type() == at::kFloat, "SnakeBeta takes float32 [B, channels, T]");
+    const int64_t channels = x->size(1);
+    for (const at::Tensor* factor : {frequency, inverse_magnitude}) {
+      TORCH_CHECK(factor->is_contiguous() && factor->numel() == channels && factor->scalar_type() == at::kFloat,
+                  "SnakeBeta's factors are float32, one per channel");
+    }
+    const at::Tensor input = x->contiguous();
+    at::Tensor result = at::empty_like(input);
+    const int64_t rows = input.size(0) * channels;
+    const int64_t length = input.size(2);
+    const float* in = input.data_ptr<float>();
+    float* y = result.data_ptr<float>();
+    const float* f = frequency->data_ptr<float>();
+    const float* m = inverse_magnitude->data_ptr<float>();
+    at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, length)),
+                     [&](int64_t begin, int64_t end) { snake_rows(in, y, f, m, channels, length, begin, end); });
+    *out = new at::Tensor(std::move(result));
+  });
+}
+
+}  // extern "C"

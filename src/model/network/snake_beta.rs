@@ -1,0 +1,74 @@
+//! SnakeBeta, `x + 1 / (exp(beta) + 1e-9) * sin(exp(alpha) * x)^2` per channel: the vocoder's
+//! activation. On a CPU with AVX-512, one pass of the C++ kernel in `snake_beta.cpp`; elsewhere
+//! (CUDA, where graphs capture it, or other CPUs) libtorch's element-wise ops.
+
+use tch::{Device, Kind, Tensor};
+
+use super::shim::{self, call};
+use super::{ACTIVATION_KIND, TorchResult};
+use crate::model::ModelError;
+use crate::model::checkpoint::Weights;
+
+mod ffi {
+    use std::ffi::c_char;
+
+    use torch_sys::C_tensor;
+
+    // Tensors cross as libtorch's own `at::Tensor*` (tch's `C_tensor`).
+    unsafe extern "C" {
+        pub fn qwencodec_snake_beta(
+            x: *const C_tensor,
+            frequency: *const C_tensor,
+            inverse_magnitude: *const C_tensor,
+            out: *mut *mut C_tensor,
+            error: *mut c_char,
+            size: usize,
+        ) -> bool;
+    }
+}
+
+/// SnakeBeta with both factors precomputed.
+pub struct SnakeBeta {
+    /// exp(alpha), [1, channels, 1] float32.
+    frequency: Tensor,
+    /// 1 / (exp(beta) + 1e-9), [1, channels, 1] float32.
+    inverse_magnitude: Tensor,
+}
+
+impl SnakeBeta {
+    pub fn load(weights: &Weights, channels: usize) -> Result<Self, ModelError> {
+        let alpha = weights.get_as("alpha", &[channels], Kind::Double)?;
+        let beta = weights.get_as("beta", &[channels], Kind::Double)?;
+        Ok(Self {
+            frequency: alpha.f_exp()?.f_view([1, -1, 1])?.f_to_kind(ACTIVATION_KIND)?,
+            inverse_magnitude: beta
+                .f_exp()?
+                .f_add_scalar(1e-9)?
+                .f_reciprocal()?
+                .f_view([1, -1, 1])?
+                .f_to_kind(ACTIVATION_KIND)?,
+        })
+    }
+
+    /// `x`: [B, channels, T] float32.
+    pub fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
+        if x.device() == Device::Cpu && shim::avx512() {
+            // SAFETY: the tensors are live for the duration of the call.
+            return call("SnakeBeta", |out, error, size| unsafe {
+                ffi::qwencodec_snake_beta(
+                    x.as_ptr(),
+                    self.frequency.as_ptr(),
+                    self.inverse_magnitude.as_ptr(),
+                    out,
+                    error,
+                    size,
+                )
+            });
+        }
+        // Two new tensors and four passes.
+        let mut wave = x.f_mul(&self.frequency)?;
+        _ = wave.f_sin_()?;
+        _ = wave.f_square_()?;
+        x.f_addcmul(&wave, &self.inverse_magnitude)
+    }
+}
