@@ -54,3 +54,60 @@ pub fn product(weight: &Tensor, rows: &Tensor, bias: Option<&Tensor>) -> TorchRe
         ffi::qwencodec_skinny_gemm(weight.as_ptr(), rows.as_ptr(), bias_ptr, out, error, size)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::model::network::ops::Matrix;
+
+    /// A float32 matrix's product (this kernel on an AVX-512 CPU, else libtorch's) in every
+    /// tile shape the kernel has (1 to 6 activation rows, whole and partial tiles of 4 weight
+    /// rows, a masked tail of the inputs), against a float64 product.
+    #[test]
+    fn matches_a_float64_product() {
+        tch::manual_seed(7);
+        for (out, inputs) in [(4, 16), (7, 37), (33, 100), (64, 2048)] {
+            for rows in [1, 2, 3, 5, 6, 7, 13, 40] {
+                let weight = Tensor::randn([out, inputs], (Kind::Float, Device::Cpu));
+                let x = Tensor::randn([rows, inputs], (Kind::Float, Device::Cpu));
+                let bias = Tensor::randn([out], (Kind::Float, Device::Cpu));
+                for bias in [None, Some(&bias)] {
+                    let matrix = Matrix::new(weight.shallow_clone(), bias.map(Tensor::shallow_clone), false);
+                    let got = matrix.unwrap().forward(&x).unwrap().transpose(0, 1);
+                    assert_eq!(got.size(), [out, rows]);
+                    let mut expected = weight
+                        .to_kind(Kind::Double)
+                        .mm(&x.to_kind(Kind::Double).transpose(0, 1));
+                    if let Some(bias) = bias {
+                        expected += bias.to_kind(Kind::Double).view([-1, 1]);
+                    }
+                    let error = (got.to_kind(Kind::Double) - &expected)
+                        .abs()
+                        .max()
+                        .double_value(&[]);
+                    let scale = expected.abs().max().double_value(&[]);
+                    assert!(
+                        error <= 1e-5 * scale,
+                        "{out}x{inputs} against {rows} rows (bias {}): off by {error:e} of {scale:e}",
+                        bias.is_some()
+                    );
+                }
+            }
+        }
+    }
+
+    /// Shapes that do not fit are an error naming what is wrong, not a crash (the checks run
+    /// before any vector instruction).
+    #[test]
+    fn says_what_does_not_fit() {
+        let weight = Tensor::zeros([8, 32], (Kind::Float, Device::Cpu));
+        let rows = Tensor::zeros([2, 31], (Kind::Float, Device::Cpu));
+        let error = product(&weight, &rows, None).unwrap_err().to_string();
+        assert!(error.contains("rows of the weight's width"), "{error}");
+        let error = product(&weight.to_kind(Kind::Int), &rows, None)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("float32"), "{error}");
+    }
+}

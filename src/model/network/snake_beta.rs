@@ -72,3 +72,40 @@ impl SnakeBeta {
         x.f_addcmul(&wave, &self.inverse_magnitude)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SnakeBeta on the CPU (the one-pass kernel where AVX-512 runs it) against the formula in
+    /// float64, on rows whose length leaves a masked tail and arguments large enough for the
+    /// sine's range reduction to count.
+    #[test]
+    fn matches_the_formula_in_float64() {
+        tch::manual_seed(3);
+        let channels = 5;
+        let snake = SnakeBeta {
+            frequency: (Tensor::randn([1, channels, 1], (Kind::Float, Device::Cpu)) * 2.0).exp(),
+            inverse_magnitude: Tensor::rand([1, channels, 1], (Kind::Float, Device::Cpu)) + 0.1,
+        };
+        for length in [1, 15, 16, 17, 1000] {
+            let x = Tensor::randn([2, channels, length], (Kind::Float, Device::Cpu)) * 20.0;
+            let got = snake.forward(&x).unwrap();
+            let x64 = x.to_kind(Kind::Double);
+            let expected = &x64
+                + (x64.shallow_clone() * snake.frequency.to_kind(Kind::Double))
+                    .sin()
+                    .square()
+                    * snake.inverse_magnitude.to_kind(Kind::Double);
+            let error = (got.to_kind(Kind::Double) - &expected)
+                .abs()
+                .max()
+                .double_value(&[]);
+            let scale = expected.abs().max().double_value(&[]);
+            assert!(
+                error <= 1e-6 * scale,
+                "length {length}: off by {error:e} of {scale:e}"
+            );
+        }
+    }
+}
