@@ -174,12 +174,14 @@ impl CausalTransConv {
     /// `x`: [B, in, T] -> [B, out, T * stride].
     pub fn forward(&self, x: &Tensor, state: &mut State) -> TorchResult<Tensor> {
         let (batch, columns) = (x.size()[0], x.size()[2]);
-        // [out, kernel, B, T]: what each new input column contributes to each output tap.
+        // [out, kernel, B, T]: what each new input column contributes to each output tap. The
+        // product comes as a transposed view of [out * kernel, B * T] (see `Matrix::forward`),
+        // so this is a view, not a copy.
         let taps = self
             .matrix
             .forward(&x.f_transpose(1, 2)?.f_flatten(0, 1)?)?
-            .f_reshape([batch, columns, self.out_channels, self.kernel])?
-            .f_permute([2, 3, 0, 1])?;
+            .f_transpose(0, 1)?
+            .f_reshape([self.out_channels, self.kernel, batch, columns])?;
         let mut blocks = taps.f_narrow(1, 0, self.stride)?;
         if let Some(slot) = self.slot {
             // Block t also gets the second half of column t - 1's taps; the first block gets
@@ -191,9 +193,10 @@ impl CausalTransConv {
             blocks = blocks.f_add(&earlier)?;
         }
         // [out, s, B, T] -> [B, out, T * s]
-        blocks
-            .f_permute([2, 0, 3, 1])?
-            .f_reshape([batch, self.out_channels, columns * self.stride])?
-            .f_add(&self.bias)
+        let mut output =
+            blocks
+                .f_permute([2, 0, 3, 1])?
+                .f_reshape([batch, self.out_channels, columns * self.stride])?;
+        output.f_add_(&self.bias)
     }
 }
