@@ -273,3 +273,14 @@ impl Network {
         self.transformer.step_tables(frames)
     }
 }
+
+/// The largest difference between `got` and `expected` (float64) and the largest magnitude of
+/// `expected`: the kernels' tests bound the first by a fraction of the second.
+#[cfg(test)]
+fn max_error_and_scale(got: &Tensor, expected: &Tensor) -> (f64, f64) {
+    let error = (got.to_kind(Kind::Double) - expected)
+        .abs()
+        .max()
+        .double_value(&[]);
+    (error, expected.abs().max().double_value(&[]))
+}

@@ -59,6 +59,7 @@ pub fn product(weight: &Tensor, rows: &Tensor, bias: Option<&Tensor>) -> TorchRe
 mod tests {
     use super::*;
 
+    use crate::model::network::max_error_and_scale;
     use crate::model::network::ops::Matrix;
 
     /// A float32 matrix's product (this kernel on an AVX-512 CPU, else libtorch's) in every
@@ -82,11 +83,7 @@ mod tests {
                     if let Some(bias) = bias {
                         expected += bias.to_kind(Kind::Double).view([-1, 1]);
                     }
-                    let error = (got.to_kind(Kind::Double) - &expected)
-                        .abs()
-                        .max()
-                        .double_value(&[]);
-                    let scale = expected.abs().max().double_value(&[]);
+                    let (error, scale) = max_error_and_scale(&got, &expected);
                     assert!(
                         error <= 1e-5 * scale,
                         "{out}x{inputs} against {rows} rows (bias {}): off by {error:e} of {scale:e}",

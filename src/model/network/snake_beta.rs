@@ -76,6 +76,7 @@ impl SnakeBeta {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::network::max_error_and_scale;
 
     /// SnakeBeta on the CPU (the one-pass kernel where AVX-512 runs it) against the formula in
     /// float64, on rows whose length leaves a masked tail and arguments large enough for the
@@ -97,11 +98,7 @@ mod tests {
                     .sin()
                     .square()
                     * snake.inverse_magnitude.to_kind(Kind::Double);
-            let error = (got.to_kind(Kind::Double) - &expected)
-                .abs()
-                .max()
-                .double_value(&[]);
-            let scale = expected.abs().max().double_value(&[]);
+            let (error, scale) = max_error_and_scale(&got, &expected);
             assert!(
                 error <= 1e-6 * scale,
                 "length {length}: off by {error:e} of {scale:e}"
