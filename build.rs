@@ -5,7 +5,13 @@ fn main() {
     gst_plugin_version_helper::info();
     println!("cargo::rustc-check-cfg=cfg(cuda_graphs)");
     println!("cargo::rerun-if-changed=src/model/cuda_graph.cpp");
-    for shim in ["shim.h", "fp16_gemm.cpp", "skinny_gemm.cpp", "snake_beta.cpp"] {
+    for shim in [
+        "shim.h",
+        "fp16_gemm.cpp",
+        "skinny_gemm.cpp",
+        "snake_beta.cpp",
+        "winograd.cpp",
+    ] {
         println!("cargo::rerun-if-changed=src/model/network/{shim}");
     }
 
@@ -67,7 +73,8 @@ fn torch_shim_build(lib_dir: &Path) -> cc::Build {
 }
 
 /// The CPU kernels that tch does not offer, behind a C interface: FBGEMM's float16-weight
-/// product (the CPU's dtype f16), the float32 product for few rows and SnakeBeta.
+/// product (the CPU's dtype f16), the float32 product for few rows, SnakeBeta and
+/// Winograd's transforms.
 fn build_cpu_shims(lib_dir: &Path) {
     // With OpenMP, as libtorch's `at::parallel_for` is inline and runs serially without it.
     // The libgomp it links resolves to the one libtorch already loaded (one per process).
@@ -76,6 +83,7 @@ fn build_cpu_shims(lib_dir: &Path) {
         .file("src/model/network/fp16_gemm.cpp")
         .file("src/model/network/skinny_gemm.cpp")
         .file("src/model/network/snake_beta.cpp")
+        .file("src/model/network/winograd.cpp")
         .compile("qwencodec_cpu_kernels");
     println!("cargo::rustc-link-lib=gomp");
 }

@@ -204,4 +204,11 @@ impl<'a> Weights<'a> {
     pub fn packs_f16(&self, in_features: usize) -> bool {
         self.file.packs_f16 && self.columns_per_frame * 16 <= in_features
     }
+
+    /// Outputs per tile of the float32 convolutions computed by Winograd's algorithm
+    /// (`network::winograd`): 2 keeps a float32 decode as close to float64 as upstream's own;
+    /// dtype f16, whose float16 weights err far more, takes 4, with fewer products.
+    pub fn winograd_outputs(&self) -> usize {
+        if self.file.packs_f16 { 4 } else { 2 }
+    }
 }

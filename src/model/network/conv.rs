@@ -1,9 +1,10 @@
 //! Causal convolutions in streaming form: each keeps the columns of the past it needs (its left
 //! context, or a transposed convolution's overlap) as a row of the stream state.
 
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use super::ops::{Matrix, with_weights};
+use super::winograd::Winograd;
 use super::{State, StateLayout, TorchResult};
 use crate::model::ModelError;
 use crate::model::checkpoint::Weights;
@@ -39,6 +40,9 @@ pub struct CausalConv {
     /// A dense convolution's weight as one [out, in * kernel] matrix (for plain weights a view)
     /// and its bias, for short inputs (see `forward`).
     matrix: Option<Matrix>,
+    /// The same convolution by Winograd tiles, for CPU float32 weights where it pays (see
+    /// `forward`).
+    winograd: Option<Winograd>,
     in_channels: i64,
     kernel: i64,
     dilation: i64,
@@ -72,9 +76,17 @@ impl CausalConv {
             None
         };
         let packed = matrix.as_ref().is_some_and(Matrix::is_packed);
+        let tile = weights.winograd_outputs();
+        let winograd = (groups == 1
+            && !packed
+            && weight.kind() == Kind::Float
+            && Winograd::applies(weights.device(), in_channels.min(out_channels), tile, kernel))
+        .then(|| Winograd::new(&weight, &bias, dilation, tile))
+        .transpose()?;
         Ok(Self {
             kernel_weights: (!packed).then_some((weight, bias)),
             matrix,
+            winograd,
             in_channels: in_channels as i64,
             kernel: kernel as i64,
             dilation: dilation as i64,
@@ -116,6 +128,11 @@ impl CausalConv {
                 .forward(&taps)?
                 .f_reshape([batch, columns, -1])?
                 .f_permute([0, 2, 1]);
+        }
+        // Otherwise by Winograd tiles where the CPU has them for this many channels: fewer
+        // products than the convolution kernels, which already run at the CPU's peak.
+        if let Some(winograd) = &self.winograd {
+            return winograd.forward(&input, columns);
         }
         let (weight, bias) = self
             .kernel_weights

@@ -17,6 +17,7 @@ mod snake_beta;
 mod transformer;
 mod upsampler;
 mod vocoder;
+mod winograd;
 
 use tch::{Device, Kind, Tensor};
 

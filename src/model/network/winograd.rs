@@ -1,0 +1,366 @@
+//! Dilated convolutions by Winograd's minimal filtering (Cook-Toom): `m` outputs of a kernel of
+//! `taps` taps from `m + taps - 1` products instead of `m * taps`. The vocoder's residual units
+//! spend most of a step in their kernel-7 convolutions, which already run at the CPU's peak as
+//! convolutions; this needs fewer multiplications: 8 products per 2 outputs instead of 14, or
+//! 10 per 4 instead of 28.
+//!
+//! The price is rounding: the transforms scale values by up to the interpolation points'
+//! powers. With 2 outputs per tile the released geometry's float32 decode stays as close to
+//! float64 as upstream's own float32 decode; with 4 its error is about three times upstream's,
+//! which only the reduced-precision dtype accepts (`bench/results/2026-11-30-amd-epyc-avx512-winograd.md`).
+//!
+//! The transforms are C++ (`winograd.cpp`, AVX-512); the products in between are one batched
+//! matrix product, a weight matrix per point.
+
+use tch::{Device, Kind, Tensor};
+
+use super::TorchResult;
+use super::shim::{self, call, run};
+use super::skinny_gemm;
+
+mod ffi {
+    use std::ffi::c_char;
+
+    use torch_sys::C_tensor;
+
+    // Tensors cross as libtorch's own `at::Tensor*` (tch's `C_tensor`).
+    unsafe extern "C" {
+        pub fn qwencodec_winograd_input(
+            x: *const C_tensor,
+            bt: *const C_tensor,
+            m: i64,
+            dilation: i64,
+            first: i64,
+            columns: i64,
+            out: *mut *mut C_tensor,
+            error: *mut c_char,
+            size: usize,
+        ) -> bool;
+        pub fn qwencodec_winograd_output(
+            products: *const C_tensor,
+            at: *const C_tensor,
+            bias: *const C_tensor,
+            dilation: i64,
+            first: i64,
+            columns: i64,
+            y: *mut C_tensor,
+            error: *mut c_char,
+            size: usize,
+        ) -> bool;
+    }
+}
+
+/// The interpolation points, in the order tiles take them (the last point is infinity): small
+/// integers and their reciprocals keep the transforms' entries, and so their rounding, small.
+const POINTS: [f64; 11] = [
+    0.0,
+    1.0,
+    -1.0,
+    2.0,
+    -2.0,
+    0.5,
+    -0.5,
+    3.0,
+    -3.0,
+    1.0 / 3.0,
+    -1.0 / 3.0,
+];
+
+/// The fewest channels at which tiles of `m` outputs (first) beat libtorch's convolution on the
+/// released geometry's shapes. With fewer, the tiles and products outgrow the transforms'
+/// savings: each input value becomes `points / m` tile values, written and read again
+/// (`bench/results/2026-11-30-amd-epyc-avx512-winograd.md`).
+const MIN_CHANNELS: [(usize, usize); 2] = [(2, 384), (4, 192)];
+
+/// About what a core's L2 cache holds: the tiles of a piece of a convolution take at most this.
+const CACHED_BYTES: i64 = 1 << 20;
+
+/// Tiles a piece takes at least, so that the products stay large enough for MKL's kernels and
+/// few pieces read the weights again.
+const MIN_TILES: i64 = 256;
+
+/// Winograd's three matrices for `m` outputs of a `taps`-tap kernel, `points = m + taps - 1`:
+/// outputs = AT ((G kernel) * (BT inputs)), where output i is the sum over taps k of
+/// kernel[k] * inputs[i + k].
+struct Transforms {
+    /// [m][points]
+    output: Vec<Vec<f64>>,
+    /// [points][taps]
+    kernel: Vec<Vec<f64>>,
+    /// [points][points]
+    input: Vec<Vec<f64>>,
+}
+
+impl Transforms {
+    /// Cook-Toom: evaluate at the finite points and at infinity, multiply, interpolate.
+    fn new(m: usize, taps: usize) -> Self {
+        let points = m + taps - 1;
+        assert!(
+            m >= 1 && taps >= 1 && points <= POINTS.len() + 1,
+            "no points for F({m}, {taps})"
+        );
+        let finite = &POINTS[..points - 1];
+        let mut output = vec![vec![0.0; points]; m];
+        for (i, row) in output.iter_mut().enumerate() {
+            for (entry, a) in row.iter_mut().zip(finite) {
+                *entry = a.powi(i as i32);
+            }
+            row[points - 1] = if i == m - 1 { 1.0 } else { 0.0 };
+        }
+        let mut kernel = vec![vec![0.0; taps]; points];
+        for (k, a) in finite.iter().enumerate() {
+            let denominator: f64 = finite
+                .iter()
+                .enumerate()
+                .filter(|&(l, _)| l != k)
+                .map(|(_, b)| a - b)
+                .product();
+            for (j, entry) in kernel[k].iter_mut().enumerate() {
+                *entry = a.powi(j as i32) / denominator;
+            }
+        }
+        kernel[points - 1][taps - 1] = 1.0;
+        // Row k: the coefficients, lowest power first, of the product of (x - b) over the finite
+        // points b other than point k; the last row over all of them.
+        let polynomial = |skip: Option<usize>| {
+            let mut coefficients = vec![1.0];
+            for (l, b) in finite.iter().enumerate() {
+                if Some(l) == skip {
+                    continue;
+                }
+                let mut next = vec![0.0; coefficients.len() + 1];
+                for (power, c) in coefficients.iter().enumerate() {
+                    next[power + 1] += c;
+                    next[power] -= b * c;
+                }
+                coefficients = next;
+            }
+            coefficients.resize(points, 0.0);
+            coefficients
+        };
+        let input = (0..points)
+            .map(|k| polynomial((k < points - 1).then_some(k)))
+            .collect();
+        Self {
+            output,
+            kernel,
+            input,
+        }
+    }
+}
+
+fn matrix(rows: &[Vec<f64>]) -> TorchResult<Tensor> {
+    let flat: Vec<f64> = rows.concat();
+    Tensor::from_slice(&flat)
+        .f_view([rows.len() as i64, -1])?
+        .f_to_kind(Kind::Float)
+}
+
+/// A convolution (no groups) computed by Winograd tiles of `m` outputs.
+pub struct Winograd {
+    /// [points, out, in]: the kernel taps transformed, one matrix per point.
+    weights: Tensor,
+    /// [out], contiguous
+    bias: Tensor,
+    /// [points, points] and [m, points], float32.
+    input_transform: Tensor,
+    output_transform: Tensor,
+    m: i64,
+    dilation: i64,
+}
+
+impl Winograd {
+    /// Whether tiles of `m` outputs pay for a convolution of `channels` (in and out, the fewer)
+    /// on this machine: AVX-512 CPUs, with at least [`MIN_CHANNELS`] for the tile size.
+    pub fn applies(device: Device, channels: usize, m: usize, taps: usize) -> bool {
+        let least = MIN_CHANNELS
+            .iter()
+            .find(|&&(outputs, _)| outputs == m)
+            .map_or(usize::MAX, |&(_, least)| least);
+        device == Device::Cpu && taps > 1 && channels >= least && shim::avx512()
+    }
+
+    /// `weight` [out, in, taps] and `bias` [out], float32.
+    pub fn new(weight: &Tensor, bias: &Tensor, dilation: usize, m: usize) -> TorchResult<Self> {
+        let taps = weight.size()[2] as usize;
+        let transforms = Transforms::new(m, taps);
+        // [points, taps] x [out, in, taps] in float64, then rounded once.
+        let weights = weight
+            .f_to_kind(Kind::Double)?
+            .f_matmul(&matrix(&transforms.kernel)?.f_to_kind(Kind::Double)?.f_t_()?)?
+            .f_permute([2, 0, 1])?
+            .f_to_kind(Kind::Float)?
+            .f_contiguous()?;
+        Ok(Self {
+            weights,
+            bias: bias.f_to_kind(Kind::Float)?.f_contiguous()?,
+            input_transform: matrix(&transforms.input)?,
+            output_transform: matrix(&transforms.output)?,
+            m: m as i64,
+            dilation: dilation as i64,
+        })
+    }
+
+    /// `tiles` [points, n, in] times each point's weight: [points, out, n].
+    fn products(&self, tiles: &Tensor) -> TorchResult<Tensor> {
+        let (points, n) = (tiles.size()[0], tiles.size()[1]);
+        if skinny_gemm::applies(&self.weights, n) {
+            let products = (0..points)
+                .map(|p| skinny_gemm::product(&self.weights.get(p), &tiles.get(p), None))
+                .collect::<TorchResult<Vec<_>>>()?;
+            return Tensor::f_stack(&products, 0);
+        }
+        self.weights.f_bmm(&tiles.f_transpose(1, 2)?)
+    }
+
+    /// `input`: [B, in, context + columns] float32, where the context is the kernel's reach into
+    /// the past ((taps - 1) * dilation) -> [B, out, columns].
+    pub fn forward(&self, input: &Tensor, columns: i64) -> TorchResult<Tensor> {
+        let input = input.f_contiguous()?;
+        let (batch, out_channels) = (input.size()[0], self.weights.size()[1]);
+        let mut output = Tensor::f_empty([batch, out_channels, columns], (Kind::Float, input.device()))?;
+        // In pieces whose tiles and products stay in the caches: whole, they can take tens of
+        // megabytes, and the products then wait on memory.
+        let points = self.weights.size()[0];
+        let channels = out_channels.max(self.weights.size()[2]);
+        let tiles = (CACHED_BYTES / (4 * points * channels)).max(MIN_TILES);
+        let block = self.m * self.dilation;
+        let piece = (tiles * self.m / batch / block).max(1) * block;
+        let mut first = 0;
+        while first < columns {
+            let length = piece.min(columns - first);
+            self.forward_piece(&input, &mut output, first, length)?;
+            first += length;
+        }
+        Ok(output)
+    }
+
+    /// Outputs `first..first + columns` of `output` from `input`.
+    fn forward_piece(
+        &self,
+        input: &Tensor,
+        output: &mut Tensor,
+        first: i64,
+        columns: i64,
+    ) -> TorchResult<()> {
+        // SAFETY: the tensors are live for the duration of each call.
+        let tiles = call("Winograd input transform", |out, error, size| unsafe {
+            ffi::qwencodec_winograd_input(
+                input.as_ptr(),
+                self.input_transform.as_ptr(),
+                self.m,
+                self.dilation,
+                first,
+                columns,
+                out,
+                error,
+                size,
+            )
+        })?;
+        let products = self.products(&tiles)?;
+        run("Winograd output transform", |error, size| unsafe {
+            ffi::qwencodec_winograd_output(
+                products.as_ptr(),
+                self.output_transform.as_ptr(),
+                self.bias.as_ptr(),
+                self.dilation,
+                first,
+                columns,
+                output.as_mut_ptr(),
+                error,
+                size,
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::network::max_error_and_scale;
+
+    /// Which convolutions take which tiles.
+    #[test]
+    fn applies_to_many_channels_on_the_cpu() {
+        assert_eq!(Winograd::applies(Device::Cpu, 384, 2, 7), shim::avx512());
+        assert_eq!(Winograd::applies(Device::Cpu, 192, 4, 7), shim::avx512());
+        assert!(!Winograd::applies(Device::Cpu, 192, 2, 7));
+        assert!(
+            !Winograd::applies(Device::Cpu, 1024, 3, 7),
+            "no threshold measured for 3 outputs"
+        );
+        assert!(
+            !Winograd::applies(Device::Cpu, 1024, 2, 1),
+            "a 1-tap kernel saves nothing"
+        );
+        assert!(!Winograd::applies(Device::Cuda(0), 1024, 2, 7));
+    }
+
+    /// The three matrices compute a correlation exactly (in float64), for every tile size used.
+    #[test]
+    fn transforms_compute_a_correlation() {
+        for m in 1..=5 {
+            let taps = 7;
+            let t = Transforms::new(m, taps);
+            let points = m + taps - 1;
+            let kernel: Vec<f64> = (0..taps).map(|k| (k as f64 * 0.37).sin() + 0.1).collect();
+            let inputs: Vec<f64> = (0..points).map(|j| (j as f64 * 1.3).cos()).collect();
+            let dot = |row: &[f64], v: &[f64]| row.iter().zip(v).map(|(a, b)| a * b).sum::<f64>();
+            let products: Vec<f64> = (0..points)
+                .map(|p| dot(&t.kernel[p], &kernel) * dot(&t.input[p], &inputs))
+                .collect();
+            for i in 0..m {
+                let expected: f64 = (0..taps).map(|k| kernel[k] * inputs[i + k]).sum();
+                let got = dot(&t.output[i], &products);
+                assert!(
+                    (got - expected).abs() < 1e-9,
+                    "F({m}, {taps}) output {i}: {got} against {expected}"
+                );
+            }
+        }
+    }
+
+    /// Against libtorch's convolution in float64: dilations, tile sizes and column counts that
+    /// leave partial tiles or take several pieces, two streams. On a CPU without AVX-512 no
+    /// convolution comes here, which is checked instead.
+    #[test]
+    fn matches_a_float64_convolution() {
+        if shim::avx512() {
+            check_against_float64();
+        } else {
+            assert!(!Winograd::applies(Device::Cpu, 1024, 2, 7));
+        }
+    }
+
+    fn check_against_float64() {
+        tch::manual_seed(5);
+        let (channels_in, channels_out, taps) = (24, 32, 7);
+        let options = (Kind::Float, Device::Cpu);
+        let weight = Tensor::randn([channels_out, channels_in, taps], options) / 13.0;
+        let bias = Tensor::randn([channels_out], options);
+        for m in [2, 4] {
+            for dilation in [1, 3, 9] {
+                let conv = Winograd::new(&weight, &bias, dilation, m).unwrap();
+                for columns in [1, 5, 17, 64, 301, 3001] {
+                    let context = (taps - 1) * dilation as i64;
+                    let input = Tensor::randn([2, channels_in, context + columns], options);
+                    let got = conv.forward(&input, columns).unwrap();
+                    let expected = input.to_kind(Kind::Double).conv1d(
+                        &weight.to_kind(Kind::Double),
+                        Some(&bias.to_kind(Kind::Double)),
+                        [1],
+                        [0],
+                        [dilation as i64],
+                        1,
+                    );
+                    assert_eq!(got.size(), expected.size());
+                    let (error, scale) = max_error_and_scale(&got, &expected);
+                    assert!(
+                        error <= 2e-5 * scale,
+                        "F({m}, 7), dilation {dilation}, {columns} columns: off by {error:e} of {scale:e}"
+                    );
+                }
+            }
+        }
+    }
+}
