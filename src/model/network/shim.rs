@@ -12,17 +12,11 @@ pub fn call(
     what: &str,
     f: impl FnOnce(*mut *mut torch_sys::C_tensor, *mut c_char, usize) -> bool,
 ) -> TorchResult<Tensor> {
-    let mut out = std::ptr::null_mut();
-    run(what, |error, size| f(&mut out, error, size))?;
-    // SAFETY: on success the shim handed over a tensor it allocated with `new`.
-    Ok(unsafe { Tensor::from_ptr(out) })
-}
-
-/// Calls a shim function that returns false with an error message when it fails.
-pub fn run(what: &str, f: impl FnOnce(*mut c_char, usize) -> bool) -> TorchResult<()> {
     let mut error = [0 as c_char; 512];
-    if f(error.as_mut_ptr(), error.len()) {
-        return Ok(());
+    let mut out = std::ptr::null_mut();
+    if f(&mut out, error.as_mut_ptr(), error.len()) {
+        // SAFETY: on success the shim handed over a tensor it allocated with `new`.
+        return Ok(unsafe { Tensor::from_ptr(out) });
     }
     // SAFETY: on failure the shim wrote a NUL-terminated message into `error`.
     let text = unsafe { CStr::from_ptr(error.as_ptr()) }.to_string_lossy();

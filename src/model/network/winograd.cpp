@@ -1,11 +1,14 @@
-// The two transforms of a Winograd convolution (winograd.rs) on float32 activations on the CPU:
-// the inputs into tiles of the transform domain, and the products back into outputs. AVX-512
-// only (shim.rs checks the CPU). Errors as in shim.h.
+// A convolution by Winograd tiles (winograd.rs) on float32 activations on the CPU: the inputs
+// into tiles of the transform domain, one product per point with the transformed weights, and
+// the products back into outputs. AVX-512 only (shim.rs checks the CPU). Errors as in shim.h.
 //
-// A tile holds `m` outputs `dilation` columns apart and the `points` inputs they read. Tiles of
-// one phase r (r < dilation) start at columns k * m * dilation + r. Seen as polyphase rows,
-// input `j` of tile k of phase r is row (j % m, r) at k + j / m: the tiles of a phase are
-// contiguous there, so each transform runs along the tiles with whole vectors.
+// A tile holds `m` outputs `dilation` columns apart and the `points` inputs they read: tile k of
+// phase r (r < dilation) has outputs k * m * dilation + r + i * dilation, i < m.
+//
+// The work goes in pieces, each a range of tiles of every phase of one stream, so that a
+// piece's tiles and products stay in a core's caches: whole, they can take tens of megabytes,
+// and the products then wait on memory. With several pieces each thread runs whole pieces; a
+// single piece (a small step) spreads each of its parts across the threads instead.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -17,113 +20,159 @@
 #include <vector>
 
 #include "shim.h"
+#include "skinny_gemm.h"
 
 namespace {
 
-// Values per thread below which a split costs more than it saves.
-constexpr int64_t kGrain = 32768;
-
 // Inputs per tile at most: a tile's inputs stay in registers.
 constexpr int64_t kMaxPoints = 16;
+
+// About what a core's L2 cache holds: a piece's tiles take at most this ...
+constexpr int64_t kPieceBytes = 1 << 20;
+// ... but at least this many tiles, so that its products stay large for MKL's kernels.
+constexpr int64_t kMinPieceTiles = 256;
+
+// Most tiles whose products go to the few-row kernel (it reads each weight once; MKL re-reads
+// weights for few columns).
+constexpr int64_t kSkinnyTiles = 128;
 
 __attribute__((target("avx512f"))) inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
 }
 
-struct Geometry {
-  int64_t m;         // outputs per tile
-  int64_t points;    // inputs per tile: m + taps - 1
-  int64_t dilation;  // columns between a tile's outputs
-  int64_t columns;   // outputs per row
-  int64_t tiles;     // tiles per phase: ceil(columns / (m * dilation))
+struct Convolution {
+  const float* x;        // [B, in, length]
+  const float* weights;  // [points, out, in]
+  const float* bias;     // [out]
+  const float* bt;       // [points, points]
+  const float* at;       // [m, points]
+  float* y;              // [B, out, columns]
+  int64_t in, out, length, columns;
+  int64_t m, points, dilation;
+  int64_t tiles;  // tiles per phase: ceil(columns / (m * dilation))
 
-  // Columns per polyphase row: the tiles plus those the last tile reads past them.
-  int64_t span() const { return tiles + (points - 1) / m; }
+  int64_t block() const { return m * dilation; }
 };
 
-// Blocks `begin..end` of 16 channels of x [B, channels, length] (block = b * blocks + i) into
-// v [points, n, channels], n = B * dilation * tiles, tile (b * dilation + r) * tiles + k: a
-// tile's values are rows of channels, as the products read them.
-__attribute__((target("avx512f"))) void input_blocks(const float* x, float* v, const float* bt, const Geometry& g,
-                                                     int64_t channels, int64_t length, int64_t first, int64_t n,
+// Tiles k0..k1 of every phase of stream b. Tile t = r * (k1 - k0) + (k - k0) of the piece.
+struct Piece {
+  int64_t b, k0, k1;
+  int64_t count(const Convolution& c) const { return c.dilation * (k1 - k0); }
+};
+
+// Groups `begin..end` of 16 channels of the piece's inputs into its tiles [points, count, in].
+__attribute__((target("avx512f"))) void input_groups(const Convolution& c, const Piece& piece, float* v,
                                                      int64_t begin, int64_t end) {
-  const int64_t span = g.span();
-  const int64_t block = g.m * g.dilation;
-  const int64_t blocks = (channels + 15) / 16;
-  // Polyphase rows (s, r), s < m, of 16 channels side by side:
-  // poly[((s * dilation + r) * span + k) * 16 + lane] = x[c0 + lane, k * block + s * dilation + r].
-  std::vector<float> poly(static_cast<size_t>(block * span * 16));
-  __m512 inputs[kMaxPoints];
-  for (int64_t index = begin; index < end; ++index) {
-    const int64_t b = index / blocks;
-    const int64_t c0 = (index % blocks) * 16;
-    const int64_t lanes = std::min<int64_t>(16, channels - c0);
-    const __mmask16 mask = tail_mask(lanes);
-    if (lanes < 16) std::fill(poly.begin(), poly.end(), 0.0f);
-    for (int64_t lane = 0; lane < lanes; ++lane) {
-      const float* in = x + (b * channels + c0 + lane) * length + first;
-      for (int64_t k = 0; k < span; ++k) {
-        for (int64_t phase = 0; phase < block; ++phase) {
-          const int64_t column = k * block + phase;
-          poly[(phase * span + k) * 16 + lane] = first + column < length ? in[column] : 0.0f;
-        }
+  const int64_t count = piece.count(c);
+  const int64_t first = piece.k0 * c.block();
+  // The columns the piece reads: its outputs' and the kernel's reach past the last of them.
+  const int64_t span = (piece.k1 - piece.k0) * c.block() + (c.points - 1) * c.dilation;
+  {
+    // The columns of 16 channels side by side: columns[column * 16 + lane].
+    std::vector<float> columns(static_cast<size_t>(span * 16));
+    __m512 inputs[kMaxPoints];
+    for (int64_t group = begin; group < end; ++group) {
+      const int64_t c0 = group * 16;
+      const int64_t lanes = std::min<int64_t>(16, c.in - c0);
+      const __mmask16 mask = tail_mask(lanes);
+      if (lanes < 16) std::fill(columns.begin(), columns.end(), 0.0f);
+      for (int64_t lane = 0; lane < lanes; ++lane) {
+        const float* row = c.x + (piece.b * c.in + c0 + lane) * c.length;
+        const int64_t stored = std::clamp<int64_t>(c.length - first, 0, span);
+        for (int64_t column = 0; column < stored; ++column) columns[column * 16 + lane] = row[first + column];
+        for (int64_t column = stored; column < span; ++column) columns[column * 16 + lane] = 0.0f;
       }
-    }
-    for (int64_t r = 0; r < g.dilation; ++r) {
-      for (int64_t k = 0; k < g.tiles; ++k) {
-        for (int64_t j = 0; j < g.points; ++j) {
-          inputs[j] = _mm512_loadu_ps(poly.data() + (((j % g.m) * g.dilation + r) * span + k + j / g.m) * 16);
-        }
-        float* tile = v + ((b * g.dilation + r) * g.tiles + k) * channels + c0;
-        for (int64_t p = 0; p < g.points; ++p) {
-          __m512 sum = _mm512_setzero_ps();
-          for (int64_t j = 0; j < g.points; ++j) {
-            const float coefficient = bt[p * g.points + j];
-            if (coefficient != 0.0f) sum = _mm512_fmadd_ps(_mm512_set1_ps(coefficient), inputs[j], sum);
+      for (int64_t r = 0; r < c.dilation; ++r) {
+        for (int64_t k = piece.k0; k < piece.k1; ++k) {
+          const int64_t start = (k - piece.k0) * c.block() + r;
+          for (int64_t j = 0; j < c.points; ++j) {
+            inputs[j] = _mm512_loadu_ps(columns.data() + (start + j * c.dilation) * 16);
           }
-          _mm512_mask_storeu_ps(tile + p * n * channels, mask, sum);
+          float* tile = v + (r * (piece.k1 - piece.k0) + (k - piece.k0)) * c.in + c0;
+          for (int64_t p = 0; p < c.points; ++p) {
+            __m512 sum = _mm512_setzero_ps();
+            for (int64_t j = 0; j < c.points; ++j) {
+              const float coefficient = c.bt[p * c.points + j];
+              if (coefficient != 0.0f) sum = _mm512_fmadd_ps(_mm512_set1_ps(coefficient), inputs[j], sum);
+            }
+            _mm512_mask_storeu_ps(tile + p * count * c.in, mask, sum);
+          }
         }
       }
     }
   }
 }
 
-// Rows `begin..end` of y [rows, length] (row = b * channels + o), columns `first..first +
-// columns`, from products [points, channels, n], plus the channel's bias.
-__attribute__((target("avx512f"))) void output_rows(const float* products, float* y, const float* at_matrix,
-                                                    const float* bias, const Geometry& g, int64_t channels,
-                                                    int64_t length, int64_t first, int64_t n, int64_t begin,
-                                                    int64_t end) {
-  const int64_t block = g.m * g.dilation;
-  // Polyphase outputs: tile k's output i of phase r at (i * dilation + r) * tiles + k.
-  std::vector<float> poly(static_cast<size_t>(block * g.tiles));
-  for (int64_t row = begin; row < end; ++row) {
-    const int64_t b = row / channels;
-    const int64_t o = row % channels;
-    const __m512 offset = _mm512_set1_ps(bias[o]);
-    for (int64_t r = 0; r < g.dilation; ++r) {
-      const int64_t first = (b * g.dilation + r) * g.tiles;
-      for (int64_t k = 0; k < g.tiles; k += 16) {
-        const __mmask16 mask = tail_mask(g.tiles - k);
-        for (int64_t i = 0; i < g.m; ++i) {
-          __m512 sum = offset;
-          for (int64_t p = 0; p < g.points; ++p) {
-            const float coefficient = at_matrix[i * g.points + p];
-            if (coefficient == 0.0f) continue;
-            const float* source = products + (p * channels + o) * n + first + k;
-            sum = _mm512_fmadd_ps(_mm512_set1_ps(coefficient), _mm512_maskz_loadu_ps(mask, source), sum);
+void input_transform(const Convolution& c, const Piece& piece, float* v) {
+  at::parallel_for(0, (c.in + 15) / 16, 1,
+                   [&](int64_t begin, int64_t end) { input_groups(c, piece, v, begin, end); });
+}
+
+// Each point's weight [out, in] times the piece's tiles [count, in]: products [points, out, count].
+void products(const Convolution& c, const Piece& piece, const float* v, float* products) {
+  const int64_t count = piece.count(c);
+  for (int64_t p = 0; p < c.points; ++p) {
+    const float* weight = c.weights + p * c.out * c.in;
+    const float* tiles = v + p * count * c.in;
+    float* result = products + p * c.out * count;
+    if (count <= kSkinnyTiles) {
+      qwencodec::skinny_product(weight, tiles, nullptr, result, c.in, c.out, count);
+      continue;
+    }
+    const auto options = at::TensorOptions().dtype(at::kFloat);
+    at::Tensor out = at::from_blob(result, {c.out, count}, options);
+    at::mm_out(out, at::from_blob(const_cast<float*>(weight), {c.out, c.in}, options),
+               at::from_blob(const_cast<float*>(tiles), {count, c.in}, options).t());
+  }
+}
+
+// Output channels `begin..end` of the piece from its products, plus the bias.
+__attribute__((target("avx512f"))) void output_channels(const Convolution& c, const Piece& piece,
+                                                        const float* products, int64_t begin, int64_t end) {
+  const int64_t count = piece.count(c);
+  const int64_t tiles = piece.k1 - piece.k0;
+  const int64_t first = piece.k0 * c.block();
+  const int64_t columns = std::min(tiles * c.block(), c.columns - first);
+  {
+    // Tile k's output i of phase r at (i * dilation + r) * tiles + k.
+    std::vector<float> outputs(static_cast<size_t>(c.block() * tiles));
+    for (int64_t o = begin; o < end; ++o) {
+      const __m512 offset = _mm512_set1_ps(c.bias[o]);
+      for (int64_t r = 0; r < c.dilation; ++r) {
+        for (int64_t k = 0; k < tiles; k += 16) {
+          const __mmask16 mask = tail_mask(tiles - k);
+          for (int64_t i = 0; i < c.m; ++i) {
+            __m512 sum = offset;
+            for (int64_t p = 0; p < c.points; ++p) {
+              const float coefficient = c.at[i * c.points + p];
+              if (coefficient == 0.0f) continue;
+              const float* source = products + (p * c.out + o) * count + r * tiles + k;
+              sum = _mm512_fmadd_ps(_mm512_set1_ps(coefficient), _mm512_maskz_loadu_ps(mask, source), sum);
+            }
+            _mm512_mask_storeu_ps(outputs.data() + (i * c.dilation + r) * tiles + k, mask, sum);
           }
-          _mm512_mask_storeu_ps(poly.data() + (i * g.dilation + r) * g.tiles + k, mask, sum);
         }
       }
-    }
-    float* out = y + row * length + first;
-    for (int64_t column = 0; column < g.columns; ++column) {
-      const int64_t k = column / block;
-      const int64_t phase = column % block;
-      out[column] = poly[phase * g.tiles + k];
+      float* row = c.y + (piece.b * c.out + o) * c.columns + first;
+      for (int64_t column = 0; column < columns; ++column) {
+        row[column] = outputs[(column % c.block()) * tiles + column / c.block()];
+      }
     }
   }
+}
+
+void output_transform(const Convolution& c, const Piece& piece, const float* products) {
+  at::parallel_for(0, c.out, 16,
+                   [&](int64_t begin, int64_t end) { output_channels(c, piece, products, begin, end); });
+}
+
+void run_piece(const Convolution& c, const Piece& piece) {
+  const int64_t count = piece.count(c);
+  std::vector<float> v(static_cast<size_t>(c.points * count * c.in));
+  std::vector<float> m(static_cast<size_t>(c.points * c.out * count));
+  input_transform(c, piece, v.data());
+  products(c, piece, v.data(), m.data());
+  output_transform(c, piece, m.data());
 }
 
 void check_matrix(const at::Tensor* matrix, int64_t rows, int64_t cols, const char* name) {
@@ -132,78 +181,74 @@ void check_matrix(const at::Tensor* matrix, int64_t rows, int64_t cols, const ch
               "the Winograd ", name, " matrix is float32 [", rows, ", ", cols, "]");
 }
 
-Geometry geometry(int64_t m, int64_t points, int64_t dilation, int64_t columns) {
-  TORCH_CHECK(m >= 1 && points >= m && points <= kMaxPoints && dilation >= 1 && columns >= 1,
-              "a Winograd tile of ", m, " outputs, ", points, " points, dilation ", dilation, " and ", columns,
-              " columns");
-  const int64_t block = m * dilation;
-  return Geometry{m, points, dilation, columns, (columns + block - 1) / block};
-}
-
 }  // namespace
 
 extern "C" {
 
-// `x`: [B, channels, length] float32, contiguous: the inputs of outputs `first..first + columns`
-// start at column `first` (length is at least first + columns + (points - m) * dilation); `bt`:
-// [points, points], the input transform. `*out`: the tiles in the transform domain, [points,
-// B * dilation * tiles, channels].
-bool qwencodec_winograd_input(const at::Tensor* x, const at::Tensor* bt, int64_t m, int64_t dilation, int64_t first,
-                              int64_t columns, at::Tensor** out, char* error, size_t error_size) {
+// `x`: [B, in, length] float32, contiguous: the inputs of `columns` outputs, the kernel's reach
+// into the past first (length is columns + (taps - 1) * dilation); `weights`: [points, out, in],
+// the kernel transformed; `bias`: `out` values; `bt`: [points, points] and `at`: [m, points],
+// the input and output transforms; all float32 and contiguous. `*out`: [B, out, columns].
+bool qwencodec_winograd_conv(const at::Tensor* x, const at::Tensor* weights, const at::Tensor* bias,
+                             const at::Tensor* bt, const at::Tensor* at_matrix, int64_t dilation, int64_t columns,
+                             at::Tensor** out, char* error, size_t error_size) {
   return qwencodec::guarded(error, error_size, [&] {
     TORCH_CHECK(x->dim() == 3 && x->scalar_type() == at::kFloat && x->is_contiguous(),
                 "a Winograd input is contiguous float32 [B, channels, T]");
-    const int64_t points = bt->size(0);
+    TORCH_CHECK(weights->dim() == 3 && weights->scalar_type() == at::kFloat && weights->is_contiguous() &&
+                    weights->size(2) == x->size(1),
+                "Winograd weights are contiguous float32 [points, out, in]");
+    const int64_t points = weights->size(0), out_channels = weights->size(1);
+    TORCH_CHECK(points <= kMaxPoints, "Winograd tiles of at most ", kMaxPoints, " points");
     check_matrix(bt, points, points, "input transform");
-    const Geometry g = geometry(m, points, dilation, columns);
-    const int64_t batch = x->size(0), channels = x->size(1), length = x->size(2);
-    TORCH_CHECK(first >= 0 && length >= first + columns + (points - m) * dilation, "a Winograd input of ", length,
-                " columns for outputs ", first, " to ", first + columns);
-    const int64_t n = batch * dilation * g.tiles;
-    at::Tensor tiles = at::empty({points, n, channels}, x->options());
-    const float* in = x->data_ptr<float>();
-    float* v = tiles.data_ptr<float>();
-    const float* transform = bt->data_ptr<float>();
-    const int64_t blocks = batch * ((channels + 15) / 16);
-    at::parallel_for(0, blocks, std::max<int64_t>(1, kGrain / (16 * points * dilation * g.tiles)),
-                     [&](int64_t begin, int64_t end) {
-                       input_blocks(in, v, transform, g, channels, length, first, n, begin, end);
-                     });
-    *out = new at::Tensor(std::move(tiles));
-  });
-}
-
-// `products`: [points, channels, B * dilation * tiles] float32, the tiles times the transformed
-// weights; `at_matrix`: [m, points], the output transform; `bias`: `channels` float32 values.
-// Writes columns `first..first + columns` of `y`, [B, channels, length] float32, contiguous.
-bool qwencodec_winograd_output(const at::Tensor* products, const at::Tensor* at_matrix, const at::Tensor* bias,
-                               int64_t dilation, int64_t first, int64_t columns, at::Tensor* y, char* error,
-                               size_t error_size) {
-  return qwencodec::guarded(error, error_size, [&] {
-    TORCH_CHECK(products->dim() == 3 && products->scalar_type() == at::kFloat && products->is_contiguous(),
-                "Winograd products are contiguous float32 [points, channels, n]");
-    const int64_t points = products->size(0), channels = products->size(1);
     const int64_t m = at_matrix->size(0);
     check_matrix(at_matrix, m, points, "output transform");
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == channels && bias->scalar_type() == at::kFloat,
-                "a Winograd bias is float32, one per channel");
-    TORCH_CHECK(y->dim() == 3 && y->size(1) == channels && y->scalar_type() == at::kFloat && y->is_contiguous(),
-                "a Winograd output is contiguous float32 [B, ", channels, ", T]");
-    const int64_t batch = y->size(0), length = y->size(2);
-    TORCH_CHECK(first >= 0 && first + columns <= length, "Winograd outputs ", first, " to ", first + columns,
-                " of ", length);
-    const Geometry g = geometry(m, points, dilation, columns);
-    const int64_t n = batch * dilation * g.tiles;
-    TORCH_CHECK(products->size(2) == n, "Winograd products of ", products->size(2), " tiles where ", n,
-                " are needed");
-    const float* source = products->data_ptr<float>();
-    float* out = y->data_ptr<float>();
-    const float* transform = at_matrix->data_ptr<float>();
-    const float* offsets = bias->data_ptr<float>();
-    at::parallel_for(0, batch * channels, std::max<int64_t>(1, kGrain / (points * dilation * g.tiles)),
-                     [&](int64_t begin, int64_t end) {
-                       output_rows(source, out, transform, offsets, g, channels, length, first, n, begin, end);
-                     });
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == out_channels && bias->scalar_type() == at::kFloat,
+                "a Winograd bias is float32, one per output channel");
+    TORCH_CHECK(m >= 1 && m <= points && dilation >= 1 && columns >= 1, "Winograd tiles of ", m,
+                " outputs at dilation ", dilation, " for ", columns, " columns");
+    TORCH_CHECK(x->size(2) == columns + (points - m) * dilation, "a Winograd input of ", x->size(2),
+                " columns for ", columns, " outputs");
+    at::Tensor result = at::empty({x->size(0), out_channels, columns}, x->options());
+    Convolution c{x->data_ptr<float>(),
+                  weights->data_ptr<float>(),
+                  bias->data_ptr<float>(),
+                  bt->data_ptr<float>(),
+                  at_matrix->data_ptr<float>(),
+                  result.data_ptr<float>(),
+                  x->size(1),
+                  out_channels,
+                  x->size(2),
+                  columns,
+                  m,
+                  points,
+                  dilation,
+                  0};
+    c.tiles = (columns + c.block() - 1) / c.block();
+    // Tiles of every phase per piece, as many pieces as fit the cache budget, rounded up to a
+    // multiple of the threads so that none idles at the end.
+    const int64_t per_tile = 4 * points * std::max(c.in, c.out);
+    const int64_t budget = std::max(kMinPieceTiles, kPieceBytes / per_tile);
+    const int64_t batch = x->size(0);
+    int64_t pieces_per_stream = std::max<int64_t>(1, (dilation * c.tiles) / budget);
+    const int64_t threads = at::get_num_threads();
+    if (batch * pieces_per_stream > 1 && (batch * pieces_per_stream) % threads != 0) {
+      pieces_per_stream = std::min(c.tiles, (batch * pieces_per_stream + threads - 1) / threads * threads / batch);
+    }
+    const int64_t per_piece = (c.tiles + pieces_per_stream - 1) / pieces_per_stream;
+    std::vector<Piece> pieces;
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t k0 = 0; k0 < c.tiles; k0 += per_piece) pieces.push_back({b, k0, std::min(c.tiles, k0 + per_piece)});
+    }
+    if (pieces.size() == 1) {
+      // Not from inside a parallel_for, which would run the piece's own parallel parts serially.
+      run_piece(c, pieces[0]);
+    } else {
+      at::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) run_piece(c, pieces[i]);
+      });
+    }
+    *out = new at::Tensor(std::move(result));
   });
 }
 

@@ -9,14 +9,13 @@
 //! float64 as upstream's own float32 decode; with 4 its error is about three times upstream's,
 //! which only the reduced-precision dtype accepts (`bench/results/2026-11-30-amd-epyc-avx512-winograd.md`).
 //!
-//! The transforms are C++ (`winograd.cpp`, AVX-512); the products in between are one batched
-//! matrix product, a weight matrix per point.
+//! The convolution is C++ (`winograd.cpp`, AVX-512): the transforms and, between them, a product
+//! per point with its transformed weight, in pieces that keep the tiles in the caches.
 
 use tch::{Device, Kind, Tensor};
 
 use super::TorchResult;
-use super::shim::{self, call, run};
-use super::skinny_gemm;
+use super::shim::{self, call};
 
 mod ffi {
     use std::ffi::c_char;
@@ -25,25 +24,15 @@ mod ffi {
 
     // Tensors cross as libtorch's own `at::Tensor*` (tch's `C_tensor`).
     unsafe extern "C" {
-        pub fn qwencodec_winograd_input(
+        pub fn qwencodec_winograd_conv(
             x: *const C_tensor,
+            weights: *const C_tensor,
+            bias: *const C_tensor,
             bt: *const C_tensor,
-            m: i64,
+            at: *const C_tensor,
             dilation: i64,
-            first: i64,
             columns: i64,
             out: *mut *mut C_tensor,
-            error: *mut c_char,
-            size: usize,
-        ) -> bool;
-        pub fn qwencodec_winograd_output(
-            products: *const C_tensor,
-            at: *const C_tensor,
-            bias: *const C_tensor,
-            dilation: i64,
-            first: i64,
-            columns: i64,
-            y: *mut C_tensor,
             error: *mut c_char,
             size: usize,
         ) -> bool;
@@ -71,13 +60,6 @@ const POINTS: [f64; 11] = [
 /// savings: each input value becomes `points / m` tile values, written and read again
 /// (`bench/results/2026-11-30-amd-epyc-avx512-winograd.md`).
 const MIN_CHANNELS: [(usize, usize); 2] = [(2, 384), (4, 192)];
-
-/// About what a core's L2 cache holds: the tiles of a piece of a convolution take at most this.
-const CACHED_BYTES: i64 = 1 << 20;
-
-/// Tiles a piece takes at least, so that the products stay large enough for MKL's kernels and
-/// few pieces read the weights again.
-const MIN_TILES: i64 = 256;
 
 /// Winograd's three matrices for `m` outputs of a `taps`-tap kernel, `points = m + taps - 1`:
 /// outputs = AT ((G kernel) * (BT inputs)), where output i is the sum over taps k of
@@ -165,7 +147,6 @@ pub struct Winograd {
     /// [points, points] and [m, points], float32.
     input_transform: Tensor,
     output_transform: Tensor,
-    m: i64,
     dilation: i64,
 }
 
@@ -196,77 +177,25 @@ impl Winograd {
             bias: bias.f_to_kind(Kind::Float)?.f_contiguous()?,
             input_transform: matrix(&transforms.input)?,
             output_transform: matrix(&transforms.output)?,
-            m: m as i64,
             dilation: dilation as i64,
         })
-    }
-
-    /// `tiles` [points, n, in] times each point's weight: [points, out, n].
-    fn products(&self, tiles: &Tensor) -> TorchResult<Tensor> {
-        let (points, n) = (tiles.size()[0], tiles.size()[1]);
-        if skinny_gemm::applies(&self.weights, n) {
-            let products = (0..points)
-                .map(|p| skinny_gemm::product(&self.weights.get(p), &tiles.get(p), None))
-                .collect::<TorchResult<Vec<_>>>()?;
-            return Tensor::f_stack(&products, 0);
-        }
-        self.weights.f_bmm(&tiles.f_transpose(1, 2)?)
     }
 
     /// `input`: [B, in, context + columns] float32, where the context is the kernel's reach into
     /// the past ((taps - 1) * dilation) -> [B, out, columns].
     pub fn forward(&self, input: &Tensor, columns: i64) -> TorchResult<Tensor> {
         let input = input.f_contiguous()?;
-        let (batch, out_channels) = (input.size()[0], self.weights.size()[1]);
-        let mut output = Tensor::f_empty([batch, out_channels, columns], (Kind::Float, input.device()))?;
-        // In pieces whose tiles and products stay in the caches: whole, they can take tens of
-        // megabytes, and the products then wait on memory.
-        let points = self.weights.size()[0];
-        let channels = out_channels.max(self.weights.size()[2]);
-        let tiles = (CACHED_BYTES / (4 * points * channels)).max(MIN_TILES);
-        let block = self.m * self.dilation;
-        let piece = (tiles * self.m / batch / block).max(1) * block;
-        let mut first = 0;
-        while first < columns {
-            let length = piece.min(columns - first);
-            self.forward_piece(&input, &mut output, first, length)?;
-            first += length;
-        }
-        Ok(output)
-    }
-
-    /// Outputs `first..first + columns` of `output` from `input`.
-    fn forward_piece(
-        &self,
-        input: &Tensor,
-        output: &mut Tensor,
-        first: i64,
-        columns: i64,
-    ) -> TorchResult<()> {
-        // SAFETY: the tensors are live for the duration of each call.
-        let tiles = call("Winograd input transform", |out, error, size| unsafe {
-            ffi::qwencodec_winograd_input(
+        // SAFETY: the tensors are live for the duration of the call.
+        call("Winograd convolution", |out, error, size| unsafe {
+            ffi::qwencodec_winograd_conv(
                 input.as_ptr(),
+                self.weights.as_ptr(),
+                self.bias.as_ptr(),
                 self.input_transform.as_ptr(),
-                self.m,
+                self.output_transform.as_ptr(),
                 self.dilation,
-                first,
                 columns,
                 out,
-                error,
-                size,
-            )
-        })?;
-        let products = self.products(&tiles)?;
-        run("Winograd output transform", |error, size| unsafe {
-            ffi::qwencodec_winograd_output(
-                products.as_ptr(),
-                self.output_transform.as_ptr(),
-                self.bias.as_ptr(),
-                self.dilation,
-                first,
-                columns,
-                output.as_mut_ptr(),
                 error,
                 size,
             )
@@ -334,9 +263,9 @@ mod tests {
 
     fn check_against_float64() {
         tch::manual_seed(5);
-        let (channels_in, channels_out, taps) = (24, 32, 7);
+        let (channels_in, channels_out, taps) = (40, 160, 7);
         let options = (Kind::Float, Device::Cpu);
-        let weight = Tensor::randn([channels_out, channels_in, taps], options) / 13.0;
+        let weight = Tensor::randn([channels_out, channels_in, taps], options) / 17.0;
         let bias = Tensor::randn([channels_out], options);
         for m in [2, 4] {
             for dilation in [1, 3, 9] {
