@@ -131,11 +131,12 @@ impl Transforms {
     }
 }
 
-fn matrix(rows: &[Vec<f64>]) -> TorchResult<Tensor> {
+/// `rows` as a [rows, columns] tensor of `kind`.
+fn matrix(rows: &[Vec<f64>], kind: Kind) -> TorchResult<Tensor> {
     let flat: Vec<f64> = rows.concat();
     Tensor::from_slice(&flat)
         .f_view([rows.len() as i64, -1])?
-        .f_to_kind(Kind::Float)
+        .f_to_kind(kind)
 }
 
 /// A convolution (no groups) computed by Winograd tiles of `m` outputs.
@@ -168,15 +169,15 @@ impl Winograd {
         // [points, taps] x [out, in, taps] in float64, then rounded once.
         let weights = weight
             .f_to_kind(Kind::Double)?
-            .f_matmul(&matrix(&transforms.kernel)?.f_to_kind(Kind::Double)?.f_t_()?)?
+            .f_matmul(&matrix(&transforms.kernel, Kind::Double)?.f_t_()?)?
             .f_permute([2, 0, 1])?
             .f_to_kind(Kind::Float)?
             .f_contiguous()?;
         Ok(Self {
             weights,
             bias: bias.f_to_kind(Kind::Float)?.f_contiguous()?,
-            input_transform: matrix(&transforms.input)?,
-            output_transform: matrix(&transforms.output)?,
+            input_transform: matrix(&transforms.input, Kind::Float)?,
+            output_transform: matrix(&transforms.output, Kind::Float)?,
             dilation: dilation as i64,
         })
     }
