@@ -132,7 +132,7 @@ impl CausalConv {
         // Otherwise by Winograd tiles where the CPU has them for this many channels: fewer
         // products than the convolution kernels, which already run at the CPU's peak.
         if let Some(winograd) = &self.winograd {
-            return winograd.forward(&input, columns);
+            return winograd.forward(&input);
         }
         let (weight, bias) = self
             .kernel_weights

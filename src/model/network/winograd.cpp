@@ -67,36 +67,35 @@ __attribute__((target("avx512f"))) void input_groups(const Convolution& c, const
   const int64_t first = piece.k0 * c.block();
   // The columns the piece reads: its outputs' and the kernel's reach past the last of them.
   const int64_t span = (piece.k1 - piece.k0) * c.block() + (c.points - 1) * c.dilation;
-  {
-    // The columns of 16 channels side by side: columns[column * 16 + lane].
-    std::vector<float> columns(static_cast<size_t>(span * 16));
-    __m512 inputs[kMaxPoints];
-    for (int64_t group = begin; group < end; ++group) {
-      const int64_t c0 = group * 16;
-      const int64_t lanes = std::min<int64_t>(16, c.in - c0);
-      const __mmask16 mask = tail_mask(lanes);
-      if (lanes < 16) std::fill(columns.begin(), columns.end(), 0.0f);
-      for (int64_t lane = 0; lane < lanes; ++lane) {
-        const float* row = c.x + (piece.b * c.in + c0 + lane) * c.length;
-        const int64_t stored = std::clamp<int64_t>(c.length - first, 0, span);
-        for (int64_t column = 0; column < stored; ++column) columns[column * 16 + lane] = row[first + column];
-        for (int64_t column = stored; column < span; ++column) columns[column * 16 + lane] = 0.0f;
-      }
-      for (int64_t r = 0; r < c.dilation; ++r) {
-        for (int64_t k = piece.k0; k < piece.k1; ++k) {
-          const int64_t start = (k - piece.k0) * c.block() + r;
+  // Those of them the input has; the rest, past its end, are zeros.
+  const int64_t stored = std::clamp<int64_t>(c.length - first, 0, span);
+  // The columns of 16 channels side by side: columns[column * 16 + lane].
+  std::vector<float> columns(static_cast<size_t>(span * 16));
+  __m512 inputs[kMaxPoints];
+  for (int64_t group = begin; group < end; ++group) {
+    const int64_t c0 = group * 16;
+    const int64_t lanes = std::min<int64_t>(16, c.in - c0);
+    const __mmask16 mask = tail_mask(lanes);
+    if (lanes < 16) std::fill(columns.begin(), columns.end(), 0.0f);
+    for (int64_t lane = 0; lane < lanes; ++lane) {
+      const float* row = c.x + (piece.b * c.in + c0 + lane) * c.length;
+      for (int64_t column = 0; column < stored; ++column) columns[column * 16 + lane] = row[first + column];
+      for (int64_t column = stored; column < span; ++column) columns[column * 16 + lane] = 0.0f;
+    }
+    for (int64_t r = 0; r < c.dilation; ++r) {
+      for (int64_t k = piece.k0; k < piece.k1; ++k) {
+        const int64_t start = (k - piece.k0) * c.block() + r;
+        for (int64_t j = 0; j < c.points; ++j) {
+          inputs[j] = _mm512_loadu_ps(columns.data() + (start + j * c.dilation) * 16);
+        }
+        float* tile = v + (r * (piece.k1 - piece.k0) + (k - piece.k0)) * c.in + c0;
+        for (int64_t p = 0; p < c.points; ++p) {
+          __m512 sum = _mm512_setzero_ps();
           for (int64_t j = 0; j < c.points; ++j) {
-            inputs[j] = _mm512_loadu_ps(columns.data() + (start + j * c.dilation) * 16);
+            const float coefficient = c.bt[p * c.points + j];
+            if (coefficient != 0.0f) sum = _mm512_fmadd_ps(_mm512_set1_ps(coefficient), inputs[j], sum);
           }
-          float* tile = v + (r * (piece.k1 - piece.k0) + (k - piece.k0)) * c.in + c0;
-          for (int64_t p = 0; p < c.points; ++p) {
-            __m512 sum = _mm512_setzero_ps();
-            for (int64_t j = 0; j < c.points; ++j) {
-              const float coefficient = c.bt[p * c.points + j];
-              if (coefficient != 0.0f) sum = _mm512_fmadd_ps(_mm512_set1_ps(coefficient), inputs[j], sum);
-            }
-            _mm512_mask_storeu_ps(tile + p * count * c.in, mask, sum);
-          }
+          _mm512_mask_storeu_ps(tile + p * count * c.in, mask, sum);
         }
       }
     }
@@ -133,30 +132,28 @@ __attribute__((target("avx512f"))) void output_channels(const Convolution& c, co
   const int64_t tiles = piece.k1 - piece.k0;
   const int64_t first = piece.k0 * c.block();
   const int64_t columns = std::min(tiles * c.block(), c.columns - first);
-  {
-    // Tile k's output i of phase r at (i * dilation + r) * tiles + k.
-    std::vector<float> outputs(static_cast<size_t>(c.block() * tiles));
-    for (int64_t o = begin; o < end; ++o) {
-      const __m512 offset = _mm512_set1_ps(c.bias[o]);
-      for (int64_t r = 0; r < c.dilation; ++r) {
-        for (int64_t k = 0; k < tiles; k += 16) {
-          const __mmask16 mask = tail_mask(tiles - k);
-          for (int64_t i = 0; i < c.m; ++i) {
-            __m512 sum = offset;
-            for (int64_t p = 0; p < c.points; ++p) {
-              const float coefficient = c.at[i * c.points + p];
-              if (coefficient == 0.0f) continue;
-              const float* source = products + (p * c.out + o) * count + r * tiles + k;
-              sum = _mm512_fmadd_ps(_mm512_set1_ps(coefficient), _mm512_maskz_loadu_ps(mask, source), sum);
-            }
-            _mm512_mask_storeu_ps(outputs.data() + (i * c.dilation + r) * tiles + k, mask, sum);
+  // Tile k's output i of phase r at (i * dilation + r) * tiles + k.
+  std::vector<float> outputs(static_cast<size_t>(c.block() * tiles));
+  for (int64_t o = begin; o < end; ++o) {
+    const __m512 offset = _mm512_set1_ps(c.bias[o]);
+    for (int64_t r = 0; r < c.dilation; ++r) {
+      for (int64_t k = 0; k < tiles; k += 16) {
+        const __mmask16 mask = tail_mask(tiles - k);
+        for (int64_t i = 0; i < c.m; ++i) {
+          __m512 sum = offset;
+          for (int64_t p = 0; p < c.points; ++p) {
+            const float coefficient = c.at[i * c.points + p];
+            if (coefficient == 0.0f) continue;
+            const float* source = products + (p * c.out + o) * count + r * tiles + k;
+            sum = _mm512_fmadd_ps(_mm512_set1_ps(coefficient), _mm512_maskz_loadu_ps(mask, source), sum);
           }
+          _mm512_mask_storeu_ps(outputs.data() + (i * c.dilation + r) * tiles + k, mask, sum);
         }
       }
-      float* row = c.y + (piece.b * c.out + o) * c.columns + first;
-      for (int64_t column = 0; column < columns; ++column) {
-        row[column] = outputs[(column % c.block()) * tiles + column / c.block()];
-      }
+    }
+    float* row = c.y + (piece.b * c.out + o) * c.columns + first;
+    for (int64_t column = 0; column < columns; ++column) {
+      row[column] = outputs[(column % c.block()) * tiles + column / c.block()];
     }
   }
 }
@@ -185,13 +182,13 @@ void check_matrix(const at::Tensor* matrix, int64_t rows, int64_t cols, const ch
 
 extern "C" {
 
-// `x`: [B, in, length] float32, contiguous: the inputs of `columns` outputs, the kernel's reach
-// into the past first (length is columns + (taps - 1) * dilation); `weights`: [points, out, in],
-// the kernel transformed; `bias`: `out` values; `bt`: [points, points] and `at`: [m, points],
-// the input and output transforms; all float32 and contiguous. `*out`: [B, out, columns].
+// `x`: [B, in, length] float32, contiguous: the kernel's reach into the past ((taps - 1) *
+// dilation columns), then the inputs of the outputs; `weights`: [points, out, in], the kernel
+// transformed; `bias`: `out` values; `bt`: [points, points] and `at`: [m, points], the input
+// and output transforms; all float32 and contiguous. `*out`: [B, out, length - reach].
 bool qwencodec_winograd_conv(const at::Tensor* x, const at::Tensor* weights, const at::Tensor* bias,
-                             const at::Tensor* bt, const at::Tensor* at_matrix, int64_t dilation, int64_t columns,
-                             at::Tensor** out, char* error, size_t error_size) {
+                             const at::Tensor* bt, const at::Tensor* at_matrix, int64_t dilation, at::Tensor** out,
+                             char* error, size_t error_size) {
   return qwencodec::guarded(error, error_size, [&] {
     TORCH_CHECK(x->dim() == 3 && x->scalar_type() == at::kFloat && x->is_contiguous(),
                 "a Winograd input is contiguous float32 [B, channels, T]");
@@ -205,10 +202,11 @@ bool qwencodec_winograd_conv(const at::Tensor* x, const at::Tensor* weights, con
     check_matrix(at_matrix, m, points, "output transform");
     TORCH_CHECK(bias->is_contiguous() && bias->numel() == out_channels && bias->scalar_type() == at::kFloat,
                 "a Winograd bias is float32, one per output channel");
-    TORCH_CHECK(m >= 1 && m <= points && dilation >= 1 && columns >= 1, "Winograd tiles of ", m,
-                " outputs at dilation ", dilation, " for ", columns, " columns");
-    TORCH_CHECK(x->size(2) == columns + (points - m) * dilation, "a Winograd input of ", x->size(2),
-                " columns for ", columns, " outputs");
+    TORCH_CHECK(m >= 1 && m <= points && dilation >= 1, "Winograd tiles of ", m, " outputs at dilation ",
+                dilation);
+    const int64_t columns = x->size(2) - (points - m) * dilation;
+    TORCH_CHECK(columns >= 1, "a Winograd input of ", x->size(2), " columns, no more than the kernel's reach of ",
+                (points - m) * dilation);
     at::Tensor result = at::empty({x->size(0), out_channels, columns}, x->options());
     Convolution c{x->data_ptr<float>(),
                   weights->data_ptr<float>(),

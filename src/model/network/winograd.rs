@@ -31,7 +31,6 @@ mod ffi {
             bt: *const C_tensor,
             at: *const C_tensor,
             dilation: i64,
-            columns: i64,
             out: *mut *mut C_tensor,
             error: *mut c_char,
             size: usize,
@@ -184,7 +183,7 @@ impl Winograd {
 
     /// `input`: [B, in, context + columns] float32, where the context is the kernel's reach into
     /// the past ((taps - 1) * dilation) -> [B, out, columns].
-    pub fn forward(&self, input: &Tensor, columns: i64) -> TorchResult<Tensor> {
+    pub fn forward(&self, input: &Tensor) -> TorchResult<Tensor> {
         let input = input.f_contiguous()?;
         // SAFETY: the tensors are live for the duration of the call.
         call("Winograd convolution", |out, error, size| unsafe {
@@ -195,7 +194,6 @@ impl Winograd {
                 self.input_transform.as_ptr(),
                 self.output_transform.as_ptr(),
                 self.dilation,
-                columns,
                 out,
                 error,
                 size,
@@ -275,7 +273,7 @@ mod tests {
                 for columns in [1, 5, 17, 64, 301, 3001] {
                     let context = (taps - 1) * dilation as i64;
                     let input = Tensor::randn([2, channels_in, context + columns], options);
-                    let got = conv.forward(&input, columns).unwrap();
+                    let got = conv.forward(&input).unwrap();
                     let expected = input.to_kind(Kind::Double).conv1d(
                         &weight.to_kind(Kind::Double),
                         Some(&bias.to_kind(Kind::Double)),
