@@ -7,7 +7,6 @@ fn main() {
     println!("cargo::rerun-if-changed=src/model/cuda_graph.cpp");
     for shim in [
         "shim.h",
-        "skinny_gemm.h",
         "fp16_gemm.cpp",
         "skinny_gemm.cpp",
         "snake_beta.cpp",

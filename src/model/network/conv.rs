@@ -32,6 +32,15 @@ impl ConvShape {
     }
 }
 
+/// Most rows (output columns times streams) for which a convolution that also has Winograd
+/// tiles multiplies its matrix instead: while the weight's bytes bound the product. The tiles
+/// read a little more of them (8 matrices of the kernel's size per 7 taps in float32), but from a
+/// few dozen rows on the products are bound by arithmetic, where the tiles do fewer. Packed
+/// float16 matrices read half the bytes of float32 ones and keep the lead longer; measured on
+/// the released geometry's shapes in `bench/results/2026-11-30-amd-epyc-avx512-winograd-kernel.md`.
+const MATRIX_MAX_ROWS: i64 = 16;
+const PACKED_MATRIX_MAX_ROWS: i64 = 64;
+
 /// A 1-D convolution padded causally: `(kernel - 1) * dilation` columns of the past on the left.
 pub struct CausalConv {
     /// [out, in / groups, kernel] and [out], for the convolution kernels; none where the matrix
@@ -41,7 +50,7 @@ pub struct CausalConv {
     /// and its bias, for short inputs (see `forward`).
     matrix: Option<Matrix>,
     /// The same convolution by Winograd tiles, for CPU float32 weights where it pays (see
-    /// `forward`).
+    /// `forward`); beside a packed matrix, for the steps too large for it.
     winograd: Option<Winograd>,
     in_channels: i64,
     kernel: i64,
@@ -78,7 +87,6 @@ impl CausalConv {
         let packed = matrix.as_ref().is_some_and(Matrix::is_packed);
         let tile = weights.winograd_outputs();
         let winograd = (groups == 1
-            && !packed
             && weight.kind() == Kind::Float
             && Winograd::applies(weights.device(), in_channels.min(out_channels), tile, kernel))
         .then(|| Winograd::new(&weight, &bias, dilation, tile))
@@ -112,11 +120,22 @@ impl CausalConv {
         // As one matrix product over the gathered taps: on CPU where the weight dominates (few
         // output columns against many input channels: the low-rate layers of a small step), as
         // it reads the weight faster than the convolution kernels do; on CUDA always, as cuBLAS
-        // keeps float32 exact where cuDNN defaults to TF32; packed weights always.
+        // keeps float32 exact where cuDNN defaults to TF32; packed weights always, unless the
+        // step is large enough for Winograd tiles.
         let rows = batch * columns;
-        if let Some(matrix) = &self.matrix
-            && (matrix.is_packed() || input.device().is_cuda() || rows * 16 <= self.in_channels)
-        {
+        let by_matrix = match &self.matrix {
+            None => false,
+            Some(_) if input.device().is_cuda() => true,
+            Some(matrix) if self.winograd.is_some() => {
+                rows <= if matrix.is_packed() {
+                    PACKED_MATRIX_MAX_ROWS
+                } else {
+                    MATRIX_MAX_ROWS
+                }
+            }
+            Some(matrix) => matrix.is_packed() || rows * 16 <= self.in_channels,
+        };
+        if let Some(matrix) = self.matrix.as_ref().filter(|_| by_matrix) {
             // [B, in, T, taps] -> [B * T, in * kernel]
             let taps = input
                 .f_unfold(2, self.context + 1, 1)?

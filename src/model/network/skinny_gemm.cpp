@@ -13,7 +13,6 @@
 #include <cstdint>
 
 #include "shim.h"
-#include "skinny_gemm.h"
 
 namespace {
 
@@ -87,20 +86,6 @@ void weight_rows(const Product& p, int64_t first) {
 
 }  // namespace
 
-namespace qwencodec {
-
-void skinny_product(const float* weight, const float* rows, const float* bias, float* result, int64_t in,
-                    int64_t out, int64_t n) {
-  const Product p{weight, rows, bias, result, in, out, n};
-  const int64_t tiles = p.out / kWeightRows;
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) weight_rows<kWeightRows>(p, t * kWeightRows);
-  });
-  for (int64_t first = tiles * kWeightRows; first < p.out; ++first) weight_rows<1>(p, first);
-}
-
-}  // namespace qwencodec
-
 extern "C" {
 
 // `weight`: [out, in] float32, contiguous; `rows`: [n, in] float32; `bias`: [out] float32 or
@@ -118,9 +103,13 @@ bool qwencodec_skinny_gemm(const at::Tensor* weight, const at::Tensor* rows, con
                 "the bias must be float32, one per output");
     const at::Tensor input = rows->contiguous();
     at::Tensor result = at::empty({weight->size(0), input.size(0)}, input.options());
-    qwencodec::skinny_product(weight->data_ptr<float>(), input.data_ptr<float>(),
-                              bias ? bias->data_ptr<float>() : nullptr, result.data_ptr<float>(), weight->size(1),
-                              weight->size(0), input.size(0));
+    const Product p{weight->data_ptr<float>(), input.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr,
+                    result.data_ptr<float>(), weight->size(1), weight->size(0), input.size(0)};
+    const int64_t tiles = p.out / kWeightRows;
+    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) weight_rows<kWeightRows>(p, t * kWeightRows);
+    });
+    for (int64_t first = tiles * kWeightRows; first < p.out; ++first) weight_rows<1>(p, first);
     *out = new at::Tensor(std::move(result));
   });
 }

@@ -17,10 +17,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "shim.h"
-#include "skinny_gemm.h"
 
 namespace {
 
@@ -29,12 +29,8 @@ constexpr int64_t kMaxPoints = 16;
 
 // About what a core's L2 cache holds: a piece's tiles take at most this ...
 constexpr int64_t kPieceBytes = 1 << 20;
-// ... but at least this many tiles, so that its products stay large for MKL's kernels.
+// ... but at least this many tiles: every piece reads all of the transformed weights once.
 constexpr int64_t kMinPieceTiles = 256;
-
-// Most tiles whose products go to the few-row kernel (it reads each weight once; MKL re-reads
-// weights for few columns).
-constexpr int64_t kSkinnyTiles = 128;
 
 __attribute__((target("avx512f"))) inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
@@ -42,7 +38,7 @@ __attribute__((target("avx512f"))) inline __mmask16 tail_mask(int64_t left) {
 
 struct Convolution {
   const float* x;        // [B, in, length]
-  const float* weights;  // [points, out, in]
+  const float* weights;  // [points, in, out]
   const float* bias;     // [out]
   const float* bt;       // [points, points]
   const float* at;       // [m, points]
@@ -107,69 +103,171 @@ void input_transform(const Convolution& c, const Piece& piece, float* v) {
                    [&](int64_t begin, int64_t end) { input_groups(c, piece, v, begin, end); });
 }
 
-// Each point's weight [out, in] times the piece's tiles [count, in]: products [points, out, count].
-void products(const Convolution& c, const Piece& piece, const float* v, float* products) {
-  const int64_t count = piece.count(c);
-  for (int64_t p = 0; p < c.points; ++p) {
-    const float* weight = c.weights + p * c.out * c.in;
-    const float* tiles = v + p * count * c.in;
-    float* result = products + p * c.out * count;
-    if (count <= kSkinnyTiles) {
-      qwencodec::skinny_product(weight, tiles, nullptr, result, c.in, c.out, count);
-      continue;
+// Output vectors of 16 channels and tiles per block of a point's product: 3 x 8 accumulators,
+// 3 weight vectors and a broadcast tile value fill AVX-512's 32 registers.
+constexpr int kOutputVectors = 3;
+constexpr int kBlockTiles = 8;
+constexpr int64_t kBlockOutputs = 16 * kOutputVectors;
+// Inputs summed in one chain, whose sum is then added to the others': one chain over all of them
+// (up to 1536) rounded the float32 decode to 3.1e-5 from float64, where this keeps 1.9e-5.
+constexpr int64_t kSumInputs = 64;
+
+// R tiles [R, in] (rows `in` apart) against the weight's columns for 16 * V outputs (rows `out`
+// apart; the last vector masked by `last`): result[r][o] = sum over i of tiles[r][i] *
+// weight[i][o]. Each tile value is broadcast against whole vectors of outputs, so no sum is
+// reduced across lanes, and these outputs' weights ([in, 48] at most) stay in the core's cache
+// while the piece's tiles pass. The sums go in chains of kSumInputs. The loops are unrolled by
+// pragma: without, GCC kept the accumulators in an array on the stack and stored them on every
+// step.
+template <int V, int R>
+__attribute__((target("avx512f"))) void product_block(const float* tiles, const float* weight, float* result,
+                                                      int64_t in, int64_t out, __mmask16 last) {
+  for (int64_t i0 = 0; i0 < in; i0 += kSumInputs) {
+    const int64_t i1 = std::min(in, i0 + kSumInputs);
+    __m512 sums[R][V];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) sums[r][v] = _mm512_setzero_ps();
     }
-    const auto options = at::TensorOptions().dtype(at::kFloat);
-    at::Tensor out = at::from_blob(result, {c.out, count}, options);
-    at::mm_out(out, at::from_blob(const_cast<float*>(weight), {c.out, c.in}, options),
-               at::from_blob(const_cast<float*>(tiles), {count, c.in}, options).t());
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* w = weight + i * out;
+      __m512 weights[V];
+#pragma GCC unroll 4
+      for (int v = 0; v + 1 < V; ++v) weights[v] = _mm512_loadu_ps(w + 16 * v);
+      weights[V - 1] = _mm512_maskz_loadu_ps(last, w + 16 * (V - 1));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512 x = _mm512_set1_ps(tiles[r * in + i]);
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) sums[r][v] = _mm512_fmadd_ps(weights[v], x, sums[r][v]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      float* row = result + r * out;
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) {
+        const __mmask16 mask = v + 1 < V ? static_cast<__mmask16>(0xffff) : last;
+        __m512 sum = sums[r][v];
+        if (i0 > 0) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(mask, row + 16 * v));
+        _mm512_mask_storeu_ps(row + 16 * v, mask, sum);
+      }
+    }
   }
 }
 
-// Output channels `begin..end` of the piece from its products, plus the bias.
-__attribute__((target("avx512f"))) void output_channels(const Convolution& c, const Piece& piece,
-                                                        const float* products, int64_t begin, int64_t end) {
+// Every tile of the piece against the weight's columns `o0..o0 + 16 * V` (see product_block).
+template <int V>
+void product_blocks(const Convolution& c, int64_t count, const float* tiles, const float* weight, float* result,
+                    int64_t o0, __mmask16 last) {
+  weight += o0;
+  result += o0;
+  int64_t n0 = 0;
+  for (; n0 + kBlockTiles <= count; n0 += kBlockTiles) {
+    product_block<V, kBlockTiles>(tiles + n0 * c.in, weight, result + n0 * c.out, c.in, c.out, last);
+  }
+  tiles += n0 * c.in;
+  result += n0 * c.out;
+  switch (count - n0) {
+    case 1: product_block<V, 1>(tiles, weight, result, c.in, c.out, last); break;
+    case 2: product_block<V, 2>(tiles, weight, result, c.in, c.out, last); break;
+    case 3: product_block<V, 3>(tiles, weight, result, c.in, c.out, last); break;
+    case 4: product_block<V, 4>(tiles, weight, result, c.in, c.out, last); break;
+    case 5: product_block<V, 5>(tiles, weight, result, c.in, c.out, last); break;
+    case 6: product_block<V, 6>(tiles, weight, result, c.in, c.out, last); break;
+    case 7: product_block<V, 7>(tiles, weight, result, c.in, c.out, last); break;
+    default: break;
+  }
+}
+
+// Each point's weight [in, out] against the piece's tiles [count, in]: products [points, count,
+// out], in units of one point and up to kBlockOutputs outputs, spread across the threads.
+void products(const Convolution& c, const Piece& piece, const float* v, float* products) {
   const int64_t count = piece.count(c);
-  const int64_t tiles = piece.k1 - piece.k0;
+  const int64_t output_blocks = (c.out + kBlockOutputs - 1) / kBlockOutputs;
+  at::parallel_for(0, c.points * output_blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t p = unit / output_blocks;
+      const int64_t o0 = unit % output_blocks * kBlockOutputs;
+      const int64_t outputs = std::min(kBlockOutputs, c.out - o0);
+      const int64_t vectors = (outputs + 15) / 16;
+      const __mmask16 last = tail_mask(outputs - 16 * (vectors - 1));
+      const float* tiles = v + p * count * c.in;
+      const float* weight = c.weights + p * c.in * c.out;
+      float* result = products + p * count * c.out;
+      switch (vectors) {
+        case 1: product_blocks<1>(c, count, tiles, weight, result, o0, last); break;
+        case 2: product_blocks<2>(c, count, tiles, weight, result, o0, last); break;
+        default: product_blocks<3>(c, count, tiles, weight, result, o0, last); break;
+      }
+    }
+  });
+}
+
+// Groups `begin..end` of 16 output channels of the piece from its products, plus the bias.
+__attribute__((target("avx512f"))) void output_groups(const Convolution& c, const Piece& piece,
+                                                      const float* products, int64_t begin, int64_t end) {
+  const int64_t count = piece.count(c);
   const int64_t first = piece.k0 * c.block();
-  const int64_t columns = std::min(tiles * c.block(), c.columns - first);
-  // Tile k's output i of phase r at (i * dilation + r) * tiles + k.
-  std::vector<float> outputs(static_cast<size_t>(c.block() * tiles));
-  for (int64_t o = begin; o < end; ++o) {
-    const __m512 offset = _mm512_set1_ps(c.bias[o]);
+  const int64_t columns = std::min((piece.k1 - piece.k0) * c.block(), c.columns - first);
+  // The outputs of 16 channels side by side: outputs[column * 16 + lane].
+  std::unique_ptr<float[]> outputs(new float[static_cast<size_t>(columns * 16)]);
+  for (int64_t group = begin; group < end; ++group) {
+    const int64_t c0 = group * 16;
+    const int64_t lanes = std::min<int64_t>(16, c.out - c0);
+    const __mmask16 mask = tail_mask(lanes);
+    const __m512 bias = _mm512_maskz_loadu_ps(mask, c.bias + c0);
     for (int64_t r = 0; r < c.dilation; ++r) {
-      for (int64_t k = 0; k < tiles; k += 16) {
-        const __mmask16 mask = tail_mask(tiles - k);
+      for (int64_t k = piece.k0; k < piece.k1; ++k) {
+        const int64_t tile = r * (piece.k1 - piece.k0) + (k - piece.k0);
+        const int64_t start = (k - piece.k0) * c.block() + r;
         for (int64_t i = 0; i < c.m; ++i) {
-          __m512 sum = offset;
+          const int64_t column = start + i * c.dilation;
+          if (column >= columns) break;
+          __m512 sum = bias;
           for (int64_t p = 0; p < c.points; ++p) {
             const float coefficient = c.at[i * c.points + p];
             if (coefficient == 0.0f) continue;
-            const float* source = products + (p * c.out + o) * count + r * tiles + k;
+            const float* source = products + (p * count + tile) * c.out + c0;
             sum = _mm512_fmadd_ps(_mm512_set1_ps(coefficient), _mm512_maskz_loadu_ps(mask, source), sum);
           }
-          _mm512_mask_storeu_ps(outputs.data() + (i * c.dilation + r) * tiles + k, mask, sum);
+          _mm512_storeu_ps(outputs.get() + column * 16, sum);
         }
       }
     }
-    float* row = c.y + (piece.b * c.out + o) * c.columns + first;
-    for (int64_t column = 0; column < columns; ++column) {
-      row[column] = outputs[(column % c.block()) * tiles + column / c.block()];
+    for (int64_t lane = 0; lane < lanes; ++lane) {
+      float* row = c.y + (piece.b * c.out + c0 + lane) * c.columns + first;
+      for (int64_t column = 0; column < columns; ++column) row[column] = outputs[column * 16 + lane];
     }
   }
 }
 
 void output_transform(const Convolution& c, const Piece& piece, const float* products) {
-  at::parallel_for(0, c.out, 16,
-                   [&](int64_t begin, int64_t end) { output_channels(c, piece, products, begin, end); });
+  at::parallel_for(0, (c.out + 15) / 16, 1,
+                   [&](int64_t begin, int64_t end) { output_groups(c, piece, products, begin, end); });
+}
+
+// A thread's scratch for its pieces, kept from call to call: a fresh allocation of megabytes
+// comes from the kernel as zeroed pages, which cost as much as the piece's products.
+float* scratch(size_t floats) {
+  thread_local std::unique_ptr<float[]> buffer;
+  thread_local size_t capacity = 0;
+  if (capacity < floats) {
+    buffer.reset(new float[floats]);
+    capacity = floats;
+  }
+  return buffer.get();
 }
 
 void run_piece(const Convolution& c, const Piece& piece) {
   const int64_t count = piece.count(c);
-  std::vector<float> v(static_cast<size_t>(c.points * count * c.in));
-  std::vector<float> m(static_cast<size_t>(c.points * c.out * count));
-  input_transform(c, piece, v.data());
-  products(c, piece, v.data(), m.data());
-  output_transform(c, piece, m.data());
+  // The tiles, then the products; every value is written before it is read.
+  const size_t tiles = static_cast<size_t>(c.points * count * c.in);
+  float* v = scratch(tiles + static_cast<size_t>(c.points * count * c.out));
+  input_transform(c, piece, v);
+  products(c, piece, v, v + tiles);
+  output_transform(c, piece, v + tiles);
 }
 
 void check_matrix(const at::Tensor* matrix, int64_t rows, int64_t cols, const char* name) {
@@ -183,7 +281,7 @@ void check_matrix(const at::Tensor* matrix, int64_t rows, int64_t cols, const ch
 extern "C" {
 
 // `x`: [B, in, length] float32, contiguous: the kernel's reach into the past ((taps - 1) *
-// dilation columns), then the inputs of the outputs; `weights`: [points, out, in], the kernel
+// dilation columns), then the inputs of the outputs; `weights`: [points, in, out], the kernel
 // transformed; `bias`: `out` values; `bt`: [points, points] and `at`: [m, points], the input
 // and output transforms; all float32 and contiguous. `*out`: [B, out, length - reach].
 bool qwencodec_winograd_conv(const at::Tensor* x, const at::Tensor* weights, const at::Tensor* bias,
@@ -193,9 +291,9 @@ bool qwencodec_winograd_conv(const at::Tensor* x, const at::Tensor* weights, con
     TORCH_CHECK(x->dim() == 3 && x->scalar_type() == at::kFloat && x->is_contiguous(),
                 "a Winograd input is contiguous float32 [B, channels, T]");
     TORCH_CHECK(weights->dim() == 3 && weights->scalar_type() == at::kFloat && weights->is_contiguous() &&
-                    weights->size(2) == x->size(1),
-                "Winograd weights are contiguous float32 [points, out, in]");
-    const int64_t points = weights->size(0), out_channels = weights->size(1);
+                    weights->size(1) == x->size(1),
+                "Winograd weights are contiguous float32 [points, in, out]");
+    const int64_t points = weights->size(0), out_channels = weights->size(2);
     TORCH_CHECK(points <= kMaxPoints, "Winograd tiles of at most ", kMaxPoints, " points");
     check_matrix(bt, points, points, "input transform");
     const int64_t m = at_matrix->size(0);
