@@ -89,9 +89,9 @@ fn core_matches_upstream_at_released_widths() {
 }
 
 /// dtype f16 on the CPU (float16 weights, float32 activations): within 2e-2 of the float64
-/// decode, and no further than upstream's own bfloat16 decode, at one frame per step (float16
-/// matrices) and at 20 frames per step (there the convolutions of the first blocks and the
-/// vocoder's input take Winograd tiles instead). Products in bfloat16, as dtype bf16 computes
+/// decode, and no further than upstream's own bfloat16 decode, at one frame per step and at 20
+/// (where the vocoder's input convolution too takes Winograd tiles instead of its float16
+/// matrix). Products in bfloat16, as dtype bf16 computes
 /// them, are about 8x further, so this fails if f16 on the CPU ever rounds activations again.
 #[test]
 fn f16_on_cpu_stays_within_2e_2_at_released_widths() {

@@ -34,12 +34,11 @@ impl ConvShape {
 
 /// Most rows (output columns times streams) for which a convolution that also has Winograd
 /// tiles multiplies its matrix instead: while the weight's bytes bound the product. The tiles
-/// read a little more of them (8 matrices of the kernel's size per 7 taps in float32), but from a
-/// few dozen rows on the products are bound by arithmetic, where the tiles do fewer. Packed
-/// float16 matrices read half the bytes of float32 ones and keep the lead longer; measured on
-/// the released geometry's shapes in `bench/results/2026-11-30-amd-epyc-avx512-winograd-kernel.md`.
+/// read a little more of them (8 or 10 matrices of the kernel's size per 7 taps, in float32), but
+/// from a few dozen rows on the products are bound by arithmetic, where the tiles do fewer: at
+/// 768 channels and 32 rows the float32 matrix took 1.5 ms and F(2, 7) 1.1; the float16 matrix
+/// and F(4, 7) tied in a decode (`bench/results/2026-11-30-amd-epyc-avx512-winograd-kernel.md`).
 const MATRIX_MAX_ROWS: i64 = 16;
-const PACKED_MATRIX_MAX_ROWS: i64 = 64;
 
 /// A 1-D convolution padded causally: `(kernel - 1) * dilation` columns of the past on the left.
 pub struct CausalConv {
@@ -126,13 +125,7 @@ impl CausalConv {
         let by_matrix = match &self.matrix {
             None => false,
             Some(_) if input.device().is_cuda() => true,
-            Some(matrix) if self.winograd.is_some() => {
-                rows <= if matrix.is_packed() {
-                    PACKED_MATRIX_MAX_ROWS
-                } else {
-                    MATRIX_MAX_ROWS
-                }
-            }
+            Some(_) if self.winograd.is_some() => rows <= MATRIX_MAX_ROWS,
             Some(matrix) => matrix.is_packed() || rows * 16 <= self.in_channels,
         };
         if let Some(matrix) = self.matrix.as_ref().filter(|_| by_matrix) {
