@@ -25,7 +25,7 @@
 namespace {
 
 // Inputs per tile at most: a tile's inputs stay in registers.
-constexpr int64_t kMaxPoints = 16;
+constexpr int kMaxPoints = 16;
 
 // About what a core's L2 cache holds: a piece's tiles take at most this ...
 constexpr int64_t kPieceBytes = 1 << 20;
@@ -56,45 +56,64 @@ struct Piece {
   int64_t count(const Convolution& c) const { return c.dilation * (k1 - k0); }
 };
 
+// The tiles of one group of 16 channels from their columns side by side (`columns[column * 16 +
+// lane]`): all P points' sums at once, each input read once, so that the sums are independent
+// chains. P known when compiling keeps the inputs and sums in registers; the coefficients are
+// all multiplied, zeros included, which costs less than branching on them.
+template <int P>
+__attribute__((target("avx512f"))) void group_tiles(const Convolution& c, const Piece& piece, const float* columns,
+                                                    float* v, int64_t c0, __mmask16 mask) {
+  const int64_t count = piece.count(c);
+  const int64_t tiles = piece.k1 - piece.k0;
+  const float* bt = c.bt;
+  for (int64_t r = 0; r < c.dilation; ++r) {
+    for (int64_t k = 0; k < tiles; ++k) {
+      const float* inputs = columns + (k * c.block() + r) * 16;
+      __m512 sums[P];
+#pragma GCC unroll 16
+      for (int p = 0; p < P; ++p) sums[p] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+      for (int j = 0; j < P; ++j) {
+        const __m512 input = _mm512_loadu_ps(inputs + j * c.dilation * 16);
+#pragma GCC unroll 16
+        for (int p = 0; p < P; ++p) sums[p] = _mm512_fmadd_ps(_mm512_set1_ps(bt[p * P + j]), input, sums[p]);
+      }
+      float* tile = v + (r * tiles + k) * c.in + c0;
+#pragma GCC unroll 16
+      for (int p = 0; p < P; ++p) _mm512_mask_storeu_ps(tile + p * count * c.in, mask, sums[p]);
+    }
+  }
+}
+
+// group_tiles for the convolution's number of points (1 to kMaxPoints, checked on entry).
+template <int P = 1>
+void group_tiles_for(const Convolution& c, const Piece& piece, const float* columns, float* v, int64_t c0,
+                     __mmask16 mask) {
+  if constexpr (P < kMaxPoints) {
+    if (c.points != P) return group_tiles_for<P + 1>(c, piece, columns, v, c0, mask);
+  }
+  group_tiles<P>(c, piece, columns, v, c0, mask);
+}
+
 // Groups `begin..end` of 16 channels of the piece's inputs into its tiles [points, count, in].
 __attribute__((target("avx512f"))) void input_groups(const Convolution& c, const Piece& piece, float* v,
                                                      int64_t begin, int64_t end) {
-  const int64_t count = piece.count(c);
   const int64_t first = piece.k0 * c.block();
   // The columns the piece reads: its outputs' and the kernel's reach past the last of them.
   const int64_t span = (piece.k1 - piece.k0) * c.block() + (c.points - 1) * c.dilation;
   // Those of them the input has; the rest, past its end, are zeros.
   const int64_t stored = std::clamp<int64_t>(c.length - first, 0, span);
-  // The columns of 16 channels side by side: columns[column * 16 + lane].
   std::vector<float> columns(static_cast<size_t>(span * 16));
-  __m512 inputs[kMaxPoints];
   for (int64_t group = begin; group < end; ++group) {
     const int64_t c0 = group * 16;
     const int64_t lanes = std::min<int64_t>(16, c.in - c0);
-    const __mmask16 mask = tail_mask(lanes);
     if (lanes < 16) std::fill(columns.begin(), columns.end(), 0.0f);
     for (int64_t lane = 0; lane < lanes; ++lane) {
       const float* row = c.x + (piece.b * c.in + c0 + lane) * c.length;
       for (int64_t column = 0; column < stored; ++column) columns[column * 16 + lane] = row[first + column];
       for (int64_t column = stored; column < span; ++column) columns[column * 16 + lane] = 0.0f;
     }
-    for (int64_t r = 0; r < c.dilation; ++r) {
-      for (int64_t k = piece.k0; k < piece.k1; ++k) {
-        const int64_t start = (k - piece.k0) * c.block() + r;
-        for (int64_t j = 0; j < c.points; ++j) {
-          inputs[j] = _mm512_loadu_ps(columns.data() + (start + j * c.dilation) * 16);
-        }
-        float* tile = v + (r * (piece.k1 - piece.k0) + (k - piece.k0)) * c.in + c0;
-        for (int64_t p = 0; p < c.points; ++p) {
-          __m512 sum = _mm512_setzero_ps();
-          for (int64_t j = 0; j < c.points; ++j) {
-            const float coefficient = c.bt[p * c.points + j];
-            if (coefficient != 0.0f) sum = _mm512_fmadd_ps(_mm512_set1_ps(coefficient), inputs[j], sum);
-          }
-          _mm512_mask_storeu_ps(tile + p * count * c.in, mask, sum);
-        }
-      }
-    }
+    group_tiles_for(c, piece, columns.data(), v, c0, tail_mask(lanes));
   }
 }
 
