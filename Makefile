@@ -9,7 +9,7 @@ export PATH := $(VENV)/bin:$(PATH)
 PLUGIN := target/release/libgstqwencodec.so
 
 .PHONY: setup setup-reference build install uninstall demo test lint soak fixtures released-fixture \
-	bench gpu-bundle serve
+	bench profile gpu-bundle serve
 
 # make install puts the plugin where GStreamer looks for it: its own plugin folder, or the same
 # layout under PREFIX (e.g. PREFIX=/usr/local), below DESTDIR when staging a package. PLUGINDIR
@@ -84,16 +84,28 @@ released-fixture: setup-reference
 BENCH_MODEL := bench/cache/full-release
 BENCH_FRAMES ?= 100
 BENCH_REPEATS ?= 5
-bench: build setup-reference
-	@test -f $(BENCH_MODEL)/model.safetensors || \
-	  $(VENV)/bin/python tools/make_fixtures.py --preset full-release --frames $(BENCH_FRAMES) \
-	    --no-expected --out bench/cache
+bench: build setup-reference $(BENCH_MODEL)/model.safetensors
 	$(VENV)/bin/python tools/bench_upstream.py $(BENCH_MODEL) --out bench/cache/upstream.json \
 	  --reference bench/cache/reference.f32 --repeats $(BENCH_REPEATS)
 	cargo bench --bench decode -- --model $(BENCH_MODEL) --upstream bench/cache/upstream.json \
 	  --reference bench/cache/reference.f32 --out bench/results --repeats $(BENCH_REPEATS) $(BENCH_ARGS)
 	cargo bench --bench streams -- --model $(BENCH_MODEL) --out bench/results $(STREAMS_ARGS)
 	$(VENV)/bin/python tools/bench_summary.py bench/results --readme README.md
+
+# The benchmark's checkpoint: the released geometry with random weights and BENCH_FRAMES frames of
+# codes.
+$(BENCH_MODEL)/model.safetensors:
+	$(MAKE) setup-reference
+	$(VENV)/bin/python tools/make_fixtures.py --preset full-release --frames $(BENCH_FRAMES) \
+	  --no-expected --out bench/cache
+
+# Where one stream's steps spend their time on this machine (not a test): per stage, per op,
+# ops per step and time outside them (libtorch's op profiler), per thread and library (perf),
+# on the benchmark's checkpoint; writes bench/results/<date>-<cpu>-<device>-<dtype>-c<frames>-
+# profile.{md,json}. PROFILE_ARGS: options of benches/profile.rs (--chunk-frames 1, --dtype,
+# --steps, --device).
+profile: build $(BENCH_MODEL)/model.safetensors
+	bash tools/profile.sh $(BENCH_MODEL) $(PROFILE_ARGS)
 
 # What scripts/gpu-check.sh needs on a GPU host without Rust or GStreamer (see that script).
 gpu-bundle: build setup-reference

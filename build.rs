@@ -8,6 +8,7 @@ fn main() {
     for shim in [
         "shim.h",
         "fp16_gemm.cpp",
+        "op_profiler.cpp",
         "skinny_gemm.cpp",
         "snake_beta.cpp",
         "winograd.cpp",
@@ -74,13 +75,14 @@ fn torch_shim_build(lib_dir: &Path) -> cc::Build {
 
 /// The CPU kernels that tch does not offer, behind a C interface: FBGEMM's float16-weight
 /// product (the CPU's dtype f16), the float32 product for few rows, SnakeBeta and
-/// Winograd's transforms.
+/// Winograd's transforms; and libtorch's op profiler.
 fn build_cpu_shims(lib_dir: &Path) {
     // With OpenMP, as libtorch's `at::parallel_for` is inline and runs serially without it.
     // The libgomp it links resolves to the one libtorch already loaded (one per process).
     torch_shim_build(lib_dir)
         .flag("-fopenmp")
         .file("src/model/network/fp16_gemm.cpp")
+        .file("src/model/network/op_profiler.cpp")
         .file("src/model/network/skinny_gemm.cpp")
         .file("src/model/network/snake_beta.cpp")
         .file("src/model/network/winograd.cpp")

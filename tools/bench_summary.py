@@ -84,8 +84,8 @@ def table(results):
     lines = ["| " + " | ".join(header) + " |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for path in sorted(results.glob("*.json")):
-        if path.stem.endswith("-streams"):
-            continue  # benches/streams.rs: many streams, tabled in its own file
+        if path.stem.endswith(("-streams", "-profile")):
+            continue  # benches/streams.rs and make profile: tabled in their own files
         report = json.loads(path.read_text())
         lines.append("| " + " | ".join(summary_row(path, report)) + " |")
     return "\n".join(lines) + "\n"

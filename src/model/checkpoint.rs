@@ -1,5 +1,6 @@
 //! Finding a checkpoint on disk and reading the decoder's tensors from it.
 
+use std::ffi::CString;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -193,6 +194,12 @@ impl<'a> Weights<'a> {
 
     pub fn columns_per_frame(&self) -> usize {
         self.columns_per_frame
+    }
+
+    /// The layer's path in upstream's module tree (`decoder.upsample.0`): its name in the op
+    /// profile.
+    pub fn module_name(&self) -> CString {
+        CString::new(self.prefix.as_str()).expect("module paths are made of names without NUL")
     }
 
     /// Whether a product layer here with `in_features` inputs per column packs its weight to

@@ -9,6 +9,7 @@ mod cuda_graph;
 mod engine;
 mod executor;
 mod network;
+mod op_profiler;
 mod stream;
 
 use std::collections::HashMap;
@@ -24,6 +25,7 @@ pub use checkpoint::CheckpointFiles;
 pub use config::DecoderConfig;
 pub use cuda_graph::GraphError;
 pub use engine::GraphReport;
+pub use op_profiler::OpProfiler;
 pub use stream::{StepLimits, StreamDecoder, TailStrategy};
 
 use checkpoint::WeightFile;

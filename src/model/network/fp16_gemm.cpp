@@ -40,6 +40,7 @@ bool qwencodec_fp16_pack(const at::Tensor* weight, at::Tensor** out, char* error
 bool qwencodec_fp16_linear(const at::Tensor* input, const at::Tensor* const* packed,
                            const at::Tensor* const* biases, size_t parts, at::Tensor** out, char* error,
                            size_t error_size) {
+  RECORD_FUNCTION("qwencodec::fp16_linear", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
     std::vector<at::Tensor> outputs(parts);
     at::parallel_for(0, static_cast<int64_t>(parts), 1, [&](int64_t begin, int64_t end) {

@@ -24,6 +24,7 @@ use tch::{Device, Kind, Tensor};
 use super::ModelError;
 use super::checkpoint::WeightFile;
 use super::config::DecoderConfig;
+use super::op_profiler::Scope;
 use conv::{CausalConv, ConvShape};
 use quantizer::Quantizer;
 use transformer::{Transformer, key_slots};
@@ -250,16 +251,22 @@ impl Network {
     /// streams' past.
     pub fn step(&self, codes: &Tensor, state: &mut State, tables: &StepTables) -> TorchResult<Tensor> {
         let _no_grad = tch::no_grad_guard();
+        let _step = Scope::enter(c"step");
         let [batch, frames, _] = codes.size()[..] else {
             panic!("codes of a step are [rows, frames, codebooks]");
         };
         assert_eq!(frames, tables.frames, "step tables made for another step size");
         assert_eq!(batch, state.rows(), "a state row per row of codes");
 
-        let latent = self.pre_conv.forward(&self.quantizer.forward(codes)?, state)?;
-        let latent = self
-            .transformer
-            .forward(&latent.f_transpose(1, 2)?, state, tables)?;
+        let latent = {
+            let _stage = Scope::enter(c"quantizer + pre_conv");
+            self.pre_conv.forward(&self.quantizer.forward(codes)?, state)?
+        };
+        let latent = {
+            let _stage = Scope::enter(c"pre_transformer");
+            self.transformer
+                .forward(&latent.f_transpose(1, 2)?, state, tables)?
+        };
         let mut h = latent.f_transpose(1, 2)?;
         for stage in &self.upsampler {
             h = stage.forward(&h, state)?;

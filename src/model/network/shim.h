@@ -1,6 +1,9 @@
-// What the CPU product shims share: a C++ exception never crosses into Rust; libtorch's message
-// is copied into the caller's buffer instead (shim.rs reads it).
+// What the CPU shims share: a C++ exception never crosses into Rust; libtorch's message is
+// copied into the caller's buffer instead (shim.rs reads it). Each kernel names itself with
+// RECORD_FUNCTION, so that libtorch's op profiler sees it as it sees its own ops.
 #pragma once
+
+#include <ATen/record_function.h>
 
 #include <cstddef>
 #include <cstring>

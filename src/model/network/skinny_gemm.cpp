@@ -93,6 +93,7 @@ extern "C" {
 // layout of libtorch's product as ops.rs calls it).
 bool qwencodec_skinny_gemm(const at::Tensor* weight, const at::Tensor* rows, const at::Tensor* bias,
                            at::Tensor** out, char* error, size_t error_size) {
+  RECORD_FUNCTION("qwencodec::skinny_gemm", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
     TORCH_CHECK(weight->dim() == 2 && weight->is_contiguous() && weight->scalar_type() == at::kFloat,
                 "the weight must be a contiguous float32 matrix");

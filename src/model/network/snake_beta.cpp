@@ -53,6 +53,7 @@ extern "C" {
 // each, contiguous. `*out`: SnakeBeta of `x`, a new contiguous tensor.
 bool qwencodec_snake_beta(const at::Tensor* x, const at::Tensor* frequency, const at::Tensor* inverse_magnitude,
                           at::Tensor** out, char* error, size_t error_size) {
+  RECORD_FUNCTION("qwencodec::snake_beta", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
     TORCH_CHECK(x->dim() == 3 && x->scalar_type() == at::kFloat, "SnakeBeta takes float32 [B, channels, T]");
     const int64_t channels = x->size(1);

@@ -1,6 +1,8 @@
 //! The upsampler between the transformer and the vocoder: per ratio, a transposed convolution
 //! and a ConvNeXt block.
 
+use std::ffi::CString;
+
 use tch::{Kind, Tensor};
 
 use super::conv::{CausalConv, CausalTransConv, ConvShape};
@@ -8,8 +10,10 @@ use super::ops::Linear;
 use super::{State, StateLayout, TorchResult};
 use crate::model::ModelError;
 use crate::model::checkpoint::Weights;
+use crate::model::op_profiler::Scope;
 
 pub struct UpsampleStage {
+    name: CString,
     upsample: CausalTransConv,
     convnext: ConvNeXt,
 }
@@ -24,6 +28,7 @@ impl UpsampleStage {
         ratio: usize,
     ) -> Result<Self, ModelError> {
         Ok(Self {
+            name: weights.module_name(),
             upsample: CausalTransConv::load(&weights.at(0), layout, channels, channels, ratio, ratio)?,
             convnext: ConvNeXt::load(
                 &weights.at(1).at_rate(weights.columns_per_frame() * ratio),
@@ -35,6 +40,7 @@ impl UpsampleStage {
 
     /// `x`: [B, channels, T] -> [B, channels, T * ratio].
     pub fn forward(&self, x: &Tensor, state: &mut State) -> TorchResult<Tensor> {
+        let _stage = Scope::enter(&self.name);
         self.convnext.forward(&self.upsample.forward(x, state)?, state)
     }
 }

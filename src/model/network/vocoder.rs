@@ -1,6 +1,8 @@
 //! The vocoder (upstream's `decoder`): a causal conv, upsampling blocks of SnakeBeta,
 //! transposed conv and dilated residual units, then SnakeBeta and a conv to one channel.
 
+use std::ffi::CString;
+
 use tch::Tensor;
 
 use super::conv::{CausalConv, CausalTransConv, ConvShape};
@@ -9,10 +11,14 @@ use super::{State, StateLayout, TorchResult};
 use crate::model::ModelError;
 use crate::model::checkpoint::Weights;
 use crate::model::config::DecoderConfig;
+use crate::model::op_profiler::Scope;
 
 pub struct Vocoder {
+    input_name: CString,
     input_conv: CausalConv,
     blocks: Vec<DecoderBlock>,
+    /// The final SnakeBeta's name: its stage holds the final conv too.
+    final_name: CString,
     final_act: SnakeBeta,
     final_conv: CausalConv,
 }
@@ -42,8 +48,10 @@ impl Vocoder {
         let output_rate = weights.columns_per_frame() * c.upsample_rates.iter().product::<usize>();
         let output_channels = c.decoder_dim >> n;
         Ok(Self {
+            input_name: weights.at(0).module_name(),
             input_conv,
             blocks,
+            final_name: weights.at(n + 1).module_name(),
             final_act: SnakeBeta::load(&weights.at(n + 1), output_channels)?,
             final_conv: CausalConv::load(
                 &weights.at(n + 2).at_rate(output_rate),
@@ -55,15 +63,20 @@ impl Vocoder {
 
     /// `x`: [B, latent, T'] -> [B, 1, T' * product of the rates], unclamped.
     pub fn forward(&self, x: &Tensor, state: &mut State) -> TorchResult<Tensor> {
-        let mut h = self.input_conv.forward(x, state)?;
+        let mut h = {
+            let _stage = Scope::enter(&self.input_name);
+            self.input_conv.forward(x, state)?
+        };
         for block in &self.blocks {
             h = block.forward(&h, state)?;
         }
+        let _stage = Scope::enter(&self.final_name);
         self.final_conv.forward(&self.final_act.forward(&h)?, state)
     }
 }
 
 struct DecoderBlock {
+    name: CString,
     act: SnakeBeta,
     upsample: CausalTransConv,
     units: Vec<ResidualUnit>,
@@ -78,6 +91,7 @@ impl DecoderBlock {
         in_channels: usize,
         rate: usize,
     ) -> Result<Self, ModelError> {
+        let name = weights.module_name();
         let weights = weights.at("block");
         let out_channels = in_channels / 2;
         let act = SnakeBeta::load(&weights.at(0), in_channels)?;
@@ -96,10 +110,16 @@ impl DecoderBlock {
                 )
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self { act, upsample, units })
+        Ok(Self {
+            name,
+            act,
+            upsample,
+            units,
+        })
     }
 
     fn forward(&self, x: &Tensor, state: &mut State) -> TorchResult<Tensor> {
+        let _stage = Scope::enter(&self.name);
         let mut h = self.upsample.forward(&self.act.forward(x)?, state)?;
         for unit in &self.units {
             h = unit.forward(&h, state)?;

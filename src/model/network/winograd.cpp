@@ -306,6 +306,7 @@ extern "C" {
 bool qwencodec_winograd_conv(const at::Tensor* x, const at::Tensor* weights, const at::Tensor* bias,
                              const at::Tensor* bt, const at::Tensor* at_matrix, int64_t dilation, at::Tensor** out,
                              char* error, size_t error_size) {
+  RECORD_FUNCTION("qwencodec::winograd_conv", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
     TORCH_CHECK(x->dim() == 3 && x->scalar_type() == at::kFloat && x->is_contiguous(),
                 "a Winograd input is contiguous float32 [B, channels, T]");

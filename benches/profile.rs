@@ -1,0 +1,132 @@
+//! `make profile`: the raw material of a profile of one stream's steps (not a test: it asserts
+//! nothing). `tools/profile.sh` runs it under `perf record` and `tools/profile_report.py` makes
+//! the report.
+//!
+//! cargo bench --bench profile -- --model DIR --out DIR [--chunk-frames 1] [--steps 100]
+//!     [--device cpu] [--dtype f32]
+//!
+//! One stream decodes its frames in steps of `--chunk-frames`: a warm-up, then `--steps` timed
+//! steps (the phase that perf's samples are taken from: its bounds are written in
+//! CLOCK_MONOTONIC, perf's `-k CLOCK_MONOTONIC`), then as many steps again under libtorch's op
+//! profiler. Writes `run.json` (machine, settings, step times, the phase's bounds) and
+//! `events.tsv` (the op profiler's events, see `OpProfiler::finish`) to `--out`.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use common::{machine, read_codes, slug};
+use gstqwencodec::model::{Dtype, Model, OpProfiler, StreamDecoder, TailStrategy, parse_device};
+use serde_json::json;
+
+const WARM_UP_STEPS: usize = 10;
+
+/// CLOCK_MONOTONIC in ns, the clock perf stamps its samples with under `-k CLOCK_MONOTONIC`.
+fn monotonic_ns() -> u64 {
+    #[repr(C)]
+    struct Timespec {
+        seconds: i64,
+        nanoseconds: i64,
+    }
+    unsafe extern "C" {
+        fn clock_gettime(clock: i32, time: *mut Timespec) -> i32;
+    }
+    const CLOCK_MONOTONIC: i32 = 1;
+    let mut time = Timespec {
+        seconds: 0,
+        nanoseconds: 0,
+    };
+    // SAFETY: `time` is a valid timespec for the call to fill.
+    assert_eq!(unsafe { clock_gettime(CLOCK_MONOTONIC, &mut time) }, 0);
+    time.seconds as u64 * 1_000_000_000 + time.nanoseconds as u64
+}
+
+/// `steps` steps of `chunk_frames` frames of the checkpoint's codes (repeated as needed),
+/// each step's wall time in ms.
+fn run_steps(decoder: &mut StreamDecoder, codes: &[i16], codebooks: usize, steps: usize) -> Vec<f64> {
+    let step_codes = codebooks * decoder.chunk_frames();
+    let mut frames = codes
+        .chunks(step_codes)
+        .filter(|step| step.len() == step_codes)
+        .cycle();
+    (0..steps)
+        .map(|_| {
+            let started = Instant::now();
+            let audio = decoder.push(frames.next().unwrap()).unwrap();
+            assert!(!audio.is_empty(), "a step gives audio");
+            started.elapsed().as_secs_f64() * 1e3
+        })
+        .collect()
+}
+
+fn main() {
+    let options = common::Options::from_env();
+    let model_path = options.path("model");
+    let out: PathBuf = options.path("out");
+    let chunk_frames: usize = options.number("chunk-frames", 1);
+    let steps: usize = options.number("steps", 100);
+    let device_name = options.get("device").unwrap_or_else(|| "cpu".into());
+    let dtype: Dtype = options.get("dtype").map_or(Dtype::F32, |d| d.parse().unwrap());
+
+    let device = parse_device(&device_name).unwrap();
+    let model = Arc::new(Model::load(&model_path, device, dtype).unwrap());
+    let codes = read_codes(&model_path.join("codes.raw"));
+    let codebooks = model.config().num_quantizers;
+    let mut decoder = StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
+
+    run_steps(&mut decoder, &codes, codebooks, WARM_UP_STEPS);
+    let sampled_from = monotonic_ns();
+    let step_ms = run_steps(&mut decoder, &codes, codebooks, steps);
+    let sampled_to = monotonic_ns();
+
+    std::fs::create_dir_all(&out).unwrap();
+    let profiler = OpProfiler::start(device).unwrap();
+    let profiled_step_ms = run_steps(&mut decoder, &codes, codebooks, steps);
+    profiler.finish(&out.join("events.tsv")).unwrap();
+
+    let machine = machine();
+    let date = common::today();
+    let run = json!({
+        "stem": format!("{date}-{}-{device_name}-{dtype}-c{chunk_frames}-profile", slug(&machine)),
+        "date": date,
+        "machine": machine,
+        "cpu_flags": cpu_flags(),
+        "device": device_name,
+        "dtype": dtype.to_string(),
+        "model": model_path.file_name().unwrap().to_string_lossy(),
+        "chunk_frames": chunk_frames,
+        "audio_seconds_per_step": (chunk_frames * model.samples_per_frame()) as f64 / model.sample_rate() as f64,
+        "step_ms": step_ms,
+        "profiled_step_ms": profiled_step_ms,
+        "perf_window_ns": [sampled_from, sampled_to],
+        "pid": std::process::id(),
+        "program": std::env::current_exe().unwrap().file_name().unwrap().to_string_lossy(),
+    });
+    std::fs::write(out.join("run.json"), serde_json::to_string_pretty(&run).unwrap()).unwrap();
+}
+
+/// The CPU flags that decide which kernels libtorch and the shims run.
+fn cpu_flags() -> Vec<String> {
+    const TELLING: [&str; 8] = [
+        "avx2",
+        "fma",
+        "avx512f",
+        "avx512_bf16",
+        "avx512_fp16",
+        "avx512_vnni",
+        "amx_bf16",
+        "amx_tile",
+    ];
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flags = cpuinfo
+        .lines()
+        .find_map(|line| line.strip_prefix("flags").and_then(|rest| rest.split_once(':')))
+        .map_or("", |(_, flags)| flags);
+    TELLING
+        .iter()
+        .filter(|flag| flags.split_whitespace().any(|f| f == **flag))
+        .map(|flag| flag.to_string())
+        .collect()
+}
