@@ -58,6 +58,7 @@ lint: setup
 test: build lint released-fixture
 	bash tools/check-inspect.sh
 	bash tools/check-install.sh
+	bash tools/check-profile.sh
 	bash tools/fuzz-short.sh
 	G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} cargo test --release
 

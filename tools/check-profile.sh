@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# make profile end to end on the bundled release-tiny checkpoint, its report in a scratch
+# folder: the op profile must hold every stage of the network and the ops of every step, and
+# perf's part its samples where perf may sample here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+steps=12
+
+PROFILE_RESULTS="$scratch" bash tools/profile.sh tests/fixtures/release-tiny --steps "$steps" \
+  >"$scratch/log" 2>&1 || { cat "$scratch/log" >&2; echo "check-profile: make profile failed" >&2; exit 1; }
+
+python3 - "$scratch" "$steps" <<'PY'
+import json, sys
+from pathlib import Path
+
+scratch, steps = Path(sys.argv[1]), int(sys.argv[2])
+reports = list(scratch.glob("*-profile.json"))
+assert len(reports) == 1, f"one report, not {reports}"
+report = json.loads(reports[0].read_text())
+ops = report["op_profile"]
+assert ops["steps"] == steps, f"{ops['steps']} steps profiled, not {steps}"
+expected = ["quantizer + pre_conv", "pre_transformer", "upsample.0", "upsample.1", "decoder.0",
+            "decoder.1", "decoder.2", "decoder.3", "decoder.4", "decoder.5"]
+assert list(ops["stages_ms"]) == expected, f"stages {list(ops['stages_ms'])}"
+assert all(ms > 0 for ms in ops["stages_ms"].values()), ops["stages_ms"]
+assert sum(ops["stages_ms"].values()) <= ops["step_ms"], "stages within their step"
+assert ops["top_level_ops_per_step"] > 100, ops["top_level_ops_per_step"]
+assert "aten::cat" in ops["top_level_ops"], list(ops["top_level_ops"])
+assert (scratch / reports[0].with_suffix(".md").name).read_text().count("| decoder.") == 6
+perf = report["perf"]
+print("check-profile: ok;", "perf samples:", perf["samples"] if perf else "none (perf may not sample here)")
+PY
