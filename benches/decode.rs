@@ -492,11 +492,7 @@ fn markdown(report: &Value) -> String {
          of the released geometry with random weights.\n\n",
         report["date"].as_str().unwrap(),
         m["cpu"].as_str().unwrap(),
-        if m["avx512"].as_bool().unwrap() {
-            "AVX-512"
-        } else {
-            "no AVX-512"
-        },
+        common::flags(m),
         m["cores"],
         report["device"].as_str().unwrap(),
         report["dtype"].as_str().unwrap(),

@@ -92,7 +92,6 @@ fn main() {
         "stem": format!("{date}-{}-{device_name}-{dtype}-c{chunk_frames}-profile", slug(&machine)),
         "date": date,
         "machine": machine,
-        "cpu_flags": cpu_flags(),
         "device": device_name,
         "dtype": dtype.to_string(),
         "model": model_path.file_name().unwrap().to_string_lossy(),
@@ -105,28 +104,4 @@ fn main() {
         "program": std::env::current_exe().unwrap().file_name().unwrap().to_string_lossy(),
     });
     std::fs::write(out.join("run.json"), serde_json::to_string_pretty(&run).unwrap()).unwrap();
-}
-
-/// The CPU flags that decide which kernels libtorch and the shims run.
-fn cpu_flags() -> Vec<String> {
-    const TELLING: [&str; 8] = [
-        "avx2",
-        "fma",
-        "avx512f",
-        "avx512_bf16",
-        "avx512_fp16",
-        "avx512_vnni",
-        "amx_bf16",
-        "amx_tile",
-    ];
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let flags = cpuinfo
-        .lines()
-        .find_map(|line| line.strip_prefix("flags").and_then(|rest| rest.split_once(':')))
-        .map_or("", |(_, flags)| flags);
-    TELLING
-        .iter()
-        .filter(|flag| flags.split_whitespace().any(|f| f == **flag))
-        .map(|flag| flag.to_string())
-        .collect()
 }

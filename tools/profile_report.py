@@ -216,7 +216,7 @@ def markdown(run, ops, perf):
     w(f"`make profile` (`benches/profile.rs`, `tools/profile_report.py`): one stream, "
       f"{run['dtype']} on {run['device']}, model `{run['model']}`, steps of {run['chunk_frames']} "
       f"frame(s); {machine['cores']} cores, {machine['torch_threads']} torch threads; CPU flags: "
-      f"{', '.join(run['cpu_flags']) or 'none of note'}.\n")
+      f"{', '.join(machine['cpu_flags']) or 'none of avx2, fma, avx512'}.\n")
     w("| | ms per step (median) | s per audio s |")
     w("| --- | ---: | ---: |")
     w(f"| {len(run['step_ms'])} steps, perf sampling | {step_ms:.1f} | {per_audio:.3f} |")

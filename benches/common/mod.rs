@@ -78,8 +78,20 @@ pub fn mean(values: &[f64]) -> f64 {
     values.iter().sum::<f64>() / values.len() as f64
 }
 
-/// The CPU's model name and whether it has AVX-512 (libtorch's fastest kernels need it).
-fn cpu() -> (String, bool) {
+/// The CPU flags that decide which kernels libtorch and ours run.
+const TELLING_FLAGS: [&str; 8] = [
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx512_vnni",
+    "amx_bf16",
+    "amx_tile",
+];
+
+/// The CPU's model name and which of [`TELLING_FLAGS`] it has.
+fn cpu() -> (String, Vec<&'static str>) {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let field = |name: &str| {
         cpuinfo.lines().find_map(|line| {
@@ -88,20 +100,36 @@ fn cpu() -> (String, bool) {
         })
     };
     let model = field("model name").unwrap_or_else(|| "unknown CPU".into());
-    let avx512 = field("flags").is_some_and(|flags| flags.split_whitespace().any(|f| f == "avx512f"));
-    (model, avx512)
+    let flags = field("flags").unwrap_or_default();
+    let has = |flag: &&str| flags.split_whitespace().any(|f| f == *flag);
+    (model, TELLING_FLAGS.into_iter().filter(has).collect())
 }
 
-/// The machine a benchmark ran on: CPU model, AVX-512, cores, torch's threads, CUDA.
+/// The machine a benchmark ran on: CPU model, AVX-512 and the flags that matter, cores,
+/// torch's threads, CUDA.
 pub fn machine() -> Value {
-    let (cpu, avx512) = cpu();
+    let (cpu, flags) = cpu();
     json!({
         "cpu": cpu,
-        "avx512": avx512,
+        "avx512": flags.contains(&"avx512f"),
+        "cpu_flags": flags,
         "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "torch_threads": tch::get_num_threads(),
         "cuda": tch::Cuda::is_available(),
     })
+}
+
+/// The flags of [`machine`]'s CPU for a report: `avx2, fma, avx512f`.
+pub fn flags(machine: &Value) -> String {
+    let flags: Vec<&str> = machine["cpu_flags"]
+        .as_array()
+        .map(|flags| flags.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if flags.is_empty() {
+        "none of avx2, fma, avx512".into()
+    } else {
+        flags.join(", ")
+    }
 }
 
 /// The machine's CPU for a file name: `Intel(R) Xeon(R) Platinum 8480+` with AVX-512 becomes
