@@ -7,6 +7,7 @@ fn main() {
     println!("cargo::rerun-if-changed=src/model/cuda_graph.cpp");
     for shim in [
         "shim.h",
+        "attention.cpp",
         "fp16_gemm.cpp",
         "op_profiler.cpp",
         "skinny_gemm.cpp",
@@ -74,13 +75,14 @@ fn torch_shim_build(lib_dir: &Path) -> cc::Build {
 }
 
 /// The CPU kernels that tch does not offer, behind a C interface: FBGEMM's float16-weight
-/// product (the CPU's dtype f16), the float32 product for few rows, SnakeBeta and
-/// Winograd's transforms; and libtorch's op profiler.
+/// product (the CPU's dtype f16), the float32 product for few rows, SnakeBeta, Winograd's
+/// transforms and a layer's attention; and libtorch's op profiler.
 fn build_cpu_shims(lib_dir: &Path) {
     // With OpenMP, as libtorch's `at::parallel_for` is inline and runs serially without it.
     // The libgomp it links resolves to the one libtorch already loaded (one per process).
     torch_shim_build(lib_dir)
         .flag("-fopenmp")
+        .file("src/model/network/attention.cpp")
         .file("src/model/network/fp16_gemm.cpp")
         .file("src/model/network/op_profiler.cpp")
         .file("src/model/network/skinny_gemm.cpp")

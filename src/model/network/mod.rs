@@ -7,6 +7,7 @@
 //! window and empty-slot bias are its own, and the RoPE positions are relative to the window,
 //! so the same tables serve every row whatever its age.
 
+mod attention;
 mod conv;
 mod fp16_gemm;
 mod ops;

@@ -3,6 +3,7 @@
 
 use tch::{Device, Kind, Tensor};
 
+use super::attention::{Heads, Rope, attend};
 use super::ops::{Linear, LinearWeights, RmsNorm};
 use super::{ACTIVATION_KIND, State, TorchResult};
 use crate::model::ModelError;
@@ -32,6 +33,15 @@ pub struct StepTables {
 impl StepTables {
     pub fn frames(&self) -> usize {
         self.frames as usize
+    }
+
+    fn rope(&self) -> Rope<'_> {
+        Rope {
+            query_cos: &self.query_cos,
+            query_sin: &self.query_sin,
+            key_cos: &self.key_cos,
+            key_sin: &self.key_sin,
+        }
     }
 
     /// The same tables (tensors share their memory).
@@ -212,50 +222,14 @@ impl TransformerLayer {
         keys: &mut Tensor,
         values: &mut Tensor,
     ) -> TorchResult<Tensor> {
-        let (batch, steps) = (x.size()[0], x.size()[1]);
-        let head_dim = config.head_dim as i64;
-        let heads = config.num_attention_heads as i64;
-        let kv_heads = config.num_key_value_heads as i64;
-
         let h = self.input_norm.forward(x)?;
-        let split_heads = |t: Tensor, n: i64| t.f_view([batch, steps, n, head_dim])?.f_transpose(1, 2);
         let qkv = self.qkv_proj.forward(&h)?;
-        let (q_width, kv_width) = (heads * head_dim, kv_heads * head_dim);
-        let q = split_heads(qkv.f_narrow(2, 0, q_width)?, heads)?;
-        let k = split_heads(qkv.f_narrow(2, q_width, kv_width)?, kv_heads)?;
-        let v = split_heads(qkv.f_narrow(2, q_width + kv_width, kv_width)?, kv_heads)?;
-
-        let slots = keys.size()[2];
-        let all_keys = Tensor::f_cat(&[&*keys, &k], 2)?;
-        let all_values = Tensor::f_cat(&[&*values, &v], 2)?;
-        keys.f_copy_(&all_keys.f_narrow(2, steps, slots)?)?;
-        values.f_copy_(&all_values.f_narrow(2, steps, slots)?)?;
-
-        let q = apply_rope(&q, &tables.query_cos, &tables.query_sin)?;
-        let k = apply_rope(&all_keys, &tables.key_cos, &tables.key_sin)?;
-        // Each key/value head serves `groups` query heads (grouped-query attention). As a
-        // broadcast, not repeat_interleave, which asks the device for its output size.
-        let groups = heads / kv_heads;
-        let share = |t: Tensor| -> TorchResult<Tensor> {
-            if groups == 1 {
-                return Ok(t);
-            }
-            let positions = t.size()[2];
-            t.f_unsqueeze(2)?
-                .f_expand([batch, kv_heads, groups, positions, head_dim], false)?
-                .f_reshape([batch, heads, positions, head_dim])
+        let heads = Heads {
+            heads: config.num_attention_heads as i64,
+            kv_heads: config.num_key_value_heads as i64,
+            head_dim: config.head_dim as i64,
         };
-        let k = share(k)?;
-        let v = share(all_values)?;
-        let scores = q
-            .f_matmul(&k.f_transpose(2, 3)?)?
-            .f_mul_scalar((head_dim as f64).powf(-0.5))?
-            .f_add(mask)?;
-        let probs = scores.f_softmax(-1, ACTIVATION_KIND)?;
-        let attended = probs
-            .f_matmul(&v)?
-            .f_transpose(1, 2)?
-            .f_reshape([batch, steps, heads * head_dim])?;
+        let attended = attend(&qkv, keys, values, &tables.rope(), mask, heads)?;
         let x = x.f_add(&self.o_proj.forward(&attended)?.f_mul(&self.attention_scale)?)?;
 
         let h = self.post_attention_norm.forward(&x)?;
@@ -267,15 +241,4 @@ impl TransformerLayer {
             .f_mul(&gate_up.f_narrow(2, width, width)?)?;
         x.f_add(&self.down_proj.forward(&gated)?.f_mul(&self.mlp_scale)?)
     }
-}
-
-fn rotate_half(x: &Tensor) -> TorchResult<Tensor> {
-    let half = x.size()[3] / 2;
-    let first = x.f_narrow(3, 0, half)?;
-    let second = x.f_narrow(3, half, half)?;
-    Tensor::f_cat(&[&second.f_neg()?, &first], 3)
-}
-
-fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> TorchResult<Tensor> {
-    x.f_mul(cos)?.f_add(&rotate_half(x)?.f_mul(sin)?)
 }

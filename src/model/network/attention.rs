@@ -1,0 +1,218 @@
+//! A transformer layer's sliding-window attention for one step: RoPE on the queries and the
+//! window's keys, masked softmax, the values' weighted sum, and the KV window moved on. On the
+//! CPU one call of `attention.cpp`; on CUDA, where graphs capture it, libtorch's ops.
+
+use tch::{Device, Tensor};
+
+use super::shim::call;
+use super::{ACTIVATION_KIND, TorchResult};
+
+mod ffi {
+    use std::ffi::c_char;
+
+    use torch_sys::C_tensor;
+
+    // Tensors cross as libtorch's own `at::Tensor*` (tch's `C_tensor`).
+    unsafe extern "C" {
+        pub fn qwencodec_attention(
+            qkv: *const C_tensor,
+            keys: *mut C_tensor,
+            values: *mut C_tensor,
+            query_cos: *const C_tensor,
+            query_sin: *const C_tensor,
+            key_cos: *const C_tensor,
+            key_sin: *const C_tensor,
+            mask: *const C_tensor,
+            heads: i64,
+            kv_heads: i64,
+            out: *mut *mut C_tensor,
+            error: *mut c_char,
+            size: usize,
+        ) -> bool;
+    }
+}
+
+/// RoPE's tables for a step: [T, head_dim] for the step's queries, [slots + T, head_dim] for
+/// the window's keys and the step's.
+pub struct Rope<'a> {
+    pub query_cos: &'a Tensor,
+    pub query_sin: &'a Tensor,
+    pub key_cos: &'a Tensor,
+    pub key_sin: &'a Tensor,
+}
+
+/// Heads of a layer: `heads` query heads share `kv_heads` key/value heads (grouped-query
+/// attention), each `head_dim` wide.
+#[derive(Clone, Copy, Debug)]
+pub struct Heads {
+    pub heads: i64,
+    pub kv_heads: i64,
+    pub head_dim: i64,
+}
+
+/// `qkv`: [B, T, (heads + 2 kv_heads) head_dim], the step's queries, keys and values side by
+/// side; `keys`, `values`: the window, [B, kv_heads, slots, head_dim] un-rotated, moved on by T
+/// positions in place; `mask`: [B, 1, T, slots + T], added to the scores. Returns [B, T,
+/// heads head_dim].
+pub fn attend(
+    qkv: &Tensor,
+    keys: &mut Tensor,
+    values: &mut Tensor,
+    rope: &Rope,
+    mask: &Tensor,
+    heads: Heads,
+) -> TorchResult<Tensor> {
+    if qkv.device() != Device::Cpu {
+        return by_ops(qkv, keys, values, rope, mask, heads);
+    }
+    // SAFETY: the tensors are live for the duration of the call; the window's are contiguous
+    // float32 (the state's own), which the kernel checks before it writes them.
+    call("attention", |out, error, size| unsafe {
+        ffi::qwencodec_attention(
+            qkv.as_ptr(),
+            keys.as_mut_ptr(),
+            values.as_mut_ptr(),
+            rope.query_cos.as_ptr(),
+            rope.query_sin.as_ptr(),
+            rope.key_cos.as_ptr(),
+            rope.key_sin.as_ptr(),
+            mask.as_ptr(),
+            heads.heads,
+            heads.kv_heads,
+            out,
+            error,
+            size,
+        )
+    })
+}
+
+/// [`attend`] by libtorch's ops, as upstream computes it.
+fn by_ops(
+    qkv: &Tensor,
+    keys: &mut Tensor,
+    values: &mut Tensor,
+    rope: &Rope,
+    mask: &Tensor,
+    heads: Heads,
+) -> TorchResult<Tensor> {
+    let Heads {
+        heads,
+        kv_heads,
+        head_dim,
+    } = heads;
+    let (batch, steps) = (qkv.size()[0], qkv.size()[1]);
+    let split_heads = |t: Tensor, n: i64| t.f_view([batch, steps, n, head_dim])?.f_transpose(1, 2);
+    let (q_width, kv_width) = (heads * head_dim, kv_heads * head_dim);
+    let q = split_heads(qkv.f_narrow(2, 0, q_width)?, heads)?;
+    let k = split_heads(qkv.f_narrow(2, q_width, kv_width)?, kv_heads)?;
+    let v = split_heads(qkv.f_narrow(2, q_width + kv_width, kv_width)?, kv_heads)?;
+
+    let slots = keys.size()[2];
+    let all_keys = Tensor::f_cat(&[&*keys, &k], 2)?;
+    let all_values = Tensor::f_cat(&[&*values, &v], 2)?;
+    keys.f_copy_(&all_keys.f_narrow(2, steps, slots)?)?;
+    values.f_copy_(&all_values.f_narrow(2, steps, slots)?)?;
+
+    let q = apply_rope(&q, rope.query_cos, rope.query_sin)?;
+    let k = apply_rope(&all_keys, rope.key_cos, rope.key_sin)?;
+    // Each key/value head serves `groups` query heads. As a broadcast, not repeat_interleave,
+    // which asks the device for its output size.
+    let groups = heads / kv_heads;
+    let share = |t: Tensor| -> TorchResult<Tensor> {
+        if groups == 1 {
+            return Ok(t);
+        }
+        let positions = t.size()[2];
+        t.f_unsqueeze(2)?
+            .f_expand([batch, kv_heads, groups, positions, head_dim], false)?
+            .f_reshape([batch, heads, positions, head_dim])
+    };
+    let k = share(k)?;
+    let v = share(all_values)?;
+    let scores = q
+        .f_matmul(&k.f_transpose(2, 3)?)?
+        .f_mul_scalar((head_dim as f64).powf(-0.5))?
+        .f_add(mask)?;
+    let probs = scores.f_softmax(-1, ACTIVATION_KIND)?;
+    probs
+        .f_matmul(&v)?
+        .f_transpose(1, 2)?
+        .f_reshape([batch, steps, heads * head_dim])
+}
+
+fn rotate_half(x: &Tensor) -> TorchResult<Tensor> {
+    let half = x.size()[3] / 2;
+    let first = x.f_narrow(3, 0, half)?;
+    let second = x.f_narrow(3, half, half)?;
+    Tensor::f_cat(&[&second.f_neg()?, &first], 3)
+}
+
+fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> TorchResult<Tensor> {
+    x.f_mul(cos)?.f_add(&rotate_half(x)?.f_mul(sin)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use tch::Kind;
+
+    use super::*;
+    use crate::model::network::max_error_and_scale;
+
+    /// The kernel against libtorch's ops on the same inputs: grouped and plain heads, one
+    /// position and several, more positions than the window holds, rows of their own.
+    #[test]
+    fn the_kernel_matches_libtorch_and_moves_the_window_alike() {
+        tch::manual_seed(11);
+        for (heads, kv_heads, head_dim, slots, steps, batch) in [
+            (4, 2, 8, 5, 1, 2),
+            (4, 2, 8, 5, 3, 1),
+            (4, 4, 16, 5, 7, 2),
+            (16, 16, 64, 71, 1, 1),
+            (16, 16, 64, 71, 4, 3),
+        ] {
+            let options = (Kind::Float, Device::Cpu);
+            let heads = Heads {
+                heads,
+                kv_heads,
+                head_dim,
+            };
+            let qkv = Tensor::randn([batch, steps, (heads.heads + 2 * kv_heads) * head_dim], options);
+            let window = || Tensor::randn([batch, kv_heads, slots, head_dim], options);
+            let (keys, values) = (window(), window());
+            let table = |rows: i64| Tensor::rand([rows, head_dim], options) * 2.0 - 1.0;
+            let (query_cos, query_sin) = (table(steps), table(steps));
+            let (key_cos, key_sin) = (table(slots + steps), table(slots + steps));
+            let rope = Rope {
+                query_cos: &query_cos,
+                query_sin: &query_sin,
+                key_cos: &key_cos,
+                key_sin: &key_sin,
+            };
+            // Causal over the window and the step, each row's first slots empty (a young
+            // stream).
+            let position = Tensor::arange(slots + steps, options);
+            let query = Tensor::arange(steps, options).unsqueeze(1) + slots as f64;
+            let causal = position.unsqueeze(0).gt_tensor(&query);
+            let empty = Tensor::arange(batch, options)
+                .unsqueeze(1)
+                .gt_tensor(&position.unsqueeze(0));
+            let hidden = causal.unsqueeze(0).logical_or(&empty.unsqueeze(1));
+            let mask = Tensor::zeros([batch, steps, slots + steps], options)
+                .masked_fill(&hidden, f64::NEG_INFINITY)
+                .unsqueeze(1);
+
+            let (mut kernel_keys, mut kernel_values) = (keys.copy(), values.copy());
+            let got = attend(&qkv, &mut kernel_keys, &mut kernel_values, &rope, &mask, heads).unwrap();
+            let (mut ops_keys, mut ops_values) = (keys.copy(), values.copy());
+            let expected = by_ops(&qkv, &mut ops_keys, &mut ops_values, &rope, &mask, heads).unwrap();
+
+            let case = format!("{heads:?} heads, {slots} slots, {steps} steps, {batch} rows");
+            assert_eq!(got.size(), [batch, steps, heads.heads * head_dim], "{case}");
+            let (error, scale) = max_error_and_scale(&got, &expected.to_kind(Kind::Double));
+            assert!(error <= 1e-5 * scale, "{case}: off by {error:e} of {scale:e}");
+            assert!(kernel_keys.equal(&ops_keys), "{case}: keys");
+            assert!(kernel_values.equal(&ops_values), "{case}: values");
+            assert!(!kernel_keys.equal(&keys), "{case}: the window moved");
+        }
+    }
+}
