@@ -11,7 +11,8 @@
 //! handed over to its audio when frames arrive at the talker's pace: the wait for the frames of
 //! a full step (chunk-frames - 1 frame periods) plus the time from handing over the frame that
 //! fills the step to its audio coming out (of `push` for the core, of the pipeline's appsink
-//! for the element).
+//! for the element). At each chunk size the core's runs (in each dtype) and the element's take
+//! turns, so that a drift in the machine's speed shows in all of them alike.
 //!
 //! `--alongside DTYPE` times the core in that dtype too, its runs alternating with `--dtype`'s
 //! (on a machine whose load changes, a ratio between dtypes is only fair from the same
@@ -206,39 +207,52 @@ impl CoreBench {
     }
 }
 
-/// The core's row for `model`, and one for the `alongside` model (another dtype) whose runs
-/// alternate with its own, so that both see the same load on the machine.
-fn bench_core(
+/// The rows of one chunk size: the core for `model` (with and without CUDA graphs where the
+/// device has them), for the `alongside` model (another dtype), and the element, their runs
+/// taking turns so that all see the same load on the machine (its speed drifts by 20% within
+/// minutes).
+fn bench_chunk(
+    args: &Args,
     model: &Arc<Model>,
     alongside: Option<&Arc<Model>>,
     codes: &[i16],
     chunk_frames: usize,
-    cuda_graph: bool,
     reference: &[f32],
-    repeats: usize,
 ) -> Vec<Value> {
-    let mut benches: Vec<CoreBench> = std::iter::once(model)
-        .chain(alongside)
-        .map(|model| CoreBench::new(model, chunk_frames, cuda_graph))
-        .collect();
-    // Run 0 is the warm-up.
-    for run in 0..=repeats {
-        for bench in &mut benches {
-            bench.run(codes, reference, run == 0);
-        }
-    }
-    benches
+    let graph_choices: &[bool] = if model.device().is_cuda() {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    let mut cores: Vec<CoreBench> = graph_choices
         .iter()
-        .enumerate()
-        .map(|(index, bench)| {
-            let label = if index == 0 {
+        .flat_map(|&cuda_graph| {
+            std::iter::once(model)
+                .chain(alongside)
+                .map(move |model| CoreBench::new(model, chunk_frames, cuda_graph))
+        })
+        .collect();
+    let mut element = ElementBench::default();
+    // Run 0 is the warm-up.
+    for run in 0..=args.repeats {
+        for core in &mut cores {
+            core.run(codes, reference, run == 0);
+        }
+        element.run(args, model, codes, chunk_frames, reference, run == 0);
+    }
+    let mut rows: Vec<Value> = cores
+        .iter()
+        .map(|core| {
+            let label = if Arc::ptr_eq(&core.model, model) {
                 String::new()
             } else {
-                format!(" in {} (alongside)", bench.model.dtype())
+                format!(" in {} (alongside)", core.model.dtype())
             };
-            bench.row(&label)
+            core.row(&label)
         })
-        .collect()
+        .collect();
+    rows.push(element.row(chunk_frames));
+    rows
 }
 
 /// One run of the element in a fresh pipeline, fed one frame per buffer as fast as it takes
@@ -325,28 +339,47 @@ fn element_run(
     )
 }
 
-/// The element in a pipeline: a fresh pipeline per run. Its step columns are the element's
-/// own figures, the median of the runs' mean step and the longest step of all runs.
-fn bench_element(args: &Args, model: &Model, codes: &[i16], chunk_frames: usize, reference: &[f32]) -> Value {
-    let mut runs = Vec::new();
-    let (mut means, mut max_step_ms, mut cuda_graph) = (Vec::new(), 0.0f64, false);
-    for run in 0..=args.repeats {
-        let (timed, mean_step_ms, run_max_ms, graph) =
+/// The element in a pipeline, a fresh pipeline per run. Its step columns are the element's
+/// own figures: the median of the runs' mean step and the longest step of all runs.
+#[derive(Default)]
+struct ElementBench {
+    runs: Vec<Run>,
+    mean_step_ms: Vec<f64>,
+    max_step_ms: f64,
+    cuda_graph: bool,
+}
+
+impl ElementBench {
+    /// One run, kept unless it is the warm-up.
+    fn run(
+        &mut self,
+        args: &Args,
+        model: &Model,
+        codes: &[i16],
+        chunk_frames: usize,
+        reference: &[f32],
+        warm_up: bool,
+    ) {
+        let (timed, mean_step_ms, max_step_ms, cuda_graph) =
             element_run(args, model, codes, chunk_frames, reference);
-        if run > 0 {
-            runs.push(timed);
-            means.push(mean_step_ms);
-            max_step_ms = max_step_ms.max(run_max_ms);
-            cuda_graph = graph;
+        if warm_up {
+            return;
         }
+        self.runs.push(timed);
+        self.mean_step_ms.push(mean_step_ms);
+        self.max_step_ms = self.max_step_ms.max(max_step_ms);
+        self.cuda_graph = cuda_graph;
     }
-    let graph = if cuda_graph { " + CUDA graph" } else { "" };
-    row(
-        &format!("qwencodecdec in a pipeline{graph}, chunk-frames {chunk_frames}"),
-        json!(tch::get_num_threads()),
-        &runs,
-        json!({"mean": percentile(&means, 0.5), "max": max_step_ms}),
-    )
+
+    fn row(&self, chunk_frames: usize) -> Value {
+        let graph = if self.cuda_graph { " + CUDA graph" } else { "" };
+        row(
+            &format!("qwencodecdec in a pipeline{graph}, chunk-frames {chunk_frames}"),
+            json!(tch::get_num_threads()),
+            &self.runs,
+            json!({"mean": percentile(&self.mean_step_ms, 0.5), "max": self.max_step_ms}),
+        )
+    }
 }
 
 /// Upstream's rows, timed by tools/bench_upstream.py alike.
@@ -605,34 +638,21 @@ fn main() {
             "upstream PyTorch, windowed (8 + 25 context)",
         ),
     ];
-    let graph_choices: &[bool] = if device.is_cuda() {
-        &[false, true]
-    } else {
-        &[false]
-    };
     let alongside = args
         .alongside
         .map(|dtype| Model::shared(&args.model, device, dtype).unwrap());
     for &chunk_frames in &args.chunks {
-        for &cuda_graph in graph_choices {
-            for r in bench_core(
-                &model,
-                alongside.as_ref(),
-                &codes,
-                chunk_frames,
-                cuda_graph,
-                &reference,
-                args.repeats,
-            ) {
-                eprintln!("{r}");
-                rows.push(r);
-            }
+        for r in bench_chunk(
+            &args,
+            &model,
+            alongside.as_ref(),
+            &codes,
+            chunk_frames,
+            &reference,
+        ) {
+            eprintln!("{r}");
+            rows.push(r);
         }
-    }
-    for &chunk_frames in &args.chunks {
-        let r = bench_element(&args, &model, &codes, chunk_frames, &reference);
-        eprintln!("{r}");
-        rows.push(r);
     }
 
     let mut settled = StreamDecoder::new(model.clone(), 8, TailStrategy::Eager).unwrap();
