@@ -26,8 +26,11 @@ perf_args=()
 # Samples stamped with CLOCK_MONOTONIC, the clock the benchmark marks its timed steps with.
 if command -v perf >/dev/null &&
   perf record -q -F 999 -k CLOCK_MONOTONIC -o "$raw/perf.data" -- "${bench[@]}"; then
-  perf script -i "$raw/perf.data" -F pid,tid,comm,time,ip,sym,dso 2>/dev/null >"$raw/perf.txt"
-  perf_args=(--perf "$raw/perf.txt")
+  if perf script -i "$raw/perf.data" -F pid,tid,comm,time,ip,sym,dso 2>/dev/null >"$raw/perf.txt"; then
+    perf_args=(--perf "$raw/perf.txt")
+  else
+    echo "profile: perf script failed; the report will have the op profile only" >&2
+  fi
 else
   echo "profile: perf record failed; profiling without it" >&2
   "${bench[@]}"
