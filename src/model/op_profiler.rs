@@ -10,6 +10,7 @@ use std::path::Path;
 use tch::{Device, TchError};
 
 use super::executor;
+use super::network::shim::checked;
 
 unsafe extern "C" {
     fn qwencodec_op_profiler_start(error: *mut c_char, error_size: usize) -> bool;
@@ -29,7 +30,9 @@ impl OpProfiler {
     pub fn start(device: Device) -> Result<Self, TchError> {
         executor::run(device, || {
             // SAFETY: the shim writes at most `len` bytes of message on failure.
-            checked(|error, len| unsafe { qwencodec_op_profiler_start(error, len) })
+            checked("op profiler", |error, len| unsafe {
+                qwencodec_op_profiler_start(error, len)
+            })
         })?;
         Ok(Self {
             device,
@@ -46,7 +49,9 @@ impl OpProfiler {
             .map_err(|_| TchError::FileFormat(format!("{}: a NUL in the path", events.display())))?;
         executor::run(self.device, || {
             // SAFETY: `path` is NUL-terminated and outlives the call.
-            checked(|error, len| unsafe { qwencodec_op_profiler_stop(path.as_ptr(), error, len) })
+            checked("op profiler", |error, len| unsafe {
+                qwencodec_op_profiler_stop(path.as_ptr(), error, len)
+            })
         })
     }
 }
@@ -56,21 +61,12 @@ impl Drop for OpProfiler {
         if !self.stopped {
             // SAFETY: a null path discards the events.
             _ = executor::run(self.device, || {
-                checked(|error, len| unsafe { qwencodec_op_profiler_stop(std::ptr::null(), error, len) })
+                checked("op profiler", |error, len| unsafe {
+                    qwencodec_op_profiler_stop(std::ptr::null(), error, len)
+                })
             });
         }
     }
-}
-
-fn checked(f: impl FnOnce(*mut c_char, usize) -> bool) -> Result<(), TchError> {
-    let mut error = [0 as c_char; 512];
-    if f(error.as_mut_ptr(), error.len()) {
-        return Ok(());
-    }
-    // SAFETY: on failure the shim wrote a NUL-terminated message into `error`.
-    let text = unsafe { CStr::from_ptr(error.as_ptr()) }.to_string_lossy();
-    let text = text.split("\nException raised from").next().unwrap_or_default();
-    Err(TchError::Torch(format!("op profiler: {text}")))
 }
 
 /// A named scope of the network (a stage) in the op profile, from here to its drop; nearly free

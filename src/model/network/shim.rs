@@ -1,4 +1,4 @@
-//! Calling the CPU shims (`shim.h`): each returns a new tensor or an error message.
+//! Calling the CPU shims (`shim.h`): each returns a new tensor (or succeeds) or an error message.
 
 use std::ffi::{CStr, c_char};
 
@@ -12,11 +12,18 @@ pub fn call(
     what: &str,
     f: impl FnOnce(*mut *mut torch_sys::C_tensor, *mut c_char, usize) -> bool,
 ) -> TorchResult<Tensor> {
-    let mut error = [0 as c_char; 512];
     let mut out = std::ptr::null_mut();
-    if f(&mut out, error.as_mut_ptr(), error.len()) {
-        // SAFETY: on success the shim handed over a tensor it allocated with `new`.
-        return Ok(unsafe { Tensor::from_ptr(out) });
+    checked(what, |error, size| f(&mut out, error, size))?;
+    // SAFETY: on success the shim handed over a tensor it allocated with `new`.
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+/// Calls a shim function that succeeds or writes an error message; `what` names it in the
+/// error.
+pub fn checked(what: &str, f: impl FnOnce(*mut c_char, usize) -> bool) -> TorchResult<()> {
+    let mut error = [0 as c_char; 512];
+    if f(error.as_mut_ptr(), error.len()) {
+        return Ok(());
     }
     // SAFETY: on failure the shim wrote a NUL-terminated message into `error`.
     let text = unsafe { CStr::from_ptr(error.as_ptr()) }.to_string_lossy();
