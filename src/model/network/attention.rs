@@ -50,94 +50,90 @@ pub struct Heads {
     pub head_dim: i64,
 }
 
-/// `qkv`: [B, T, (heads + 2 kv_heads) head_dim], the step's queries, keys and values side by
-/// side; `keys`, `values`: the window, [B, kv_heads, slots, head_dim] un-rotated, moved on by T
-/// positions in place; `mask`: [B, 1, T, slots + T], added to the scores. Returns [B, T,
-/// heads head_dim].
-pub fn attend(
-    qkv: &Tensor,
-    keys: &mut Tensor,
-    values: &mut Tensor,
-    rope: &Rope,
-    mask: &Tensor,
-    heads: Heads,
-) -> TorchResult<Tensor> {
-    if qkv.device() != Device::Cpu {
-        return by_ops(qkv, keys, values, rope, mask, heads);
-    }
-    // SAFETY: the tensors are live for the duration of the call; the window's are contiguous
-    // float32 (the state's own), which the kernel checks before it writes them.
-    call("attention", |out, error, size| unsafe {
-        ffi::qwencodec_attention(
-            qkv.as_ptr(),
-            keys.as_mut_ptr(),
-            values.as_mut_ptr(),
-            rope.query_cos.as_ptr(),
-            rope.query_sin.as_ptr(),
-            rope.key_cos.as_ptr(),
-            rope.key_sin.as_ptr(),
-            mask.as_ptr(),
-            heads.heads,
-            heads.kv_heads,
-            out,
-            error,
-            size,
-        )
-    })
+/// What every layer's attention shares in a step: the heads, RoPE's tables and `mask` ([B, 1,
+/// T, slots + T], added to the scores: the window mask with each row's empty-slot bias).
+pub struct Attention<'a> {
+    pub heads: Heads,
+    pub rope: Rope<'a>,
+    pub mask: &'a Tensor,
 }
 
-/// [`attend`] by libtorch's ops, as upstream computes it.
-fn by_ops(
-    qkv: &Tensor,
-    keys: &mut Tensor,
-    values: &mut Tensor,
-    rope: &Rope,
-    mask: &Tensor,
-    heads: Heads,
-) -> TorchResult<Tensor> {
-    let Heads {
-        heads,
-        kv_heads,
-        head_dim,
-    } = heads;
-    let (batch, steps) = (qkv.size()[0], qkv.size()[1]);
-    let split_heads = |t: Tensor, n: i64| t.f_view([batch, steps, n, head_dim])?.f_transpose(1, 2);
-    let (q_width, kv_width) = (heads * head_dim, kv_heads * head_dim);
-    let q = split_heads(qkv.f_narrow(2, 0, q_width)?, heads)?;
-    let k = split_heads(qkv.f_narrow(2, q_width, kv_width)?, kv_heads)?;
-    let v = split_heads(qkv.f_narrow(2, q_width + kv_width, kv_width)?, kv_heads)?;
-
-    let slots = keys.size()[2];
-    let all_keys = Tensor::f_cat(&[&*keys, &k], 2)?;
-    let all_values = Tensor::f_cat(&[&*values, &v], 2)?;
-    keys.f_copy_(&all_keys.f_narrow(2, steps, slots)?)?;
-    values.f_copy_(&all_values.f_narrow(2, steps, slots)?)?;
-
-    let q = apply_rope(&q, rope.query_cos, rope.query_sin)?;
-    let k = apply_rope(&all_keys, rope.key_cos, rope.key_sin)?;
-    // Each key/value head serves `groups` query heads. As a broadcast, not repeat_interleave,
-    // which asks the device for its output size.
-    let groups = heads / kv_heads;
-    let share = |t: Tensor| -> TorchResult<Tensor> {
-        if groups == 1 {
-            return Ok(t);
+impl Attention<'_> {
+    /// `qkv`: [B, T, (heads + 2 kv_heads) head_dim], the step's queries, keys and values side
+    /// by side; `keys`, `values`: a layer's window, [B, kv_heads, slots, head_dim] un-rotated,
+    /// moved on by T positions in place. Returns [B, T, heads head_dim].
+    pub fn attend(&self, qkv: &Tensor, keys: &mut Tensor, values: &mut Tensor) -> TorchResult<Tensor> {
+        if qkv.device() != Device::Cpu {
+            return self.by_ops(qkv, keys, values);
         }
-        let positions = t.size()[2];
-        t.f_unsqueeze(2)?
-            .f_expand([batch, kv_heads, groups, positions, head_dim], false)?
-            .f_reshape([batch, heads, positions, head_dim])
-    };
-    let k = share(k)?;
-    let v = share(all_values)?;
-    let scores = q
-        .f_matmul(&k.f_transpose(2, 3)?)?
-        .f_mul_scalar((head_dim as f64).powf(-0.5))?
-        .f_add(mask)?;
-    let probs = scores.f_softmax(-1, ACTIVATION_KIND)?;
-    probs
-        .f_matmul(&v)?
-        .f_transpose(1, 2)?
-        .f_reshape([batch, steps, heads * head_dim])
+        let rope = &self.rope;
+        // SAFETY: the tensors are live for the duration of the call; the window's are
+        // contiguous float32 (the state's own), which the kernel checks before it writes them.
+        call("attention", |out, error, size| unsafe {
+            ffi::qwencodec_attention(
+                qkv.as_ptr(),
+                keys.as_mut_ptr(),
+                values.as_mut_ptr(),
+                rope.query_cos.as_ptr(),
+                rope.query_sin.as_ptr(),
+                rope.key_cos.as_ptr(),
+                rope.key_sin.as_ptr(),
+                self.mask.as_ptr(),
+                self.heads.heads,
+                self.heads.kv_heads,
+                out,
+                error,
+                size,
+            )
+        })
+    }
+
+    /// [`Self::attend`] by libtorch's ops, as upstream computes it.
+    fn by_ops(&self, qkv: &Tensor, keys: &mut Tensor, values: &mut Tensor) -> TorchResult<Tensor> {
+        let Heads {
+            heads,
+            kv_heads,
+            head_dim,
+        } = self.heads;
+        let (batch, steps) = (qkv.size()[0], qkv.size()[1]);
+        let split_heads = |t: Tensor, n: i64| t.f_view([batch, steps, n, head_dim])?.f_transpose(1, 2);
+        let (q_width, kv_width) = (heads * head_dim, kv_heads * head_dim);
+        let q = split_heads(qkv.f_narrow(2, 0, q_width)?, heads)?;
+        let k = split_heads(qkv.f_narrow(2, q_width, kv_width)?, kv_heads)?;
+        let v = split_heads(qkv.f_narrow(2, q_width + kv_width, kv_width)?, kv_heads)?;
+
+        let slots = keys.size()[2];
+        let all_keys = Tensor::f_cat(&[&*keys, &k], 2)?;
+        let all_values = Tensor::f_cat(&[&*values, &v], 2)?;
+        keys.f_copy_(&all_keys.f_narrow(2, steps, slots)?)?;
+        values.f_copy_(&all_values.f_narrow(2, steps, slots)?)?;
+
+        let q = apply_rope(&q, self.rope.query_cos, self.rope.query_sin)?;
+        let k = apply_rope(&all_keys, self.rope.key_cos, self.rope.key_sin)?;
+        // Each key/value head serves `groups` query heads. As a broadcast, not
+        // repeat_interleave, which asks the device for its output size.
+        let groups = heads / kv_heads;
+        let share = |t: Tensor| -> TorchResult<Tensor> {
+            if groups == 1 {
+                return Ok(t);
+            }
+            let positions = t.size()[2];
+            t.f_unsqueeze(2)?
+                .f_expand([batch, kv_heads, groups, positions, head_dim], false)?
+                .f_reshape([batch, heads, positions, head_dim])
+        };
+        let k = share(k)?;
+        let v = share(all_values)?;
+        let scores = q
+            .f_matmul(&k.f_transpose(2, 3)?)?
+            .f_mul_scalar((head_dim as f64).powf(-0.5))?
+            .f_add(self.mask)?;
+        let probs = scores.f_softmax(-1, ACTIVATION_KIND)?;
+        probs
+            .f_matmul(&v)?
+            .f_transpose(1, 2)?
+            .f_reshape([batch, steps, heads * head_dim])
+    }
 }
 
 fn rotate_half(x: &Tensor) -> TorchResult<Tensor> {
@@ -201,10 +197,17 @@ mod tests {
                 .masked_fill(&hidden, f64::NEG_INFINITY)
                 .unsqueeze(1);
 
+            let attention = Attention {
+                heads,
+                rope,
+                mask: &mask,
+            };
             let (mut kernel_keys, mut kernel_values) = (keys.copy(), values.copy());
-            let got = attend(&qkv, &mut kernel_keys, &mut kernel_values, &rope, &mask, heads).unwrap();
+            let got = attention
+                .attend(&qkv, &mut kernel_keys, &mut kernel_values)
+                .unwrap();
             let (mut ops_keys, mut ops_values) = (keys.copy(), values.copy());
-            let expected = by_ops(&qkv, &mut ops_keys, &mut ops_values, &rope, &mask, heads).unwrap();
+            let expected = attention.by_ops(&qkv, &mut ops_keys, &mut ops_values).unwrap();
 
             let case = format!("{heads:?} heads, {slots} slots, {steps} steps, {batch} rows");
             assert_eq!(got.size(), [batch, steps, heads.heads * head_dim], "{case}");

@@ -3,7 +3,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::attention::{Heads, Rope, attend};
+use super::attention::{Attention, Heads, Rope};
 use super::ops::{Linear, LinearWeights, RmsNorm};
 use super::{ACTIVATION_KIND, State, TorchResult};
 use crate::model::ModelError;
@@ -152,13 +152,23 @@ impl Transformer {
             .window_mask
             .f_add(&key_bias.f_unsqueeze(1)?)?
             .f_unsqueeze(1)?;
+        let c = &self.config;
+        let attention = Attention {
+            heads: Heads {
+                heads: c.num_attention_heads as i64,
+                kv_heads: c.num_key_value_heads as i64,
+                head_dim: c.head_dim as i64,
+            },
+            rope: tables.rope(),
+            mask: &mask,
+        };
         let mut h = self.input_proj.forward(x)?;
         for (layer, (keys, values)) in self
             .layers
             .iter()
             .zip(state.keys.iter_mut().zip(&mut state.values))
         {
-            h = layer.forward(&h, &self.config, tables, &mask, keys, values)?;
+            h = layer.forward(&h, &attention, keys, values)?;
         }
         self.output_proj.forward(&self.final_norm.forward(&h)?)
     }
@@ -211,25 +221,16 @@ impl TransformerLayer {
     }
 
     /// `x`: [B, T, hidden]. Updates this layer's KV window in `keys`/`values` ([B, kv heads,
-    /// slots, head_dim]); `mask` is [B, 1, T, slots + T], the window mask with each row's
-    /// empty-slot bias added.
+    /// slots, head_dim]).
     fn forward(
         &self,
         x: &Tensor,
-        config: &DecoderConfig,
-        tables: &StepTables,
-        mask: &Tensor,
+        attention: &Attention,
         keys: &mut Tensor,
         values: &mut Tensor,
     ) -> TorchResult<Tensor> {
         let h = self.input_norm.forward(x)?;
-        let qkv = self.qkv_proj.forward(&h)?;
-        let heads = Heads {
-            heads: config.num_attention_heads as i64,
-            kv_heads: config.num_key_value_heads as i64,
-            head_dim: config.head_dim as i64,
-        };
-        let attended = attend(&qkv, keys, values, &tables.rope(), mask, heads)?;
+        let attended = attention.attend(&self.qkv_proj.forward(&h)?, keys, values)?;
         let x = x.f_add(&self.o_proj.forward(&attended)?.f_mul(&self.attention_scale)?)?;
 
         let h = self.post_attention_norm.forward(&x)?;
