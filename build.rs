@@ -1,20 +1,24 @@
 use std::env;
 use std::path::{Path, PathBuf};
 
+/// The CPU shims' sources, in `SHIM_DIR` beside their `shim.h`.
+const SHIM_DIR: &str = "src/model/network";
+const CPU_SHIMS: [&str; 6] = [
+    "attention.cpp",
+    "fp16_gemm.cpp",
+    "op_profiler.cpp",
+    "skinny_gemm.cpp",
+    "snake_beta.cpp",
+    "winograd.cpp",
+];
+
 fn main() {
     gst_plugin_version_helper::info();
     println!("cargo::rustc-check-cfg=cfg(cuda_graphs)");
     println!("cargo::rerun-if-changed=src/model/cuda_graph.cpp");
-    for shim in [
-        "shim.h",
-        "attention.cpp",
-        "fp16_gemm.cpp",
-        "op_profiler.cpp",
-        "skinny_gemm.cpp",
-        "snake_beta.cpp",
-        "winograd.cpp",
-    ] {
-        println!("cargo::rerun-if-changed=src/model/network/{shim}");
+    println!("cargo::rerun-if-changed={SHIM_DIR}/shim.h");
+    for shim in CPU_SHIMS {
+        println!("cargo::rerun-if-changed={SHIM_DIR}/{shim}");
     }
 
     // torch-sys tells its dependents where the libtorch it linked lives (and the shims need
@@ -82,12 +86,7 @@ fn build_cpu_shims(lib_dir: &Path) {
     // The libgomp it links resolves to the one libtorch already loaded (one per process).
     torch_shim_build(lib_dir)
         .flag("-fopenmp")
-        .file("src/model/network/attention.cpp")
-        .file("src/model/network/fp16_gemm.cpp")
-        .file("src/model/network/op_profiler.cpp")
-        .file("src/model/network/skinny_gemm.cpp")
-        .file("src/model/network/snake_beta.cpp")
-        .file("src/model/network/winograd.cpp")
+        .files(CPU_SHIMS.map(|shim| format!("{SHIM_DIR}/{shim}")))
         .compile("qwencodec_cpu_kernels");
     println!("cargo::rustc-link-lib=gomp");
 }
