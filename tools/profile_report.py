@@ -293,6 +293,7 @@ def main():
     ops = op_profile(read_events(args.run_dir / "events.tsv"))
     perf = perf_profile(args.perf, run) if args.perf else None
     text = markdown(run, ops, perf)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / run["stem"]
     out.with_suffix(".md").write_text(text)
     out.with_suffix(".json").write_text(json.dumps(
