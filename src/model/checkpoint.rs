@@ -10,6 +10,7 @@ use safetensors::{Dtype, SafeTensors};
 use tch::{Device, Kind, Tensor};
 
 use super::ModelError;
+use super::network::Tiles;
 
 /// Prefix of the decoder's tensors in the tokenizer's `model.safetensors`.
 const DECODER_PREFIX: &str = "decoder.";
@@ -212,10 +213,20 @@ impl<'a> Weights<'a> {
         self.file.packs_f16 && self.columns_per_frame * 16 <= in_features
     }
 
-    /// Outputs per tile of the float32 convolutions computed by Winograd's algorithm
-    /// (`network::winograd`): 2 keeps a float32 decode as close to float64 as upstream's own;
-    /// dtype f16, whose float16 weights err far more, takes 4, with fewer products.
-    pub fn winograd_outputs(&self) -> usize {
-        if self.file.packs_f16 { 4 } else { 2 }
+    /// Outputs per tile of a float32 convolution computed by Winograd's algorithm
+    /// (`network::winograd`) that wants `tiles`: 4, with fewer products, for the vocoder's
+    /// residual units; 2 for the layers before the blocks in float32. So the released
+    /// geometry's float32 decode stays about as close to float64 as upstream's own: with 4 in
+    /// the vocoder's input conv too, its error at 12-frame steps was 1.8x upstream's, where it
+    /// is 1.1x. Dtype f16, whose float16 weights err far more, takes 4 everywhere, and 6 where
+    /// even a one-frame step's products are bound by arithmetic (from 640 columns per frame:
+    /// blocks 3-4 of the released geometry): 6 needs fewer products but reads 12 transformed
+    /// matrices per 7 taps where 4 reads 10, which the weight-bound block 1 pays for.
+    pub fn winograd_outputs(&self, tiles: Tiles) -> usize {
+        match (self.file.packs_f16, tiles) {
+            (true, _) if self.columns_per_frame >= 640 => 6,
+            (true, _) | (false, Tiles::Fast) => 4,
+            (false, Tiles::Precise) => 2,
+        }
     }
 }

@@ -4,7 +4,7 @@
 use tch::{Kind, Tensor};
 
 use super::ops::{Matrix, with_weights};
-use super::winograd::Winograd;
+use super::winograd::{Tiles, Winograd};
 use super::{State, StateLayout, TorchResult};
 use crate::model::ModelError;
 use crate::model::checkpoint::Weights;
@@ -17,10 +17,12 @@ pub struct ConvShape {
     pub kernel: usize,
     pub dilation: usize,
     pub groups: usize,
+    /// The Winograd tiles it takes, where it takes them.
+    pub tiles: Tiles,
 }
 
 impl ConvShape {
-    /// A dense convolution without dilation.
+    /// A dense convolution without dilation, with the most precise tiles.
     pub fn dense(in_channels: usize, out_channels: usize, kernel: usize) -> Self {
         Self {
             in_channels,
@@ -28,6 +30,7 @@ impl ConvShape {
             kernel,
             dilation: 1,
             groups: 1,
+            tiles: Tiles::Precise,
         }
     }
 }
@@ -68,6 +71,7 @@ impl CausalConv {
             kernel,
             dilation,
             groups,
+            tiles,
         } = shape;
         let weights = weights.at("conv");
         let context = (kernel - 1) * dilation;
@@ -84,7 +88,7 @@ impl CausalConv {
             None
         };
         let packed = matrix.as_ref().is_some_and(Matrix::is_packed);
-        let tile = weights.winograd_outputs();
+        let tile = weights.winograd_outputs(tiles);
         let winograd = (groups == 1
             && weight.kind() == Kind::Float
             && Winograd::applies(weights.device(), in_channels.min(out_channels), tile, kernel))
@@ -105,16 +109,6 @@ impl CausalConv {
 
     /// `x`: [B, in, T] -> [B, out, T].
     pub fn forward(&self, x: &Tensor, state: &mut State) -> TorchResult<Tensor> {
-        let input = match self.slot {
-            Some(slot) => {
-                let full = Tensor::f_cat(&[&state.contexts[slot], x], 2)?;
-                let len = full.size()[2];
-                // Written in place: a stream's state keeps its allocations from start to end.
-                state.contexts[slot].f_copy_(&full.f_narrow(2, len - self.context, self.context)?)?;
-                full
-            }
-            None => x.shallow_clone(),
-        };
         let (batch, columns) = (x.size()[0], x.size()[2]);
         // As one matrix product over the gathered taps: on CPU where the weight dominates (few
         // output columns against many input channels: the low-rate layers of a small step), as
@@ -124,9 +118,26 @@ impl CausalConv {
         let rows = batch * columns;
         let by_matrix = match &self.matrix {
             None => false,
-            Some(_) if input.device().is_cuda() => true,
+            Some(_) if x.device().is_cuda() => true,
             Some(_) if self.winograd.is_some() => rows <= MATRIX_MAX_ROWS,
             Some(matrix) => matrix.is_packed() || rows * 16 <= self.in_channels,
+        };
+        // Otherwise by Winograd tiles where the CPU has them for this many channels: fewer
+        // products than the convolution kernels, which already run at the CPU's peak. They read
+        // the context where the state keeps it, and move it on.
+        if let Some(winograd) = self.winograd.as_ref().filter(|_| !by_matrix) {
+            let slot = self.slot.expect("a kernel of several taps has a context");
+            return winograd.forward(&mut state.contexts[slot], x);
+        }
+        let input = match self.slot {
+            Some(slot) => {
+                let full = Tensor::f_cat(&[&state.contexts[slot], x], 2)?;
+                let len = full.size()[2];
+                // Written in place: a stream's state keeps its allocations from start to end.
+                state.contexts[slot].f_copy_(&full.f_narrow(2, len - self.context, self.context)?)?;
+                full
+            }
+            None => x.shallow_clone(),
         };
         if let Some(matrix) = self.matrix.as_ref().filter(|_| by_matrix) {
             // [B, in, T, taps] -> [B * T, in * kernel]
@@ -140,11 +151,6 @@ impl CausalConv {
                 .forward(&taps)?
                 .f_reshape([batch, columns, -1])?
                 .f_permute([0, 2, 1]);
-        }
-        // Otherwise by Winograd tiles where the CPU has them for this many channels: fewer
-        // products than the convolution kernels, which already run at the CPU's peak.
-        if let Some(winograd) = &self.winograd {
-            return winograd.forward(&input);
         }
         let (weight, bias) = self
             .kernel_weights

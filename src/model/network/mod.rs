@@ -34,6 +34,7 @@ use upsampler::UpsampleStage;
 use vocoder::Vocoder;
 
 pub use transformer::StepTables;
+pub(crate) use winograd::Tiles;
 
 type TorchResult<T> = Result<T, tch::TchError>;
 

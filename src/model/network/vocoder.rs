@@ -7,6 +7,7 @@ use tch::Tensor;
 
 use super::conv::{CausalConv, CausalTransConv, ConvShape};
 use super::snake_beta::SnakeBeta;
+use super::winograd::Tiles;
 use super::{State, StateLayout, TorchResult};
 use crate::model::ModelError;
 use crate::model::checkpoint::Weights;
@@ -144,6 +145,7 @@ impl ResidualUnit {
     ) -> Result<Self, ModelError> {
         let dilated = ConvShape {
             dilation,
+            tiles: Tiles::Fast,
             ..ConvShape::dense(channels, channels, 7)
         };
         Ok(Self {

@@ -37,13 +37,15 @@ __attribute__((target("avx512f"))) inline __mmask16 tail_mask(int64_t left) {
 }
 
 struct Convolution {
-  const float* x;        // [B, in, length]
+  // The input: the stream's context (the kernel's reach into the past), then the new columns.
+  const float* context;  // [B, in, reach]
+  const float* x;        // [B, in, columns]
   const float* weights;  // [points, in, out]
   const float* bias;     // [out]
   const float* bt;       // [points, points]
   const float* at;       // [m, points]
   float* y;              // [B, out, columns]
-  int64_t in, out, length, columns;
+  int64_t in, out, reach, columns;
   int64_t m, points, dilation;
   int64_t tiles;  // tiles per phase: ceil(columns / (m * dilation))
 
@@ -98,19 +100,28 @@ void group_tiles_for(const Convolution& c, const Piece& piece, const float* colu
 // Groups `begin..end` of 16 channels of the piece's inputs into its tiles [points, count, in].
 __attribute__((target("avx512f"))) void input_groups(const Convolution& c, const Piece& piece, float* v,
                                                      int64_t begin, int64_t end) {
+  // Input column j is context column j below the reach, else new column j - reach.
   const int64_t first = piece.k0 * c.block();
   // The columns the piece reads: its outputs' and the kernel's reach past the last of them.
   const int64_t span = (piece.k1 - piece.k0) * c.block() + (c.points - 1) * c.dilation;
   // Those of them the input has; the rest, past its end, are zeros.
-  const int64_t stored = std::clamp<int64_t>(c.length - first, 0, span);
+  const int64_t stored = std::clamp<int64_t>(c.reach + c.columns - first, 0, span);
+  const int64_t from_context = std::clamp<int64_t>(c.reach - first, 0, stored);
   std::vector<float> columns(static_cast<size_t>(span * 16));
   for (int64_t group = begin; group < end; ++group) {
     const int64_t c0 = group * 16;
     const int64_t lanes = std::min<int64_t>(16, c.in - c0);
     if (lanes < 16) std::fill(columns.begin(), columns.end(), 0.0f);
     for (int64_t lane = 0; lane < lanes; ++lane) {
-      const float* row = c.x + (piece.b * c.in + c0 + lane) * c.length;
-      for (int64_t column = 0; column < stored; ++column) columns[column * 16 + lane] = row[first + column];
+      const int64_t row = piece.b * c.in + c0 + lane;
+      const float* context = c.context + row * c.reach;
+      const float* x = c.x + row * c.columns;
+      for (int64_t column = 0; column < from_context; ++column) {
+        columns[column * 16 + lane] = context[first + column];
+      }
+      for (int64_t column = from_context; column < stored; ++column) {
+        columns[column * 16 + lane] = x[first + column - c.reach];
+      }
       for (int64_t column = stored; column < span; ++column) columns[column * 16 + lane] = 0.0f;
     }
     group_tiles_for(c, piece, columns.data(), v, c0, tail_mask(lanes));
@@ -289,6 +300,18 @@ void run_piece(const Convolution& c, const Piece& piece) {
   output_transform(c, piece, v + tiles);
 }
 
+// The context moves on to the last `reach` columns of the input (context, then new columns),
+// once every piece has read it. A few hundred short rows: one thread.
+void advance_context(const Convolution& c, float* context, int64_t rows) {
+  const int64_t kept = std::max<int64_t>(0, c.reach - c.columns);
+  for (int64_t row = 0; row < rows; ++row) {
+    float* past = context + row * c.reach;
+    const float* x = c.x + row * c.columns;
+    std::copy(past + c.reach - kept, past + c.reach, past);
+    std::copy(x + c.columns - (c.reach - kept), x + c.columns, past + kept);
+  }
+}
+
 void check_matrix(const at::Tensor* matrix, int64_t rows, int64_t cols, const char* name) {
   TORCH_CHECK(matrix->scalar_type() == at::kFloat && matrix->is_contiguous() && matrix->dim() == 2 &&
                   matrix->size(0) == rows && matrix->size(1) == cols,
@@ -299,16 +322,17 @@ void check_matrix(const at::Tensor* matrix, int64_t rows, int64_t cols, const ch
 
 extern "C" {
 
-// `x`: [B, in, length] float32, contiguous: the kernel's reach into the past ((taps - 1) *
-// dilation columns), then the inputs of the outputs; `weights`: [points, in, out], the kernel
-// transformed; `bias`: `out` values; `bt`: [points, points] and `at`: [m, points], the input
-// and output transforms; all float32 and contiguous. `*out`: [B, out, length - reach].
-bool qwencodec_winograd_conv(const at::Tensor* x, const at::Tensor* weights, const at::Tensor* bias,
-                             const at::Tensor* bt, const at::Tensor* at_matrix, int64_t dilation, at::Tensor** out,
-                             char* error, size_t error_size) {
+// `context`: [B, in, reach] float32, the kernel's reach into the past ((taps - 1) * dilation
+// columns), moved on in place to the last `reach` columns of the input; `x`: [B, in, T] float32,
+// the new columns; `weights`: [points, in, out], the kernel transformed; `bias`: `out` values;
+// `bt`: [points, points] and `at`: [m, points], the input and output transforms; all float32
+// and contiguous. `*out`: [B, out, T].
+bool qwencodec_winograd_conv(at::Tensor* context, const at::Tensor* x, const at::Tensor* weights,
+                             const at::Tensor* bias, const at::Tensor* bt, const at::Tensor* at_matrix,
+                             int64_t dilation, at::Tensor** out, char* error, size_t error_size) {
   RECORD_FUNCTION("qwencodec::winograd_conv", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
-    TORCH_CHECK(x->dim() == 3 && x->scalar_type() == at::kFloat && x->is_contiguous(),
+    TORCH_CHECK(x->dim() == 3 && x->scalar_type() == at::kFloat && x->is_contiguous() && x->size(2) >= 1,
                 "a Winograd input is contiguous float32 [B, channels, T]");
     TORCH_CHECK(weights->dim() == 3 && weights->scalar_type() == at::kFloat && weights->is_contiguous() &&
                     weights->size(1) == x->size(1),
@@ -322,11 +346,15 @@ bool qwencodec_winograd_conv(const at::Tensor* x, const at::Tensor* weights, con
                 "a Winograd bias is float32, one per output channel");
     TORCH_CHECK(m >= 1 && m <= points && dilation >= 1, "Winograd tiles of ", m, " outputs at dilation ",
                 dilation);
-    const int64_t columns = x->size(2) - (points - m) * dilation;
-    TORCH_CHECK(columns >= 1, "a Winograd input of ", x->size(2), " columns, no more than the kernel's reach of ",
-                (points - m) * dilation);
+    const int64_t reach = (points - m) * dilation;
+    TORCH_CHECK(context->dim() == 3 && context->scalar_type() == at::kFloat && context->is_contiguous() &&
+                    context->size(0) == x->size(0) && context->size(1) == x->size(1) && context->size(2) == reach,
+                "a Winograd context is contiguous float32 [B, channels, ", reach, "] beside an input of ",
+                x->sizes());
+    const int64_t columns = x->size(2);
     at::Tensor result = at::empty({x->size(0), out_channels, columns}, x->options());
-    Convolution c{x->data_ptr<float>(),
+    Convolution c{context->data_ptr<float>(),
+                  x->data_ptr<float>(),
                   weights->data_ptr<float>(),
                   bias->data_ptr<float>(),
                   bt->data_ptr<float>(),
@@ -334,7 +362,7 @@ bool qwencodec_winograd_conv(const at::Tensor* x, const at::Tensor* weights, con
                   result.data_ptr<float>(),
                   x->size(1),
                   out_channels,
-                  x->size(2),
+                  reach,
                   columns,
                   m,
                   points,
@@ -364,6 +392,7 @@ bool qwencodec_winograd_conv(const at::Tensor* x, const at::Tensor* weights, con
         for (int64_t i = begin; i < end; ++i) run_piece(c, pieces[i]);
       });
     }
+    advance_context(c, context->data_ptr<float>(), x->size(0) * x->size(1));
     *out = new at::Tensor(std::move(result));
   });
 }

@@ -1,13 +1,15 @@
 //! Dilated convolutions by Winograd's minimal filtering (Cook-Toom): `m` outputs of a kernel of
 //! `taps` taps from `m + taps - 1` products instead of `m * taps`. The vocoder's residual units
 //! spend most of a step in their kernel-7 convolutions, which already run at the CPU's peak as
-//! convolutions; this needs fewer multiplications: 8 products per 2 outputs instead of 14, or
-//! 10 per 4 instead of 28.
+//! convolutions; this needs fewer multiplications: 8 products per 2 outputs instead of 14, 10
+//! per 4 instead of 28, or 12 per 6 instead of 42.
 //!
 //! The price is rounding: the transforms scale values by up to the interpolation points'
-//! powers. With 2 outputs per tile the released geometry's float32 decode stays as close to
-//! float64 as upstream's own float32 decode; with 4 its error is about three times upstream's,
-//! which only the reduced-precision dtype accepts (`bench/results/2026-11-30-amd-epyc-avx512-winograd.md`).
+//! powers, and more outputs per tile need more and larger points. With points searched for the
+//! least rounding ([`FINITE_POINTS`]), float32 takes tiles of 4 in the residual units and 2 in
+//! the vocoder's input conv, and its decode stays about as close to float64 as upstream's own;
+//! dtype f16 also takes 6 (`Weights::winograd_outputs`,
+//! `bench/results/2026-12-01-amd-epyc-avx512-winograd-points.md`).
 //!
 //! The convolution is C++ (`winograd.cpp`, AVX-512): the transforms and, between them, a product
 //! per point with its transformed weight, in pieces that keep the tiles in the caches.
@@ -25,6 +27,7 @@ mod ffi {
     // Tensors cross as libtorch's own `at::Tensor*` (tch's `C_tensor`).
     unsafe extern "C" {
         pub fn qwencodec_winograd_conv(
+            context: *mut C_tensor,
             x: *const C_tensor,
             weights: *const C_tensor,
             bias: *const C_tensor,
@@ -38,27 +41,59 @@ mod ffi {
     }
 }
 
-/// The interpolation points, in the order tiles take them (the last point is infinity): small
-/// integers and their reciprocals keep the transforms' entries, and so their rounding, small.
-const POINTS: [f64; 11] = [
-    0.0,
-    1.0,
-    -1.0,
-    2.0,
-    -2.0,
-    0.5,
-    -0.5,
-    3.0,
-    -3.0,
-    1.0 / 3.0,
-    -1.0 / 3.0,
+/// The finite interpolation points of the tile sizes used, by their number (infinity is the
+/// last point): small integers, halves and thirds keep the transforms' entries, and so their
+/// rounding, small. For the 7-tap kernels (the vocoder's), the sets with 0 and ±1 of least
+/// float32 error in a model of the kernel's rounding (`tools/winograd_points.py`): for tiles of
+/// 4 outputs, 2.4x less than 0, ±1, ±2, ±1/2, ±3
+/// (`bench/results/2026-12-01-amd-epyc-avx512-winograd-points.md`). For the 3-tap kernel (the
+/// quantizer's pre_conv, in large steps), the smallest points.
+const FINITE_POINTS: [&[f64]; 5] = [
+    // F(2, 3)
+    &[0.0, 1.0, -1.0],
+    // F(4, 3)
+    &[0.0, 1.0, -1.0, 2.0, -2.0],
+    // F(2, 7)
+    &[0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5],
+    // F(4, 7)
+    &[0.0, 1.0, -1.0, 2.0, -0.5, -3.0, 1.0 / 3.0, -1.5, 2.0 / 3.0],
+    // F(6, 7)
+    &[
+        0.0,
+        1.0,
+        -1.0,
+        3.0,
+        -3.0,
+        1.0 / 3.0,
+        -1.0 / 3.0,
+        1.5,
+        -1.5,
+        2.0 / 3.0,
+        -2.0 / 3.0,
+    ],
 ];
+
+/// The finite points of tiles of `points` points, where a set is chosen for that many.
+fn finite_points(points: usize) -> Option<&'static [f64]> {
+    FINITE_POINTS.iter().copied().find(|set| set.len() + 1 == points)
+}
+
+/// Which Winograd tiles a convolution takes, where it takes them: tiles of more outputs need
+/// fewer products and round more (see `Weights::winograd_outputs`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Tiles {
+    /// The least rounding in float32: for the layers before the vocoder's blocks, whose rounding
+    /// every later layer carries.
+    Precise,
+    /// Fewer products: for the vocoder's residual units.
+    Fast,
+}
 
 /// The fewest channels at which tiles of `m` outputs (first) are measured to beat libtorch's
 /// convolution: every block of the released geometry, whose narrowest has 96. With few
 /// channels, each input value becoming `points / m` tile values, written and read again, weighs
 /// more against the products saved (`bench/results/2026-11-30-amd-epyc-avx512-winograd.md`).
-const MIN_CHANNELS: [(usize, usize); 2] = [(2, 96), (4, 96)];
+const MIN_CHANNELS: [(usize, usize); 3] = [(2, 96), (4, 96), (6, 96)];
 
 /// Winograd's three matrices for `m` outputs of a `taps`-tap kernel, `points = m + taps - 1`:
 /// outputs = AT ((G kernel) * (BT inputs)), where output i is the sum over taps k of
@@ -76,11 +111,7 @@ impl Transforms {
     /// Cook-Toom: evaluate at the finite points and at infinity, multiply, interpolate.
     fn new(m: usize, taps: usize) -> Self {
         let points = m + taps - 1;
-        assert!(
-            m >= 1 && taps >= 1 && points <= POINTS.len() + 1,
-            "no points for F({m}, {taps})"
-        );
-        let finite = &POINTS[..points - 1];
+        let finite = finite_points(points).unwrap_or_else(|| panic!("no points for F({m}, {taps})"));
         let mut output = vec![vec![0.0; points]; m];
         for (i, row) in output.iter_mut().enumerate() {
             for (entry, a) in row.iter_mut().zip(finite) {
@@ -152,13 +183,18 @@ pub struct Winograd {
 
 impl Winograd {
     /// Whether tiles of `m` outputs pay for a convolution of `channels` (in and out, the fewer)
-    /// on this machine: AVX-512 CPUs, with at least [`MIN_CHANNELS`] for the tile size.
+    /// on this machine: AVX-512 CPUs, with at least [`MIN_CHANNELS`] for the tile size, and
+    /// points chosen for it and the kernel's size.
     pub fn applies(device: Device, channels: usize, m: usize, taps: usize) -> bool {
         let least = MIN_CHANNELS
             .iter()
             .find(|&&(outputs, _)| outputs == m)
             .map_or(usize::MAX, |&(_, least)| least);
-        device == Device::Cpu && taps > 1 && channels >= least && shim::avx512()
+        device == Device::Cpu
+            && taps > 1
+            && finite_points(m + taps - 1).is_some()
+            && channels >= least
+            && shim::avx512()
     }
 
     /// `weight` [out, in, taps] and `bias` [out], float32.
@@ -181,14 +217,17 @@ impl Winograd {
         })
     }
 
-    /// `input`: [B, in, context + columns] float32, where the context is the kernel's reach into
-    /// the past ((taps - 1) * dilation) -> [B, out, columns].
-    pub fn forward(&self, input: &Tensor) -> TorchResult<Tensor> {
-        let input = input.f_contiguous()?;
+    /// `x`: [B, in, columns] float32 -> [B, out, columns]; `context`: [B, in, reach], contiguous
+    /// float32, the kernel's reach into the past ((taps - 1) * dilation columns), moved on in
+    /// place to the last `reach` columns of the input (context and `x`), as a stream's state
+    /// keeps it. The two are read where they are: no joined copy.
+    pub fn forward(&self, context: &mut Tensor, x: &Tensor) -> TorchResult<Tensor> {
+        let x = x.f_contiguous()?;
         // SAFETY: the tensors are live for the duration of the call.
         call("Winograd convolution", |out, error, size| unsafe {
             ffi::qwencodec_winograd_conv(
-                input.as_ptr(),
+                context.as_mut_ptr(),
+                x.as_ptr(),
                 self.weights.as_ptr(),
                 self.bias.as_ptr(),
                 self.input_transform.as_ptr(),
@@ -212,15 +251,22 @@ mod tests {
     fn applies_to_many_channels_on_the_cpu() {
         assert_eq!(Winograd::applies(Device::Cpu, 96, 2, 7), shim::avx512());
         assert_eq!(Winograd::applies(Device::Cpu, 96, 4, 7), shim::avx512());
+        assert_eq!(Winograd::applies(Device::Cpu, 96, 6, 7), shim::avx512());
         assert!(!Winograd::applies(Device::Cpu, 64, 4, 7));
         assert!(!Winograd::applies(Device::Cpu, 64, 2, 7));
         assert!(
             !Winograd::applies(Device::Cpu, 1024, 3, 7),
             "no threshold measured for 3 outputs"
         );
+        for m in [2, 4] {
+            assert!(
+                !Winograd::applies(Device::Cpu, 1024, m, 1),
+                "a 1-tap kernel saves nothing"
+            );
+        }
         assert!(
-            !Winograd::applies(Device::Cpu, 1024, 2, 1),
-            "a 1-tap kernel saves nothing"
+            !Winograd::applies(Device::Cpu, 1024, 2, 6),
+            "no points chosen for 7 points, as F(2, 6) needs"
         );
         assert!(!Winograd::applies(Device::Cuda(0), 1024, 2, 7));
     }
@@ -228,8 +274,7 @@ mod tests {
     /// The three matrices compute a correlation exactly (in float64), for every tile size used.
     #[test]
     fn transforms_compute_a_correlation() {
-        for m in 1..=5 {
-            let taps = 7;
+        for (m, taps) in [(2, 3), (4, 3), (2, 7), (4, 7), (6, 7)] {
             let t = Transforms::new(m, taps);
             let points = m + taps - 1;
             let kernel: Vec<f64> = (0..taps).map(|k| (k as f64 * 0.37).sin() + 0.1).collect();
@@ -270,17 +315,30 @@ mod tests {
     }
 
     fn check_channels(channels_in: i64, channels_out: i64) {
-        let taps = 7;
+        for taps in [3, 7] {
+            check_kernel(channels_in, channels_out, taps);
+        }
+    }
+
+    fn check_kernel(channels_in: i64, channels_out: i64, taps: i64) {
         let options = (Kind::Float, Device::Cpu);
         let weight = Tensor::randn([channels_out, channels_in, taps], options) / 17.0;
         let bias = Tensor::randn([channels_out], options);
-        for m in [2, 4] {
+        for m in [2, 4, 6] {
             for dilation in [1, 3, 9] {
                 let conv = Winograd::new(&weight, &bias, dilation, m).unwrap();
                 for columns in [1, 5, 17, 64, 301, 3001] {
-                    let context = (taps - 1) * dilation as i64;
-                    let input = Tensor::randn([2, channels_in, context + columns], options);
-                    let got = conv.forward(&input).unwrap();
+                    let reach = (taps - 1) * dilation as i64;
+                    let input = Tensor::randn([2, channels_in, reach + columns], options);
+                    let mut context = input.narrow(2, 0, reach).contiguous();
+                    let got = conv
+                        .forward(&mut context, &input.narrow(2, reach, columns))
+                        .unwrap();
+                    assert!(
+                        context.equal(&input.narrow(2, columns, reach)),
+                        "F({m}, {taps}), dilation {dilation}, {columns} columns: the context moves on \
+                         to the input's last {reach} columns"
+                    );
                     let expected = input.to_kind(Kind::Double).conv1d(
                         &weight.to_kind(Kind::Double),
                         Some(&bias.to_kind(Kind::Double)),
@@ -293,7 +351,7 @@ mod tests {
                     let (error, scale) = max_error_and_scale(&got, &expected);
                     assert!(
                         error <= 2e-5 * scale,
-                        "{channels_in} -> {channels_out} channels, F({m}, 7), dilation {dilation}, \
+                        "{channels_in} -> {channels_out} channels, F({m}, {taps}), dilation {dilation}, \
                          {columns} columns: off by {error:e} of {scale:e}"
                     );
                 }
