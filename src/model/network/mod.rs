@@ -12,6 +12,7 @@ mod conv;
 mod fp16_gemm;
 mod ops;
 mod quantizer;
+mod rms_norm;
 // The model's op profiler calls its shim through it too.
 pub(super) mod shim;
 mod skinny_gemm;

@@ -166,24 +166,3 @@ impl Linear {
             .f_view([batch, steps, -1])
     }
 }
-
-/// RMSNorm, on float32 activations like everything element-wise here.
-pub struct RmsNorm {
-    weight: Tensor,
-    eps: f64,
-}
-
-impl RmsNorm {
-    pub fn load(weights: &Weights, size: usize, eps: f64) -> Result<Self, ModelError> {
-        Ok(Self {
-            weight: weights.get_as("weight", &[size], Kind::Float)?,
-            eps,
-        })
-    }
-
-    pub fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
-        let variance = x.f_square()?.f_mean_dim(-1, true, ACTIVATION_KIND)?;
-        self.weight
-            .f_mul(&x.f_mul(&variance.f_add_scalar(self.eps)?.f_rsqrt()?)?)
-    }
-}

@@ -4,7 +4,8 @@
 use tch::{Device, Kind, Tensor};
 
 use super::attention::{Attention, Heads, Rope};
-use super::ops::{Linear, LinearWeights, RmsNorm};
+use super::ops::{Linear, LinearWeights};
+use super::rms_norm::RmsNorm;
 use super::{ACTIVATION_KIND, State, TorchResult};
 use crate::model::ModelError;
 use crate::model::checkpoint::Weights;
@@ -231,7 +232,8 @@ impl TransformerLayer {
     ) -> TorchResult<Tensor> {
         let h = self.input_norm.forward(x)?;
         let attended = attention.attend(&self.qkv_proj.forward(&h)?, keys, values)?;
-        let x = x.f_add(&self.o_proj.forward(&attended)?.f_mul(&self.attention_scale)?)?;
+        // Each residual branch scaled by its LayerScale and added in one op.
+        let x = x.f_addcmul(&self.o_proj.forward(&attended)?, &self.attention_scale)?;
 
         let h = self.post_attention_norm.forward(&x)?;
         let gate_up = self.gate_up_proj.forward(&h)?;
@@ -240,6 +242,6 @@ impl TransformerLayer {
             .f_narrow(2, 0, width)?
             .f_silu()?
             .f_mul(&gate_up.f_narrow(2, width, width)?)?;
-        x.f_add(&self.down_proj.forward(&gated)?.f_mul(&self.mlp_scale)?)
+        x.f_addcmul(&self.down_proj.forward(&gated)?, &self.mlp_scale)
     }
 }
