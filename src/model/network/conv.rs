@@ -1,7 +1,7 @@
 //! Causal convolutions in streaming form: each keeps the columns of the past it needs (its left
 //! context, or a transposed convolution's overlap) as a row of the stream state.
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::ops::{Matrix, with_weights};
 use super::winograd::{Tiles, Winograd};
@@ -43,6 +43,13 @@ impl ConvShape {
 /// and F(4, 7) tied in a decode (`bench/results/2026-11-30-amd-epyc-avx512-winograd-kernel.md`).
 const MATRIX_MAX_ROWS: i64 = 16;
 
+/// Most multiply-adds (output channels times input channels times rows) for which a float32
+/// 1x1 convolution on the CPU is one MKL product per stream instead of a convolution: in a
+/// one-frame step (up to about 24 million each) oneDNN's kernels took longer than the products;
+/// at four frames (75 million and more) less
+/// (`bench/results/2026-12-01-amd-epyc-avx512-pointwise-conv.md`).
+const POINTWISE_MAX_MULTIPLY_ADDS: i64 = 32 << 20;
+
 /// A 1-D convolution padded causally: `(kernel - 1) * dilation` columns of the past on the left.
 pub struct CausalConv {
     /// [out, in / groups, kernel] and [out], for the convolution kernels; none where the matrix
@@ -54,6 +61,9 @@ pub struct CausalConv {
     /// The same convolution by Winograd tiles, for CPU float32 weights where it pays (see
     /// `forward`); beside a packed matrix, for the steps too large for it.
     winograd: Option<Winograd>,
+    /// A CPU float32 1x1 convolution's weight as [out, in] and its bias as [out, 1] (views of
+    /// the kernel weights), for small steps (see [`POINTWISE_MAX_MULTIPLY_ADDS`]).
+    pointwise: Option<(Tensor, Tensor)>,
     in_channels: i64,
     kernel: i64,
     dilation: i64,
@@ -94,10 +104,20 @@ impl CausalConv {
             && Winograd::applies(weights.device(), in_channels.min(out_channels), tile, kernel))
         .then(|| Winograd::new(&weight, &bias, dilation, tile))
         .transpose()?;
+        let pointwise = (kernel == 1
+            && groups == 1
+            && !packed
+            && weight.kind() == Kind::Float
+            && weights.device() == Device::Cpu)
+            .then(|| -> TorchResult<_> {
+                Ok((weight.f_view([out_channels as i64, -1])?, bias.f_view([-1, 1])?))
+            })
+            .transpose()?;
         Ok(Self {
             kernel_weights: (!packed).then_some((weight, bias)),
             matrix,
             winograd,
+            pointwise,
             in_channels: in_channels as i64,
             kernel: kernel as i64,
             dilation: dilation as i64,
@@ -151,6 +171,17 @@ impl CausalConv {
                 .forward(&taps)?
                 .f_reshape([batch, columns, -1])?
                 .f_permute([0, 2, 1]);
+        }
+        let pointwise = self
+            .pointwise
+            .as_ref()
+            .filter(|(weight, _)| weight.size()[0] * self.in_channels * rows <= POINTWISE_MAX_MULTIPLY_ADDS);
+        if let Some((weight, bias)) = pointwise {
+            let y = Tensor::f_empty([batch, weight.size()[0], columns], (Kind::Float, x.device()))?;
+            for row in 0..batch {
+                _ = bias.f_addmm_out(&y.f_select(0, row)?, weight, &input.f_select(0, row)?)?;
+            }
+            return Ok(y);
         }
         let (weight, bias) = self
             .kernel_weights
