@@ -3,11 +3,15 @@
 //!
 //! cargo bench --bench decode -- --model DIR --upstream upstream.json --reference reference.f32
 //!     [--out bench/results] [--chunks 1,2,4,8] [--device cpu] [--dtype f32] [--alongside f32]
-//!     [--repeats 5] [--steady-model DIR] [--steady-frames 20000]
+//!     [--repeats 5] [--steady-model DIR] [--steady-frames 20000] [--python python3]
 //!
 //! Both sides are measured alike: every decode runs once as a warm-up, then `--repeats` times,
-//! and each row gives the best and the median of those runs (tools/bench_upstream.py does the
-//! same for upstream's rows). "First audio" is, for every row, the time from the first frame
+//! and each row gives the best and the median of those runs. Upstream's full decode, the one
+//! the goals compare with, runs in a Python process of its own (`tools/bench_upstream.py
+//! --serve`, started with `--python`), one decode before each round of this chunk size's runs:
+//! the machine's speed drifts by 20% within minutes, so each row's ratio to upstream is taken
+//! against upstream's runs of the same rounds. `upstream.json` (tools/bench_upstream.py) gives
+//! the errors and upstream's windowed row, timed before. "First audio" is, for every row, the time from the first frame
 //! handed over to its audio when frames arrive at the talker's pace: the wait for the frames of
 //! a full step (chunk-frames - 1 frame periods) plus the time from handing over the frame that
 //! fills the step to its audio coming out (of `push` for the core, of the pipeline's appsink
@@ -29,7 +33,9 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -53,6 +59,7 @@ struct Args {
     repeats: usize,
     steady_model: PathBuf,
     steady_frames: usize,
+    python: String,
 }
 
 fn parse_args() -> Args {
@@ -81,6 +88,7 @@ fn parse_args() -> Args {
             .get("steady-model")
             .map_or_else(|| fixtures.join("release-tiny"), PathBuf::from),
         steady_frames: options.number("steady-frames", 20_000),
+        python: options.get("python").unwrap_or_else(|| "python3".into()),
     }
 }
 
@@ -207,18 +215,71 @@ impl CoreBench {
     }
 }
 
+/// Upstream's full decode in its own Python process (`tools/bench_upstream.py --serve`): the
+/// model loaded once, each decode timed on request.
+struct UpstreamFull {
+    process: Child,
+    /// Closed on drop: end of input ends the server.
+    requests: Option<ChildStdin>,
+    answers: BufReader<ChildStdout>,
+}
+
+impl UpstreamFull {
+    fn start(args: &Args) -> Self {
+        let mut process = Command::new(&args.python)
+            .arg("tools/bench_upstream.py")
+            .arg(&args.model)
+            .args(["--serve", "--device", &args.device])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{} tools/bench_upstream.py --serve: {e}", args.python));
+        let requests = process.stdin.take();
+        let mut answers = BufReader::new(process.stdout.take().unwrap());
+        let mut line = String::new();
+        answers.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "bench_upstream.py --serve did not start");
+        Self {
+            process,
+            requests,
+            answers,
+        }
+    }
+
+    /// Seconds of one full decode.
+    fn decode(&mut self) -> f64 {
+        let requests = self.requests.as_mut().unwrap();
+        writeln!(requests, "full").unwrap();
+        requests.flush().unwrap();
+        let mut line = String::new();
+        self.answers.read_line(&mut line).unwrap();
+        line.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("bench_upstream.py --serve answered {line:?}"))
+    }
+}
+
+impl Drop for UpstreamFull {
+    fn drop(&mut self) {
+        drop(self.requests.take());
+        _ = self.process.wait();
+    }
+}
+
 /// The rows of one chunk size: the core for `model` (with and without CUDA graphs where the
 /// device has them), for the `alongside` model (another dtype), and the element, their runs
-/// taking turns so that all see the same load on the machine (its speed drifts by 20% within
-/// minutes).
+/// taking turns with each other and with upstream's full decode so that all see the same load
+/// on the machine (its speed drifts by 20% within minutes); and upstream's timed decodes, in
+/// seconds per audio second. Each row's `vs_upstream_full` is its time over upstream's in those rounds.
 fn bench_chunk(
     args: &Args,
     model: &Arc<Model>,
     alongside: Option<&Arc<Model>>,
+    upstream: &mut UpstreamFull,
     codes: &[i16],
     chunk_frames: usize,
     reference: &[f32],
-) -> Vec<Value> {
+) -> (Vec<Value>, Vec<f64>) {
     let graph_choices: &[bool] = if model.device().is_cuda() {
         &[false, true]
     } else {
@@ -233,8 +294,14 @@ fn bench_chunk(
         })
         .collect();
     let mut element = ElementBench::default();
+    let audio_seconds = (codes.len() / model.config().num_quantizers) as f64 * frame_period(model);
+    let mut upstream_speeds = Vec::new();
     // Run 0 is the warm-up.
     for run in 0..=args.repeats {
+        let seconds = upstream.decode();
+        if run > 0 {
+            upstream_speeds.push(seconds / audio_seconds);
+        }
         for core in &mut cores {
             core.run(codes, reference, run == 0);
         }
@@ -252,7 +319,15 @@ fn bench_chunk(
         })
         .collect();
     rows.push(element.row(chunk_frames));
-    rows
+    let upstream_speed = best_and_median(&upstream_speeds);
+    for row in &mut rows {
+        let speed = &row["seconds_per_audio_second"];
+        let ratio = |statistic: &str| {
+            speed[statistic].as_f64().unwrap() / upstream_speed[statistic].as_f64().unwrap()
+        };
+        row["vs_upstream_full"] = json!({"best": ratio("best"), "median": ratio("median")});
+    }
+    (rows, upstream_speeds)
 }
 
 /// One run of the element in a fresh pipeline, fed one frame per buffer as fast as it takes
@@ -382,9 +457,9 @@ impl ElementBench {
     }
 }
 
-/// Upstream's rows, timed by tools/bench_upstream.py alike.
-fn upstream_row(upstream: &Value, key: &str, method: &str) -> Value {
-    let u = &upstream[key];
+/// Upstream's windowed row, timed by tools/bench_upstream.py alike.
+fn windowed_row(upstream: &Value) -> Value {
+    let u = &upstream["windowed"];
     let steps: Vec<f64> = u["step_ms"]
         .as_array()
         .unwrap()
@@ -392,7 +467,7 @@ fn upstream_row(upstream: &Value, key: &str, method: &str) -> Value {
         .map(|v| v.as_f64().unwrap())
         .collect();
     json!({
-        "method": method,
+        "method": "upstream PyTorch, windowed (8 + 25 context)",
         "threads": upstream["threads"],
         "runs": upstream["repeats"],
         "seconds_per_audio_second": u["seconds_per_audio_second"],
@@ -400,6 +475,27 @@ fn upstream_row(upstream: &Value, key: &str, method: &str) -> Value {
         "step_ms": {"p50": percentile(&steps, 0.5), "p99": percentile(&steps, 0.99)},
         "relative_l2": u["relative_l2"],
     })
+}
+
+/// Upstream's full-decode row, from its runs interleaved with ours (seconds per audio second).
+fn upstream_full_row(upstream: &Value, speeds: &[f64], model: &Model, frames: usize) -> Value {
+    let audio_seconds = frames as f64 * frame_period(model);
+    let step_ms: Vec<f64> = speeds.iter().map(|speed| speed * audio_seconds * 1e3).collect();
+    let runs: Vec<Run> = step_ms
+        .iter()
+        .map(|ms| Run {
+            seconds_per_audio_second: ms / 1e3 / audio_seconds,
+            // The whole utterance is needed before its first audio.
+            first_audio_ms: (frames - 1) as f64 * frame_period(model) * 1e3 + ms,
+            error: upstream["full"]["relative_l2"].as_f64().unwrap(),
+        })
+        .collect();
+    row(
+        "upstream PyTorch, full sequence",
+        upstream["threads"].clone(),
+        &runs,
+        json!({"p50": percentile(&step_ms, 0.5), "p99": percentile(&step_ms, 0.99)}),
+    )
 }
 
 fn frame_period(model: &Model) -> f64 {
@@ -536,7 +632,10 @@ fn markdown(report: &Value) -> String {
         "Every decode ran once as a warm-up, then {} times: best and median of those runs. Threads: the \
          torch threads of each side. First audio: from the first frame handed over, frames coming at the \
          talker's pace, to its audio, the wait for a full step included. Step ms: over every step of the \
-         timed runs (for the element, its own stats: the median run's mean step and the longest step).\n\n",
+         timed runs (for the element, its own stats: the median run's mean step and the longest step). \
+         Upstream's full decode ran, in a process of its own, before each round of every chunk size's runs: \
+         its row gathers all of those runs, and each of our rows' \"vs upstream full\" is its best over \
+         upstream's best of the same rounds. Upstream's windowed decode was timed before.\n\n",
         report["repeats"]
     );
     md += "| method | threads | s per audio s, best | median | vs upstream full | step ms p50 | p99 | first audio ms, best | median | rel. L2 vs float64 |\n";
@@ -561,7 +660,9 @@ fn markdown(report: &Value) -> String {
             r["threads"],
             fmt(&speed["best"], 3),
             fmt(&speed["median"], 3),
-            speed["best"].as_f64().unwrap() / full,
+            r["vs_upstream_full"]["best"]
+                .as_f64()
+                .unwrap_or_else(|| speed["best"].as_f64().unwrap() / full),
             step_a,
             step_b,
             fmt(&r["first_audio_ms"]["best"], 1),
@@ -630,30 +731,31 @@ fn main() {
     let rss_frames = 8;
     let rss = rss_per_100_streams(&model, &codes, rss_frames);
 
-    let mut rows = vec![
-        upstream_row(&upstream, "full", "upstream PyTorch, full sequence"),
-        upstream_row(
-            &upstream,
-            "windowed",
-            "upstream PyTorch, windowed (8 + 25 context)",
-        ),
-    ];
     let alongside = args
         .alongside
         .map(|dtype| Model::shared(&args.model, device, dtype).unwrap());
+    let mut upstream_full = UpstreamFull::start(&args);
+    let mut rows = Vec::new();
+    let mut upstream_speeds = Vec::new();
     for &chunk_frames in &args.chunks {
-        for r in bench_chunk(
+        let (chunk_rows, speeds) = bench_chunk(
             &args,
             &model,
             alongside.as_ref(),
+            &mut upstream_full,
             &codes,
             chunk_frames,
             &reference,
-        ) {
+        );
+        for r in chunk_rows {
             eprintln!("{r}");
             rows.push(r);
         }
+        upstream_speeds.extend(speeds);
     }
+    drop(upstream_full);
+    rows.insert(0, upstream_full_row(&upstream, &upstream_speeds, &model, frames));
+    rows.insert(1, windowed_row(&upstream));
 
     let mut settled = StreamDecoder::new(model.clone(), 8, TailStrategy::Eager).unwrap();
     let window_frames = (config.sliding_window / 8 + 1) * 8;

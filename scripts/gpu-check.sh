@@ -99,7 +99,7 @@ if "$python" tools/bench_upstream.py "$model" --device cuda --out "$work/upstrea
   --reference "$work/reference.f32"; then
   for dtype in f32 bf16; do
     "$bundle/bin/bench" --model "$model" --upstream "$work/upstream.json" --reference "$work/reference.f32" \
-      --out "$out" --device cuda --dtype "$dtype" || failed+=("benchmark in $dtype")
+      --out "$out" --device cuda --dtype "$dtype" --python "$python" || failed+=("benchmark in $dtype")
   done
 else
   failed+=("upstream's benchmark")

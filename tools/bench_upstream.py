@@ -2,19 +2,25 @@
 """Time the upstream Python decoder on a checkpoint, for `make bench`.
 
 Runs, on the checkpoint's codes.raw, with torch's default thread count (one
-per core, as libtorch on the Rust side), each decode once as a warm-up and
-then --repeats times, keeping the best and the median (the Rust side does the
-same):
-- the full-sequence forward `decoder(codes)` in float32 (what streaming must
-  match in speed);
+per core, as libtorch on the Rust side):
+- the float64 full-sequence reference (RoPE and RMSNorm in float64 too, as
+  for the fixtures), written as raw float32 samples for the error columns;
+- the full-sequence forward `decoder(codes)` in float32 once, for its error;
 - the windowed decode that stateless integrations use to stream: each block
   of 8 new frames decoded again with 25 frames of left context, keeping the
-  new frames' audio;
-- the float64 full-sequence reference (RoPE and RMSNorm in float64 too, as
-  for the fixtures), written as raw float32 samples for the error columns.
+  new frames' audio; once as a warm-up and then --repeats times, keeping the
+  best and the median (the Rust side does the same).
 
     python tools/bench_upstream.py CHECKPOINT --out bench/cache/upstream.json \\
         --reference bench/cache/reference.f32
+
+The full decode, what streaming must match in speed, is timed with --serve
+instead, by benches/decode.rs, its runs taking turns with the streaming
+decoder's (the machine's speed drifts within minutes): the decoder is loaded
+once, then every line `full` on standard input runs one full decode and
+answers with its wall-clock seconds on a line of standard output.
+
+    python tools/bench_upstream.py CHECKPOINT --serve [--device cuda]
 """
 
 import argparse
@@ -92,16 +98,33 @@ def worst_error(audios, reference):
     return max(relative_l2(audio.cpu(), reference) for audio in audios)
 
 
+def serve(decoder, codes, device):
+    """Answers each line `full` with the seconds of one full decode."""
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "full":
+            sys.exit(f"bench_upstream --serve: unknown request {line.strip()!r}")
+        synchronize(device)
+        start = time.perf_counter()
+        make_fixtures.upstream_forward(decoder, codes)
+        synchronize(device)
+        print(time.perf_counter() - start, flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--reference", type=Path, required=True)
+    parser.add_argument("--serve", action="store_true",
+                        help="time full decodes on request (see above)")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--reference", type=Path)
     parser.add_argument("--repeats", type=int, default=5,
                         help="timed runs of each decode, after one warm-up")
     parser.add_argument("--device", default="cpu",
                         help="where the float32 decodes run (cpu, cuda)")
     args = parser.parse_args()
+    if not args.serve and (args.out is None or args.reference is None):
+        parser.error("--out and --reference are required, unless --serve")
 
     upstream = make_fixtures.load_upstream()
     decoder, config = load_decoder(upstream, args.checkpoint)
@@ -113,6 +136,10 @@ def main():
     frames = codes.shape[0]
     audio_seconds = frames * spf / rate
     threads = torch.get_num_threads()
+    device = torch.device(args.device)
+    if args.serve:
+        serve(decoder.float().to(device), codes.to(device), device)
+        return
     print(f"upstream: {frames} frames ({audio_seconds:.2f} s of audio), "
           f"{threads} torch threads", flush=True)
 
@@ -121,12 +148,9 @@ def main():
     args.reference.parent.mkdir(parents=True, exist_ok=True)
     reference.float().numpy().astype("<f4").tofile(args.reference)
 
-    device = torch.device(args.device)
     decoder.float().to(device)
     codes = codes.to(device)
-    full_times, full_audios = timed(
-        lambda: make_fixtures.upstream_forward(decoder, codes), args.repeats,
-        device)
+    full_audio = make_fixtures.upstream_forward(decoder, codes)
     windowed_times, windowed_runs = timed(
         lambda: windowed_decode(decoder, codes, spf, device), args.repeats,
         device)
@@ -142,15 +166,7 @@ def main():
         "torch": torch.__version__,
         "device": args.device,
         "repeats": args.repeats,
-        "full": {
-            "seconds_per_audio_second": best_and_median(
-                [t / audio_seconds for t in full_times]),
-            "step_ms": [t * 1e3 for t in full_times],
-            "first_audio_ms": best_and_median(
-                [((frames - 1) * frame_period + t) * 1e3
-                 for t in full_times]),
-            "relative_l2": worst_error(full_audios, reference),
-        },
+        "full": {"relative_l2": worst_error([full_audio], reference)},
         "windowed": {
             "seconds_per_audio_second": best_and_median(
                 [t / audio_seconds for t in windowed_times]),
@@ -165,12 +181,13 @@ def main():
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    for name in ("full", "windowed"):
-        row = result[name]
-        speed = row["seconds_per_audio_second"]
-        print(f"upstream {name}: {speed['best']:.3f} s per audio s (best of "
-              f"{args.repeats}; median {speed['median']:.3f}), error "
-              f"{row['relative_l2']:.2e}", flush=True)
+    print(f"upstream full: error {result['full']['relative_l2']:.2e}",
+          flush=True)
+    row = result["windowed"]
+    speed = row["seconds_per_audio_second"]
+    print(f"upstream windowed: {speed['best']:.3f} s per audio s (best of "
+          f"{args.repeats}; median {speed['median']:.3f}), error "
+          f"{row['relative_l2']:.2e}", flush=True)
 
 
 if __name__ == "__main__":
