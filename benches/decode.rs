@@ -11,7 +11,8 @@
 //! --serve`, started with `--python`), one decode before each round of this chunk size's runs:
 //! the machine's speed drifts by 20% within minutes, so each row's ratio to upstream is taken
 //! against upstream's runs of the same rounds. `upstream.json` (tools/bench_upstream.py) gives
-//! the errors and upstream's windowed row, timed before. "First audio" is, for every row, the time from the first frame
+//! the errors and upstream's windowed row, timed before. "First audio" is, for every row, the
+//! time from the first frame
 //! handed over to its audio when frames arrive at the talker's pace: the wait for the frames of
 //! a full step (chunk-frames - 1 frame periods) plus the time from handing over the frame that
 //! fills the step to its audio coming out (of `push` for the core, of the pipeline's appsink
@@ -269,8 +270,8 @@ impl Drop for UpstreamFull {
 /// The rows of one chunk size: the core for `model` (with and without CUDA graphs where the
 /// device has them), for the `alongside` model (another dtype), and the element, their runs
 /// taking turns with each other and with upstream's full decode so that all see the same load
-/// on the machine (its speed drifts by 20% within minutes); and upstream's timed decodes, in
-/// seconds per audio second. Each row's `vs_upstream_full` is its time over upstream's in those rounds.
+/// on the machine (its speed drifts by 20% within minutes); and the seconds of upstream's timed
+/// decodes. Each row's `vs_upstream_full` is its time over upstream's in those rounds.
 fn bench_chunk(
     args: &Args,
     model: &Arc<Model>,
@@ -294,13 +295,12 @@ fn bench_chunk(
         })
         .collect();
     let mut element = ElementBench::default();
-    let audio_seconds = (codes.len() / model.config().num_quantizers) as f64 * frame_period(model);
-    let mut upstream_speeds = Vec::new();
+    let mut upstream_seconds = Vec::new();
     // Run 0 is the warm-up.
     for run in 0..=args.repeats {
         let seconds = upstream.decode();
         if run > 0 {
-            upstream_speeds.push(seconds / audio_seconds);
+            upstream_seconds.push(seconds);
         }
         for core in &mut cores {
             core.run(codes, reference, run == 0);
@@ -319,6 +319,8 @@ fn bench_chunk(
         })
         .collect();
     rows.push(element.row(chunk_frames));
+    let audio_seconds = (codes.len() / model.config().num_quantizers) as f64 * frame_period(model);
+    let upstream_speeds: Vec<f64> = upstream_seconds.iter().map(|s| s / audio_seconds).collect();
     let upstream_speed = best_and_median(&upstream_speeds);
     for row in &mut rows {
         let speed = &row["seconds_per_audio_second"];
@@ -327,7 +329,7 @@ fn bench_chunk(
         };
         row["vs_upstream_full"] = json!({"best": ratio("best"), "median": ratio("median")});
     }
-    (rows, upstream_speeds)
+    (rows, upstream_seconds)
 }
 
 /// One run of the element in a fresh pipeline, fed one frame per buffer as fast as it takes
@@ -477,16 +479,16 @@ fn windowed_row(upstream: &Value) -> Value {
     })
 }
 
-/// Upstream's full-decode row, from its runs interleaved with ours (seconds per audio second).
-fn upstream_full_row(upstream: &Value, speeds: &[f64], model: &Model, frames: usize) -> Value {
+/// Upstream's full-decode row, from the seconds of its runs interleaved with ours.
+fn upstream_full_row(upstream: &Value, seconds: &[f64], model: &Model, frames: usize) -> Value {
     let audio_seconds = frames as f64 * frame_period(model);
-    let step_ms: Vec<f64> = speeds.iter().map(|speed| speed * audio_seconds * 1e3).collect();
-    let runs: Vec<Run> = step_ms
+    let step_ms: Vec<f64> = seconds.iter().map(|s| s * 1e3).collect();
+    let runs: Vec<Run> = seconds
         .iter()
-        .map(|ms| Run {
-            seconds_per_audio_second: ms / 1e3 / audio_seconds,
+        .map(|s| Run {
+            seconds_per_audio_second: s / audio_seconds,
             // The whole utterance is needed before its first audio.
-            first_audio_ms: (frames - 1) as f64 * frame_period(model) * 1e3 + ms,
+            first_audio_ms: ((frames - 1) as f64 * frame_period(model) + s) * 1e3,
             error: upstream["full"]["relative_l2"].as_f64().unwrap(),
         })
         .collect();
@@ -736,9 +738,9 @@ fn main() {
         .map(|dtype| Model::shared(&args.model, device, dtype).unwrap());
     let mut upstream_full = UpstreamFull::start(&args);
     let mut rows = Vec::new();
-    let mut upstream_speeds = Vec::new();
+    let mut upstream_seconds = Vec::new();
     for &chunk_frames in &args.chunks {
-        let (chunk_rows, speeds) = bench_chunk(
+        let (chunk_rows, seconds) = bench_chunk(
             &args,
             &model,
             alongside.as_ref(),
@@ -751,10 +753,10 @@ fn main() {
             eprintln!("{r}");
             rows.push(r);
         }
-        upstream_speeds.extend(speeds);
+        upstream_seconds.extend(seconds);
     }
     drop(upstream_full);
-    rows.insert(0, upstream_full_row(&upstream, &upstream_speeds, &model, frames));
+    rows.insert(0, upstream_full_row(&upstream, &upstream_seconds, &model, frames));
     rows.insert(1, windowed_row(&upstream));
 
     let mut settled = StreamDecoder::new(model.clone(), 8, TailStrategy::Eager).unwrap();
