@@ -32,6 +32,12 @@ constexpr int64_t kPieceBytes = 1 << 20;
 // ... but at least this many tiles: every piece reads all of the transformed weights once.
 constexpr int64_t kMinPieceTiles = 256;
 
+// Output vectors of 16 channels and tiles per block of a point's product: 3 x 8 accumulators,
+// 3 weight vectors and a broadcast tile value fill AVX-512's 32 registers.
+constexpr int kOutputVectors = 3;
+constexpr int kBlockTiles = 8;
+constexpr int64_t kBlockOutputs = 16 * kOutputVectors;
+
 __attribute__((target("avx512f"))) inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
 }
@@ -40,7 +46,7 @@ struct Convolution {
   // The input: the stream's context (the kernel's reach into the past), then the new columns.
   const float* context;  // [B, in, reach]
   const float* x;        // [B, in, columns]
-  const float* weights;  // [points, in, out]
+  const float* weights;  // [points, blocks, in, kBlockOutputs] (see products)
   const float* bias;     // [out]
   const float* bt;       // [points, points]
   const float* at;       // [m, points]
@@ -133,20 +139,20 @@ void input_transform(const Convolution& c, const Piece& piece, float* v) {
                    [&](int64_t begin, int64_t end) { input_groups(c, piece, v, begin, end); });
 }
 
-// Output vectors of 16 channels and tiles per block of a point's product: 3 x 8 accumulators,
-// 3 weight vectors and a broadcast tile value fill AVX-512's 32 registers.
-constexpr int kOutputVectors = 3;
-constexpr int kBlockTiles = 8;
-constexpr int64_t kBlockOutputs = 16 * kOutputVectors;
+// Weight rows the products prefetch ahead of the row they multiply: a small step's products
+// read each block once, from memory, and waited on it without.
+constexpr int64_t kPrefetchRows = 8;
+
 // Inputs summed in one chain, whose sum is then added to the others': one chain over all of them
 // (up to 1536) rounded the float32 decode to 3.1e-5 from float64, where this keeps 1.9e-5.
 constexpr int64_t kSumInputs = 64;
 
-// R tiles [R, in] (rows `in` apart) against the weight's columns for 16 * V outputs (rows `out`
-// apart; the last vector masked by `last`): result[r][o] = sum over i of tiles[r][i] *
-// weight[i][o]. Each tile value is broadcast against whole vectors of outputs, so no sum is
-// reduced across lanes, and these outputs' weights ([in, 48] at most) stay in the core's cache
-// while the piece's tiles pass. The sums go in chains of kSumInputs. The loops are unrolled by
+// R tiles [R, in] (rows `in` apart) against a block of the weight [in, kBlockOutputs], whose
+// first 16 * V columns are used (the last vector masked by `last`), into results (rows `out`
+// apart): result[r][o] = sum over i of tiles[r][i] * weight[i][o]. Each tile value is broadcast
+// against whole vectors of outputs, so no sum is reduced across lanes, and the block stays in
+// the core's cache while the piece's tiles pass. Its first pass reads it from memory, ahead of
+// use (kPrefetchRows). The sums go in chains of kSumInputs. The loops are unrolled by
 // pragma: without, GCC kept the accumulators in an array on the stack and stored them on every
 // step.
 template <int V, int R>
@@ -161,7 +167,11 @@ __attribute__((target("avx512f"))) void product_block(const float* tiles, const 
       for (int v = 0; v < V; ++v) sums[r][v] = _mm512_setzero_ps();
     }
     for (int64_t i = i0; i < i1; ++i) {
-      const float* w = weight + i * out;
+      const float* w = weight + i * kBlockOutputs;
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchRows * kBlockOutputs + 16 * v), _MM_HINT_T0);
+      }
       __m512 weights[V];
 #pragma GCC unroll 4
       for (int v = 0; v + 1 < V; ++v) weights[v] = _mm512_loadu_ps(w + 16 * v);
@@ -187,11 +197,11 @@ __attribute__((target("avx512f"))) void product_block(const float* tiles, const 
   }
 }
 
-// Every tile of the piece against the weight's columns `o0..o0 + 16 * V` (see product_block).
+// Every tile of the piece against the weight block of outputs `o0..o0 + 16 * V` (see
+// product_block).
 template <int V>
 void product_blocks(const Convolution& c, int64_t count, const float* tiles, const float* weight, float* result,
                     int64_t o0, __mmask16 last) {
-  weight += o0;
   result += o0;
   int64_t n0 = 0;
   for (; n0 + kBlockTiles <= count; n0 += kBlockTiles) {
@@ -211,8 +221,11 @@ void product_blocks(const Convolution& c, int64_t count, const float* tiles, con
   }
 }
 
-// Each point's weight [in, out] against the piece's tiles [count, in]: products [points, count,
-// out], in units of one point and up to kBlockOutputs outputs, spread across the threads.
+// Each point's weight against the piece's tiles [count, in]: products [points, count, out], in
+// units of one point and up to kBlockOutputs outputs, spread across the threads. A unit's
+// weights are one block [in, kBlockOutputs] of consecutive bytes: read as columns of the whole
+// [in, out] matrix, rows kilobytes apart, they came from memory at a fraction of its speed on
+// the Xeon, whose prefetchers do not follow strides across pages.
 void products(const Convolution& c, const Piece& piece, const float* v, float* products) {
   const int64_t count = piece.count(c);
   const int64_t output_blocks = (c.out + kBlockOutputs - 1) / kBlockOutputs;
@@ -224,7 +237,7 @@ void products(const Convolution& c, const Piece& piece, const float* v, float* p
       const int64_t vectors = (outputs + 15) / 16;
       const __mmask16 last = tail_mask(outputs - 16 * (vectors - 1));
       const float* tiles = v + p * count * c.in;
-      const float* weight = c.weights + p * c.in * c.out;
+      const float* weight = c.weights + (p * output_blocks + o0 / kBlockOutputs) * c.in * kBlockOutputs;
       float* result = products + p * count * c.out;
       switch (vectors) {
         case 1: product_blocks<1>(c, count, tiles, weight, result, o0, last); break;
@@ -324,7 +337,8 @@ extern "C" {
 
 // `context`: [B, in, reach] float32, the kernel's reach into the past ((taps - 1) * dilation
 // columns), moved on in place to the last `reach` columns of the input; `x`: [B, in, T] float32,
-// the new columns; `weights`: [points, in, out], the kernel transformed; `bias`: `out` values;
+// the new columns; `weights`: [points, blocks, in, 48], the kernel transformed, its output
+// channels in blocks of 48 (the last padded); `bias`: `out` values;
 // `bt`: [points, points] and `at`: [m, points], the input and output transforms; all float32
 // and contiguous. `*out`: [B, out, T].
 bool qwencodec_winograd_conv(at::Tensor* context, const at::Tensor* x, const at::Tensor* weights,
@@ -334,10 +348,13 @@ bool qwencodec_winograd_conv(at::Tensor* context, const at::Tensor* x, const at:
   return qwencodec::guarded(error, error_size, [&] {
     TORCH_CHECK(x->dim() == 3 && x->scalar_type() == at::kFloat && x->is_contiguous() && x->size(2) >= 1,
                 "a Winograd input is contiguous float32 [B, channels, T]");
-    TORCH_CHECK(weights->dim() == 3 && weights->scalar_type() == at::kFloat && weights->is_contiguous() &&
-                    weights->size(1) == x->size(1),
-                "Winograd weights are contiguous float32 [points, in, out]");
-    const int64_t points = weights->size(0), out_channels = weights->size(2);
+    const int64_t out_channels = bias->numel();
+    TORCH_CHECK(weights->dim() == 4 && weights->scalar_type() == at::kFloat && weights->is_contiguous() &&
+                    weights->size(1) == (out_channels + kBlockOutputs - 1) / kBlockOutputs &&
+                    weights->size(2) == x->size(1) && weights->size(3) == kBlockOutputs,
+                "Winograd weights are contiguous float32 [points, blocks, in, ", kBlockOutputs, "] for ",
+                out_channels, " outputs");
+    const int64_t points = weights->size(0);
     TORCH_CHECK(points <= kMaxPoints, "Winograd tiles of at most ", kMaxPoints, " points");
     check_matrix(bt, points, points, "input transform");
     const int64_t m = at_matrix->size(0);

@@ -95,6 +95,10 @@ pub enum Tiles {
 /// more against the products saved (`bench/results/2026-11-30-amd-epyc-avx512-winograd.md`).
 const MIN_CHANNELS: [(usize, usize); 3] = [(2, 96), (4, 96), (6, 96)];
 
+/// Output channels per block of the transformed weights: the outputs one call of the kernel's
+/// products computes (`kBlockOutputs` in winograd.cpp, which checks it).
+const BLOCK_OUTPUTS: i64 = 48;
+
 /// Winograd's three matrices for `m` outputs of a `taps`-tap kernel, `points = m + taps - 1`:
 /// outputs = AT ((G kernel) * (BT inputs)), where output i is the sum over taps k of
 /// kernel[k] * inputs[i + k].
@@ -171,7 +175,9 @@ fn matrix(rows: &[Vec<f64>], kind: Kind) -> TorchResult<Tensor> {
 
 /// A convolution (no groups) computed by Winograd tiles of `m` outputs.
 pub struct Winograd {
-    /// [points, in, out]: the kernel taps transformed, one matrix per point.
+    /// [points, blocks, in, BLOCK_OUTPUTS]: the kernel taps transformed, one matrix [in, out] per
+    /// point, its output channels in blocks (the last padded with zeros), each block's bytes
+    /// consecutive as the kernel reads them.
     weights: Tensor,
     /// [out], contiguous
     bias: Tensor,
@@ -202,11 +208,15 @@ impl Winograd {
         let taps = weight.size()[2] as usize;
         let transforms = Transforms::new(m, taps);
         // [points, taps] x [out, in, taps] in float64, then rounded once.
+        let (out, inputs) = (weight.size()[0], weight.size()[1]);
+        let blocks = (out + BLOCK_OUTPUTS - 1) / BLOCK_OUTPUTS;
         let weights = weight
             .f_to_kind(Kind::Double)?
             .f_matmul(&matrix(&transforms.kernel, Kind::Double)?.f_t_()?)?
-            .f_permute([2, 1, 0])?
             .f_to_kind(Kind::Float)?
+            .f_constant_pad_nd([0, 0, 0, 0, 0, blocks * BLOCK_OUTPUTS - out])?
+            .f_view([blocks, BLOCK_OUTPUTS, inputs, -1])?
+            .f_permute([3, 0, 2, 1])?
             .f_contiguous()?;
         Ok(Self {
             weights,
