@@ -3,9 +3,8 @@ use std::path::{Path, PathBuf};
 
 /// The CPU shims' sources, in `SHIM_DIR` beside their `shim.h`.
 const SHIM_DIR: &str = "src/model/network";
-const CPU_SHIMS: [&str; 7] = [
+const CPU_SHIMS: [&str; 6] = [
     "attention.cpp",
-    "fp16_gemm.cpp",
     "op_profiler.cpp",
     "rms_norm.cpp",
     "skinny_gemm.cpp",
@@ -79,8 +78,8 @@ fn torch_shim_build(lib_dir: &Path) -> cc::Build {
     build
 }
 
-/// The CPU kernels that tch does not offer, behind a C interface: FBGEMM's float16-weight
-/// product (the CPU's dtype f16), the float32 product for few rows, RMSNorm, SnakeBeta,
+/// The CPU kernels that tch does not offer, behind a C interface: the product of float32 or
+/// float16 weights with few rows, RMSNorm, SnakeBeta,
 /// Winograd's transforms and a layer's attention; and libtorch's op profiler.
 fn build_cpu_shims(lib_dir: &Path) {
     // With OpenMP, as libtorch's `at::parallel_for` is inline and runs serially without it.

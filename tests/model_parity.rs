@@ -253,8 +253,8 @@ fn one_model_per_checkpoint_device_and_dtype_is_shared_then_freed() {
     assert_eq!(reloaded.config(), other_dtype.config());
 }
 
-/// dtype f16 on the CPU rounds only the weights of the products bound by their bytes (packed
-/// to float16 for FBGEMM): activations, accumulation and the other weights stay float32. Where
+/// dtype f16 on the CPU rounds only the weights of the products bound by their bytes (kept in
+/// float16): activations, accumulation and the other weights stay float32. Where
 /// the checkpoint is stored in float16 or bfloat16 (exact in float16) nothing is rounded, so
 /// the decode matches at the float32 tolerance, which any rounding of activations would
 /// exceed; from float32 weights it stays under half of upstream's own float16 decode, which

@@ -140,8 +140,6 @@ def category(sym, dso, program):
         return "MKL"
     if "dnnl" in sym:
         return "oneDNN (outside its JIT code)"
-    if "fbgemm" in sym:
-        return "FBGEMM"
     if name == program:
         # The shims' kernels live in anonymous namespaces; the rest is Rust.
         if sym.startswith("(anonymous namespace)::"):

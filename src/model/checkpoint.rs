@@ -63,13 +63,13 @@ pub struct WeightFile {
     metadata: Metadata,
     device: Device,
     kind: Kind,
-    packs_f16: bool,
+    f16_weights: bool,
 }
 
 impl WeightFile {
-    /// `packs_f16`: the network packs its weight-bound product weights to float16 (see
-    /// [`Weights::packs_f16`]).
-    pub fn open(path: &Path, device: Device, kind: Kind, packs_f16: bool) -> Result<Self, ModelError> {
+    /// `f16_weights`: the network rounds its weight-bound product weights to float16 (see
+    /// [`Weights::f16_weights`]).
+    pub fn open(path: &Path, device: Device, kind: Kind, f16_weights: bool) -> Result<Self, ModelError> {
         let file = File::open(path).map_err(|source| ModelError::Io {
             path: path.to_owned(),
             source,
@@ -94,7 +94,7 @@ impl WeightFile {
             metadata,
             device,
             kind,
-            packs_f16,
+            f16_weights,
         })
     }
 
@@ -203,14 +203,14 @@ impl<'a> Weights<'a> {
         CString::new(self.prefix.as_str()).expect("module paths are made of names without NUL")
     }
 
-    /// Whether a product layer here with `in_features` inputs per column packs its weight to
-    /// float16, where weights are packed at all (dtype f16 on the CPU): those whose products
+    /// Whether a product layer here with `in_features` inputs per column keeps its weight in
+    /// float16, where weights are rounded at all (dtype f16 on the CPU): those whose products
     /// at one frame per step are bound by the weight's bytes, having few columns against many
     /// inputs (at least 16 inputs per column; a convolution's inputs count every tap). The
-    /// others, the vocoder's late layers, are bound by arithmetic, where FBGEMM's float16
-    /// product is slower than float32's, and stay float32.
-    pub fn packs_f16(&self, in_features: usize) -> bool {
-        self.file.packs_f16 && self.columns_per_frame * 16 <= in_features
+    /// others, the vocoder's late layers, are bound by arithmetic, where half the bytes gain
+    /// nothing, and stay float32.
+    pub fn f16_weights(&self, in_features: usize) -> bool {
+        self.file.f16_weights && self.columns_per_frame * 16 <= in_features
     }
 
     /// Outputs per tile of a float32 convolution computed by Winograd's algorithm
@@ -223,7 +223,7 @@ impl<'a> Weights<'a> {
     /// blocks 3-4 of the released geometry): 6 needs fewer products but reads 12 transformed
     /// matrices per 7 taps where 4 reads 10, which the weight-bound block 1 pays for.
     pub fn winograd_outputs(&self, tiles: Tiles) -> usize {
-        match (self.file.packs_f16, tiles) {
+        match (self.file.f16_weights, tiles) {
             (true, _) if self.columns_per_frame >= 640 => 6,
             (true, _) | (false, Tiles::Fast) => 4,
             (false, Tiles::Precise) => 2,

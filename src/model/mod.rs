@@ -87,7 +87,7 @@ pub enum Dtype {
     /// bfloat16 weights, products in bfloat16 (their inputs rounded to it).
     Bf16,
     /// float16 weights. On the CPU only the weights of the products bound by their bytes are
-    /// rounded, and those products keep float32 activations and accumulation (FBGEMM); on CUDA
+    /// rounded, and those products keep float32 activations and accumulation; on CUDA
     /// products run in float16.
     F16,
 }
@@ -172,8 +172,8 @@ impl Model {
         let files = CheckpointFiles::locate(path)?;
         let config = DecoderConfig::from_file(&files.config)?;
         executor::run(device, || {
-            // f16 on the CPU rounds only the large product weights, which the network packs
-            // for FBGEMM: everything is read in float32.
+            // f16 on the CPU rounds only the large product weights, which the network does
+            // itself: everything is read in float32.
             let f16_on_cpu = dtype == Dtype::F16 && device == Device::Cpu;
             let kind = if f16_on_cpu { Kind::Float } else { dtype.kind() };
             let weights = WeightFile::open(&files.weights, device, kind, f16_on_cpu)?;

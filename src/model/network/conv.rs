@@ -53,13 +53,13 @@ const POINTWISE_MAX_MULTIPLY_ADDS: i64 = 32 << 20;
 /// A 1-D convolution padded causally: `(kernel - 1) * dilation` columns of the past on the left.
 pub struct CausalConv {
     /// [out, in / groups, kernel] and [out], for the convolution kernels; none where the matrix
-    /// is packed, which is then always multiplied as a matrix.
+    /// is float16, which is then always multiplied as a matrix.
     kernel_weights: Option<(Tensor, Tensor)>,
     /// A dense convolution's weight as one [out, in * kernel] matrix (for plain weights a view)
     /// and its bias, for short inputs (see `forward`).
     matrix: Option<Matrix>,
     /// The same convolution by Winograd tiles, for CPU float32 weights where it pays (see
-    /// `forward`); beside a packed matrix, for the steps too large for it.
+    /// `forward`); beside a float16 matrix, for the steps too large for it.
     winograd: Option<Winograd>,
     /// A CPU float32 1x1 convolution's weight as [out, in] and its bias as [out, 1] (views of
     /// the kernel weights), for small steps (see [`POINTWISE_MAX_MULTIPLY_ADDS`]).
@@ -92,12 +92,12 @@ impl CausalConv {
             Some(Matrix::new(
                 weight.f_view([out_channels as i64, -1])?,
                 Some(bias.shallow_clone()),
-                weights.packs_f16(in_channels * kernel),
+                weights.f16_weights(in_channels * kernel),
             )?)
         } else {
             None
         };
-        let packed = matrix.as_ref().is_some_and(Matrix::is_packed);
+        let f16 = matrix.as_ref().is_some_and(Matrix::is_f16);
         let tile = weights.winograd_outputs(tiles);
         let winograd = (groups == 1
             && weight.kind() == Kind::Float
@@ -106,7 +106,7 @@ impl CausalConv {
         .transpose()?;
         let pointwise = (kernel == 1
             && groups == 1
-            && !packed
+            && !f16
             && weight.kind() == Kind::Float
             && weights.device() == Device::Cpu)
             .then(|| -> TorchResult<_> {
@@ -114,7 +114,7 @@ impl CausalConv {
             })
             .transpose()?;
         Ok(Self {
-            kernel_weights: (!packed).then_some((weight, bias)),
+            kernel_weights: (!f16).then_some((weight, bias)),
             matrix,
             winograd,
             pointwise,
@@ -133,14 +133,14 @@ impl CausalConv {
         // As one matrix product over the gathered taps: on CPU where the weight dominates (few
         // output columns against many input channels: the low-rate layers of a small step), as
         // it reads the weight faster than the convolution kernels do; on CUDA always, as cuBLAS
-        // keeps float32 exact where cuDNN defaults to TF32; packed weights always, unless the
+        // keeps float32 exact where cuDNN defaults to TF32; float16 weights always, unless the
         // step is large enough for Winograd tiles.
         let rows = batch * columns;
         let by_matrix = match &self.matrix {
             None => false,
             Some(_) if x.device().is_cuda() => true,
             Some(_) if self.winograd.is_some() => rows <= MATRIX_MAX_ROWS,
-            Some(matrix) => matrix.is_packed() || rows * 16 <= self.in_channels,
+            Some(matrix) => matrix.is_f16() || rows * 16 <= self.in_channels,
         };
         // Otherwise by Winograd tiles where the CPU has them for this many channels: fewer
         // products than the convolution kernels, which already run at the CPU's peak. They read
@@ -186,7 +186,7 @@ impl CausalConv {
         let (weight, bias) = self
             .kernel_weights
             .as_ref()
-            .expect("convolutions without a packed matrix keep their kernel weights");
+            .expect("convolutions without a float16 matrix keep their kernel weights");
         with_weights(&input, weight.kind(), |input| {
             input.f_conv1d(weight, Some(bias), [1], [0], [self.dilation], self.groups)
         })
@@ -226,7 +226,7 @@ impl CausalTransConv {
                     .f_transpose(0, 1)?
                     .f_contiguous()?,
                 None,
-                weights.packs_f16(in_channels),
+                weights.f16_weights(in_channels),
             )?,
             bias: weights.get("bias", &[out_channels])?.f_view([1, -1, 1])?,
             out_channels: out_channels as i64,

@@ -9,7 +9,6 @@
 
 mod attention;
 mod conv;
-mod fp16_gemm;
 mod ops;
 mod quantizer;
 mod rms_norm;

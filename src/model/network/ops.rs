@@ -3,7 +3,6 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::fp16_gemm::Fp16Matrix;
 use super::skinny_gemm;
 use super::{ACTIVATION_KIND, TorchResult};
 use crate::model::ModelError;
@@ -58,18 +57,23 @@ pub enum Matrix {
         /// [out, 1]
         bias: Option<Tensor>,
     },
-    /// float16 on the CPU (dtype f16), packed for FBGEMM: activations and accumulation stay
-    /// float32, so only the weights are rounded (bfloat16 or float16 activations would round
-    /// every input of every product, which the vocoder magnifies).
-    Fp16(Fp16Matrix),
+    /// float16 on the CPU (dtype f16), [out, in]; the bias float32 [out, 1]. Activations and
+    /// accumulation stay float32, so only the weights are rounded (bfloat16 or float16
+    /// activations would round every input of every product, which the vocoder magnifies).
+    F16 { weight: Tensor, bias: Option<Tensor> },
 }
 
 impl Matrix {
-    /// `weight` [out, in] and `bias` [out], in the compute kind; with `pack_f16` (see
-    /// [`Weights::packs_f16`]) packed to float16.
-    pub fn new(weight: Tensor, bias: Option<Tensor>, pack_f16: bool) -> TorchResult<Self> {
-        if pack_f16 {
-            return Ok(Self::Fp16(Fp16Matrix::pack(&weight, bias.as_ref())?));
+    /// `weight` [out, in] and `bias` [out], in the compute kind; with `f16` (see
+    /// [`Weights::f16_weights`]) the weight rounded to float16, the bias float32.
+    pub fn new(weight: Tensor, bias: Option<Tensor>, f16: bool) -> TorchResult<Self> {
+        if f16 {
+            return Ok(Self::F16 {
+                weight: weight.f_to_kind(Kind::Half)?.f_contiguous()?,
+                bias: bias
+                    .map(|bias| bias.f_to_kind(Kind::Float)?.f_view([-1, 1]))
+                    .transpose()?,
+            });
         }
         Ok(Self::Plain {
             weight,
@@ -77,23 +81,29 @@ impl Matrix {
         })
     }
 
-    /// Whether the weight is packed: there are no convolution kernels for it, so a
-    /// convolution always multiplies it as a matrix.
-    pub fn is_packed(&self) -> bool {
-        matches!(self, Self::Fp16(_))
+    /// Whether the weight is float16 with float32 activations: there are no convolution kernels
+    /// for it, so a convolution always multiplies it as a matrix.
+    pub fn is_f16(&self) -> bool {
+        matches!(self, Self::F16 { .. })
     }
 
     /// `rows` [R, in] float32 -> [R, out] float32 (for plain weights, a transposed view).
     pub fn forward(&self, rows: &Tensor) -> TorchResult<Tensor> {
         match self {
-            Self::Plain { weight, bias } if skinny_gemm::applies(weight, rows.size()[0]) => {
+            Self::Plain { weight, bias } | Self::F16 { weight, bias }
+                if skinny_gemm::applies(weight, rows.size()[0]) =>
+            {
                 skinny_gemm::product(weight, rows, bias.as_ref())?.f_transpose(0, 1)
             }
             Self::Plain { weight, bias } => {
                 with_weights(rows, weight.kind(), |rows| project(weight, rows, bias.as_ref()))?
                     .f_transpose(0, 1)
             }
-            Self::Fp16(matrix) => matrix.forward(rows),
+            // Many rows (a large step or batch): bound by arithmetic, where widening the weight
+            // for MKL's float32 product costs a fraction of the product.
+            Self::F16 { weight, bias } => {
+                project(&weight.f_to_kind(Kind::Float)?, rows, bias.as_ref())?.f_transpose(0, 1)
+            }
         }
     }
 }
@@ -102,7 +112,7 @@ impl Matrix {
 pub struct LinearWeights {
     weight: Tensor,
     bias: Option<Tensor>,
-    pack_f16: bool,
+    f16: bool,
 }
 
 impl LinearWeights {
@@ -115,7 +125,7 @@ impl LinearWeights {
         Ok(Self {
             weight: weights.get("weight", &[out_features, in_features])?,
             bias: bias.then(|| weights.get("bias", &[out_features])).transpose()?,
-            pack_f16: weights.packs_f16(in_features),
+            f16: weights.f16_weights(in_features),
         })
     }
 
@@ -127,7 +137,7 @@ impl LinearWeights {
             weight: Tensor::f_cat(&weights, 0)?,
             bias: biases.map(|biases| Tensor::f_cat(&biases, 0)).transpose()?,
             // Parts share their input, so they are kept alike.
-            pack_f16: parts[0].pack_f16,
+            f16: parts[0].f16,
         })
     }
 }
@@ -139,7 +149,7 @@ pub struct Linear {
 impl Linear {
     pub fn new(weights: LinearWeights) -> TorchResult<Self> {
         Ok(Self {
-            matrix: Matrix::new(weights.weight, weights.bias, weights.pack_f16)?,
+            matrix: Matrix::new(weights.weight, weights.bias, weights.f16)?,
         })
     }
 
