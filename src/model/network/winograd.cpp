@@ -42,6 +42,78 @@ __attribute__((target("avx512f"))) inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
 }
 
+// 16 rows of 16 floats (row r at src + r * src_stride) into 16 rows of 16 (dst + j * dst_stride
+// gets column j): pairs, then fours, then 128-bit lanes interleaved.
+__attribute__((target("avx512f"))) void transpose16(const float* src, int64_t src_stride, float* dst,
+                                                    int64_t dst_stride) {
+  __m512 rows[16], pairs[16];
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r) rows[r] = _mm512_loadu_ps(src + r * src_stride);
+#pragma GCC unroll 8
+  for (int r = 0; r < 16; r += 2) {
+    pairs[r] = _mm512_unpacklo_ps(rows[r], rows[r + 1]);
+    pairs[r + 1] = _mm512_unpackhi_ps(rows[r], rows[r + 1]);
+  }
+  // fours[4g + k]: in 128-bit lane l, column 4l + k of rows 4g..4g + 3.
+  __m512 fours[16];
+#pragma GCC unroll 4
+  for (int g = 0; g < 16; g += 4) {
+    const __m512d lo0 = _mm512_castps_pd(pairs[g]), lo1 = _mm512_castps_pd(pairs[g + 2]);
+    const __m512d hi0 = _mm512_castps_pd(pairs[g + 1]), hi1 = _mm512_castps_pd(pairs[g + 3]);
+    fours[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo0, lo1));
+    fours[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo0, lo1));
+    fours[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi0, hi1));
+    fours[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi0, hi1));
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    const __m512 ab_lo = _mm512_shuffle_f32x4(fours[k], fours[4 + k], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 ab_hi = _mm512_shuffle_f32x4(fours[k], fours[4 + k], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512 cd_lo = _mm512_shuffle_f32x4(fours[8 + k], fours[12 + k], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 cd_hi = _mm512_shuffle_f32x4(fours[8 + k], fours[12 + k], _MM_SHUFFLE(3, 2, 3, 2));
+    _mm512_storeu_ps(dst + k * dst_stride, _mm512_shuffle_f32x4(ab_lo, cd_lo, _MM_SHUFFLE(2, 0, 2, 0)));
+    _mm512_storeu_ps(dst + (4 + k) * dst_stride, _mm512_shuffle_f32x4(ab_lo, cd_lo, _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm512_storeu_ps(dst + (8 + k) * dst_stride, _mm512_shuffle_f32x4(ab_hi, cd_hi, _MM_SHUFFLE(2, 0, 2, 0)));
+    _mm512_storeu_ps(dst + (12 + k) * dst_stride, _mm512_shuffle_f32x4(ab_hi, cd_hi, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+}
+
+// Columns 0..count of 16 rows (row r at rows + r * stride) side by side: columns[j * 16 + r].
+__attribute__((target("avx512f"))) void rows_to_columns(const float* rows, int64_t stride, int64_t count,
+                                                        float* columns) {
+  int64_t j = 0;
+  for (; j + 16 <= count; j += 16) transpose16(rows + j, stride, columns + j * 16, 16);
+  for (; j < count; ++j) {
+    for (int64_t r = 0; r < 16; ++r) columns[j * 16 + r] = rows[r * stride + j];
+  }
+}
+
+// The inverse: columns[j * 16 + r] into rows[r * stride + j], j < count.
+__attribute__((target("avx512f"))) void columns_to_rows(const float* columns, int64_t count, float* rows,
+                                                        int64_t stride) {
+  int64_t j = 0;
+  for (; j + 16 <= count; j += 16) transpose16(columns + j * 16, 16, rows + j, stride);
+  for (; j < count; ++j) {
+    for (int64_t r = 0; r < 16; ++r) rows[r * stride + j] = columns[j * 16 + r];
+  }
+}
+
+// A thread's buffer `Slot` of at least `floats` floats, kept from call to call: a fresh
+// allocation of megabytes comes from the kernel as zeroed pages, which cost as much as the
+// piece's products.
+enum Buffer { kPieceBuffer, kColumnsBuffer, kOutputsBuffer };
+
+template <Buffer Slot>
+float* thread_buffer(size_t floats) {
+  thread_local std::unique_ptr<float[]> buffer;
+  thread_local size_t capacity = 0;
+  if (capacity < floats) {
+    buffer.reset(new float[floats]);
+    capacity = floats;
+  }
+  return buffer.get();
+}
+
 struct Convolution {
   // The input: the stream's context (the kernel's reach into the past), then the new columns.
   const float* context;  // [B, in, reach]
@@ -113,11 +185,22 @@ __attribute__((target("avx512f"))) void input_groups(const Convolution& c, const
   // Those of them the input has; the rest, past its end, are zeros.
   const int64_t stored = std::clamp<int64_t>(c.reach + c.columns - first, 0, span);
   const int64_t from_context = std::clamp<int64_t>(c.reach - first, 0, stored);
-  std::vector<float> columns(static_cast<size_t>(span * 16));
+  float* columns = thread_buffer<kColumnsBuffer>(static_cast<size_t>(span * 16));
   for (int64_t group = begin; group < end; ++group) {
     const int64_t c0 = group * 16;
     const int64_t lanes = std::min<int64_t>(16, c.in - c0);
-    if (lanes < 16) std::fill(columns.begin(), columns.end(), 0.0f);
+    const int64_t row = piece.b * c.in + c0;
+    if (lanes == 16) {
+      rows_to_columns(c.context + row * c.reach + first, c.reach, from_context, columns);
+      if (stored > from_context) {
+        rows_to_columns(c.x + row * c.columns + first + from_context - c.reach, c.columns, stored - from_context,
+                        columns + from_context * 16);
+      }
+      std::fill(columns + stored * 16, columns + span * 16, 0.0f);
+      group_tiles_for(c, piece, columns, v, c0, tail_mask(lanes));
+      continue;
+    }
+    std::fill(columns, columns + span * 16, 0.0f);
     for (int64_t lane = 0; lane < lanes; ++lane) {
       const int64_t row = piece.b * c.in + c0 + lane;
       const float* context = c.context + row * c.reach;
@@ -130,7 +213,7 @@ __attribute__((target("avx512f"))) void input_groups(const Convolution& c, const
       }
       for (int64_t column = stored; column < span; ++column) columns[column * 16 + lane] = 0.0f;
     }
-    group_tiles_for(c, piece, columns.data(), v, c0, tail_mask(lanes));
+    group_tiles_for(c, piece, columns, v, c0, tail_mask(lanes));
   }
 }
 
@@ -248,40 +331,63 @@ void products(const Convolution& c, const Piece& piece, const float* v, float* p
   });
 }
 
+// One group of 16 output channels (from c0) of the piece's tiles from their products, plus the
+// bias, into outputs[column * 16 + lane]: each tile's P products read once, then its outputs.
+// P known when compiling keeps them in registers; the coefficients are all multiplied, zeros
+// included (adding a zero product leaves a sum as it is).
+template <int P>
+__attribute__((target("avx512f"))) void group_outputs(const Convolution& c, const Piece& piece, const float* products,
+                                                      int64_t columns, int64_t c0, __mmask16 mask, float* outputs) {
+  const int64_t count = piece.count(c);
+  const int64_t tiles = piece.k1 - piece.k0;
+  const __m512 bias = _mm512_maskz_loadu_ps(mask, c.bias + c0);
+  for (int64_t r = 0; r < c.dilation; ++r) {
+    for (int64_t k = 0; k < tiles; ++k) {
+      const int64_t tile = r * tiles + k;
+      __m512 values[P];
+#pragma GCC unroll 16
+      for (int p = 0; p < P; ++p) values[p] = _mm512_maskz_loadu_ps(mask, products + (p * count + tile) * c.out + c0);
+      const int64_t start = k * c.block() + r;
+      for (int64_t i = 0; i < c.m; ++i) {
+        const int64_t column = start + i * c.dilation;
+        if (column >= columns) break;
+        __m512 sum = bias;
+#pragma GCC unroll 16
+        for (int p = 0; p < P; ++p) sum = _mm512_fmadd_ps(_mm512_set1_ps(c.at[i * P + p]), values[p], sum);
+        _mm512_storeu_ps(outputs + column * 16, sum);
+      }
+    }
+  }
+}
+
+// group_outputs for the convolution's number of points (1 to kMaxPoints, checked on entry).
+template <int P = 1>
+void group_outputs_for(const Convolution& c, const Piece& piece, const float* products, int64_t columns, int64_t c0,
+                       __mmask16 mask, float* outputs) {
+  if constexpr (P < kMaxPoints) {
+    if (c.points != P) return group_outputs_for<P + 1>(c, piece, products, columns, c0, mask, outputs);
+  }
+  group_outputs<P>(c, piece, products, columns, c0, mask, outputs);
+}
+
 // Groups `begin..end` of 16 output channels of the piece from its products, plus the bias.
 __attribute__((target("avx512f"))) void output_groups(const Convolution& c, const Piece& piece,
                                                       const float* products, int64_t begin, int64_t end) {
-  const int64_t count = piece.count(c);
   const int64_t first = piece.k0 * c.block();
   const int64_t columns = std::min((piece.k1 - piece.k0) * c.block(), c.columns - first);
   // The outputs of 16 channels side by side: outputs[column * 16 + lane].
-  std::unique_ptr<float[]> outputs(new float[static_cast<size_t>(columns * 16)]);
+  float* outputs = thread_buffer<kOutputsBuffer>(static_cast<size_t>(columns * 16));
   for (int64_t group = begin; group < end; ++group) {
     const int64_t c0 = group * 16;
     const int64_t lanes = std::min<int64_t>(16, c.out - c0);
-    const __mmask16 mask = tail_mask(lanes);
-    const __m512 bias = _mm512_maskz_loadu_ps(mask, c.bias + c0);
-    for (int64_t r = 0; r < c.dilation; ++r) {
-      for (int64_t k = piece.k0; k < piece.k1; ++k) {
-        const int64_t tile = r * (piece.k1 - piece.k0) + (k - piece.k0);
-        const int64_t start = (k - piece.k0) * c.block() + r;
-        for (int64_t i = 0; i < c.m; ++i) {
-          const int64_t column = start + i * c.dilation;
-          if (column >= columns) break;
-          __m512 sum = bias;
-          for (int64_t p = 0; p < c.points; ++p) {
-            const float coefficient = c.at[i * c.points + p];
-            if (coefficient == 0.0f) continue;
-            const float* source = products + (p * count + tile) * c.out + c0;
-            sum = _mm512_fmadd_ps(_mm512_set1_ps(coefficient), _mm512_maskz_loadu_ps(mask, source), sum);
-          }
-          _mm512_storeu_ps(outputs.get() + column * 16, sum);
-        }
-      }
+    group_outputs_for(c, piece, products, columns, c0, tail_mask(lanes), outputs);
+    float* rows = c.y + (piece.b * c.out + c0) * c.columns + first;
+    if (lanes == 16) {
+      columns_to_rows(outputs, columns, rows, c.columns);
+      continue;
     }
     for (int64_t lane = 0; lane < lanes; ++lane) {
-      float* row = c.y + (piece.b * c.out + c0 + lane) * c.columns + first;
-      for (int64_t column = 0; column < columns; ++column) row[column] = outputs[column * 16 + lane];
+      for (int64_t column = 0; column < columns; ++column) rows[lane * c.columns + column] = outputs[column * 16 + lane];
     }
   }
 }
@@ -291,23 +397,11 @@ void output_transform(const Convolution& c, const Piece& piece, const float* pro
                    [&](int64_t begin, int64_t end) { output_groups(c, piece, products, begin, end); });
 }
 
-// A thread's scratch for its pieces, kept from call to call: a fresh allocation of megabytes
-// comes from the kernel as zeroed pages, which cost as much as the piece's products.
-float* scratch(size_t floats) {
-  thread_local std::unique_ptr<float[]> buffer;
-  thread_local size_t capacity = 0;
-  if (capacity < floats) {
-    buffer.reset(new float[floats]);
-    capacity = floats;
-  }
-  return buffer.get();
-}
-
 void run_piece(const Convolution& c, const Piece& piece) {
   const int64_t count = piece.count(c);
   // The tiles, then the products; every value is written before it is read.
   const size_t tiles = static_cast<size_t>(c.points * count * c.in);
-  float* v = scratch(tiles + static_cast<size_t>(c.points * count * c.out));
+  float* v = thread_buffer<kPieceBuffer>(tiles + static_cast<size_t>(c.points * count * c.out));
   input_transform(c, piece, v);
   products(c, piece, v, v + tiles);
   output_transform(c, piece, v + tiles);
