@@ -1,8 +1,9 @@
 use std::env;
 use std::path::{Path, PathBuf};
 
-/// The CPU shims' sources, in `SHIM_DIR` beside their `shim.h`.
+/// The CPU shims' sources, in `SHIM_DIR` beside the headers they share.
 const SHIM_DIR: &str = "src/model/network";
+const SHIM_HEADERS: [&str; 2] = ["shim.h", "widen.h"];
 const CPU_SHIMS: [&str; 6] = [
     "attention.cpp",
     "op_profiler.cpp",
@@ -16,8 +17,7 @@ fn main() {
     gst_plugin_version_helper::info();
     println!("cargo::rustc-check-cfg=cfg(cuda_graphs)");
     println!("cargo::rerun-if-changed=src/model/cuda_graph.cpp");
-    println!("cargo::rerun-if-changed={SHIM_DIR}/shim.h");
-    for shim in CPU_SHIMS {
+    for shim in SHIM_HEADERS.iter().chain(&CPU_SHIMS) {
         println!("cargo::rerun-if-changed={SHIM_DIR}/{shim}");
     }
 

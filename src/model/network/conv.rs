@@ -59,7 +59,8 @@ pub struct CausalConv {
     /// and its bias, for short inputs (see `forward`).
     matrix: Option<Matrix>,
     /// The same convolution by Winograd tiles, for CPU float32 weights where it pays (see
-    /// `forward`); beside a float16 matrix, for the steps too large for it.
+    /// `forward`); beside a float16 matrix, for the steps too large for it, with its transformed
+    /// weights in 16 bits too (see `Winograd::new`).
     winograd: Option<Winograd>,
     /// A CPU float32 1x1 convolution's weight as [out, in] and its bias as [out, 1] (views of
     /// the kernel weights), for small steps (see [`POINTWISE_MAX_MULTIPLY_ADDS`]).
@@ -102,7 +103,7 @@ impl CausalConv {
         let winograd = (groups == 1
             && weight.kind() == Kind::Float
             && Winograd::applies(weights.device(), in_channels.min(out_channels), tile, kernel))
-        .then(|| Winograd::new(&weight, &bias, dilation, tile))
+        .then(|| Winograd::new(&weight, &bias, dilation, tile, f16))
         .transpose()?;
         let pointwise = (kernel == 1
             && groups == 1

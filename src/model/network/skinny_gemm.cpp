@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "shim.h"
+#include "widen.h"
 
 namespace {
 
@@ -22,11 +23,7 @@ namespace {
 constexpr int64_t kWeightRows = 4;
 constexpr int kActivationRows = 6;
 
-// Sixteen weights widened to float32: all of them, or the first `count` (the rest zero).
-__attribute__((target("avx512f"))) inline __m512 load(const float* w) { return _mm512_loadu_ps(w); }
-__attribute__((target("avx512f"))) inline __m512 load(const at::Half* w) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
-}
+// The first `count` of sixteen weights widened to float32, the rest zero.
 __attribute__((target("avx512f"))) inline __m512 load_first(const float* w, int64_t count) {
   return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1), w);
 }
@@ -34,7 +31,7 @@ __attribute__((target("avx512f"))) inline __m512 load_first(const at::Half* w, i
   // A masked 16-bit load needs AVX-512 BW; the tail is at most once per row.
   at::Half padded[16] = {};
   for (int64_t i = 0; i < count; ++i) padded[i] = w[i];
-  return load(padded);
+  return qwencodec::widen(padded);
 }
 
 template <typename W>
@@ -64,7 +61,7 @@ __attribute__((target("avx512f"))) void tile(const Product<W>& p, int64_t first,
   int64_t k = 0;
   for (; k + 16 <= in; k += 16) {
     __m512 w[O];
-    for (int o = 0; o < O; ++o) w[o] = load(weight + o * in + k);
+    for (int o = 0; o < O; ++o) w[o] = qwencodec::widen(weight + o * in + k);
     // The next tile's rows (the weight's next rows), into the second-level cache: without, a
     // weight streamed from memory at 13-18 GB/s where it now takes 19-25 on the Xeon.
     for (int o = 0; o < O; ++o) _mm_prefetch(reinterpret_cast<const char*>(weight + (O + o) * in + k), _MM_HINT_T1);

@@ -18,9 +18,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "shim.h"
+#include "widen.h"
 
 namespace {
 
@@ -118,7 +120,10 @@ struct Convolution {
   // The input: the stream's context (the kernel's reach into the past), then the new columns.
   const float* context;  // [B, in, reach]
   const float* x;        // [B, in, columns]
-  const float* weights;  // [points, blocks, in, kBlockOutputs] (see products)
+  // [points, blocks, in, kBlockOutputs] (see products): float32, or 16-bit integers whose
+  // products are multiplied by `scales` [points, blocks * kBlockOutputs]; those null for float32.
+  const void* weights;
+  const float* scales;
   const float* bias;     // [out]
   const float* bt;       // [points, points]
   const float* at;       // [m, points]
@@ -230,17 +235,24 @@ constexpr int64_t kPrefetchRows = 8;
 // (up to 1536) rounded the float32 decode to 3.1e-5 from float64, where this keeps 1.9e-5.
 constexpr int64_t kSumInputs = 64;
 
-// R tiles [R, in] (rows `in` apart) against a block of the weight [in, kBlockOutputs], whose
-// first 16 * V columns are used (the last vector masked by `last`), into results (rows `out`
-// apart): result[r][o] = sum over i of tiles[r][i] * weight[i][o]. Each tile value is broadcast
+// R tiles [R, in] (rows `in` apart) against a block of the weight [in, kBlockOutputs] (float32,
+// or int16 whose sums `scale` multiplies, one per output), whose first 16 * V columns are used
+// (the last vector's stores masked by `last`; the block's padding is zeros, so its loads are
+// whole), into results (rows `out` apart): result[r][o] = sum over i of tiles[r][i] *
+// weight[i][o]. Each tile value is broadcast
 // against whole vectors of outputs, so no sum is reduced across lanes, and the block stays in
 // the core's cache while the piece's tiles pass. Its first pass reads it from memory, ahead of
 // use (kPrefetchRows). The sums go in chains of kSumInputs. The loops are unrolled by
 // pragma: without, GCC kept the accumulators in an array on the stack and stored them on every
 // step.
-template <int V, int R>
-__attribute__((target("avx512f"))) void product_block(const float* tiles, const float* weight, float* result,
-                                                      int64_t in, int64_t out, __mmask16 last) {
+template <int V, int R, typename W>
+__attribute__((target("avx512f"))) void product_block(const float* tiles, const W* weight, const float* scale,
+                                                      float* result, int64_t in, int64_t out, __mmask16 last) {
+  __m512 scales[V];
+  if constexpr (std::is_same_v<W, int16_t>) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) scales[v] = _mm512_loadu_ps(scale + 16 * v);
+  }
   for (int64_t i0 = 0; i0 < in; i0 += kSumInputs) {
     const int64_t i1 = std::min(in, i0 + kSumInputs);
     __m512 sums[R][V];
@@ -250,15 +262,14 @@ __attribute__((target("avx512f"))) void product_block(const float* tiles, const 
       for (int v = 0; v < V; ++v) sums[r][v] = _mm512_setzero_ps();
     }
     for (int64_t i = i0; i < i1; ++i) {
-      const float* w = weight + i * kBlockOutputs;
+      const W* w = weight + i * kBlockOutputs;
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v) {
         _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchRows * kBlockOutputs + 16 * v), _MM_HINT_T0);
       }
       __m512 weights[V];
 #pragma GCC unroll 4
-      for (int v = 0; v + 1 < V; ++v) weights[v] = _mm512_loadu_ps(w + 16 * v);
-      weights[V - 1] = _mm512_maskz_loadu_ps(last, w + 16 * (V - 1));
+      for (int v = 0; v < V; ++v) weights[v] = qwencodec::widen(w + 16 * v);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const __m512 x = _mm512_set1_ps(tiles[r * in + i]);
@@ -273,6 +284,7 @@ __attribute__((target("avx512f"))) void product_block(const float* tiles, const 
       for (int v = 0; v < V; ++v) {
         const __mmask16 mask = v + 1 < V ? static_cast<__mmask16>(0xffff) : last;
         __m512 sum = sums[r][v];
+        if constexpr (std::is_same_v<W, int16_t>) sum = _mm512_mul_ps(sum, scales[v]);
         if (i0 > 0) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(mask, row + 16 * v));
         _mm512_mask_storeu_ps(row + 16 * v, mask, sum);
       }
@@ -282,24 +294,24 @@ __attribute__((target("avx512f"))) void product_block(const float* tiles, const 
 
 // Every tile of the piece against the weight block of outputs `o0..o0 + 16 * V` (see
 // product_block).
-template <int V>
-void product_blocks(const Convolution& c, int64_t count, const float* tiles, const float* weight, float* result,
-                    int64_t o0, __mmask16 last) {
+template <int V, typename W>
+void product_blocks(const Convolution& c, int64_t count, const float* tiles, const W* weight, const float* scale,
+                    float* result, int64_t o0, __mmask16 last) {
   result += o0;
   int64_t n0 = 0;
   for (; n0 + kBlockTiles <= count; n0 += kBlockTiles) {
-    product_block<V, kBlockTiles>(tiles + n0 * c.in, weight, result + n0 * c.out, c.in, c.out, last);
+    product_block<V, kBlockTiles>(tiles + n0 * c.in, weight, scale, result + n0 * c.out, c.in, c.out, last);
   }
   tiles += n0 * c.in;
   result += n0 * c.out;
   switch (count - n0) {
-    case 1: product_block<V, 1>(tiles, weight, result, c.in, c.out, last); break;
-    case 2: product_block<V, 2>(tiles, weight, result, c.in, c.out, last); break;
-    case 3: product_block<V, 3>(tiles, weight, result, c.in, c.out, last); break;
-    case 4: product_block<V, 4>(tiles, weight, result, c.in, c.out, last); break;
-    case 5: product_block<V, 5>(tiles, weight, result, c.in, c.out, last); break;
-    case 6: product_block<V, 6>(tiles, weight, result, c.in, c.out, last); break;
-    case 7: product_block<V, 7>(tiles, weight, result, c.in, c.out, last); break;
+    case 1: product_block<V, 1>(tiles, weight, scale, result, c.in, c.out, last); break;
+    case 2: product_block<V, 2>(tiles, weight, scale, result, c.in, c.out, last); break;
+    case 3: product_block<V, 3>(tiles, weight, scale, result, c.in, c.out, last); break;
+    case 4: product_block<V, 4>(tiles, weight, scale, result, c.in, c.out, last); break;
+    case 5: product_block<V, 5>(tiles, weight, scale, result, c.in, c.out, last); break;
+    case 6: product_block<V, 6>(tiles, weight, scale, result, c.in, c.out, last); break;
+    case 7: product_block<V, 7>(tiles, weight, scale, result, c.in, c.out, last); break;
     default: break;
   }
 }
@@ -309,6 +321,7 @@ void product_blocks(const Convolution& c, int64_t count, const float* tiles, con
 // weights are one block [in, kBlockOutputs] of consecutive bytes: read as columns of the whole
 // [in, out] matrix, rows kilobytes apart, they came from memory at a fraction of its speed on
 // the Xeon, whose prefetchers do not follow strides across pages.
+template <typename W>
 void products(const Convolution& c, const Piece& piece, const float* v, float* products) {
   const int64_t count = piece.count(c);
   const int64_t output_blocks = (c.out + kBlockOutputs - 1) / kBlockOutputs;
@@ -320,12 +333,14 @@ void products(const Convolution& c, const Piece& piece, const float* v, float* p
       const int64_t vectors = (outputs + 15) / 16;
       const __mmask16 last = tail_mask(outputs - 16 * (vectors - 1));
       const float* tiles = v + p * count * c.in;
-      const float* weight = c.weights + (p * output_blocks + o0 / kBlockOutputs) * c.in * kBlockOutputs;
+      const W* weight = static_cast<const W*>(c.weights) + (p * output_blocks + o0 / kBlockOutputs) * c.in * kBlockOutputs;
+      // The block's scales (unused for float32 weights).
+      const float* scale = c.scales ? c.scales + p * output_blocks * kBlockOutputs + o0 : nullptr;
       float* result = products + p * count * c.out;
       switch (vectors) {
-        case 1: product_blocks<1>(c, count, tiles, weight, result, o0, last); break;
-        case 2: product_blocks<2>(c, count, tiles, weight, result, o0, last); break;
-        default: product_blocks<3>(c, count, tiles, weight, result, o0, last); break;
+        case 1: product_blocks<1>(c, count, tiles, weight, scale, result, o0, last); break;
+        case 2: product_blocks<2>(c, count, tiles, weight, scale, result, o0, last); break;
+        default: product_blocks<3>(c, count, tiles, weight, scale, result, o0, last); break;
       }
     }
   });
@@ -403,7 +418,11 @@ void run_piece(const Convolution& c, const Piece& piece) {
   const size_t tiles = static_cast<size_t>(c.points * count * c.in);
   float* v = thread_buffer<kPieceBuffer>(tiles + static_cast<size_t>(c.points * count * c.out));
   input_transform(c, piece, v);
-  products(c, piece, v, v + tiles);
+  if (c.scales) {
+    products<int16_t>(c, piece, v, v + tiles);
+  } else {
+    products<float>(c, piece, v, v + tiles);
+  }
   output_transform(c, piece, v + tiles);
 }
 
@@ -432,23 +451,29 @@ extern "C" {
 // `context`: [B, in, reach] float32, the kernel's reach into the past ((taps - 1) * dilation
 // columns), moved on in place to the last `reach` columns of the input; `x`: [B, in, T] float32,
 // the new columns; `weights`: [points, blocks, in, 48], the kernel transformed, its output
-// channels in blocks of 48 (the last padded); `bias`: `out` values;
-// `bt`: [points, points] and `at`: [m, points], the input and output transforms; all float32
-// and contiguous. `*out`: [B, out, T].
+// channels in blocks of 48 (the last padded with zeros): float32, or int16 with `scales`
+// [points, blocks * 48] (else null), output channel o of point p being scales[p][o] times
+// weights[p][o / 48][.][o % 48]; `bias`: `out` values; `bt`: [points, points] and `at`: [m,
+// points], the input and output transforms; all float32 unless said, and contiguous. `*out`: [B, out, T].
 bool qwencodec_winograd_conv(at::Tensor* context, const at::Tensor* x, const at::Tensor* weights,
-                             const at::Tensor* bias, const at::Tensor* bt, const at::Tensor* at_matrix,
+                             const at::Tensor* scales, const at::Tensor* bias, const at::Tensor* bt, const at::Tensor* at_matrix,
                              int64_t dilation, at::Tensor** out, char* error, size_t error_size) {
   RECORD_FUNCTION("qwencodec::winograd_conv", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
     TORCH_CHECK(x->dim() == 3 && x->scalar_type() == at::kFloat && x->is_contiguous() && x->size(2) >= 1,
                 "a Winograd input is contiguous float32 [B, channels, T]");
     const int64_t out_channels = bias->numel();
-    TORCH_CHECK(weights->dim() == 4 && weights->scalar_type() == at::kFloat && weights->is_contiguous() &&
+    TORCH_CHECK(weights->dim() == 4 && weights->scalar_type() == (scales ? at::kShort : at::kFloat) &&
+                    weights->is_contiguous() &&
                     weights->size(1) == (out_channels + kBlockOutputs - 1) / kBlockOutputs &&
                     weights->size(2) == x->size(1) && weights->size(3) == kBlockOutputs,
-                "Winograd weights are contiguous float32 [points, blocks, in, ", kBlockOutputs, "] for ",
-                out_channels, " outputs");
+                "Winograd weights are contiguous ", scales ? "int16" : "float32", " [points, blocks, in, ",
+                kBlockOutputs, "] for ", out_channels, " outputs");
     const int64_t points = weights->size(0);
+    TORCH_CHECK(!scales || (scales->scalar_type() == at::kFloat && scales->is_contiguous() &&
+                            scales->numel() == points * weights->size(1) * kBlockOutputs),
+                "the scales of int16 Winograd weights are contiguous float32 [points, blocks * ", kBlockOutputs,
+                "]");
     TORCH_CHECK(points <= kMaxPoints, "Winograd tiles of at most ", kMaxPoints, " points");
     check_matrix(bt, points, points, "input transform");
     const int64_t m = at_matrix->size(0);
@@ -466,7 +491,8 @@ bool qwencodec_winograd_conv(at::Tensor* context, const at::Tensor* x, const at:
     at::Tensor result = at::empty({x->size(0), out_channels, columns}, x->options());
     Convolution c{context->data_ptr<float>(),
                   x->data_ptr<float>(),
-                  weights->data_ptr<float>(),
+                  weights->data_ptr(),
+                  scales ? scales->data_ptr<float>() : nullptr,
                   bias->data_ptr<float>(),
                   bt->data_ptr<float>(),
                   at_matrix->data_ptr<float>(),

@@ -9,7 +9,8 @@
 //! least rounding ([`FINITE_POINTS`]), float32 takes tiles of 4 in the residual units and 2 in
 //! the vocoder's input conv, and its decode stays about as close to float64 as upstream's own;
 //! dtype f16 also takes 6 (`Weights::winograd_outputs`,
-//! `bench/results/2026-12-01-amd-epyc-avx512-winograd-points.md`).
+//! `bench/results/2026-12-01-amd-epyc-avx512-winograd-points.md`), and keeps the transformed
+//! weights of the convolutions bound by their bytes in 16-bit integers ([`INT16_STEPS`]).
 //!
 //! The convolution is C++ (`winograd.cpp`, AVX-512): the transforms and, between them, a product
 //! per point with its transformed weight, in pieces that keep the tiles in the caches.
@@ -30,6 +31,7 @@ mod ffi {
             context: *mut C_tensor,
             x: *const C_tensor,
             weights: *const C_tensor,
+            scales: *const C_tensor,
             bias: *const C_tensor,
             bt: *const C_tensor,
             at: *const C_tensor,
@@ -98,6 +100,15 @@ const MIN_CHANNELS: [(usize, usize); 3] = [(2, 96), (4, 96), (6, 96)];
 /// Output channels per block of the transformed weights: the outputs one call of the kernel's
 /// products computes (`kBlockOutputs` in winograd.cpp, which checks it).
 const BLOCK_OUTPUTS: i64 = 48;
+
+/// The integer that the largest transformed weight of each point's output channel becomes, in
+/// int16 weights (dtype f16's 16-bit tiles): each is rounded to within half a step of that, where
+/// float16 rounds each to 11 bits of its own size. The transforms magnify the transformed
+/// weights' rounding, about 12 times the kernel's own (RMS, tiles of 4, in a model of random
+/// weights and inputs): float16 transformed weights in the vocoder's first block alone put the
+/// released geometry's decode at 2.8e-2 from float64, these at 1.67e-2, where its float16
+/// matrices give 1.63e-2.
+const INT16_STEPS: f64 = 32767.0;
 
 /// Winograd's three matrices for `m` outputs of a `taps`-tap kernel, `points = m + taps - 1`:
 /// outputs = AT ((G kernel) * (BT inputs)), where output i is the sum over taps k of
@@ -177,8 +188,11 @@ fn matrix(rows: &[Vec<f64>], kind: Kind) -> TorchResult<Tensor> {
 pub struct Winograd {
     /// [points, blocks, in, BLOCK_OUTPUTS]: the kernel taps transformed, one matrix [in, out] per
     /// point, its output channels in blocks (the last padded with zeros), each block's bytes
-    /// consecutive as the kernel reads them.
+    /// consecutive as the kernel reads them. float32, or int16 (see [`INT16_STEPS`]).
     weights: Tensor,
+    /// For int16 weights, [points, blocks * BLOCK_OUTPUTS] float32: what each point's output
+    /// channel's integers stand for.
+    scales: Option<Tensor>,
     /// [out], contiguous
     bias: Tensor,
     /// [points, points] and [m, points], float32.
@@ -203,23 +217,44 @@ impl Winograd {
             && shim::avx512()
     }
 
-    /// `weight` [out, in, taps] and `bias` [out], float32.
-    pub fn new(weight: &Tensor, bias: &Tensor, dilation: usize, m: usize) -> TorchResult<Self> {
+    /// `weight` [out, in, taps] and `bias` [out], float32. The transformed weights are rounded
+    /// once, to float32, or with `int16` to integers (half the bytes, for dtype f16).
+    pub fn new(weight: &Tensor, bias: &Tensor, dilation: usize, m: usize, int16: bool) -> TorchResult<Self> {
         let taps = weight.size()[2] as usize;
         let transforms = Transforms::new(m, taps);
-        // [points, taps] x [out, in, taps] in float64, then rounded once.
         let (out, inputs) = (weight.size()[0], weight.size()[1]);
         let blocks = (out + BLOCK_OUTPUTS - 1) / BLOCK_OUTPUTS;
-        let weights = weight
+        let padding = [0, 0, 0, 0, 0, blocks * BLOCK_OUTPUTS - out];
+        // [points, taps] x [out, in, taps] in float64: [out, in, points].
+        let transformed = weight
             .f_to_kind(Kind::Double)?
-            .f_matmul(&matrix(&transforms.kernel, Kind::Double)?.f_t_()?)?
-            .f_to_kind(Kind::Float)?
-            .f_constant_pad_nd([0, 0, 0, 0, 0, blocks * BLOCK_OUTPUTS - out])?
+            .f_matmul(&matrix(&transforms.kernel, Kind::Double)?.f_t_()?)?;
+        let (rounded, scales) = if int16 {
+            // Each point's output channel on its own scale: its largest weight is INT16_STEPS.
+            let scales = (transformed.f_abs()?.f_amax([1], true)? / INT16_STEPS)
+                .f_clamp_min(f64::from(f32::MIN_POSITIVE))?
+                .f_to_kind(Kind::Float)?;
+            let integers = transformed
+                .f_div(&scales.f_to_kind(Kind::Double)?)?
+                .f_round()?
+                .f_to_kind(Kind::Int16)?;
+            let scales = scales
+                .f_squeeze_dim(1)?
+                .f_constant_pad_nd([0, 0, 0, blocks * BLOCK_OUTPUTS - out])?
+                .f_transpose(0, 1)?
+                .f_contiguous()?;
+            (integers, Some(scales))
+        } else {
+            (transformed.f_to_kind(Kind::Float)?, None)
+        };
+        let weights = rounded
+            .f_constant_pad_nd(padding)?
             .f_view([blocks, BLOCK_OUTPUTS, inputs, -1])?
             .f_permute([3, 0, 2, 1])?
             .f_contiguous()?;
         Ok(Self {
             weights,
+            scales,
             bias: bias.f_to_kind(Kind::Float)?.f_contiguous()?,
             input_transform: matrix(&transforms.input, Kind::Float)?,
             output_transform: matrix(&transforms.output, Kind::Float)?,
@@ -239,6 +274,9 @@ impl Winograd {
                 context.as_mut_ptr(),
                 x.as_ptr(),
                 self.weights.as_ptr(),
+                self.scales
+                    .as_ref()
+                    .map_or(std::ptr::null(), |scales| scales.as_ptr()),
                 self.bias.as_ptr(),
                 self.input_transform.as_ptr(),
                 self.output_transform.as_ptr(),
@@ -304,9 +342,9 @@ mod tests {
         }
     }
 
-    /// Against libtorch's convolution in float64: dilations, tile sizes and column counts that
-    /// leave partial tiles or take several pieces, two streams. On a CPU without AVX-512 no
-    /// convolution comes here, which is checked instead.
+    /// Against libtorch's convolution in float64: float32 and int16 weights, dilations, tile
+    /// sizes and column counts that leave partial tiles or take several pieces, two streams. On a
+    /// CPU without AVX-512 no convolution comes here, which is checked instead.
     #[test]
     fn matches_a_float64_convolution() {
         if shim::avx512() {
@@ -334,38 +372,48 @@ mod tests {
         let options = (Kind::Float, Device::Cpu);
         let weight = Tensor::randn([channels_out, channels_in, taps], options) / 17.0;
         let bias = Tensor::randn([channels_out], options);
-        for m in [2, 4, 6] {
-            for dilation in [1, 3, 9] {
-                let conv = Winograd::new(&weight, &bias, dilation, m).unwrap();
-                for columns in [1, 5, 17, 64, 301, 3001] {
-                    let reach = (taps - 1) * dilation as i64;
-                    let input = Tensor::randn([2, channels_in, reach + columns], options);
-                    let mut context = input.narrow(2, 0, reach).contiguous();
-                    let got = conv
-                        .forward(&mut context, &input.narrow(2, reach, columns))
-                        .unwrap();
-                    assert!(
-                        context.equal(&input.narrow(2, columns, reach)),
-                        "F({m}, {taps}), dilation {dilation}, {columns} columns: the context moves on \
-                         to the input's last {reach} columns"
-                    );
-                    let expected = input.to_kind(Kind::Double).conv1d(
-                        &weight.to_kind(Kind::Double),
-                        Some(&bias.to_kind(Kind::Double)),
-                        [1],
-                        [0],
-                        [dilation as i64],
-                        1,
-                    );
-                    assert_eq!(got.size(), expected.size());
-                    let (error, scale) = max_error_and_scale(&got, &expected);
-                    assert!(
-                        error <= 2e-5 * scale,
-                        "{channels_in} -> {channels_out} channels, F({m}, {taps}), dilation {dilation}, \
-                         {columns} columns: off by {error:e} of {scale:e}"
-                    );
+        // int16 weights: each transformed weight within half a step of 1/32767 of its channel's
+        // largest, which the transforms magnify (tiles of 6: up to about 1e-3 here).
+        for (int16, bound) in [(false, 2e-5), (true, 2e-3)] {
+            for m in [2, 4, 6] {
+                for dilation in [1, 3, 9] {
+                    check_tiles(&weight, &bias, m, dilation, int16, bound);
                 }
             }
+        }
+    }
+
+    fn check_tiles(weight: &Tensor, bias: &Tensor, m: usize, dilation: usize, int16: bool, bound: f64) {
+        let options = (Kind::Float, Device::Cpu);
+        let (channels_in, channels_out, taps) = (weight.size()[1], weight.size()[0], weight.size()[2]);
+        let conv = Winograd::new(weight, bias, dilation, m, int16).unwrap();
+        for columns in [1, 5, 17, 64, 301, 3001] {
+            let reach = (taps - 1) * dilation as i64;
+            let input = Tensor::randn([2, channels_in, reach + columns], options);
+            let mut context = input.narrow(2, 0, reach).contiguous();
+            let got = conv
+                .forward(&mut context, &input.narrow(2, reach, columns))
+                .unwrap();
+            assert!(
+                context.equal(&input.narrow(2, columns, reach)),
+                "F({m}, {taps}), dilation {dilation}, {columns} columns: the context moves on to the \
+                 input's last {reach} columns"
+            );
+            let expected = input.to_kind(Kind::Double).conv1d(
+                &weight.to_kind(Kind::Double),
+                Some(&bias.to_kind(Kind::Double)),
+                [1],
+                [0],
+                [dilation as i64],
+                1,
+            );
+            assert_eq!(got.size(), expected.size());
+            let (error, scale) = max_error_and_scale(&got, &expected);
+            assert!(
+                error <= bound * scale,
+                "{channels_in} -> {channels_out} channels, F({m}, {taps}), dilation {dilation}, int16 \
+                 {int16}, {columns} columns: off by {error:e} of {scale:e}"
+            );
         }
     }
 }

@@ -1,0 +1,24 @@
+// Sixteen weights as float32 in a register, from float32 or 16 bits: the kernels keep weights in
+// 16 bits where reading them is the cost (dtype f16), so that only the weights are rounded and
+// the activations and sums stay float32.
+#pragma once
+
+#include <c10/util/Half.h>
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace qwencodec {
+
+__attribute__((target("avx512f"))) inline __m512 widen(const float* w) { return _mm512_loadu_ps(w); }
+
+__attribute__((target("avx512f"))) inline __m512 widen(const at::Half* w) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+}
+
+// Integers, exact in float32 (a scale applies to their sums).
+__attribute__((target("avx512f"))) inline __m512 widen(const int16_t* w) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))));
+}
+
+}  // namespace qwencodec
