@@ -218,13 +218,15 @@ impl<'a> Weights<'a> {
     /// residual units; 2 for the layers before the blocks in float32. So the released
     /// geometry's float32 decode stays about as close to float64 as upstream's own: with 4 in
     /// the vocoder's input conv too, its error at 12-frame steps was 1.8x upstream's, where it
-    /// is 1.1x. Dtype f16, whose float16 weights err far more, takes 4 everywhere, and 6 where
-    /// even a one-frame step's products are bound by arithmetic (from 640 columns per frame:
-    /// blocks 3-4 of the released geometry): 6 needs fewer products but reads 12 transformed
-    /// matrices per 7 taps where 4 reads 10, which the weight-bound block 1 pays for.
+    /// is 1.1x. Dtype f16, whose float16 weights err far more, takes 4 everywhere, and 6 from
+    /// 160 columns per frame (blocks 2-4 of the released geometry), where a one-frame step has
+    /// tens of tiles per point: 6 needs fewer products but reads 12 transformed matrices per 7
+    /// taps where 4 reads 10, which the weight-bound block 1 pays for. In block 2 it paid once
+    /// the matrices were 16-bit there (0.2-0.4 ms per step on the Xeon, with 1.689e-2 from
+    /// float64 where 4 gave 1.669e-2).
     pub fn winograd_outputs(&self, tiles: Tiles) -> usize {
         match (self.file.f16_weights, tiles) {
-            (true, _) if self.columns_per_frame >= 640 => 6,
+            (true, _) if self.columns_per_frame >= 160 => 6,
             (true, _) | (false, Tiles::Fast) => 4,
             (false, Tiles::Precise) => 2,
         }
