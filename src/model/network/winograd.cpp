@@ -196,7 +196,7 @@ __attribute__((target("avx512f"))) void input_groups(const Convolution& c, const
     const int64_t lanes = std::min<int64_t>(16, c.in - c0);
     const int64_t row = piece.b * c.in + c0;
     if (lanes == 16) {
-      rows_to_columns(c.context + row * c.reach + first, c.reach, from_context, columns);
+      if (from_context > 0) rows_to_columns(c.context + row * c.reach + first, c.reach, from_context, columns);
       if (stored > from_context) {
         rows_to_columns(c.x + row * c.columns + first + from_context - c.reach, c.columns, stored - from_context,
                         columns + from_context * 16);
@@ -207,9 +207,8 @@ __attribute__((target("avx512f"))) void input_groups(const Convolution& c, const
     }
     std::fill(columns, columns + span * 16, 0.0f);
     for (int64_t lane = 0; lane < lanes; ++lane) {
-      const int64_t row = piece.b * c.in + c0 + lane;
-      const float* context = c.context + row * c.reach;
-      const float* x = c.x + row * c.columns;
+      const float* context = c.context + (row + lane) * c.reach;
+      const float* x = c.x + (row + lane) * c.columns;
       for (int64_t column = 0; column < from_context; ++column) {
         columns[column * 16 + lane] = context[first + column];
       }
