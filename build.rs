@@ -79,8 +79,8 @@ fn torch_shim_build(lib_dir: &Path) -> cc::Build {
 }
 
 /// The CPU kernels that tch does not offer, behind a C interface: the product of float32 or
-/// float16 weights with few rows, RMSNorm, SnakeBeta,
-/// Winograd's transforms and a layer's attention; and libtorch's op profiler.
+/// float16 weights with few rows, RMSNorm, SnakeBeta, Winograd's transforms and a layer's
+/// attention; and libtorch's op profiler.
 fn build_cpu_shims(lib_dir: &Path) {
     // With OpenMP, as libtorch's `at::parallel_for` is inline and runs serially without it.
     // The libgomp it links resolves to the one libtorch already loaded (one per process).

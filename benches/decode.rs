@@ -15,8 +15,9 @@
 //! time from the first frame handed over to its audio when frames arrive at the talker's pace:
 //! the wait for the frames of a full step (chunk-frames - 1 frame periods) plus the time from
 //! handing over the frame that fills the step to its audio coming out (of `push` for the core,
-//! of the pipeline's appsink for the element). At each chunk size the core's runs (in each dtype) and the element's take
-//! turns, so that a drift in the machine's speed shows in all of them alike.
+//! of the pipeline's appsink for the element). At each chunk size the core's runs (in each
+//! dtype) and the element's take turns, so that a drift in the machine's speed shows in all of
+//! them alike.
 //!
 //! `--alongside DTYPE` times the core in that dtype too, its runs alternating with `--dtype`'s
 //! (on a machine whose load changes, a ratio between dtypes is only fair from the same

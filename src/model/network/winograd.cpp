@@ -170,14 +170,20 @@ __attribute__((target("avx512f"))) void group_tiles(const Convolution& c, const 
   }
 }
 
-// group_tiles for the convolution's number of points (1 to kMaxPoints, checked on entry).
-template <int P = 1>
-void group_tiles_for(const Convolution& c, const Piece& piece, const float* columns, float* v, int64_t c0,
-                     __mmask16 mask) {
+// `f(std::integral_constant<int, P>)` for P the convolution's number of points (1 to
+// kMaxPoints, checked on entry): the transforms' loops over points known when compiling.
+template <int P = 1, typename F>
+void with_points(const Convolution& c, F&& f) {
   if constexpr (P < kMaxPoints) {
-    if (c.points != P) return group_tiles_for<P + 1>(c, piece, columns, v, c0, mask);
+    if (c.points != P) return with_points<P + 1>(c, f);
   }
-  group_tiles<P>(c, piece, columns, v, c0, mask);
+  f(std::integral_constant<int, P>{});
+}
+
+// The piece's tiles of one group of 16 input channels (group_tiles) from its columns.
+void tiles_of_group(const Convolution& c, const Piece& piece, const float* columns, float* v, int64_t c0,
+                    __mmask16 mask) {
+  with_points(c, [&](auto points) { group_tiles<decltype(points)::value>(c, piece, columns, v, c0, mask); });
 }
 
 // Groups `begin..end` of 16 channels of the piece's inputs into its tiles [points, count, in].
@@ -202,7 +208,7 @@ __attribute__((target("avx512f"))) void input_groups(const Convolution& c, const
                         columns + from_context * 16);
       }
       std::fill(columns + stored * 16, columns + span * 16, 0.0f);
-      group_tiles_for(c, piece, columns, v, c0, tail_mask(lanes));
+      tiles_of_group(c, piece, columns, v, c0, tail_mask(lanes));
       continue;
     }
     std::fill(columns, columns + span * 16, 0.0f);
@@ -217,7 +223,7 @@ __attribute__((target("avx512f"))) void input_groups(const Convolution& c, const
       }
       for (int64_t column = stored; column < span; ++column) columns[column * 16 + lane] = 0.0f;
     }
-    group_tiles_for(c, piece, columns, v, c0, tail_mask(lanes));
+    tiles_of_group(c, piece, columns, v, c0, tail_mask(lanes));
   }
 }
 
@@ -238,12 +244,11 @@ constexpr int64_t kSumInputs = 64;
 // or int16 whose sums `scale` multiplies, one per output), whose first 16 * V columns are used
 // (the last vector's stores masked by `last`; the block's padding is zeros, so its loads are
 // whole), into results (rows `out` apart): result[r][o] = sum over i of tiles[r][i] *
-// weight[i][o]. Each tile value is broadcast
-// against whole vectors of outputs, so no sum is reduced across lanes, and the block stays in
-// the core's cache while the piece's tiles pass. Its first pass reads it from memory, ahead of
-// use (kPrefetchRows). The sums go in chains of kSumInputs. The loops are unrolled by
-// pragma: without, GCC kept the accumulators in an array on the stack and stored them on every
-// step.
+// weight[i][o]. Each tile value is broadcast against whole vectors of outputs, so no sum is
+// reduced across lanes, and the block stays in the core's cache while the piece's tiles pass.
+// Its first pass reads it from memory, ahead of use (kPrefetchRows). The sums go in chains of
+// kSumInputs. The loops are unrolled by pragma: without, GCC kept the accumulators in an array
+// on the stack and stored them on every step.
 template <int V, int R, typename W>
 __attribute__((target("avx512f"))) void product_block(const float* tiles, const W* weight, const float* scale,
                                                       float* result, int64_t in, int64_t out, __mmask16 last) {
@@ -338,7 +343,8 @@ void products(const Convolution& c, const Piece& piece, const float* v, float* p
       const int64_t vectors = (outputs + 15) / 16;
       const __mmask16 last = tail_mask(outputs - 16 * (vectors - 1));
       const float* tiles = v + p * count * c.in;
-      const W* weight = static_cast<const W*>(c.weights) + (p * output_blocks + o0 / kBlockOutputs) * c.in * kBlockOutputs;
+      const W* weight =
+          static_cast<const W*>(c.weights) + (p * output_blocks + o0 / kBlockOutputs) * c.in * kBlockOutputs;
       // The block's scales (unused for float32 weights).
       const float* scale = c.scales ? c.scales + p * output_blocks * kBlockOutputs + o0 : nullptr;
       float* result = products + p * count * c.out;
@@ -380,16 +386,6 @@ __attribute__((target("avx512f"))) void group_outputs(const Convolution& c, cons
   }
 }
 
-// group_outputs for the convolution's number of points (1 to kMaxPoints, checked on entry).
-template <int P = 1>
-void group_outputs_for(const Convolution& c, const Piece& piece, const float* products, int64_t columns, int64_t c0,
-                       __mmask16 mask, float* outputs) {
-  if constexpr (P < kMaxPoints) {
-    if (c.points != P) return group_outputs_for<P + 1>(c, piece, products, columns, c0, mask, outputs);
-  }
-  group_outputs<P>(c, piece, products, columns, c0, mask, outputs);
-}
-
 // Groups `begin..end` of 16 output channels of the piece from its products, plus the bias.
 __attribute__((target("avx512f"))) void output_groups(const Convolution& c, const Piece& piece,
                                                       const float* products, int64_t begin, int64_t end) {
@@ -400,7 +396,10 @@ __attribute__((target("avx512f"))) void output_groups(const Convolution& c, cons
   for (int64_t group = begin; group < end; ++group) {
     const int64_t c0 = group * 16;
     const int64_t lanes = std::min<int64_t>(16, c.out - c0);
-    group_outputs_for(c, piece, products, columns, c0, tail_mask(lanes), outputs);
+    const __mmask16 mask = tail_mask(lanes);
+    with_points(c, [&](auto points) {
+      group_outputs<decltype(points)::value>(c, piece, products, columns, c0, mask, outputs);
+    });
     float* rows = c.y + (piece.b * c.out + c0) * c.columns + first;
     if (lanes == 16) {
       columns_to_rows(outputs, columns, rows, c.columns);
