@@ -1,8 +1,7 @@
 // SnakeBeta, x + inverse_magnitude * sin(frequency * x)^2 per channel, in one pass over float32
 // activations on the CPU: libtorch's element-wise ops take four passes and two tensors, and the
-// vocoder's late blocks run it on hundreds of thousands of samples a step. The sine is
-// SLEEF's 1-ulp AVX-512 one, which libtorch_cpu exports (its own vectorized sin calls it).
-// AVX-512 only (shim.rs checks the CPU). Errors as in shim.h.
+// vocoder's late blocks run it on hundreds of thousands of samples a step. AVX-512 only (shim.rs
+// checks the CPU). Errors as in shim.h.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -21,6 +20,32 @@ namespace {
 // Elements per thread below which a split costs more than it saves.
 constexpr int64_t kGrain = 32768;
 
+// Largest |argument| for sin_squared's reduction: k * kPiHigh is exact while k < 2^16.
+constexpr float kReducedLimit = 65536.0f;
+
+// sin(y)^2, within about 2 ulp: sin^2 has period pi, so y is reduced to r = y - k pi in [-pi/2,
+// pi/2] (pi in three parts, Cody and Waite's), and sin(r) = r + r^3 P(r^2), P fitted to 5e-9
+// there. SLEEF's 1-ulp sine, which libtorch_cpu exports (its own vectorized sin calls it), reduces
+// any argument to a quarter period and took most of the kernel's time; it remains for vectors
+// with an argument beyond kReducedLimit (or not a number).
+__attribute__((target("avx512f"))) inline __m512 sin_squared(__m512 y) {
+  if (_mm512_cmp_ps_mask(_mm512_abs_ps(y), _mm512_set1_ps(kReducedLimit), _CMP_NLE_UQ) != 0) {
+    const __m512 s = Sleef_sinf16_u10(y);
+    return _mm512_mul_ps(s, s);
+  }
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(0.318309886183790671f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(3.140625f), y);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(9.67502593994140625e-4f), r);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.509957990978376432e-7f), r);
+  const __m512 u = _mm512_mul_ps(r, r);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(2.6089924e-06f), u, _mm512_set1_ps(-0.00019811139f));
+  p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(0.008333089f));
+  p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(-0.16666661f));
+  const __m512 s = _mm512_fmadd_ps(_mm512_mul_ps(p, u), r, r);
+  return _mm512_mul_ps(s, s);
+}
+
 // Rows `begin..end` of [rows, length], row r of channel r % channels.
 __attribute__((target("avx512f"))) void snake_rows(const float* x, float* y, const float* frequency,
                                                    const float* inverse_magnitude, int64_t channels,
@@ -33,14 +58,12 @@ __attribute__((target("avx512f"))) void snake_rows(const float* x, float* y, con
     int64_t t = 0;
     for (; t + 16 <= length; t += 16) {
       const __m512 v = _mm512_loadu_ps(in + t);
-      const __m512 s = Sleef_sinf16_u10(_mm512_mul_ps(v, f));
-      _mm512_storeu_ps(out + t, _mm512_fmadd_ps(_mm512_mul_ps(s, s), m, v));
+      _mm512_storeu_ps(out + t, _mm512_fmadd_ps(sin_squared(_mm512_mul_ps(v, f)), m, v));
     }
     if (t < length) {
       const auto mask = static_cast<__mmask16>((1u << (length - t)) - 1);
       const __m512 v = _mm512_maskz_loadu_ps(mask, in + t);
-      const __m512 s = Sleef_sinf16_u10(_mm512_mul_ps(v, f));
-      _mm512_mask_storeu_ps(out + t, mask, _mm512_fmadd_ps(_mm512_mul_ps(s, s), m, v));
+      _mm512_mask_storeu_ps(out + t, mask, _mm512_fmadd_ps(sin_squared(_mm512_mul_ps(v, f)), m, v));
     }
   }
 }

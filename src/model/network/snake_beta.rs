@@ -105,4 +105,27 @@ mod tests {
             );
         }
     }
+
+    /// The sine's square over the arguments the kernel reduces itself (up to 65536) and beyond,
+    /// where it takes SLEEF's: against float64 of the same float32 argument (frequency times x),
+    /// with samples next to multiples of pi, where the reduction cancels most.
+    #[test]
+    fn squares_the_sine_of_any_argument() {
+        let frequency = 1e4f32;
+        let snake = SnakeBeta {
+            frequency: Tensor::from_slice(&[frequency]).view([1, 1, 1]),
+            inverse_magnitude: Tensor::from_slice(&[1.0f32]).view([1, 1, 1]),
+        };
+        let mut x: Vec<f32> = (0..20_000).map(|i| (i as f32 - 10_000.0) * 1e-3).collect();
+        x.extend((1..2_000).map(|k| (k as f64 * 37.0 * std::f64::consts::PI / f64::from(frequency)) as f32));
+        let x = Tensor::from_slice(&x).view([1, 1, -1]);
+        let got = snake.forward(&x).unwrap();
+        let argument = (&x * f64::from(frequency)).to_kind(Kind::Double);
+        let expected = x.to_kind(Kind::Double) + argument.sin().square();
+        let error = (got.to_kind(Kind::Double) - expected)
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert!(error <= 2e-6, "off by {error:e}");
+    }
 }
