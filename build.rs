@@ -4,8 +4,9 @@ use std::path::{Path, PathBuf};
 /// The CPU shims' sources, in `SHIM_DIR` beside the headers they share.
 const SHIM_DIR: &str = "src/model/network";
 const SHIM_HEADERS: [&str; 2] = ["shim.h", "widen.h"];
-const CPU_SHIMS: [&str; 6] = [
+const CPU_SHIMS: [&str; 7] = [
     "attention.cpp",
+    "direct_conv.cpp",
     "op_profiler.cpp",
     "rms_norm.cpp",
     "skinny_gemm.cpp",

@@ -3,6 +3,7 @@
 
 use tch::{Device, Kind, Tensor};
 
+use super::direct_conv;
 use super::ops::{Matrix, with_weights};
 use super::winograd::{Tiles, Winograd};
 use super::{State, StateLayout, TorchResult};
@@ -65,6 +66,8 @@ pub struct CausalConv {
     /// A CPU float32 1x1 convolution's weight as [out, in] and its bias as [out, 1] (views of
     /// the kernel weights), for small steps (see [`POINTWISE_MAX_MULTIPLY_ADDS`]).
     pointwise: Option<(Tensor, Tensor)>,
+    /// Whether the kernel weights are summed directly (`direct_conv`): depthwise, or few outputs.
+    direct: bool,
     in_channels: i64,
     kernel: i64,
     dilation: i64,
@@ -114,11 +117,13 @@ impl CausalConv {
                 Ok((weight.f_view([out_channels as i64, -1])?, bias.f_view([-1, 1])?))
             })
             .transpose()?;
+        let direct = !f16 && direct_conv::applies(&weight, groups as i64, weights.device());
         Ok(Self {
             kernel_weights: (!f16).then_some((weight, bias)),
             matrix,
             winograd,
             pointwise,
+            direct,
             in_channels: in_channels as i64,
             kernel: kernel as i64,
             dilation: dilation as i64,
@@ -188,6 +193,9 @@ impl CausalConv {
             .kernel_weights
             .as_ref()
             .expect("convolutions without a float16 matrix keep their kernel weights");
+        if self.direct {
+            return direct_conv::forward(&input, weight, bias, self.dilation, self.groups);
+        }
         with_weights(&input, weight.kind(), |input| {
             input.f_conv1d(weight, Some(bias), [1], [0], [self.dilation], self.groups)
         })

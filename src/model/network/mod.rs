@@ -9,6 +9,7 @@
 
 mod attention;
 mod conv;
+mod direct_conv;
 mod ops;
 mod quantizer;
 mod rms_norm;

@@ -1,0 +1,130 @@
+//! Convolutions with few multiply-adds per output column (depthwise, or to fewer than
+//! [`MAX_DENSE_OUTPUTS`] channels) summed directly by the C++ kernel of `direct_conv.cpp`
+//! (AVX-512): the upsampler's depthwise convolutions and the vocoder's last one. libtorch's
+//! conv1d (oneDNN) took 0.2-0.6 ms for each of them in a one-frame step on the Xeon, and tens of
+//! milliseconds for the last one in a batch of 16 streams.
+
+use tch::{Device, Kind, Tensor};
+
+use super::TorchResult;
+use super::shim::{self, call};
+
+mod ffi {
+    use std::ffi::c_char;
+
+    use torch_sys::C_tensor;
+
+    // Tensors cross as libtorch's own `at::Tensor*` (tch's `C_tensor`).
+    unsafe extern "C" {
+        pub fn qwencodec_direct_conv(
+            input: *const C_tensor,
+            weight: *const C_tensor,
+            bias: *const C_tensor,
+            dilation: i64,
+            groups: i64,
+            out: *mut *mut C_tensor,
+            error: *mut c_char,
+            size: usize,
+        ) -> bool;
+    }
+}
+
+/// Most output channels of a dense convolution summed here: one vector's worth; more are a
+/// matrix product's work.
+const MAX_DENSE_OUTPUTS: i64 = 16;
+
+/// Whether a convolution with this weight [out, in / groups, taps] on `device` runs here.
+pub fn applies(weight: &Tensor, groups: i64, device: Device) -> bool {
+    let (out, group_inputs) = (weight.size()[0], weight.size()[1]);
+    let depthwise = group_inputs == 1 && out % groups == 0;
+    device == Device::Cpu
+        && weight.kind() == Kind::Float
+        && (depthwise || (groups == 1 && out < MAX_DENSE_OUTPUTS))
+        && shim::avx512()
+}
+
+/// `input` [B, in, reach + T] (the context, then the new columns) -> [B, out, T].
+pub fn forward(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    dilation: i64,
+    groups: i64,
+) -> TorchResult<Tensor> {
+    let input = input.f_contiguous()?;
+    // SAFETY: the tensors are live for the duration of the call.
+    call("direct convolution", |out, error, size| unsafe {
+        ffi::qwencodec_direct_conv(
+            input.as_ptr(),
+            weight.as_ptr(),
+            bias.as_ptr(),
+            dilation,
+            groups,
+            out,
+            error,
+            size,
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::network::max_error_and_scale;
+
+    /// Depthwise and few-output convolutions, with dilations, batches and column counts that
+    /// leave partial vectors, against libtorch's convolution in float64.
+    #[test]
+    fn matches_a_float64_convolution() {
+        tch::manual_seed(11);
+        let options = (Kind::Float, Device::Cpu);
+        // (in, out, groups, taps)
+        for (inputs, outputs, groups, taps) in [(24, 24, 24, 7), (8, 16, 8, 3), (96, 1, 1, 7), (5, 3, 1, 2)] {
+            let weight = Tensor::randn([outputs, inputs / groups, taps], options);
+            let bias = Tensor::randn([outputs], options);
+            assert_eq!(applies(&weight, groups, Device::Cpu), shim::avx512());
+            if !shim::avx512() {
+                continue;
+            }
+            for dilation in [1, 3] {
+                for (batch, columns) in [(1, 1), (1, 17), (2, 64), (3, 200)] {
+                    let input = Tensor::randn([batch, inputs, (taps - 1) * dilation + columns], options);
+                    let got = forward(&input, &weight, &bias, dilation, groups).unwrap();
+                    let expected = input.to_kind(Kind::Double).conv1d(
+                        &weight.to_kind(Kind::Double),
+                        Some(&bias.to_kind(Kind::Double)),
+                        [1],
+                        [0],
+                        [dilation],
+                        groups,
+                    );
+                    assert_eq!(got.size(), expected.size());
+                    let (error, scale) = max_error_and_scale(&got, &expected);
+                    assert!(
+                        error <= 1e-6 * scale,
+                        "{inputs} -> {outputs} channels in {groups} groups, {taps} taps, dilation \
+                         {dilation}, {batch} x {columns} columns: off by {error:e} of {scale:e}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Shapes that do not fit are an error naming what is wrong, not a crash.
+    #[test]
+    fn says_what_does_not_fit() {
+        let options = (Kind::Float, Device::Cpu);
+        let weight = Tensor::zeros([4, 1, 7], options);
+        let bias = Tensor::zeros([4], options);
+        let short = Tensor::zeros([1, 4, 6], options);
+        let error = forward(&short, &weight, &bias, 1, 4).unwrap_err().to_string();
+        assert!(
+            error.contains("6 columns of context and at least one more"),
+            "{error}"
+        );
+        let error = forward(&Tensor::zeros([1, 4, 20], options), &weight, &bias, 1, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("dense or depthwise"), "{error}");
+    }
+}
