@@ -33,6 +33,12 @@ constexpr int kMaxPoints = 16;
 constexpr int64_t kPieceBytes = 1 << 20;
 // ... but at least this many tiles: every piece reads all of the transformed weights once.
 constexpr int64_t kMinPieceTiles = 256;
+// A stream's tiles are nonetheless split into a piece per thread where each gets this many:
+// a thread then runs its piece's three parts without waiting for the others between them, at
+// the cost of reading every weight once per thread. That paid in the one-frame steps' late
+// blocks (96 and 192 channels, 100-300 tiles), where the weights are few; not with 27 tiles
+// of 384 channels.
+constexpr int64_t kMinThreadPieceTiles = 48;
 
 // Output vectors of 16 channels and tiles per block of a point's product: 3 x 8 accumulators,
 // 3 weight vectors and a broadcast tile value fill AVX-512's 32 registers (9 tiles take 31).
@@ -517,6 +523,9 @@ bool qwencodec_winograd_conv(at::Tensor* context, const at::Tensor* x, const at:
     const int64_t batch = x->size(0);
     int64_t pieces_per_stream = std::max<int64_t>(1, (dilation * c.tiles) / budget);
     const int64_t threads = at::get_num_threads();
+    if (batch * pieces_per_stream < threads && dilation * c.tiles >= threads * kMinThreadPieceTiles) {
+      pieces_per_stream = (threads + batch - 1) / batch;
+    }
     if (batch * pieces_per_stream > 1 && (batch * pieces_per_stream) % threads != 0) {
       pieces_per_stream = std::min(c.tiles, (batch * pieces_per_stream + threads - 1) / threads * threads / batch);
     }

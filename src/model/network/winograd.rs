@@ -343,8 +343,8 @@ mod tests {
     }
 
     /// Against libtorch's convolution in float64: float32 and int16 weights, dilations, tile
-    /// sizes and column counts that leave partial tiles or take several pieces, two streams. On a
-    /// CPU without AVX-512 no convolution comes here, which is checked instead.
+    /// sizes and column counts that leave partial tiles or take several pieces, one and two
+    /// streams. On a CPU without AVX-512 no convolution comes here, which is checked instead.
     #[test]
     fn matches_a_float64_convolution() {
         if shim::avx512() {
@@ -387,9 +387,13 @@ mod tests {
         let options = (Kind::Float, Device::Cpu);
         let (channels_in, channels_out, taps) = (weight.size()[1], weight.size()[0], weight.size()[2]);
         let conv = Winograd::new(weight, bias, dilation, m, int16).unwrap();
-        for columns in [1, 5, 17, 64, 301, 3001] {
+        // One stream (its tiles split among the threads, where enough), and two.
+        for (streams, columns) in [1, 2]
+            .into_iter()
+            .flat_map(|s| [1, 5, 17, 64, 301, 3001].map(|c| (s, c)))
+        {
             let reach = (taps - 1) * dilation as i64;
-            let input = Tensor::randn([2, channels_in, reach + columns], options);
+            let input = Tensor::randn([streams, channels_in, reach + columns], options);
             let mut context = input.narrow(2, 0, reach).contiguous();
             let got = conv
                 .forward(&mut context, &input.narrow(2, reach, columns))
@@ -412,7 +416,7 @@ mod tests {
             assert!(
                 error <= bound * scale,
                 "{channels_in} -> {channels_out} channels, F({m}, {taps}), dilation {dilation}, int16 \
-                 {int16}, {columns} columns: off by {error:e} of {scale:e}"
+                 {int16}, {streams} x {columns} columns: off by {error:e} of {scale:e}"
             );
         }
     }
