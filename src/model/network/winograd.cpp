@@ -238,9 +238,12 @@ void input_transform(const Convolution& c, const Piece& piece, float* v) {
                    [&](int64_t begin, int64_t end) { input_groups(c, piece, v, begin, end); });
 }
 
-// Weight rows the products prefetch ahead of the row they multiply: a small step's products
-// read each block once, from memory, and waited on it without.
-constexpr int64_t kPrefetchRows = 8;
+// How far ahead of the row they multiply the products prefetch their weight block: a small
+// step's products read each block once, from memory, and waited on it without. A few rows
+// ahead were too close for weights that come from memory: block 1's int16 tiles, 8 rows (768
+// bytes) ahead, took a third longer than 64 rows (6 KB) ahead, in a loop over more weights than
+// the caches hold.
+constexpr int64_t kPrefetchBytes = 6144;
 
 // Inputs summed in one chain, whose sum is then added to the others': one chain over all of them
 // (up to 1536) rounded the float32 decode to 3.1e-5 from float64, where this keeps 1.9e-5.
@@ -252,7 +255,7 @@ constexpr int64_t kSumInputs = 64;
 // whole), into results (rows `out` apart): result[r][o] = sum over i of tiles[r][i] *
 // weight[i][o]. Each tile value is broadcast against whole vectors of outputs, so no sum is
 // reduced across lanes, and the block stays in the core's cache while the piece's tiles pass.
-// Its first pass reads it from memory, ahead of use (kPrefetchRows). The sums go in chains of
+// Its first pass reads it from memory, ahead of use (kPrefetchBytes). The sums go in chains of
 // kSumInputs. The loops are unrolled by pragma: without, GCC kept the accumulators in an array
 // on the stack and stored them on every step.
 template <int V, int R, typename W>
@@ -275,7 +278,7 @@ __attribute__((target("avx512f"))) void product_block(const float* tiles, const 
       const W* w = weight + i * kBlockOutputs;
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchRows * kBlockOutputs + 16 * v), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + 16 * v) + kPrefetchBytes, _MM_HINT_T0);
       }
       __m512 weights[V];
 #pragma GCC unroll 4
