@@ -149,7 +149,10 @@ impl Session {
             .build()
             .map_err(|err| err.to_string())?;
         // The TTS may hand over frames faster than real time: the audio leaves at its time, so
-        // that the browser's jitter buffer is not flooded and a cancel still finds it here.
+        // that the browser's jitter buffer is not flooded and a cancel still finds it here. It
+        // is held packet by packet, after the payloader: a step's audio (80 ms a frame) held
+        // whole would leave at the step's start, up to a step ahead, and in bursts that the
+        // browser's jitter buffer answers by growing.
         let clocksync = make("clocksync")?;
         let opusenc = gst::ElementFactory::make("opusenc")
             .property_from_str("audio-type", "voice")
@@ -169,9 +172,9 @@ impl Session {
             &decoder,
             &make("audioconvert")?,
             &make("audioresample")?,
-            &clocksync,
             &opusenc,
             &payloader,
+            &clocksync,
             &capsfilter,
         ];
         pipeline.add_many(chain).map_err(|err| err.to_string())?;

@@ -63,6 +63,9 @@ function connect() {
   };
   pc.onconnectionstatechange = () => show(pc.connectionState);
   pc.ontrack = (event) => {
+    // The least jitter buffer the browser allows: on a loopback or LAN path the audio comes
+    // evenly paced, and what the buffer holds still plays after a cancel.
+    if ("jitterBufferTarget" in event.receiver) event.receiver.jitterBufferTarget = 0;
     const stream = event.streams[0] || new MediaStream([event.track]);
     audio.srcObject = stream;
     audio.play().catch(() => {});
