@@ -20,14 +20,18 @@ namespace {
 // Elements per thread below which a split costs more than it saves.
 constexpr int64_t kGrain = 32768;
 
-// Largest |argument| for sin_squared's reduction: k * kPiHigh is exact while k < 2^16.
+// pi in three parts (Cody and Waite): the first has 8 significant bits, so that k times it is
+// exact while k < 2^16, which every argument up to kReducedLimit keeps.
+constexpr float kPiHigh = 3.140625f;
+constexpr float kPiMiddle = 9.67502593994140625e-4f;
+constexpr float kPiLow = 1.509957990978376432e-7f;
 constexpr float kReducedLimit = 65536.0f;
 
 // sin(y)^2, within about 2 ulp: sin^2 has period pi, so y is reduced to r = y - k pi in [-pi/2,
-// pi/2] (pi in three parts, Cody and Waite's), and sin(r) = r + r^3 P(r^2), P fitted to 5e-9
-// there. SLEEF's 1-ulp sine, which libtorch_cpu exports (its own vectorized sin calls it), reduces
-// any argument to a quarter period and took most of the kernel's time; it remains for vectors
-// with an argument beyond kReducedLimit (or not a number).
+// pi/2], and sin(r) = r + r^3 P(r^2), P fitted to 5e-9 there. SLEEF's 1-ulp sine, which
+// libtorch_cpu exports (its own vectorized sin calls it), reduces any argument to a quarter
+// period and took most of the kernel's time; it remains for vectors with an argument beyond
+// kReducedLimit (or not a number).
 __attribute__((target("avx512f"))) inline __m512 sin_squared(__m512 y) {
   if (_mm512_cmp_ps_mask(_mm512_abs_ps(y), _mm512_set1_ps(kReducedLimit), _CMP_NLE_UQ) != 0) {
     const __m512 s = Sleef_sinf16_u10(y);
@@ -35,9 +39,9 @@ __attribute__((target("avx512f"))) inline __m512 sin_squared(__m512 y) {
   }
   const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(0.318309886183790671f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(3.140625f), y);
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(9.67502593994140625e-4f), r);
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.509957990978376432e-7f), r);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(kPiHigh), y);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(kPiMiddle), r);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(kPiLow), r);
   const __m512 u = _mm512_mul_ps(r, r);
   __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(2.6089924e-06f), u, _mm512_set1_ps(-0.00019811139f));
   p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(0.008333089f));

@@ -35,9 +35,9 @@ constexpr int64_t kPieceBytes = 1 << 20;
 constexpr int64_t kMinPieceTiles = 256;
 // A stream's tiles are nonetheless split into a piece per thread where each gets this many:
 // a thread then runs its piece's three parts without waiting for the others between them, at
-// the cost of reading every weight once per thread. That paid in the one-frame steps' late
-// blocks (96 and 192 channels, 100-300 tiles), where the weights are few; not with 27 tiles
-// of 384 channels.
+// the cost of reading every weight once per thread. That pays where the tiles are many and the
+// weights few (the late blocks of a one-frame step), not with a few dozen tiles of many
+// channels (`bench/results/2026-12-01-intel-xeon-avx512-direct-convs.md`).
 constexpr int64_t kMinThreadPieceTiles = 48;
 
 // Output vectors of 16 channels and tiles per block of a point's product: 3 x 8 accumulators,
@@ -239,10 +239,8 @@ void input_transform(const Convolution& c, const Piece& piece, float* v) {
 }
 
 // How far ahead of the row they multiply the products prefetch their weight block: a small
-// step's products read each block once, from memory, and waited on it without. A few rows
-// ahead were too close for weights that come from memory: block 1's int16 tiles, 8 rows (768
-// bytes) ahead, took a third longer than 64 rows (6 KB) ahead, in a loop over more weights than
-// the caches hold.
+// step's products read each block once, from memory, and waited on it without; a few rows
+// ahead were too close (`bench/results/2026-12-01-intel-xeon-avx512-direct-convs.md`).
 constexpr int64_t kPrefetchBytes = 6144;
 
 // Inputs summed in one chain, whose sum is then added to the others': one chain over all of them
