@@ -5,8 +5,9 @@ use tch::{Device, Kind, Tensor};
 
 use super::direct_conv;
 use super::ops::{Matrix, with_weights};
+use super::overlap_add;
 use super::winograd::{Tiles, Winograd};
-use super::{State, StateLayout, TorchResult};
+use super::{ACTIVATION_KIND, State, StateLayout, TorchResult};
 use crate::model::ModelError;
 use crate::model::checkpoint::Weights;
 
@@ -237,7 +238,8 @@ impl CausalTransConv {
                 None,
                 weights.f16_weights(in_channels),
             )?,
-            bias: weights.get("bias", &[out_channels])?.f_view([1, -1, 1])?,
+            // Float32 as the activations: a sum with a 16-bit one would be widened anyway.
+            bias: weights.get("bias", &[out_channels])?.f_to_kind(ACTIVATION_KIND)?,
             out_channels: out_channels as i64,
             stride: stride as i64,
             kernel: kernel as i64,
@@ -249,14 +251,18 @@ impl CausalTransConv {
     /// `x`: [B, in, T] -> [B, out, T * stride].
     pub fn forward(&self, x: &Tensor, state: &mut State) -> TorchResult<Tensor> {
         let (batch, columns) = (x.size()[0], x.size()[2]);
-        // [out, kernel, B, T]: what each new input column contributes to each output tap. The
-        // product comes as a transposed view of [out * kernel, B * T] (see `Matrix::forward`),
-        // so this is a view, not a copy.
+        // [out * kernel, B * T]: what each new input column contributes to each output tap. The
+        // product comes as a transposed view of it (see `Matrix::forward`), so this is a view.
         let taps = self
             .matrix
             .forward(&x.f_transpose(1, 2)?.f_flatten(0, 1)?)?
-            .f_transpose(0, 1)?
-            .f_reshape([self.out_channels, self.kernel, batch, columns])?;
+            .f_transpose(0, 1)?;
+        if x.device() == Device::Cpu {
+            let carry = self.slot.map(|slot| &mut state.contexts[slot]);
+            return overlap_add::forward(&taps, carry, &self.bias, self.stride, batch);
+        }
+        // [out, kernel, B, T]
+        let taps = taps.f_reshape([self.out_channels, self.kernel, batch, columns])?;
         let mut blocks = taps.f_narrow(1, 0, self.stride)?;
         if let Some(slot) = self.slot {
             // Block t also gets the second half of column t - 1's taps; the first block gets
@@ -272,6 +278,6 @@ impl CausalTransConv {
             blocks
                 .f_permute([2, 0, 3, 1])?
                 .f_reshape([batch, self.out_channels, columns * self.stride])?;
-        output.f_add_(&self.bias)
+        output.f_add_(&self.bias.f_view([1, -1, 1])?)
     }
 }

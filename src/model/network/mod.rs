@@ -11,6 +11,7 @@ mod attention;
 mod conv;
 mod direct_conv;
 mod ops;
+mod overlap_add;
 mod quantizer;
 mod rms_norm;
 // The model's op profiler calls its shim through it too.

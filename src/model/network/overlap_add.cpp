@@ -1,0 +1,120 @@
+// A transposed convolution's last part on the CPU (conv.rs's `CausalTransConv`): each input
+// column's taps, from one matrix product, laid out as output samples, the previous column's
+// overlap and the bias added, and the last column's overlap kept for the next step. In one pass
+// where libtorch's ops took several (a concatenation, a sum, a permuting copy and the bias), which
+// cost more than the product's own time in the late blocks' small steps. Errors as in shim.h.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "shim.h"
+
+namespace {
+
+// Output samples per thread below which a split costs more than it saves.
+constexpr int64_t kGrain = 1 << 14;
+
+// A thread's buffer of at least `floats` floats, kept from call to call.
+float* phase_buffer(size_t floats) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
+// `rows` rows of `columns` side by side: samples[t * rows + j] = sums[j * columns + t]. With the
+// row count known when compiled (the released rates'), each column's samples are one unrolled
+// copy.
+void interleave(const float* sums, int64_t rows, int64_t columns, float* samples) {
+  for (int64_t t = 0; t < columns; ++t) {
+    for (int64_t j = 0; j < rows; ++j) samples[t * rows + j] = sums[j * columns + t];
+  }
+}
+
+template <int Rows>
+void interleave(const float* sums, int64_t columns, float* samples) {
+  interleave(sums, Rows, columns, samples);
+}
+
+}  // namespace
+
+extern "C" {
+
+// `taps`: [out * kernel, B * T] float32, row o * kernel + j holding output channel o's tap j of
+// every input column (stream by stream); `kernel` is `stride` or twice it. `carry`: [B, out,
+// kernel - stride], the previous step's overlap, overwritten with this step's (null where kernel
+// is `stride`). `bias`: [out]. `*out`: [B, out, T * stride], sample t * stride + j of channel o
+// being tap j of column t plus tap stride + j of column t - 1 (of the carry for t = 0) plus the
+// bias.
+bool qwencodec_overlap_add(const at::Tensor* taps, at::Tensor* carry, const at::Tensor* bias, int64_t stride,
+                           int64_t batch, at::Tensor** out, char* error, size_t error_size) {
+  RECORD_FUNCTION("qwencodec::overlap_add", c10::ArrayRef<const c10::IValue>{});
+  return qwencodec::guarded(error, error_size, [&] {
+    const int64_t out_channels = bias->numel();
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous(),
+                "a transposed convolution's bias is contiguous float32");
+    TORCH_CHECK(stride >= 1 && batch >= 1, "a transposed convolution of stride ", stride, " over ", batch,
+                " streams");
+    TORCH_CHECK(taps->dim() == 2 && taps->scalar_type() == at::kFloat && taps->is_contiguous() &&
+                    taps->size(1) % batch == 0 && out_channels > 0 && taps->size(0) % out_channels == 0,
+                "a transposed convolution's taps are contiguous float32 [out * kernel, B * T]");
+    const int64_t kernel = taps->size(0) / out_channels;
+    const int64_t overlap = kernel - stride;
+    TORCH_CHECK(overlap == 0 || overlap == stride, "a transposed convolution's kernel is its stride or twice it, not ",
+                kernel, " at stride ", stride);
+    TORCH_CHECK((overlap == 0) == (carry == nullptr) &&
+                    (carry == nullptr ||
+                     (carry->scalar_type() == at::kFloat && carry->is_contiguous() &&
+                      carry->sizes() == at::IntArrayRef({batch, out_channels, overlap}))),
+                "a transposed convolution's carried overlap is contiguous float32 [", batch, ", ", out_channels, ", ",
+                overlap, "]");
+    const int64_t columns = taps->size(1) / batch;
+    at::Tensor result = at::empty({batch, out_channels, columns * stride}, taps->options());
+    const float* all_taps = taps->data_ptr<float>();
+    const float* biases = bias->data_ptr<float>();
+    float* carried = carry == nullptr ? nullptr : carry->data_ptr<float>();
+    float* y = result.data_ptr<float>();
+    const int64_t rows = batch * out_channels;
+    at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, columns * stride)),
+                     [&](int64_t begin, int64_t end) {
+                       for (int64_t row = begin; row < end; ++row) {
+                         const int64_t b = row / out_channels, o = row % out_channels;
+                         // Tap j of stream b's columns: taps row o * kernel + j, from column b * T.
+                         const float* own = all_taps + o * kernel * batch * columns + b * columns;
+                         const int64_t tap_stride = batch * columns;
+                         float* samples = y + row * columns * stride;
+                         const float level = biases[o];
+                         // Each tap's samples summed along its row (vectorized), then interleaved.
+                         float* sums = phase_buffer(stride * columns);
+                         for (int64_t j = 0; j < stride; ++j) {
+                           const float* first = own + j * tap_stride;
+                           float* sum = sums + j * columns;
+                           if (overlap == 0) {
+                             for (int64_t t = 0; t < columns; ++t) sum[t] = first[t] + level;
+                             continue;
+                           }
+                           const float* second = first + stride * tap_stride;
+                           float* kept = carried + row * overlap + j;
+                           sum[0] = first[0] + *kept + level;
+                           for (int64_t t = 1; t < columns; ++t) sum[t] = first[t] + second[t - 1] + level;
+                           *kept = second[columns - 1];
+                         }
+                         switch (stride) {
+                           case 2: interleave<2>(sums, columns, samples); break;
+                           case 3: interleave<3>(sums, columns, samples); break;
+                           case 4: interleave<4>(sums, columns, samples); break;
+                           case 5: interleave<5>(sums, columns, samples); break;
+                           case 8: interleave<8>(sums, columns, samples); break;
+                           default: interleave(sums, stride, columns, samples);
+                         }
+                       }
+                     });
+    *out = new at::Tensor(std::move(result));
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,141 @@
+//! A transposed convolution's taps into output samples on the CPU, by the C++ kernel of
+//! `overlap_add.cpp`: the overlap of the previous column (or step) and the bias added in the
+//! same pass (see [`super::conv::CausalTransConv`]).
+
+use tch::Tensor;
+
+use super::TorchResult;
+use super::shim::call;
+
+mod ffi {
+    use std::ffi::c_char;
+
+    use torch_sys::C_tensor;
+
+    // Tensors cross as libtorch's own `at::Tensor*` (tch's `C_tensor`).
+    unsafe extern "C" {
+        pub fn qwencodec_overlap_add(
+            taps: *const C_tensor,
+            carry: *mut C_tensor,
+            bias: *const C_tensor,
+            stride: i64,
+            batch: i64,
+            out: *mut *mut C_tensor,
+            error: *mut c_char,
+            size: usize,
+        ) -> bool;
+    }
+}
+
+/// `taps` [out * kernel, B * T] (row `o * kernel + j`: channel o's tap j of each column), kernel
+/// `stride` or twice it; `carry` [B, out, kernel - stride] (the overlap carried from the last
+/// step, moved on) where kernel is twice the stride; `bias` [out] -> [B, out, T * stride].
+pub fn forward(
+    taps: &Tensor,
+    carry: Option<&mut Tensor>,
+    bias: &Tensor,
+    stride: i64,
+    batch: i64,
+) -> TorchResult<Tensor> {
+    let taps = taps.f_contiguous()?;
+    let carry = carry.map_or(std::ptr::null_mut(), |carry| carry.as_mut_ptr());
+    // SAFETY: the tensors are live for the duration of the call; the carry may be null.
+    call("transposed convolution", |out, error, size| unsafe {
+        ffi::qwencodec_overlap_add(
+            taps.as_ptr(),
+            carry,
+            bias.as_ptr(),
+            stride,
+            batch,
+            out,
+            error,
+            size,
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use tch::{Device, Kind};
+
+    use super::*;
+
+    /// Strides the kernel unrolls and one it does not, with and without overlap, several streams
+    /// and a single column, against the samples laid out by libtorch's ops in float64, and the
+    /// carry moved on to the last column's overlap.
+    #[test]
+    fn lays_out_and_overlaps_the_taps() {
+        tch::manual_seed(5);
+        let options = (Kind::Float, Device::Cpu);
+        for (stride, kernel) in [(3, 6), (8, 16), (7, 14), (4, 4)] {
+            for (batch, columns) in [(1, 1), (1, 20), (3, 9)] {
+                let out = 5;
+                let taps = Tensor::randn([out * kernel, batch * columns], options);
+                let bias = Tensor::randn([out], options);
+                let overlap = kernel - stride;
+                let carried = Tensor::randn([batch, out, overlap], options);
+                let mut carry = carried.copy();
+                let got = forward(&taps, (overlap > 0).then_some(&mut carry), &bias, stride, batch).unwrap();
+
+                // [out, kernel, B, T] -> per column t, tap j: [B, out, T, kernel]
+                let per_column = taps
+                    .to_kind(Kind::Double)
+                    .view([out, kernel, batch, columns])
+                    .permute([2, 0, 3, 1]);
+                let mut expected = per_column.narrow(3, 0, stride).copy();
+                if overlap > 0 {
+                    let later = per_column.narrow(3, stride, stride);
+                    // Column t gets column t - 1's later taps; column 0 the carry.
+                    let earlier = Tensor::cat(
+                        &[
+                            &carried.to_kind(Kind::Double).unsqueeze(2),
+                            &later.narrow(2, 0, columns - 1),
+                        ],
+                        2,
+                    );
+                    expected += earlier;
+                    let moved = later
+                        .narrow(2, columns - 1, 1)
+                        .squeeze_dim(2)
+                        .to_kind(Kind::Float);
+                    assert!(carry.equal(&moved), "stride {stride}, {batch} x {columns}: carry");
+                }
+                let expected = expected.reshape([batch, out, columns * stride])
+                    + bias.to_kind(Kind::Double).view([1, -1, 1]);
+                assert_eq!(got.size(), expected.size());
+                let error = (got.to_kind(Kind::Double) - &expected)
+                    .abs()
+                    .max()
+                    .double_value(&[]);
+                let scale = expected.abs().max().double_value(&[]);
+                assert!(
+                    error <= 1e-6 * scale,
+                    "stride {stride}, kernel {kernel}, {batch} x {columns}: off by {error:e} of {scale:e}"
+                );
+            }
+        }
+    }
+
+    /// Shapes that do not fit are an error naming what is wrong, not a crash.
+    #[test]
+    fn says_what_does_not_fit() {
+        let options = (Kind::Float, Device::Cpu);
+        let bias = Tensor::zeros([4], options);
+        let taps = Tensor::zeros([4 * 6, 10], options);
+        let error = forward(&taps, None, &bias, 4, 1).unwrap_err().to_string();
+        assert!(
+            error.contains("its stride or twice it, not 6 at stride 4"),
+            "{error}"
+        );
+        let mut short = Tensor::zeros([1, 4, 2], options);
+        let error = forward(&taps, Some(&mut short), &bias, 3, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("carried overlap is contiguous float32 [1, 4, 3]"),
+            "{error}"
+        );
+        let error = forward(&taps, None, &bias, 3, 3).unwrap_err().to_string();
+        assert!(error.contains("[out * kernel, B * T]"), "{error}");
+    }
+}
