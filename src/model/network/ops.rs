@@ -29,11 +29,16 @@ pub fn with_weights(
 /// ran several times slower for 2 to 32 columns on the released geometry's shapes.
 ///
 /// On the CPU a single row goes in twice: MKL computes one column as a matrix-vector product
-/// on one core, two as a matrix product on every core.
+/// on one core, two as a matrix product on every core. Beyond [`skinny_gemm::MAX_ROWS`] rows,
+/// where the arithmetic is the cost, rows that are a transposed view of columns (a
+/// channels-first input's) go in as they are instead of copied: the product takes as long.
 pub fn project(weight: &Tensor, rows: &Tensor, bias: Option<&Tensor>) -> TorchResult<Tensor> {
     let single = rows.size()[0] == 1 && rows.device() == Device::Cpu;
+    let columns_as_given = rows.size()[0] > skinny_gemm::MAX_ROWS && rows.f_transpose(0, 1)?.is_contiguous();
     let rows = if single {
         rows.f_expand([2, -1], false)?.f_contiguous()?
+    } else if columns_as_given {
+        rows.shallow_clone()
     } else {
         rows.f_contiguous()?
     };

@@ -34,7 +34,7 @@ mod ffi {
 
 /// Most activation rows a product runs here with: from there on MKL's kernels reuse each weight
 /// element often enough to be as fast.
-const MAX_ROWS: i64 = 128;
+pub const MAX_ROWS: i64 = 128;
 
 /// Whether `weight` [out, in] against `rows` rows runs here: a contiguous float32 or float16
 /// weight on a CPU with AVX-512, at most [`MAX_ROWS`] rows.
