@@ -26,6 +26,20 @@ float* phase_buffer(size_t floats) {
   return buffer.data();
 }
 
+// One tap's samples: `first` (column t at first[t * step]) plus the bias, plus `second`'s
+// previous column where the taps overlap (for t = 0 the carry `kept`, then moved on to `second`'s
+// last column). Inline, so that the contiguous call's loop is vectorized.
+inline void sum_taps(const float* first, const float* second, float* kept, float level, int64_t step,
+                     int64_t columns, float* sum) {
+  if (second == nullptr) {
+    for (int64_t t = 0; t < columns; ++t) sum[t] = first[t * step] + level;
+    return;
+  }
+  sum[0] = first[0] + *kept + level;
+  for (int64_t t = 1; t < columns; ++t) sum[t] = first[t * step] + second[(t - 1) * step] + level;
+  *kept = second[(columns - 1) * step];
+}
+
 // `rows` rows of `columns` side by side: samples[t * rows + j] = sums[j * columns + t]. With the
 // row count known when compiled (the released rates'), each column's samples are one unrolled
 // copy.
@@ -45,7 +59,8 @@ void interleave(const float* sums, int64_t columns, float* samples) {
 extern "C" {
 
 // `taps`: [out * kernel, B * T] float32, row o * kernel + j holding output channel o's tap j of
-// every input column (stream by stream); `kernel` is `stride` or twice it. `carry`: [B, out,
+// every input column (stream by stream), in any strides (a product's transposed output too);
+// `kernel` is `stride` or twice it. `carry`: [B, out,
 // kernel - stride], the previous step's overlap, overwritten with this step's (null where kernel
 // is `stride`). `bias`: [out]. `*out`: [B, out, T * stride], sample t * stride + j of channel o
 // being tap j of column t plus tap stride + j of column t - 1 (of the carry for t = 0) plus the
@@ -59,9 +74,9 @@ bool qwencodec_overlap_add(const at::Tensor* taps, at::Tensor* carry, const at::
                 "a transposed convolution's bias is contiguous float32");
     TORCH_CHECK(stride >= 1 && batch >= 1, "a transposed convolution of stride ", stride, " over ", batch,
                 " streams");
-    TORCH_CHECK(taps->dim() == 2 && taps->scalar_type() == at::kFloat && taps->is_contiguous() &&
-                    taps->size(1) % batch == 0 && out_channels > 0 && taps->size(0) % out_channels == 0,
-                "a transposed convolution's taps are contiguous float32 [out * kernel, B * T]");
+    TORCH_CHECK(taps->dim() == 2 && taps->scalar_type() == at::kFloat && taps->size(1) % batch == 0 &&
+                    out_channels > 0 && taps->size(0) % out_channels == 0,
+                "a transposed convolution's taps are float32 [out * kernel, B * T]");
     const int64_t kernel = taps->size(0) / out_channels;
     const int64_t overlap = kernel - stride;
     TORCH_CHECK(overlap == 0 || overlap == stride, "a transposed convolution's kernel is its stride or twice it, not ",
@@ -78,30 +93,28 @@ bool qwencodec_overlap_add(const at::Tensor* taps, at::Tensor* carry, const at::
     const float* biases = bias->data_ptr<float>();
     float* carried = carry == nullptr ? nullptr : carry->data_ptr<float>();
     float* y = result.data_ptr<float>();
+    const int64_t row_step = taps->stride(0), column_step = taps->stride(1);
     const int64_t rows = batch * out_channels;
     at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, columns * stride)),
                      [&](int64_t begin, int64_t end) {
                        for (int64_t row = begin; row < end; ++row) {
                          const int64_t b = row / out_channels, o = row % out_channels;
                          // Tap j of stream b's columns: taps row o * kernel + j, from column b * T.
-                         const float* own = all_taps + o * kernel * batch * columns + b * columns;
-                         const int64_t tap_stride = batch * columns;
+                         const float* own = all_taps + o * kernel * row_step + b * columns * column_step;
                          float* samples = y + row * columns * stride;
                          const float level = biases[o];
-                         // Each tap's samples summed along its row (vectorized), then interleaved.
+                         // Each tap's samples summed along its row (vectorized where the row is
+                         // contiguous), then interleaved.
                          float* sums = phase_buffer(stride * columns);
                          for (int64_t j = 0; j < stride; ++j) {
-                           const float* first = own + j * tap_stride;
-                           float* sum = sums + j * columns;
-                           if (overlap == 0) {
-                             for (int64_t t = 0; t < columns; ++t) sum[t] = first[t] + level;
-                             continue;
+                           const float* first = own + j * row_step;
+                           const float* second = overlap == 0 ? nullptr : first + stride * row_step;
+                           float* kept = overlap == 0 ? nullptr : carried + row * overlap + j;
+                           if (column_step == 1) {
+                             sum_taps(first, second, kept, level, 1, columns, sums + j * columns);
+                           } else {
+                             sum_taps(first, second, kept, level, column_step, columns, sums + j * columns);
                            }
-                           const float* second = first + stride * tap_stride;
-                           float* kept = carried + row * overlap + j;
-                           sum[0] = first[0] + *kept + level;
-                           for (int64_t t = 1; t < columns; ++t) sum[t] = first[t] + second[t - 1] + level;
-                           *kept = second[columns - 1];
                          }
                          switch (stride) {
                            case 2: interleave<2>(sums, columns, samples); break;

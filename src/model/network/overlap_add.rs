@@ -27,7 +27,8 @@ mod ffi {
     }
 }
 
-/// `taps` [out * kernel, B * T] (row `o * kernel + j`: channel o's tap j of each column), kernel
+/// `taps` [out * kernel, B * T] (row `o * kernel + j`: channel o's tap j of each column; any
+/// strides), kernel
 /// `stride` or twice it; `carry` [B, out, kernel - stride] (the overlap carried from the last
 /// step, moved on) where kernel is twice the stride; `bias` [out] -> [B, out, T * stride].
 pub fn forward(
@@ -37,7 +38,6 @@ pub fn forward(
     stride: i64,
     batch: i64,
 ) -> TorchResult<Tensor> {
-    let taps = taps.f_contiguous()?;
     let carry = carry.map_or(std::ptr::null_mut(), |carry| carry.as_mut_ptr());
     // SAFETY: the tensors are live for the duration of the call; the carry may be null.
     call("transposed convolution", |out, error, size| unsafe {
@@ -61,16 +61,21 @@ mod tests {
     use super::*;
 
     /// Strides the kernel unrolls and one it does not, with and without overlap, several streams
-    /// and a single column, against the samples laid out by libtorch's ops in float64, and the
+    /// and a single column, taps contiguous or transposed, against the samples laid out by libtorch's ops in float64, and the
     /// carry moved on to the last column's overlap.
     #[test]
     fn lays_out_and_overlaps_the_taps() {
         tch::manual_seed(5);
         let options = (Kind::Float, Device::Cpu);
         for (stride, kernel) in [(3, 6), (8, 16), (7, 14), (4, 4)] {
-            for (batch, columns) in [(1, 1), (1, 20), (3, 9)] {
+            for (batch, columns, transposed) in [(1, 1, false), (1, 20, false), (3, 9, false), (3, 9, true)] {
                 let out = 5;
-                let taps = Tensor::randn([out * kernel, batch * columns], options);
+                // As a product's output, or its transposed view.
+                let taps = if transposed {
+                    Tensor::randn([batch * columns, out * kernel], options).tr()
+                } else {
+                    Tensor::randn([out * kernel, batch * columns], options)
+                };
                 let bias = Tensor::randn([out], options);
                 let overlap = kernel - stride;
                 let carried = Tensor::randn([batch, out, overlap], options);
@@ -80,7 +85,7 @@ mod tests {
                 // [out, kernel, B, T] -> per column t, tap j: [B, out, T, kernel]
                 let per_column = taps
                     .to_kind(Kind::Double)
-                    .view([out, kernel, batch, columns])
+                    .reshape([out, kernel, batch, columns])
                     .permute([2, 0, 3, 1]);
                 let mut expected = per_column.narrow(3, 0, stride).copy();
                 if overlap > 0 {
@@ -110,7 +115,7 @@ mod tests {
                 let scale = expected.abs().max().double_value(&[]);
                 assert!(
                     error <= 1e-6 * scale,
-                    "stride {stride}, kernel {kernel}, {batch} x {columns}: off by {error:e} of {scale:e}"
+                    "stride {stride}, kernel {kernel}, {batch} x {columns} (transposed {transposed}): off by {error:e} of {scale:e}"
                 );
             }
         }
