@@ -98,6 +98,7 @@ impl CausalConv {
                 weight.f_view([out_channels as i64, -1])?,
                 Some(bias.shallow_clone()),
                 weights.f16_weights(in_channels * kernel),
+                weights.columns_per_frame(),
             )?)
         } else {
             None
@@ -237,6 +238,7 @@ impl CausalTransConv {
                     .f_contiguous()?,
                 None,
                 weights.f16_weights(in_channels),
+                weights.columns_per_frame(),
             )?,
             // Float32 as the activations: a sum with a 16-bit one would be widened anyway.
             bias: weights.get("bias", &[out_channels])?.f_to_kind(ACTIVATION_KIND)?,

@@ -66,12 +66,30 @@ pub enum Matrix {
     /// accumulation stay float32, so only the weights are rounded (bfloat16 or float16
     /// activations would round every input of every product, which the vocoder magnifies).
     F16 { weight: Tensor, bias: Option<Tensor> },
+    /// float16 on an AVX-512 CPU where each frame brings 8 or more rows: packed for the
+    /// few-row kernel's outer products ([`skinny_gemm::pack`]), which take any number of rows;
+    /// the bias float32 [out].
+    PackedF16 {
+        packed: Tensor,
+        bias: Option<Tensor>,
+        out: i64,
+    },
 }
 
 impl Matrix {
     /// `weight` [out, in] and `bias` [out], in the compute kind; with `f16` (see
-    /// [`Weights::f16_weights`]) the weight rounded to float16, the bias float32.
-    pub fn new(weight: Tensor, bias: Option<Tensor>, f16: bool) -> TorchResult<Self> {
+    /// [`Weights::f16_weights`]) the weight rounded to float16, the bias float32, and packed
+    /// where it sees `rows_per_frame` rows per frame ([`skinny_gemm::packs`]).
+    pub fn new(weight: Tensor, bias: Option<Tensor>, f16: bool, rows_per_frame: usize) -> TorchResult<Self> {
+        if f16 && skinny_gemm::packs(weight.device(), rows_per_frame) {
+            return Ok(Self::PackedF16 {
+                packed: skinny_gemm::pack(&weight)?,
+                bias: bias
+                    .map(|bias| bias.f_to_kind(Kind::Float)?.f_contiguous())
+                    .transpose()?,
+                out: weight.size()[0],
+            });
+        }
         if f16 {
             return Ok(Self::F16 {
                 weight: weight.f_to_kind(Kind::Half)?.f_contiguous()?,
@@ -89,10 +107,10 @@ impl Matrix {
     /// Whether the weight is float16 with float32 activations: there are no convolution kernels
     /// for it, so a convolution always multiplies it as a matrix.
     pub fn is_f16(&self) -> bool {
-        matches!(self, Self::F16 { .. })
+        matches!(self, Self::F16 { .. } | Self::PackedF16 { .. })
     }
 
-    /// `rows` [R, in] float32 -> [R, out] float32 (for plain weights, a transposed view).
+    /// `rows` [R, in] float32 -> [R, out] float32 (but for packed weights, a transposed view).
     pub fn forward(&self, rows: &Tensor) -> TorchResult<Tensor> {
         match self {
             Self::Plain { weight, bias } | Self::F16 { weight, bias }
@@ -109,6 +127,9 @@ impl Matrix {
             Self::F16 { weight, bias } => {
                 project(&weight.f_to_kind(Kind::Float)?, rows, bias.as_ref())?.f_transpose(0, 1)
             }
+            Self::PackedF16 { packed, bias, out } => {
+                skinny_gemm::packed_product(packed, rows, bias.as_ref(), *out)
+            }
         }
     }
 }
@@ -118,6 +139,7 @@ pub struct LinearWeights {
     weight: Tensor,
     bias: Option<Tensor>,
     f16: bool,
+    rows_per_frame: usize,
 }
 
 impl LinearWeights {
@@ -131,6 +153,7 @@ impl LinearWeights {
             weight: weights.get("weight", &[out_features, in_features])?,
             bias: bias.then(|| weights.get("bias", &[out_features])).transpose()?,
             f16: weights.f16_weights(in_features),
+            rows_per_frame: weights.columns_per_frame(),
         })
     }
 
@@ -143,6 +166,7 @@ impl LinearWeights {
             bias: biases.map(|biases| Tensor::f_cat(&biases, 0)).transpose()?,
             // Parts share their input, so they are kept alike.
             f16: parts[0].f16,
+            rows_per_frame: parts[0].rows_per_frame,
         })
     }
 }
@@ -154,7 +178,7 @@ pub struct Linear {
 impl Linear {
     pub fn new(weights: LinearWeights) -> TorchResult<Self> {
         Ok(Self {
-            matrix: Matrix::new(weights.weight, weights.bias, weights.f16)?,
+            matrix: Matrix::new(weights.weight, weights.bias, weights.f16, weights.rows_per_frame)?,
         })
     }
 

@@ -5,11 +5,17 @@
 // here each tile of 4 weight rows is read from memory once and multiplied, from the first-level
 // cache, with every activation row. AVX-512 only (shim.rs checks the CPU); skinny_gemm.rs uses
 // libtorch's product elsewhere. Errors as in shim.h.
+//
+// From 8 rows on, a dot product per output spends a sixth of its time summing its vector's lanes;
+// float16 weights that see such rows (the vocoder's first blocks) are packed at load time in
+// blocks of kBlockOutputs outputs, [blocks, in, kBlockOutputs], and multiplied as outer
+// products: each input's weights for a block's outputs against 12 rows, no lanes to sum.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -110,6 +116,69 @@ void multiply(const Product<W>& p) {
   for (int64_t first = tiles * kWeightRows; first < p.out; ++first) weight_rows<1>(p, first);
 }
 
+constexpr int kBlockVectors = 2;
+constexpr int64_t kBlockOutputs = 16 * kBlockVectors;
+// Rows per outer-product tile: 12 x 2 accumulators, 2 weight vectors and a broadcast row value
+// in AVX-512's 32 registers.
+constexpr int kOuterRows = 12;
+
+struct PackedProduct {
+  const at::Half* packed;  // [blocks, in, kBlockOutputs], zero past `out`
+  const float* rows;       // [n, in]
+  const float* bias;       // [out] or null
+  float* result;           // [n, out]
+  int64_t in, out, n;
+};
+
+// Outputs `block * kBlockOutputs..` (those below `out`) of rows `row..row + R`.
+template <int R>
+__attribute__((target("avx512f"))) void outer_tile(const PackedProduct& p, int64_t block, int64_t row) {
+  const int64_t first = block * kBlockOutputs, in = p.in;
+  __mmask16 masks[kBlockVectors];
+  __m512 sums[R][kBlockVectors];
+  for (int v = 0; v < kBlockVectors; ++v) {
+    const int64_t left = std::clamp<int64_t>(p.out - first - 16 * v, 0, 16);
+    masks[v] = static_cast<__mmask16>((1u << left) - 1);
+    const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(masks[v], p.bias + first + 16 * v) : _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) sums[r][v] = bias;
+  }
+  const at::Half* weight = p.packed + block * in * kBlockOutputs;
+  const float* x = p.rows + row * in;
+  for (int64_t k = 0; k < in; ++k, weight += kBlockOutputs) {
+    __m512 w[kBlockVectors];
+    for (int v = 0; v < kBlockVectors; ++v) w[v] = qwencodec::widen(weight + 16 * v);
+    // The block's weights are one stream; 16 inputs ahead is a kilobyte.
+    _mm_prefetch(reinterpret_cast<const char*>(weight + 16 * kBlockOutputs), _MM_HINT_T0);
+    for (int r = 0; r < R; ++r) {
+      const __m512 a = _mm512_set1_ps(x[r * in + k]);
+      for (int v = 0; v < kBlockVectors; ++v) sums[r][v] = _mm512_fmadd_ps(w[v], a, sums[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* result = p.result + (row + r) * p.out + first;
+    for (int v = 0; v < kBlockVectors; ++v) _mm512_mask_storeu_ps(result + 16 * v, masks[v], sums[r][v]);
+  }
+}
+
+template <int R>
+void outer_rest(const PackedProduct& p, int64_t block, int64_t row) {
+  if constexpr (R > 0) {
+    if (p.n - row == R) return outer_tile<R>(p, block, row);
+    outer_rest<R - 1>(p, block, row);
+  }
+}
+
+void multiply_packed(const PackedProduct& p) {
+  const int64_t blocks = (p.out + kBlockOutputs - 1) / kBlockOutputs;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      int64_t row = 0;
+      for (; row + kOuterRows <= p.n; row += kOuterRows) outer_tile<kOuterRows>(p, block, row);
+      outer_rest<kOuterRows - 1>(p, block, row);
+    }
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -139,6 +208,33 @@ bool qwencodec_skinny_gemm(const at::Tensor* weight, const at::Tensor* rows, con
       multiply(Product<float>{weight->data_ptr<float>(), input.data_ptr<float>(), bias_data,
                               result.data_ptr<float>(), weight->size(1), weight->size(0), input.size(0)});
     }
+    *out = new at::Tensor(std::move(result));
+  });
+}
+
+// `packed`: [blocks, in, 32] float16, contiguous: a weight [out, in]'s outputs in blocks of 32,
+// each input's weights for a block side by side, zeros past `out`; `rows`: [n, in] float32;
+// `bias`: [out] float32 or null. `*out`: the rows times the weight's transpose plus the bias,
+// [n, out] float32, a new tensor.
+bool qwencodec_packed_gemm(const at::Tensor* packed, const at::Tensor* rows, const at::Tensor* bias,
+                           int64_t out_features, at::Tensor** out, char* error, size_t error_size) {
+  RECORD_FUNCTION("qwencodec::packed_gemm", c10::ArrayRef<const c10::IValue>{});
+  return qwencodec::guarded(error, error_size, [&] {
+    TORCH_CHECK(packed->dim() == 3 && packed->is_contiguous() && packed->scalar_type() == at::kHalf &&
+                    packed->size(2) == kBlockOutputs &&
+                    packed->size(0) == (out_features + kBlockOutputs - 1) / kBlockOutputs,
+                "the packed weight must be contiguous float16 [blocks, in, ", kBlockOutputs, "] for ", out_features,
+                " outputs");
+    TORCH_CHECK(rows->dim() == 2 && rows->size(1) == packed->size(1) && rows->scalar_type() == at::kFloat,
+                "the activations must be float32 rows of the weight's width");
+    TORCH_CHECK(!bias || (bias->is_contiguous() && bias->numel() == out_features &&
+                          bias->scalar_type() == at::kFloat),
+                "the bias must be float32, one per output");
+    const at::Tensor input = rows->contiguous();
+    at::Tensor result = at::empty({input.size(0), out_features}, input.options());
+    multiply_packed(PackedProduct{packed->data_ptr<at::Half>(), input.data_ptr<float>(),
+                                  bias ? bias->data_ptr<float>() : nullptr, result.data_ptr<float>(), input.size(1),
+                                  out_features, input.size(0)});
     *out = new at::Tensor(std::move(result));
   });
 }
