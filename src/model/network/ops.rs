@@ -110,7 +110,7 @@ impl Matrix {
         matches!(self, Self::F16 { .. } | Self::PackedF16 { .. })
     }
 
-    /// `rows` [R, in] float32 -> [R, out] float32 (but for packed weights, a transposed view).
+    /// `rows` [R, in] float32 -> [R, out] float32 (a transposed view, but for packed weights).
     pub fn forward(&self, rows: &Tensor) -> TorchResult<Tensor> {
         match self {
             Self::Plain { weight, bias } | Self::F16 { weight, bias }
@@ -203,5 +203,36 @@ impl Linear {
             .forward(&x.f_flatten(0, 1)?)?
             .f_contiguous()?
             .f_view([batch, steps, -1])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::network::max_error_and_scale;
+
+    /// Rows that are a transposed view of columns, few and many (where they go to MKL as they
+    /// lie), and rows laid out as rows, against a float64 product.
+    #[test]
+    fn projects_rows_in_either_layout() {
+        tch::manual_seed(3);
+        let options = (Kind::Float, Device::Cpu);
+        let weight = Tensor::randn([24, 40], options);
+        let bias = Tensor::randn([24, 1], options);
+        for rows in [3, skinny_gemm::MAX_ROWS + 72] {
+            let columns = Tensor::randn([40, rows], options);
+            for x in [columns.tr(), columns.tr().contiguous()] {
+                let got = project(&weight, &x, Some(&bias)).unwrap();
+                let expected = weight.to_kind(Kind::Double).mm(&columns.to_kind(Kind::Double))
+                    + bias.to_kind(Kind::Double);
+                assert_eq!(got.size(), [24, rows]);
+                let (error, scale) = max_error_and_scale(&got, &expected);
+                assert!(
+                    error <= 1e-5 * scale,
+                    "{rows} rows (contiguous {}): off by {error:e} of {scale:e}",
+                    x.is_contiguous()
+                );
+            }
+        }
     }
 }

@@ -61,8 +61,8 @@ mod tests {
     use super::*;
 
     /// Strides the kernel unrolls and one it does not, with and without overlap, several streams
-    /// and a single column, taps contiguous or transposed, against the samples laid out by libtorch's ops in float64, and the
-    /// carry moved on to the last column's overlap.
+    /// and a single column, taps contiguous or transposed, against the samples laid out by
+    /// libtorch's ops in float64, and the carry moved on to the last column's overlap.
     #[test]
     fn lays_out_and_overlaps_the_taps() {
         tch::manual_seed(5);
