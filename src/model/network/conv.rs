@@ -210,6 +210,7 @@ impl CausalConv {
 pub struct CausalTransConv {
     /// [out * kernel, in]: row `o * kernel + j` is output channel `o`'s tap `j`.
     matrix: Matrix,
+    /// [1, out, 1], float32.
     bias: Tensor,
     out_channels: i64,
     stride: i64,
@@ -241,7 +242,10 @@ impl CausalTransConv {
                 weights.columns_per_frame(),
             )?,
             // Float32 as the activations: a sum with a 16-bit one would be widened anyway.
-            bias: weights.get("bias", &[out_channels])?.f_to_kind(ACTIVATION_KIND)?,
+            bias: weights
+                .get("bias", &[out_channels])?
+                .f_to_kind(ACTIVATION_KIND)?
+                .f_view([1, -1, 1])?,
             out_channels: out_channels as i64,
             stride: stride as i64,
             kernel: kernel as i64,
@@ -280,6 +284,6 @@ impl CausalTransConv {
             blocks
                 .f_permute([2, 0, 3, 1])?
                 .f_reshape([batch, self.out_channels, columns * self.stride])?;
-        output.f_add_(&self.bias.f_view([1, -1, 1])?)
+        output.f_add_(&self.bias)
     }
 }

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "shim.h"
+#include "widen.h"
 
 namespace {
 
@@ -38,9 +39,7 @@ __attribute__((target("avx512f"))) void unit(const Convolution& c, int64_t b, in
   __mmask16 masks[kVectors];
   for (int v = 0; v < kVectors; ++v) {
     sums[v] = _mm512_set1_ps(c.bias[o]);
-    const int64_t left = c.columns - t0 - 16 * v;
-    masks[v] = left >= 16 ? static_cast<__mmask16>(0xffff)
-                          : static_cast<__mmask16>((1u << std::max<int64_t>(left, 0)) - 1);
+    masks[v] = qwencodec::tail_mask(c.columns - t0 - 16 * v);
   }
   // The first input channel of output o's group.
   const int64_t first = o / (c.out / c.groups) * c.group_inputs;

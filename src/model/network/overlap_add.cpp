@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include "shim.h"
 
@@ -19,12 +18,8 @@ namespace {
 // Output samples per thread below which a split costs more than it saves.
 constexpr int64_t kGrain = 1 << 14;
 
-// A thread's buffer of at least `floats` floats, kept from call to call.
-float* phase_buffer(size_t floats) {
-  thread_local std::vector<float> buffer;
-  if (buffer.size() < floats) buffer.resize(floats);
-  return buffer.data();
-}
+// A row's taps summed, before they are interleaved (qwencodec::thread_buffer).
+struct SumsBuffer;
 
 // One tap's samples: `first` (column t at first[t * step]) plus the bias, plus `second`'s
 // previous column where the taps overlap (for t = 0 the carry `kept`, then moved on to `second`'s
@@ -60,9 +55,9 @@ extern "C" {
 
 // `taps`: [out * kernel, B * T] float32, row o * kernel + j holding output channel o's tap j of
 // every input column (stream by stream), in any strides (a product's transposed output too);
-// `kernel` is `stride` or twice it. `carry`: [B, out,
-// kernel - stride], the previous step's overlap, overwritten with this step's (null where kernel
-// is `stride`). `bias`: [out]. `*out`: [B, out, T * stride], sample t * stride + j of channel o
+// `kernel` is `stride` or twice it. `carry`: [B, out, kernel - stride], the previous step's
+// overlap, overwritten with this step's (null where kernel is `stride`). `bias`: `out` values,
+// contiguous. `*out`: [B, out, T * stride], sample t * stride + j of channel o
 // being tap j of column t plus tap stride + j of column t - 1 (of the carry for t = 0) plus the
 // bias.
 bool qwencodec_overlap_add(const at::Tensor* taps, at::Tensor* carry, const at::Tensor* bias, int64_t stride,
@@ -105,7 +100,7 @@ bool qwencodec_overlap_add(const at::Tensor* taps, at::Tensor* carry, const at::
                          const float level = biases[o];
                          // Each tap's samples summed along its row (vectorized where the row is
                          // contiguous), then interleaved.
-                         float* sums = phase_buffer(stride * columns);
+                         float* sums = qwencodec::thread_buffer<SumsBuffer>(static_cast<size_t>(stride * columns));
                          for (int64_t j = 0; j < stride; ++j) {
                            const float* first = own + j * row_step;
                            const float* second = overlap == 0 ? nullptr : first + stride * row_step;

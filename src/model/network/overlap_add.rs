@@ -28,9 +28,9 @@ mod ffi {
 }
 
 /// `taps` [out * kernel, B * T] (row `o * kernel + j`: channel o's tap j of each column; any
-/// strides), kernel
-/// `stride` or twice it; `carry` [B, out, kernel - stride] (the overlap carried from the last
-/// step, moved on) where kernel is twice the stride; `bias` [out] -> [B, out, T * stride].
+/// strides), kernel `stride` or twice it; `carry` [B, out, kernel - stride] (the overlap carried
+/// from the last step, moved on) where kernel is twice the stride; `bias` (`out` values,
+/// contiguous) -> [B, out, T * stride].
 pub fn forward(
     taps: &Tensor,
     carry: Option<&mut Tensor>,
@@ -59,6 +59,7 @@ mod tests {
     use tch::{Device, Kind};
 
     use super::*;
+    use crate::model::network::max_error_and_scale;
 
     /// Strides the kernel unrolls and one it does not, with and without overlap, several streams
     /// and a single column, taps contiguous or transposed, against the samples laid out by
@@ -108,11 +109,7 @@ mod tests {
                 let expected = expected.reshape([batch, out, columns * stride])
                     + bias.to_kind(Kind::Double).view([1, -1, 1]);
                 assert_eq!(got.size(), expected.size());
-                let error = (got.to_kind(Kind::Double) - &expected)
-                    .abs()
-                    .max()
-                    .double_value(&[]);
-                let scale = expected.abs().max().double_value(&[]);
+                let (error, scale) = max_error_and_scale(&got, &expected);
                 assert!(
                     error <= 1e-6 * scale,
                     "stride {stride}, kernel {kernel}, {batch} x {columns} (transposed {transposed}): off by {error:e} of {scale:e}"

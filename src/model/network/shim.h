@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <memory>
 
 namespace qwencodec {
 
@@ -25,6 +26,20 @@ bool guarded(char* error, size_t error_size, F&& work) {
   }
   error[error_size - 1] = '\0';
   return false;
+}
+
+// A thread's buffer of at least `floats` floats, one per `Tag` (a type the caller declares),
+// kept from call to call: a fresh allocation of megabytes comes from the kernel as zeroed pages,
+// which cost as much as the work done in them. Its contents are not kept.
+template <typename Tag>
+float* thread_buffer(size_t floats) {
+  thread_local std::unique_ptr<float[]> buffer;
+  thread_local size_t capacity = 0;
+  if (capacity < floats) {
+    buffer.reset(new float[floats]);
+    capacity = floats;
+  }
+  return buffer.get();
 }
 
 }  // namespace qwencodec

@@ -15,7 +15,6 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -31,7 +30,7 @@ constexpr int kActivationRows = 6;
 
 // The first `count` of sixteen weights widened to float32, the rest zero.
 __attribute__((target("avx512f"))) inline __m512 load_first(const float* w, int64_t count) {
-  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1), w);
+  return _mm512_maskz_loadu_ps(qwencodec::tail_mask(count), w);
 }
 __attribute__((target("avx512f"))) inline __m512 load_first(const at::Half* w, int64_t count) {
   // A masked 16-bit load needs AVX-512 BW; the tail is at most once per row.
@@ -77,7 +76,7 @@ __attribute__((target("avx512f"))) void tile(const Product<W>& p, int64_t first,
     }
   }
   if (k < in) {
-    const auto mask = static_cast<__mmask16>((1u << (in - k)) - 1);
+    const __mmask16 mask = qwencodec::tail_mask(in - k);
     __m512 w[O];
     for (int o = 0; o < O; ++o) w[o] = load_first(weight + o * in + k, in - k);
     for (int r = 0; r < R; ++r) {
@@ -137,8 +136,7 @@ __attribute__((target("avx512f"))) void outer_tile(const PackedProduct& p, int64
   __mmask16 masks[kBlockVectors];
   __m512 sums[R][kBlockVectors];
   for (int v = 0; v < kBlockVectors; ++v) {
-    const int64_t left = std::clamp<int64_t>(p.out - first - 16 * v, 0, 16);
-    masks[v] = static_cast<__mmask16>((1u << left) - 1);
+    masks[v] = qwencodec::tail_mask(p.out - first - 16 * v);
     const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(masks[v], p.bias + first + 16 * v) : _mm512_setzero_ps();
     for (int r = 0; r < R; ++r) sums[r][v] = bias;
   }

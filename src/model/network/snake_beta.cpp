@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "shim.h"
+#include "widen.h"
 
 extern "C" __m512 Sleef_sinf16_u10(__m512);
 
@@ -65,7 +66,7 @@ __attribute__((target("avx512f"))) void snake_rows(const float* x, float* y, con
       _mm512_storeu_ps(out + t, _mm512_fmadd_ps(sin_squared(_mm512_mul_ps(v, f)), m, v));
     }
     if (t < length) {
-      const auto mask = static_cast<__mmask16>((1u << (length - t)) - 1);
+      const __mmask16 mask = qwencodec::tail_mask(length - t);
       const __m512 v = _mm512_maskz_loadu_ps(mask, in + t);
       _mm512_mask_storeu_ps(out + t, mask, _mm512_fmadd_ps(sin_squared(_mm512_mul_ps(v, f)), m, v));
     }

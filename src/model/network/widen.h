@@ -1,14 +1,21 @@
-// Sixteen weights as float32 in a register, from float32 or 16 bits: the kernels keep weights in
-// 16 bits where reading them is the cost (dtype f16), so that only the weights are rounded and
-// the activations and sums stay float32.
+// The AVX-512 kernels' vector helpers. Sixteen weights as float32 in a register, from float32 or
+// 16 bits: the kernels keep weights in 16 bits where reading them is the cost (dtype f16), so
+// that only the weights are rounded and the activations and sums stay float32. And the mask of a
+// vector's first lanes, for the partial vector at the end of a row.
 #pragma once
 
 #include <c10/util/Half.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace qwencodec {
+
+// The first `lanes` of a vector's sixteen: none for 0 or fewer, all for 16 or more.
+__attribute__((target("avx512f"))) inline __mmask16 tail_mask(int64_t lanes) {
+  return static_cast<__mmask16>((1u << std::clamp<int64_t>(lanes, 0, 16)) - 1);
+}
 
 __attribute__((target("avx512f"))) inline __m512 widen(const float* w) { return _mm512_loadu_ps(w); }
 

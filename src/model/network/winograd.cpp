@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -45,10 +44,6 @@ constexpr int64_t kMinThreadPieceTiles = 48;
 constexpr int kOutputVectors = 3;
 constexpr int kBlockTiles = 8;
 constexpr int64_t kBlockOutputs = 16 * kOutputVectors;
-
-__attribute__((target("avx512f"))) inline __mmask16 tail_mask(int64_t left) {
-  return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
-}
 
 // 16 rows of 16 floats (row r at src + r * src_stride) into 16 rows of 16 (dst + j * dst_stride
 // gets column j): pairs, then fours, then 128-bit lanes interleaved.
@@ -106,21 +101,10 @@ __attribute__((target("avx512f"))) void columns_to_rows(const float* columns, in
   }
 }
 
-// A thread's buffer `Slot` of at least `floats` floats, kept from call to call: a fresh
-// allocation of megabytes comes from the kernel as zeroed pages, which cost as much as the
-// piece's products.
-enum Buffer { kPieceBuffer, kColumnsBuffer, kOutputsBuffer };
-
-template <Buffer Slot>
-float* thread_buffer(size_t floats) {
-  thread_local std::unique_ptr<float[]> buffer;
-  thread_local size_t capacity = 0;
-  if (capacity < floats) {
-    buffer.reset(new float[floats]);
-    capacity = floats;
-  }
-  return buffer.get();
-}
+// The thread buffers (qwencodec::thread_buffer) a piece's parts use at once.
+struct PieceBuffer;
+struct ColumnsBuffer;
+struct OutputsBuffer;
 
 struct Convolution {
   // The input: the stream's context (the kernel's reach into the past), then the new columns.
@@ -202,7 +186,7 @@ __attribute__((target("avx512f"))) void input_groups(const Convolution& c, const
   // Those of them the input has; the rest, past its end, are zeros.
   const int64_t stored = std::clamp<int64_t>(c.reach + c.columns - first, 0, span);
   const int64_t from_context = std::clamp<int64_t>(c.reach - first, 0, stored);
-  float* columns = thread_buffer<kColumnsBuffer>(static_cast<size_t>(span * 16));
+  float* columns = qwencodec::thread_buffer<ColumnsBuffer>(static_cast<size_t>(span * 16));
   for (int64_t group = begin; group < end; ++group) {
     const int64_t c0 = group * 16;
     const int64_t lanes = std::min<int64_t>(16, c.in - c0);
@@ -214,7 +198,7 @@ __attribute__((target("avx512f"))) void input_groups(const Convolution& c, const
                         columns + from_context * 16);
       }
       std::fill(columns + stored * 16, columns + span * 16, 0.0f);
-      tiles_of_group(c, piece, columns, v, c0, tail_mask(lanes));
+      tiles_of_group(c, piece, columns, v, c0, qwencodec::tail_mask(lanes));
       continue;
     }
     std::fill(columns, columns + span * 16, 0.0f);
@@ -229,7 +213,7 @@ __attribute__((target("avx512f"))) void input_groups(const Convolution& c, const
       }
       for (int64_t column = stored; column < span; ++column) columns[column * 16 + lane] = 0.0f;
     }
-    tiles_of_group(c, piece, columns, v, c0, tail_mask(lanes));
+    tiles_of_group(c, piece, columns, v, c0, qwencodec::tail_mask(lanes));
   }
 }
 
@@ -348,7 +332,7 @@ void products(const Convolution& c, const Piece& piece, const float* v, float* p
       const int64_t o0 = unit % output_blocks * kBlockOutputs;
       const int64_t outputs = std::min(kBlockOutputs, c.out - o0);
       const int64_t vectors = (outputs + 15) / 16;
-      const __mmask16 last = tail_mask(outputs - 16 * (vectors - 1));
+      const __mmask16 last = qwencodec::tail_mask(outputs - 16 * (vectors - 1));
       const float* tiles = v + p * count * c.in;
       const W* weight =
           static_cast<const W*>(c.weights) + (p * output_blocks + o0 / kBlockOutputs) * c.in * kBlockOutputs;
@@ -399,11 +383,11 @@ __attribute__((target("avx512f"))) void output_groups(const Convolution& c, cons
   const int64_t first = piece.k0 * c.block();
   const int64_t columns = std::min((piece.k1 - piece.k0) * c.block(), c.columns - first);
   // The outputs of 16 channels side by side: outputs[column * 16 + lane].
-  float* outputs = thread_buffer<kOutputsBuffer>(static_cast<size_t>(columns * 16));
+  float* outputs = qwencodec::thread_buffer<OutputsBuffer>(static_cast<size_t>(columns * 16));
   for (int64_t group = begin; group < end; ++group) {
     const int64_t c0 = group * 16;
     const int64_t lanes = std::min<int64_t>(16, c.out - c0);
-    const __mmask16 mask = tail_mask(lanes);
+    const __mmask16 mask = qwencodec::tail_mask(lanes);
     with_points(c, [&](auto points) {
       group_outputs<decltype(points)::value>(c, piece, products, columns, c0, mask, outputs);
     });
@@ -427,7 +411,7 @@ void run_piece(const Convolution& c, const Piece& piece) {
   const int64_t count = piece.count(c);
   // The tiles, then the products; every value is written before it is read.
   const size_t tiles = static_cast<size_t>(c.points * count * c.in);
-  float* v = thread_buffer<kPieceBuffer>(tiles + static_cast<size_t>(c.points * count * c.out));
+  float* v = qwencodec::thread_buffer<PieceBuffer>(tiles + static_cast<size_t>(c.points * count * c.out));
   input_transform(c, piece, v);
   if (c.scales) {
     products<int16_t>(c, piece, v, v + tiles);
