@@ -619,12 +619,13 @@ fn markdown(report: &Value) -> String {
     let mut md = String::new();
     let m = &report["machine"];
     md += &format!(
-        "# qwencodec benchmark, {}\n\nCPU: {} ({}), {} cores; device {}, dtype {}; {} frames ({:.2} s of audio) \
-         of the released geometry with random weights.\n\n",
+        "# qwencodec benchmark, {}\n\nCPU: {} ({}), {} cores; code {}; device {}, dtype {}; {} frames ({:.2} s \
+         of audio) of the released geometry with random weights.\n\n",
         report["date"].as_str().unwrap(),
         m["cpu"].as_str().unwrap(),
         common::flags(m),
         m["cores"],
+        common::code(m),
         report["device"].as_str().unwrap(),
         report["dtype"].as_str().unwrap(),
         report["frames"],

@@ -279,14 +279,15 @@ fn modes(args: &Args, streams: usize) -> Vec<Mode> {
 fn markdown(report: &Value) -> String {
     let m = &report["machine"];
     let mut md = format!(
-        "# qwencodec benchmark, many streams, {}\n\nCPU: {} ({}), {} cores, {} torch threads; device {}, \
-         dtype {}; {} of the released geometry with random weights. Batched: max-batch {}, max-step-frames {}; \
+        "# qwencodec benchmark, many streams, {}\n\nCPU: {} ({}), {} cores, {} torch threads; code {}; \
+         device {}, dtype {}; {} of the released geometry with random weights. Batched: max-batch {}, max-step-frames {}; \
          off: max-batch 1, max-step-frames 1.{}\n\n",
         report["date"].as_str().unwrap(),
         m["cpu"].as_str().unwrap(),
         common::flags(m),
         m["cores"],
         m["torch_threads"],
+        common::code(m),
         report["device"].as_str().unwrap(),
         report["dtype"].as_str().unwrap(),
         report["model"].as_str().unwrap(),

@@ -213,7 +213,8 @@ def markdown(run, ops, perf):
     w(f"# Where a chunk-frames-{run['chunk_frames']} step's time goes: {machine['cpu']} ({run['date']})\n")
     w(f"`make profile` (`benches/profile.rs`, `tools/profile_report.py`): one stream, "
       f"{run['dtype']} on {run['device']}, model `{run['model']}`, steps of {run['chunk_frames']} "
-      f"frame(s); {machine['cores']} cores, {machine['torch_threads']} torch threads; CPU flags: "
+      f"frame(s); code {machine.get('code', 'unknown')}; {machine['cores']} cores, "
+      f"{machine['torch_threads']} torch threads; CPU flags: "
       f"{', '.join(machine['cpu_flags']) or 'none of avx2, fma, avx512'}.\n")
     w("| | ms per step (median) | s per audio s |")
     w("| --- | ---: | ---: |")

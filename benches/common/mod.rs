@@ -105,11 +105,36 @@ fn cpu() -> (String, Vec<&'static str>) {
     (model, TELLING_FLAGS.into_iter().filter(has).collect())
 }
 
+/// The commit the benchmark runs, and whether the code (not results or docs) had uncommitted
+/// changes: a result names the code it measured.
+fn code_version() -> String {
+    let git = |args: &[&str]| {
+        let output = std::process::Command::new("git")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()?;
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    };
+    let Some(commit) = git(&["rev-parse", "--short=7", "HEAD"]) else {
+        return "unknown (not a git checkout)".into();
+    };
+    let code = ["src", "benches", "build.rs", "Cargo.toml", "Cargo.lock"];
+    match git(&[&["status", "--porcelain", "--"][..], &code].concat()) {
+        Some(changes) if !changes.is_empty() => format!("{commit} with uncommitted changes"),
+        _ => commit,
+    }
+}
+
 /// The machine a benchmark ran on: CPU model, AVX-512 and the flags that matter, cores,
-/// torch's threads, CUDA.
+/// torch's threads, CUDA; and the code it ran.
 pub fn machine() -> Value {
     let (cpu, flags) = cpu();
     json!({
+        "code": code_version(),
         "cpu": cpu,
         "avx512": flags.contains(&"avx512f"),
         "cpu_flags": flags,
@@ -117,6 +142,11 @@ pub fn machine() -> Value {
         "torch_threads": tch::get_num_threads(),
         "cuda": tch::Cuda::is_available(),
     })
+}
+
+/// The code [`machine`] recorded, for a report.
+pub fn code(machine: &Value) -> &str {
+    machine["code"].as_str().unwrap_or("unknown")
 }
 
 /// The flags of [`machine`]'s CPU for a report: `avx2, fma, avx512f`.
