@@ -24,10 +24,10 @@ use gst::subclass::prelude::*;
 use gst_base::prelude::*;
 use gst_base::subclass::prelude::*;
 
+use super::layout::{Declared, Input, Layout};
+use crate::CODES_MEDIA_TYPE;
 use crate::npy::{self, FrameFormat, HeaderRead, IntType};
 use crate::typefind::NPY_MEDIA_TYPE;
-
-use crate::CODES_MEDIA_TYPE;
 /// Magic, version and length field of a version 1 `.npy` file: enough to learn the header's
 /// length.
 const NPY_PRELUDE_BYTES: u32 = 10;
@@ -58,135 +58,6 @@ impl Default for Settings {
             framerate: gst::Fraction::new(25, 2),
             frames_per_buffer: 1,
             seek_context_frames: 25,
-        }
-    }
-}
-
-/// What the input is, as caps (or, without caps, its first bytes) say.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Input {
-    /// No caps: the first bytes tell.
-    Unknown,
-    Npy,
-    /// Frames of little-endian int16 codes.
-    Raw {
-        codebooks: usize,
-        framerate: Option<gst::Fraction>,
-    },
-}
-
-impl Input {
-    fn from_caps(caps: &gst::CapsRef) -> Option<Input> {
-        if caps.is_any() || caps.size() != 1 {
-            return None;
-        }
-        let s = caps.structure(0)?;
-        match s.name().as_str() {
-            NPY_MEDIA_TYPE => Some(Input::Npy),
-            CODES_MEDIA_TYPE => {
-                let codebooks = s.get::<i32>("codebooks").ok().filter(|&q| q >= 1)?;
-                let framerate = s
-                    .get::<gst::Fraction>("framerate")
-                    .ok()
-                    .filter(|f| f.numer() > 0 && f.denom() > 0);
-                Some(Input::Raw {
-                    codebooks: codebooks as usize,
-                    framerate,
-                })
-            }
-            _ => None,
-        }
-    }
-}
-
-/// Where the frames lie in the input, and their timing.
-#[derive(Debug)]
-struct Layout {
-    /// Bytes before the first frame: the `.npy` header.
-    data_offset: u64,
-    format: FrameFormat,
-    framerate: gst::Fraction,
-    /// Whether the input stated the frame rate (caps with a framerate); if not, downstream's
-    /// (a decoder's model) is taken where it is known, else the `framerate` property.
-    framerate_stated: bool,
-    /// The `.npy` header: its frame count, and what it says, for messages.
-    declared: Option<Declared>,
-    /// Whole frames after `data_offset` and bytes of a cut frame after them, when upstream
-    /// knows its size.
-    present: Option<(u64, u64)>,
-}
-
-#[derive(Debug)]
-struct Declared {
-    frames: u64,
-    description: String,
-}
-
-impl Layout {
-    fn frame_bytes(&self) -> u64 {
-        self.format.frame_bytes() as u64
-    }
-
-    fn rate(&self) -> (u128, u128) {
-        (self.framerate.numer() as u128, self.framerate.denom() as u128)
-    }
-
-    /// When frame `index` starts, rounded down to the nanosecond.
-    fn frame_time(&self, index: u64) -> Option<gst::ClockTime> {
-        let (num, den) = self.rate();
-        let nanoseconds = index as u128 * den * gst::ClockTime::SECOND.nseconds() as u128 / num;
-        u64::try_from(nanoseconds).ok().map(gst::ClockTime::from_nseconds)
-    }
-
-    /// The frame playing at `time`: the last one whose start (as `frame_time` gives it) is at
-    /// or before `time`.
-    fn frame_at(&self, time: gst::ClockTime) -> Option<u64> {
-        // frame_time(k) <= t  <=>  k * den * 1e9 < (t + 1) * num.
-        let (num, den) = self.rate();
-        let below = (time.nseconds() as u128 + 1) * num - 1;
-        u64::try_from(below / (den * gst::ClockTime::SECOND.nseconds() as u128)).ok()
-    }
-
-    /// The frames that will play: those declared, or fewer when the data is short.
-    fn playable_frames(&self) -> Option<u64> {
-        let declared = self.declared.as_ref().map(|declared| declared.frames);
-        let present = self.present.map(|(whole, _)| whole);
-        match (declared, present) {
-            (Some(declared), Some(present)) => Some(declared.min(present)),
-            (declared, present) => declared.or(present),
-        }
-    }
-
-    fn src_caps(&self) -> gst::Caps {
-        let mut caps = self.src_caps_without_rate();
-        caps.make_mut().set("framerate", self.framerate);
-        caps
-    }
-
-    fn src_caps_without_rate(&self) -> gst::Caps {
-        gst::Caps::builder(CODES_MEDIA_TYPE)
-            .field("codebooks", self.format.codebooks as i32)
-            .field("parsed", true)
-            .build()
-    }
-
-    /// The warning for a stream that ended after `frames_end` whole frames and `partial` more
-    /// bytes, if that is short of what it should hold.
-    fn shortfall(&self, frames_end: u64, partial: u64) -> Option<String> {
-        let cut = if partial > 0 {
-            format!(" and {partial} bytes of an incomplete frame (dropped)")
-        } else {
-            String::new()
-        };
-        match &self.declared {
-            Some(declared) if frames_end < declared.frames => Some(format!(
-                "Truncated .npy data: {} declares {} frames, the data holds {frames_end} whole frames{cut}",
-                declared.description, declared.frames
-            )),
-            _ if partial > 0 => Some(format!(
-                "Dropped {partial} bytes at the end of the stream: an incomplete frame"
-            )),
-            _ => None,
         }
     }
 }

@@ -4,6 +4,7 @@ use gst::glib;
 use gst::prelude::*;
 
 mod imp;
+mod layout;
 
 glib::wrapper! {
     pub struct QwenCodecParse(ObjectSubclass<imp::QwenCodecParse>)
