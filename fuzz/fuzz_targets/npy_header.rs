@@ -5,7 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 
 // The module alone, without the plugin (GStreamer, libtorch) around it.
-#[path = "../../src/npy.rs"]
+#[path = "../../src/npy/mod.rs"]
 #[allow(dead_code)]
 mod npy;
 
