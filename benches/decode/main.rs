@@ -32,18 +32,22 @@
 //! which is what could grow with the stream, is most of a step and shows most. `--steady-model
 //! DIR` runs it on another checkpoint (the released widths included), `--steady-frames 0` skips it.
 
+#[path = "../common/mod.rs"]
 mod common;
+mod element;
+mod report;
+mod upstream;
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::Instant;
 
 use common::{machine, mean, percentile, read_codes, sorted};
-use gst::prelude::*;
+use element::ElementBench;
 use gstqwencodec::model::{Dtype, Model, StepLimits, StreamDecoder, TailStrategy, parse_device};
+use report::markdown;
 use serde_json::{Value, json};
+use upstream::{UpstreamFull, upstream_full_row, windowed_row};
 
 /// Steps at each end of the long stream whose times are compared.
 const STEADY_WINDOW_STEPS: usize = 1000;
@@ -216,57 +220,6 @@ impl CoreBench {
     }
 }
 
-/// Upstream's full decode in its own Python process (`tools/bench_upstream.py --serve`): the
-/// model loaded once, each decode timed on request.
-struct UpstreamFull {
-    process: Child,
-    /// Closed on drop: end of input ends the server.
-    requests: Option<ChildStdin>,
-    answers: BufReader<ChildStdout>,
-}
-
-impl UpstreamFull {
-    fn start(args: &Args) -> Self {
-        let mut process = Command::new(&args.python)
-            .arg("tools/bench_upstream.py")
-            .arg(&args.model)
-            .args(["--serve", "--device", &args.device])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{} tools/bench_upstream.py --serve: {e}", args.python));
-        let requests = process.stdin.take();
-        let mut answers = BufReader::new(process.stdout.take().unwrap());
-        let mut line = String::new();
-        answers.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready", "bench_upstream.py --serve did not start");
-        Self {
-            process,
-            requests,
-            answers,
-        }
-    }
-
-    /// Seconds of one full decode.
-    fn decode(&mut self) -> f64 {
-        let requests = self.requests.as_mut().unwrap();
-        writeln!(requests, "full").unwrap();
-        requests.flush().unwrap();
-        let mut line = String::new();
-        self.answers.read_line(&mut line).unwrap();
-        line.trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("bench_upstream.py --serve answered {line:?}"))
-    }
-}
-
-impl Drop for UpstreamFull {
-    fn drop(&mut self) {
-        drop(self.requests.take());
-        _ = self.process.wait();
-    }
-}
-
 /// The rows of one chunk size: the core for `model` (with and without CUDA graphs where the
 /// device has them), for the `alongside` model (another dtype), and the element, their runs
 /// taking turns with each other and with upstream's full decode so that all see the same load
@@ -330,174 +283,6 @@ fn bench_chunk(
         row["vs_upstream_full"] = json!({"best": ratio("best"), "median": ratio("median")});
     }
     (rows, upstream_seconds)
-}
-
-/// One run of the element in a fresh pipeline, fed one frame per buffer as fast as it takes
-/// them: the run, and the element's own mean and longest step (its `stats`).
-fn element_run(
-    args: &Args,
-    model: &Model,
-    codes: &[i16],
-    chunk_frames: usize,
-    reference: &[f32],
-) -> (Run, f64, f64, bool) {
-    let config = model.config();
-    let (num, den) = config.frame_rate();
-    let caps = gst::Caps::builder("audio/x-qwen3-tts-codes")
-        .field("codebooks", config.num_quantizers as i32)
-        .field("framerate", gst::Fraction::new(num as i32, den as i32))
-        .build();
-    let pipeline = gst::Pipeline::new();
-    let src = gst_app::AppSrc::builder()
-        .caps(&caps)
-        .format(gst::Format::Time)
-        .build();
-    let decoder = gst::ElementFactory::make("qwencodecdec")
-        .property("model-path", args.model.to_str().unwrap())
-        .property("device", &args.device)
-        .property("chunk-frames", chunk_frames as u32)
-        // Steps of chunk-frames, as the core's rows run (the frames come faster than a talker's:
-        // by default they would join into larger steps).
-        .property("max-step-frames", chunk_frames as u32)
-        .build()
-        .unwrap();
-    decoder.set_property_from_str("dtype", &args.dtype.to_string());
-    let sink = gst_app::AppSink::builder().sync(false).build();
-    pipeline
-        .add_many([src.upcast_ref(), &decoder, sink.upcast_ref()])
-        .unwrap();
-    gst::Element::link_many([src.upcast_ref(), &decoder, sink.upcast_ref()]).unwrap();
-    // The element loads (the model is already loaded and shared) and warms up in here.
-    pipeline.set_state(gst::State::Playing).unwrap();
-
-    let started = Instant::now();
-    let feeder = {
-        let (src, codes, codebooks) = (src.clone(), codes.to_vec(), config.num_quantizers);
-        std::thread::spawn(move || {
-            let mut step_filled = None;
-            for (index, frame) in codes.chunks(codebooks).enumerate() {
-                let bytes: Vec<u8> = frame.iter().flat_map(|c| c.to_le_bytes()).collect();
-                if index + 1 == chunk_frames {
-                    step_filled = Some(Instant::now());
-                }
-                src.push_buffer(gst::Buffer::from_slice(bytes)).unwrap();
-            }
-            src.end_of_stream().unwrap();
-            step_filled.expect("the codes fill at least one step")
-        })
-    };
-    let mut first_audio = None;
-    let mut audio = Vec::with_capacity(reference.len());
-    while let Ok(sample) = sink.pull_sample() {
-        first_audio.get_or_insert_with(Instant::now);
-        let map = sample.buffer().unwrap().map_readable().unwrap();
-        audio.extend(
-            map.chunks_exact(4)
-                .map(|b| f32::from_le_bytes(b.try_into().unwrap())),
-        );
-    }
-    let total = started.elapsed().as_secs_f64();
-    let step_filled = feeder.join().unwrap();
-    let stats = decoder.property::<gst::Structure>("stats");
-    pipeline.set_state(gst::State::Null).unwrap();
-
-    let to_first_audio = first_audio.expect("audio came out").duration_since(step_filled);
-    let run = Run {
-        seconds_per_audio_second: total / (audio.len() as f64 / model.sample_rate() as f64),
-        first_audio_ms: (chunk_frames - 1) as f64 * frame_period(model) * 1e3
-            + to_first_audio.as_secs_f64() * 1e3,
-        error: relative_l2(&audio, reference),
-    };
-    (
-        run,
-        stats.get::<f64>("mean-step-ms").unwrap(),
-        stats.get::<f64>("max-step-ms").unwrap(),
-        stats.get::<bool>("cuda-graph").unwrap(),
-    )
-}
-
-/// The element in a pipeline, a fresh pipeline per run. Its step columns are the element's
-/// own figures: the median of the runs' mean step and the longest step of all runs.
-#[derive(Default)]
-struct ElementBench {
-    runs: Vec<Run>,
-    mean_step_ms: Vec<f64>,
-    max_step_ms: f64,
-    cuda_graph: bool,
-}
-
-impl ElementBench {
-    /// One run, kept unless it is the warm-up.
-    fn run(
-        &mut self,
-        args: &Args,
-        model: &Model,
-        codes: &[i16],
-        chunk_frames: usize,
-        reference: &[f32],
-        warm_up: bool,
-    ) {
-        let (timed, mean_step_ms, max_step_ms, cuda_graph) =
-            element_run(args, model, codes, chunk_frames, reference);
-        if warm_up {
-            return;
-        }
-        self.runs.push(timed);
-        self.mean_step_ms.push(mean_step_ms);
-        self.max_step_ms = self.max_step_ms.max(max_step_ms);
-        self.cuda_graph = cuda_graph;
-    }
-
-    fn row(&self, chunk_frames: usize) -> Value {
-        let graph = if self.cuda_graph { " + CUDA graph" } else { "" };
-        row(
-            &format!("qwencodecdec in a pipeline{graph}, chunk-frames {chunk_frames}"),
-            json!(tch::get_num_threads()),
-            &self.runs,
-            json!({"mean": percentile(&self.mean_step_ms, 0.5), "max": self.max_step_ms}),
-        )
-    }
-}
-
-/// Upstream's windowed row, timed by tools/bench_upstream.py alike.
-fn windowed_row(upstream: &Value) -> Value {
-    let u = &upstream["windowed"];
-    let steps: Vec<f64> = u["step_ms"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
-    json!({
-        "method": "upstream PyTorch, windowed (8 + 25 context)",
-        "threads": upstream["threads"],
-        "runs": upstream["repeats"],
-        "seconds_per_audio_second": u["seconds_per_audio_second"],
-        "first_audio_ms": u["first_audio_ms"],
-        "step_ms": {"p50": percentile(&steps, 0.5), "p99": percentile(&steps, 0.99)},
-        "relative_l2": u["relative_l2"],
-    })
-}
-
-/// Upstream's full-decode row, from the seconds of its runs interleaved with ours.
-fn upstream_full_row(upstream: &Value, seconds: &[f64], model: &Model, frames: usize) -> Value {
-    let audio_seconds = frames as f64 * frame_period(model);
-    let step_ms: Vec<f64> = seconds.iter().map(|s| s * 1e3).collect();
-    let runs: Vec<Run> = seconds
-        .iter()
-        .map(|s| Run {
-            seconds_per_audio_second: s / audio_seconds,
-            // The whole utterance is needed before its first audio.
-            first_audio_ms: ((frames - 1) as f64 * frame_period(model) + s) * 1e3,
-            error: upstream["full"]["relative_l2"].as_f64().unwrap(),
-        })
-        .collect();
-    row(
-        "upstream PyTorch, full sequence",
-        upstream["threads"].clone(),
-        &runs,
-        json!({"p50": percentile(&step_ms, 0.5), "p99": percentile(&step_ms, 0.99)}),
-    )
 }
 
 fn frame_period(model: &Model) -> f64 {
@@ -575,141 +360,6 @@ fn steady_cost(args: &Args, frames: usize) -> Value {
         "last_over_first_p50": percentile(last, 0.5) / percentile(first, 0.5),
         "last_over_first_mean": mean(last) / mean(first),
     })
-}
-
-fn fmt(value: &Value, digits: usize) -> String {
-    value
-        .as_f64()
-        .map_or_else(|| "–".into(), |v| format!("{v:.digits$}"))
-}
-
-/// Per chunk size: how much longer the alongside dtype's core took than the report's dtype, from
-/// the same alternated runs.
-fn alongside_ratios(report: &Value, other: &str) -> String {
-    let dtype = report["dtype"].as_str().unwrap();
-    let rows = report["rows"].as_array().unwrap();
-    let speed = |method: &str, statistic: &str| {
-        rows.iter()
-            .find(|r| r["method"] == method)
-            .and_then(|r| r["seconds_per_audio_second"][statistic].as_f64())
-    };
-    let mut md = format!(
-        "\nThe core in {other} alongside, its runs alternating with {dtype}'s: {other}'s time over {dtype}'s \
-         (above 1: {dtype} is faster).\n\n| chunk-frames | best | median |\n| ---: | ---: | ---: |\n"
-    );
-    for r in rows {
-        let method = r["method"].as_str().unwrap();
-        let Some(chunk) = method
-            .strip_prefix("qwencodec core, chunk-frames ")
-            .filter(|_| !method.contains("alongside"))
-        else {
-            continue;
-        };
-        let other_method = format!("qwencodec core in {other} (alongside), chunk-frames {chunk}");
-        let ratio = |statistic| match (speed(&other_method, statistic), speed(method, statistic)) {
-            (Some(theirs), Some(ours)) => format!("{:.2}x", theirs / ours),
-            _ => "–".into(),
-        };
-        md += &format!("| {chunk} | {} | {} |\n", ratio("best"), ratio("median"));
-    }
-    md
-}
-
-fn markdown(report: &Value) -> String {
-    let mut md = String::new();
-    let m = &report["machine"];
-    md += &format!(
-        "# qwencodec benchmark, {}\n\nCPU: {} ({}), {} cores; code {}; device {}, dtype {}; {} frames ({:.2} s \
-         of audio) of the released geometry with random weights.\n\n",
-        report["date"].as_str().unwrap(),
-        m["cpu"].as_str().unwrap(),
-        common::flags(m),
-        m["cores"],
-        common::code(m),
-        report["device"].as_str().unwrap(),
-        report["dtype"].as_str().unwrap(),
-        report["frames"],
-        report["audio_seconds"].as_f64().unwrap(),
-    );
-    md += &format!(
-        "Every decode ran once as a warm-up, then {} times: best and median of those runs. Threads: the \
-         torch threads of each side. First audio: from the first frame handed over, frames coming at the \
-         talker's pace, to its audio, the wait for a full step included. Step ms: over every step of the \
-         timed runs (for the element, its own stats: the median run's mean step and the longest step). \
-         Upstream's full decode ran, in a process of its own, before each round of every chunk size's runs: \
-         its row gathers all of those runs, and each of our rows' \"vs upstream full\" is its best over \
-         upstream's best of the same rounds. Upstream's windowed decode was timed before.\n\n",
-        report["repeats"]
-    );
-    md += "| method | threads | s per audio s, best | median | vs upstream full | step ms p50 | p99 | first audio ms, best | median | rel. L2 vs float64 |\n";
-    md += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
-    let full = report["rows"][0]["seconds_per_audio_second"]["best"]
-        .as_f64()
-        .unwrap();
-    for r in report["rows"].as_array().unwrap() {
-        let speed = &r["seconds_per_audio_second"];
-        let steps = &r["step_ms"];
-        let (step_a, step_b) = if steps["p50"].is_null() {
-            (
-                format!("mean {}", fmt(&steps["mean"], 1)),
-                format!("max {}", fmt(&steps["max"], 1)),
-            )
-        } else {
-            (fmt(&steps["p50"], 1), fmt(&steps["p99"], 1))
-        };
-        md += &format!(
-            "| {} | {} | {} | {} | {:.2}x | {} | {} | {} | {} | {:.2e} |\n",
-            r["method"].as_str().unwrap(),
-            r["threads"],
-            fmt(&speed["best"], 3),
-            fmt(&speed["median"], 3),
-            r["vs_upstream_full"]["best"]
-                .as_f64()
-                .unwrap_or_else(|| speed["best"].as_f64().unwrap() / full),
-            step_a,
-            step_b,
-            fmt(&r["first_audio_ms"]["best"], 1),
-            fmt(&r["first_audio_ms"]["median"], 1),
-            r["relative_l2"].as_f64().unwrap(),
-        );
-    }
-    if let Some(other) = report["alongside"].as_str() {
-        md += &alongside_ratios(report, other);
-    }
-    md += &format!(
-        "\nState per stream (window full): {:.2} MiB. Process RSS growth per 100 open streams (each after \
-         {} frames): {:.1} MiB. Weights are loaded once per process.\n\n",
-        report["state_bytes"].as_f64().unwrap() / 1048576.0,
-        report["rss_streams_frames"],
-        report["rss_per_100_streams"].as_f64().unwrap() / 1048576.0,
-    );
-    let steady = &report["steady"];
-    if !steady.is_null() {
-        md += &format!(
-            "\nCost per frame late in a long stream: one stream of {} frames at chunk-frames 1 on {} (not the \
-             released widths: see benches/decode.rs), its first and last {} steps.\n\n",
-            steady["frames"],
-            steady["geometry"].as_str().unwrap(),
-            steady["steps_compared"],
-        );
-        md += "| steps | p50 ms | mean ms | p99 ms |\n| --- | ---: | ---: | ---: |\n";
-        for (label, key) in [("first", "first"), ("last", "last")] {
-            let s = &steady[key];
-            md += &format!(
-                "| {label} {} | {} | {} | {} |\n",
-                steady["steps_compared"],
-                fmt(&s["p50"], 3),
-                fmt(&s["mean"], 3),
-                fmt(&s["p99"], 3)
-            );
-        }
-        md += &format!(
-            "| last / first | {} | {} | |\n",
-            fmt(&steady["last_over_first_p50"], 3),
-            fmt(&steady["last_over_first_mean"], 3)
-        );
-    }
-    md
 }
 
 fn main() {
