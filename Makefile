@@ -80,7 +80,7 @@ released-fixture: setup-reference
 # The benchmark (not a test): upstream Python decoder and ours on the released geometry with
 # random weights, side by side, each decode timed BENCH_REPEATS times after a warm-up; writes
 # bench/results/<date>-<cpu>-<device>-<dtype>.{md,json} and the README's table of every result.
-# BENCH_ARGS: more options of benches/decode.rs (--chunks, --dtype, --steady-frames). Then many
+# BENCH_ARGS: more options of benches/decode/main.rs (--chunks, --dtype, --steady-frames). Then many
 # streams on one model, batched and not (benches/streams.rs, STREAMS_ARGS: --streams, --live, ...).
 BENCH_MODEL := bench/cache/full-release
 BENCH_FRAMES ?= 100

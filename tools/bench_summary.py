@@ -2,7 +2,7 @@
 """Summarise every benchmark result in bench/results/ as one markdown table.
 
 One row per result file (<date>-<cpu>-<device>-<dtype>.json, written by
-benches/decode.rs): the CPU, the thread counts, and the headline figures, in
+benches/decode/main.rs): the CPU, the thread counts, and the headline figures, in
 seconds of compute per second of audio as "best / median" of the timed runs.
 With --readme, the table replaces the block between the bench-summary markers
 of that file (`make bench` does this for README.md); else it is printed.

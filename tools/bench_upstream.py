@@ -15,7 +15,7 @@ per core, as libtorch on the Rust side):
         --reference bench/cache/reference.f32
 
 The full decode, what streaming must match in speed, is timed with --serve
-instead, by benches/decode.rs, its runs taking turns with the streaming
+instead, by benches/decode/main.rs, its runs taking turns with the streaming
 decoder's (the machine's speed drifts within minutes): the decoder is loaded
 once, then every line `full` on standard input runs one full decode and
 answers with its wall-clock seconds on a line of standard output.

@@ -114,7 +114,7 @@ pub(crate) fn markdown(report: &Value) -> String {
     if !steady.is_null() {
         md += &format!(
             "\nCost per frame late in a long stream: one stream of {} frames at chunk-frames 1 on {} (not the \
-             released widths: see benches/decode.rs), its first and last {} steps.\n\n",
+             released widths: see benches/decode/main.rs), its first and last {} steps.\n\n",
             steady["frames"],
             steady["geometry"].as_str().unwrap(),
             steady["steps_compared"],
