@@ -3,8 +3,8 @@ use std::path::{Path, PathBuf};
 
 /// The CPU shims' sources, in `SHIM_DIR` beside the headers they share.
 const SHIM_DIR: &str = "src/model/network";
-const SHIM_HEADERS: [&str; 2] = ["shim.h", "widen.h"];
-const CPU_SHIMS: [&str; 8] = [
+const SHIM_HEADERS: [&str; 3] = ["kernels.h", "shim.h", "widen.h"];
+const CPU_SHIMS: [&str; 9] = [
     "attention.cpp",
     "direct_conv.cpp",
     "op_profiler.cpp",
@@ -12,6 +12,7 @@ const CPU_SHIMS: [&str; 8] = [
     "rms_norm.cpp",
     "skinny_gemm.cpp",
     "snake_beta.cpp",
+    "transformer_layer.cpp",
     "winograd.cpp",
 ];
 
@@ -82,8 +83,8 @@ fn torch_shim_build(lib_dir: &Path) -> cc::Build {
 
 /// The CPU kernels that tch does not offer, behind a C interface: the product of float32 or
 /// float16 weights with few rows, RMSNorm, SnakeBeta, Winograd's transforms, direct
-/// convolutions, a transposed convolution's overlap-add and a layer's attention; and libtorch's
-/// op profiler.
+/// convolutions, a transposed convolution's overlap-add, a layer's attention and a whole
+/// transformer layer; and libtorch's op profiler.
 fn build_cpu_shims(lib_dir: &Path) {
     // With OpenMP, as libtorch's `at::parallel_for` is inline and runs serially without it.
     // The libgomp it links resolves to the one libtorch already loaded (one per process).

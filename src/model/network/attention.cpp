@@ -14,6 +14,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels.h"
 #include "shim.h"
 
 namespace {
@@ -105,6 +106,46 @@ void check_float(const at::Tensor& t, int64_t dim, const char* what) {
 
 }  // namespace
 
+namespace qwencodec {
+
+at::Tensor attention(const at::Tensor& qkv, at::Tensor& keys, at::Tensor& values, const at::Tensor& query_cos,
+                     const at::Tensor& query_sin, const at::Tensor& key_cos, const at::Tensor& key_sin,
+                     const at::Tensor& mask, int64_t heads, int64_t kv_heads) {
+  check_float(qkv, 3, "qkv");
+  check_float(keys, 4, "the window's keys");
+  check_float(values, 4, "the window's values");
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes(),
+              "the window's keys and values are contiguous and alike");
+  TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, heads, " query heads for ", kv_heads,
+              " key/value heads");
+  const int64_t batch = qkv.size(0), steps = qkv.size(1), head_dim = keys.size(3), slots = keys.size(2);
+  TORCH_CHECK(head_dim % 2 == 0 && qkv.size(2) == (heads + 2 * kv_heads) * head_dim && keys.size(0) == batch &&
+                  keys.size(1) == kv_heads,
+              "qkv's heads and the window's do not match");
+  const at::Tensor tables[4] = {query_cos.contiguous(), query_sin.contiguous(), key_cos.contiguous(),
+                                key_sin.contiguous()};
+  for (int i = 0; i < 4; ++i) {
+    check_float(tables[i], 2, "a RoPE table");
+    TORCH_CHECK(tables[i].size(0) == (i < 2 ? steps : slots + steps) && tables[i].size(1) == head_dim,
+                "a RoPE table made for another step");
+  }
+  check_float(mask, 4, "the mask");
+  const at::Tensor scores_mask = mask.expand({batch, 1, steps, slots + steps}).contiguous();
+  const at::Tensor input = qkv.contiguous();
+  at::Tensor result = at::empty({batch, steps, heads * head_dim}, input.options());
+  const Attention a{input.data_ptr<float>(),     keys.data_ptr<float>(),       values.data_ptr<float>(),
+                    tables[0].data_ptr<float>(), tables[1].data_ptr<float>(), tables[2].data_ptr<float>(),
+                    tables[3].data_ptr<float>(), scores_mask.data_ptr<float>(), result.data_ptr<float>(),
+                    steps,                       heads,                        kv_heads,
+                    head_dim,                    slots};
+  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) group(a, i / kv_heads, i % kv_heads);
+  });
+  return result;
+}
+
+}  // namespace qwencodec
+
 extern "C" {
 
 // `qkv`: [B, T, (H + 2 KV) D], the queries', keys' and values' heads side by side; `keys`,
@@ -117,37 +158,8 @@ bool qwencodec_attention(const at::Tensor* qkv, at::Tensor* keys, at::Tensor* va
                          size_t error_size) {
   RECORD_FUNCTION("qwencodec::attention", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
-    check_float(*qkv, 3, "qkv");
-    check_float(*keys, 4, "the window's keys");
-    check_float(*values, 4, "the window's values");
-    TORCH_CHECK(keys->is_contiguous() && values->is_contiguous() && keys->sizes() == values->sizes(),
-                "the window's keys and values are contiguous and alike");
-    TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, heads, " query heads for ", kv_heads,
-                " key/value heads");
-    const int64_t batch = qkv->size(0), steps = qkv->size(1), head_dim = keys->size(3), slots = keys->size(2);
-    TORCH_CHECK(head_dim % 2 == 0 && qkv->size(2) == (heads + 2 * kv_heads) * head_dim && keys->size(0) == batch &&
-                    keys->size(1) == kv_heads,
-                "qkv's heads and the window's do not match");
-    const at::Tensor tables[4] = {query_cos->contiguous(), query_sin->contiguous(), key_cos->contiguous(),
-                                  key_sin->contiguous()};
-    for (int i = 0; i < 4; ++i) {
-      check_float(tables[i], 2, "a RoPE table");
-      TORCH_CHECK(tables[i].size(0) == (i < 2 ? steps : slots + steps) && tables[i].size(1) == head_dim,
-                  "a RoPE table made for another step");
-    }
-    check_float(*mask, 4, "the mask");
-    const at::Tensor scores_mask = mask->expand({batch, 1, steps, slots + steps}).contiguous();
-    const at::Tensor input = qkv->contiguous();
-    at::Tensor result = at::empty({batch, steps, heads * head_dim}, input.options());
-    const Attention a{input.data_ptr<float>(),     keys->data_ptr<float>(),      values->data_ptr<float>(),
-                      tables[0].data_ptr<float>(), tables[1].data_ptr<float>(), tables[2].data_ptr<float>(),
-                      tables[3].data_ptr<float>(), scores_mask.data_ptr<float>(), result.data_ptr<float>(),
-                      steps,                       heads,                        kv_heads,
-                      head_dim,                    slots};
-    at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) group(a, i / kv_heads, i % kv_heads);
-    });
-    *out = new at::Tensor(std::move(result));
+    *out = new at::Tensor(qwencodec::attention(*qkv, *keys, *values, *query_cos, *query_sin, *key_cos, *key_sin,
+                                               *mask, heads, kv_heads));
   });
 }
 

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels.h"
 #include "shim.h"
 
 namespace {
@@ -32,6 +33,15 @@ void normalize_rows(const float* x, const float* weight, float* y, int64_t width
 
 }  // namespace
 
+namespace qwencodec {
+
+void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t width, double eps) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, width)),
+                   [&](int64_t begin, int64_t end) { normalize_rows(x, weight, y, width, eps, begin, end); });
+}
+
+}  // namespace qwencodec
+
 extern "C" {
 
 // `x`: [..., width] float32; `weight`: `width` float32 values, contiguous. `*out`: the
@@ -48,11 +58,8 @@ bool qwencodec_rms_norm(const at::Tensor* x, const at::Tensor* weight, double ep
     const at::Tensor input = x->contiguous();
     at::Tensor result = at::empty_like(input);
     const int64_t rows = width == 0 ? 0 : input.numel() / width;
-    const float* in = input.data_ptr<float>();
-    const float* w = weight->data_ptr<float>();
-    float* y = result.data_ptr<float>();
-    at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, width)),
-                     [&](int64_t begin, int64_t end) { normalize_rows(in, w, y, width, eps, begin, end); });
+    qwencodec::rms_norm(input.data_ptr<float>(), weight->data_ptr<float>(), result.data_ptr<float>(), rows, width,
+                        eps);
     *out = new at::Tensor(std::move(result));
   });
 }

@@ -41,6 +41,11 @@ impl RmsNorm {
         })
     }
 
+    /// The per-unit weight (float32) and epsilon, for a kernel that normalizes within it.
+    pub fn parts(&self) -> (&Tensor, f64) {
+        (&self.weight, self.eps)
+    }
+
     /// `x`: [..., size] float32.
     pub fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
         if x.device() == Device::Cpu {

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels.h"
 #include "shim.h"
 #include "widen.h"
 
@@ -41,10 +42,12 @@ __attribute__((target("avx512f"))) inline __m512 load_first(const at::Half* w, i
 
 template <typename W>
 struct Product {
-  const W* weight;      // [out, in]
-  const float* rows;    // [n, in]
-  const float* bias;    // [out] or null
-  float* result;        // [out, n]
+  const W* weight;    // [out, in]
+  const float* rows;  // [n, in]
+  const float* bias;  // [out] or null
+  // Output o of row r at result[o * out_stride + r * row_stride]: [out, n] or [n, out].
+  float* result;
+  int64_t out_stride, row_stride;
   int64_t in;
   int64_t out;
   int64_t n;
@@ -86,8 +89,8 @@ __attribute__((target("avx512f"))) void tile(const Product<W>& p, int64_t first,
   }
   for (int o = 0; o < O; ++o) {
     const float bias = p.bias ? p.bias[first + o] : 0.0f;
-    float* result = p.result + (first + o) * p.n + row;
-    for (int r = 0; r < R; ++r) result[r] = _mm512_reduce_add_ps(sums[o][r]) + bias;
+    float* result = p.result + (first + o) * p.out_stride + row * p.row_stride;
+    for (int r = 0; r < R; ++r) result[r * p.row_stride] = _mm512_reduce_add_ps(sums[o][r]) + bias;
   }
 }
 
@@ -179,6 +182,34 @@ void multiply_packed(const PackedProduct& p) {
 
 }  // namespace
 
+namespace qwencodec {
+
+at::Tensor few_row_product(const at::Tensor& weight, const at::Tensor& rows, const at::Tensor* bias,
+                           bool rows_first) {
+  const auto kind = weight.scalar_type();
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && (kind == at::kFloat || kind == at::kHalf),
+              "the weight must be a contiguous float32 or float16 matrix");
+  TORCH_CHECK(rows.dim() == 2 && rows.size(1) == weight.size(1) && rows.scalar_type() == at::kFloat,
+              "the activations must be float32 rows of the weight's width");
+  TORCH_CHECK(!bias || (bias->is_contiguous() && bias->numel() == weight.size(0) && bias->scalar_type() == at::kFloat),
+              "the bias must be float32, one per output");
+  const at::Tensor input = rows.contiguous();
+  const int64_t out = weight.size(0), n = input.size(0);
+  at::Tensor result = rows_first ? at::empty({n, out}, input.options()) : at::empty({out, n}, input.options());
+  const float* bias_data = bias ? bias->data_ptr<float>() : nullptr;
+  const int64_t out_stride = rows_first ? 1 : n, row_stride = rows_first ? out : 1;
+  if (kind == at::kHalf) {
+    multiply(Product<at::Half>{weight.data_ptr<at::Half>(), input.data_ptr<float>(), bias_data, result.data_ptr<float>(),
+                               out_stride, row_stride, weight.size(1), out, n});
+  } else {
+    multiply(Product<float>{weight.data_ptr<float>(), input.data_ptr<float>(), bias_data, result.data_ptr<float>(),
+                            out_stride, row_stride, weight.size(1), out, n});
+  }
+  return result;
+}
+
+}  // namespace qwencodec
+
 extern "C" {
 
 // `weight`: [out, in] float32 or float16, contiguous; `rows`: [n, in] float32; `bias`: [out]
@@ -188,25 +219,7 @@ bool qwencodec_skinny_gemm(const at::Tensor* weight, const at::Tensor* rows, con
                            at::Tensor** out, char* error, size_t error_size) {
   RECORD_FUNCTION("qwencodec::skinny_gemm", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
-    const auto kind = weight->scalar_type();
-    TORCH_CHECK(weight->dim() == 2 && weight->is_contiguous() && (kind == at::kFloat || kind == at::kHalf),
-                "the weight must be a contiguous float32 or float16 matrix");
-    TORCH_CHECK(rows->dim() == 2 && rows->size(1) == weight->size(1) && rows->scalar_type() == at::kFloat,
-                "the activations must be float32 rows of the weight's width");
-    TORCH_CHECK(!bias || (bias->is_contiguous() && bias->numel() == weight->size(0) &&
-                          bias->scalar_type() == at::kFloat),
-                "the bias must be float32, one per output");
-    const at::Tensor input = rows->contiguous();
-    at::Tensor result = at::empty({weight->size(0), input.size(0)}, input.options());
-    const float* bias_data = bias ? bias->data_ptr<float>() : nullptr;
-    if (kind == at::kHalf) {
-      multiply(Product<at::Half>{weight->data_ptr<at::Half>(), input.data_ptr<float>(), bias_data,
-                                 result.data_ptr<float>(), weight->size(1), weight->size(0), input.size(0)});
-    } else {
-      multiply(Product<float>{weight->data_ptr<float>(), input.data_ptr<float>(), bias_data,
-                              result.data_ptr<float>(), weight->size(1), weight->size(0), input.size(0)});
-    }
-    *out = new at::Tensor(std::move(result));
+    *out = new at::Tensor(qwencodec::few_row_product(*weight, *rows, bias, false));
   });
 }
 

@@ -1,15 +1,69 @@
 //! The pre-transformer: sliding-window causal attention with RoPE, whose window of keys and
-//! values each stream keeps from step to step.
+//! values each stream keeps from step to step. On a CPU with AVX-512 a layer of a step of up to
+//! [`skinny_gemm::MAX_ROWS`] rows is one call of `transformer_layer.cpp`; elsewhere (CUDA, where
+//! graphs capture the ops, other CPUs, large steps) libtorch's ops and our kernels one by one.
 
 use tch::{Device, Kind, Tensor};
 
 use super::attention::{Attention, Heads, Rope};
 use super::ops::{Linear, LinearWeights};
 use super::rms_norm::RmsNorm;
+use super::shim::call;
+use super::skinny_gemm;
 use super::{ACTIVATION_KIND, State, TorchResult};
 use crate::model::ModelError;
 use crate::model::checkpoint::Weights;
 use crate::model::config::DecoderConfig;
+
+mod ffi {
+    use std::ffi::c_char;
+
+    use torch_sys::C_tensor;
+
+    /// `QwencodecLayerWeights` of `transformer_layer.cpp`; biases may be null.
+    #[repr(C)]
+    pub struct LayerWeights {
+        pub input_norm: *const C_tensor,
+        pub qkv_weight: *const C_tensor,
+        pub qkv_bias: *const C_tensor,
+        pub o_weight: *const C_tensor,
+        pub o_bias: *const C_tensor,
+        pub attention_scale: *const C_tensor,
+        pub post_attention_norm: *const C_tensor,
+        pub gate_up_weight: *const C_tensor,
+        pub gate_up_bias: *const C_tensor,
+        pub down_weight: *const C_tensor,
+        pub down_bias: *const C_tensor,
+        pub mlp_scale: *const C_tensor,
+        pub eps: f64,
+    }
+
+    /// `QwencodecStepAttention` of `transformer_layer.cpp`.
+    #[repr(C)]
+    pub struct StepAttention {
+        pub query_cos: *const C_tensor,
+        pub query_sin: *const C_tensor,
+        pub key_cos: *const C_tensor,
+        pub key_sin: *const C_tensor,
+        pub mask: *const C_tensor,
+        pub heads: i64,
+        pub kv_heads: i64,
+    }
+
+    // Tensors cross as libtorch's own `at::Tensor*` (tch's `C_tensor`).
+    unsafe extern "C" {
+        pub fn qwencodec_transformer_layer(
+            x: *const C_tensor,
+            weights: *const LayerWeights,
+            step: *const StepAttention,
+            keys: *mut C_tensor,
+            values: *mut C_tensor,
+            out: *mut *mut C_tensor,
+            error: *mut c_char,
+            size: usize,
+        ) -> bool;
+    }
+}
 
 /// What a step of a given number of frames needs besides codes and state, the same for every
 /// such step of every stream: RoPE tables and the sliding-window mask. Made once per step size
@@ -186,6 +240,8 @@ struct TransformerLayer {
     gate_up_proj: Linear,
     down_proj: Linear,
     mlp_scale: Tensor,
+    /// Whether every product runs on the few-row kernel, so that the layer can be one call.
+    in_one_call: bool,
 }
 
 impl TransformerLayer {
@@ -198,7 +254,7 @@ impl TransformerLayer {
         let eps = config.rms_norm_eps;
         let attention = weights.at("self_attn");
         let mlp = weights.at("mlp");
-        Ok(Self {
+        let mut layer = Self {
             input_norm: RmsNorm::load(&weights.at("input_layernorm"), hidden, eps)?,
             qkv_proj: Linear::new(LinearWeights::stacked(&[
                 LinearWeights::load(&attention.at("q_proj"), hidden, q_width, bias)?,
@@ -218,12 +274,98 @@ impl TransformerLayer {
             mlp_scale: weights
                 .at("mlp_layer_scale")
                 .get_as("scale", &[hidden], Kind::Float)?,
-        })
+            in_one_call: false,
+        };
+        layer.in_one_call = [
+            &layer.qkv_proj,
+            &layer.o_proj,
+            &layer.gate_up_proj,
+            &layer.down_proj,
+        ]
+        .iter()
+        .all(|linear| linear.few_row_weights().is_some());
+        Ok(layer)
     }
 
     /// `x`: [B, T, hidden]. Updates this layer's KV window in `keys`/`values` ([B, kv heads,
     /// slots, head_dim]).
     fn forward(
+        &self,
+        x: &Tensor,
+        attention: &Attention,
+        keys: &mut Tensor,
+        values: &mut Tensor,
+    ) -> TorchResult<Tensor> {
+        if self.in_one_call && x.size()[0] * x.size()[1] <= skinny_gemm::MAX_ROWS {
+            return self.forward_in_one_call(x, attention, keys, values);
+        }
+        self.forward_by_parts(x, attention, keys, values)
+    }
+
+    /// [`Self::forward`] in one call of `transformer_layer.cpp`.
+    fn forward_in_one_call(
+        &self,
+        x: &Tensor,
+        attention: &Attention,
+        keys: &mut Tensor,
+        values: &mut Tensor,
+    ) -> TorchResult<Tensor> {
+        let product = |linear: &Linear| {
+            let (weight, bias) = linear
+                .few_row_weights()
+                .expect("in_one_call: every product runs on the few-row kernel");
+            (weight.as_ptr(), bias.map_or(std::ptr::null(), Tensor::as_ptr))
+        };
+        let (qkv_weight, qkv_bias) = product(&self.qkv_proj);
+        let (o_weight, o_bias) = product(&self.o_proj);
+        let (gate_up_weight, gate_up_bias) = product(&self.gate_up_proj);
+        let (down_weight, down_bias) = product(&self.down_proj);
+        let (input_norm, eps) = self.input_norm.parts();
+        let (post_attention_norm, _) = self.post_attention_norm.parts();
+        let weights = ffi::LayerWeights {
+            input_norm: input_norm.as_ptr(),
+            qkv_weight,
+            qkv_bias,
+            o_weight,
+            o_bias,
+            attention_scale: self.attention_scale.as_ptr(),
+            post_attention_norm: post_attention_norm.as_ptr(),
+            gate_up_weight,
+            gate_up_bias,
+            down_weight,
+            down_bias,
+            mlp_scale: self.mlp_scale.as_ptr(),
+            eps,
+        };
+        let rope = &attention.rope;
+        let step = ffi::StepAttention {
+            query_cos: rope.query_cos.as_ptr(),
+            query_sin: rope.query_sin.as_ptr(),
+            key_cos: rope.key_cos.as_ptr(),
+            key_sin: rope.key_sin.as_ptr(),
+            mask: attention.mask.as_ptr(),
+            heads: attention.heads.heads,
+            kv_heads: attention.heads.kv_heads,
+        };
+        // SAFETY: the tensors behind every pointer are live for the duration of the call; the
+        // window's are contiguous float32 (the state's own), which the kernel checks before it
+        // writes them.
+        call("transformer layer", |out, error, size| unsafe {
+            ffi::qwencodec_transformer_layer(
+                x.as_ptr(),
+                &weights,
+                &step,
+                keys.as_mut_ptr(),
+                values.as_mut_ptr(),
+                out,
+                error,
+                size,
+            )
+        })
+    }
+
+    /// [`Self::forward`] op by op.
+    fn forward_by_parts(
         &self,
         x: &Tensor,
         attention: &Attention,
@@ -243,5 +385,91 @@ impl TransformerLayer {
             .f_silu()?
             .f_mul(&gate_up.f_narrow(2, width, width)?)?;
         x.f_addcmul(&self.down_proj.forward(&gated)?, &self.mlp_scale)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::model::checkpoint::{CheckpointFiles, WeightFile};
+    use crate::model::network::{max_error_and_scale, shim};
+
+    /// A layer in one call against the same layer op by op, on the fixtures' geometries
+    /// (grouped heads with biases; the release's), with float32 and float16 weights, one row and
+    /// several, one position and several, windows partly empty: what the layer adds to its
+    /// input close, the windows moved alike. Where the CPU has no AVX-512, the layer runs by
+    /// parts, which is all that is asserted there.
+    #[test]
+    fn a_layer_in_one_call_matches_the_layer_by_parts() {
+        tch::manual_seed(7);
+        let options = (Kind::Float, Device::Cpu);
+        for fixture in ["gqa-bias", "release-tiny"] {
+            let folder = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(fixture);
+            let files = CheckpointFiles::locate(&folder).unwrap();
+            let config = DecoderConfig::from_file(&files.config).unwrap();
+            let slots = key_slots(&config);
+            let (kv_heads, head_dim) = (config.num_key_value_heads as i64, config.head_dim as i64);
+            for f16 in [false, true] {
+                let file = WeightFile::open(&files.weights, Device::Cpu, Kind::Float, f16).unwrap();
+                let transformer = Transformer::load(&file.root().at("pre_transformer"), &config).unwrap();
+                let layer = &transformer.layers[0];
+                assert_eq!(layer.in_one_call, shim::avx512(), "{fixture}, f16 {f16}");
+                if !layer.in_one_call {
+                    continue;
+                }
+                for (batch, frames) in [(1, 1), (3, 1), (2, 4)] {
+                    let case = format!("{fixture}, f16 {f16}, {batch} rows of {frames} frames");
+                    let tables = transformer.step_tables(frames as usize).unwrap();
+                    // Row b's first 2b slots empty, as in a stream younger than the window.
+                    let empty = Tensor::arange(slots, options)
+                        .unsqueeze(0)
+                        .lt_tensor(&(Tensor::arange(batch, options).unsqueeze(1) * 2.0));
+                    let key_bias = Tensor::cat(
+                        &[
+                            Tensor::zeros([batch, slots], options).masked_fill(&empty, f64::NEG_INFINITY),
+                            Tensor::zeros([batch, frames], options),
+                        ],
+                        1,
+                    );
+                    let mask = (&tables.window_mask + key_bias.unsqueeze(1)).unsqueeze(1);
+                    let attention = Attention {
+                        heads: Heads {
+                            heads: config.num_attention_heads as i64,
+                            kv_heads,
+                            head_dim,
+                        },
+                        rope: tables.rope(),
+                        mask: &mask,
+                    };
+                    let x = Tensor::randn([batch, frames, config.hidden_size as i64], options);
+                    let window = || Tensor::randn([batch, kv_heads, slots, head_dim], options);
+                    let (keys, values) = (window(), window());
+
+                    let (mut one_call_keys, mut one_call_values) = (keys.copy(), values.copy());
+                    let one_call = layer
+                        .forward_in_one_call(&x, &attention, &mut one_call_keys, &mut one_call_values)
+                        .unwrap();
+                    let (mut parts_keys, mut parts_values) = (keys.copy(), values.copy());
+                    let by_parts = layer
+                        .forward_by_parts(&x, &attention, &mut parts_keys, &mut parts_values)
+                        .unwrap();
+
+                    assert_eq!(one_call.size(), x.size(), "{case}");
+                    let added = (&by_parts - &x).to_kind(Kind::Double);
+                    let (error, scale) = max_error_and_scale(&(&one_call - &x), &added);
+                    assert!(
+                        scale > 0.0 && error <= 1e-5 * scale,
+                        "{case}: off by {error:e} of {scale:e}"
+                    );
+                    assert!(one_call_keys.equal(&parts_keys), "{case}: keys");
+                    assert!(one_call_values.equal(&parts_values), "{case}: values");
+                    assert!(!one_call_keys.equal(&keys), "{case}: the window moved");
+                }
+            }
+        }
     }
 }

@@ -1,0 +1,27 @@
+// The CPU kernels that other kernels call in C++ (transformer_layer.cpp strings a layer's
+// together), each defined beside its own C entry point. They check their inputs with
+// TORCH_CHECK, as those entry points do.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace qwencodec {
+
+// `weight` [out, in] (float32 or float16, contiguous) times each of `rows` [n, in] (float32),
+// plus `bias` ([out] float32, or null): [n, out] with `rows_first`, else [out, n]. AVX-512 only
+// (skinny_gemm.cpp).
+at::Tensor few_row_product(const at::Tensor& weight, const at::Tensor& rows, const at::Tensor* bias,
+                           bool rows_first);
+
+// RMSNorm of `rows` rows of `width` floats at `x` into `y` (rms_norm.cpp).
+void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t width, double eps);
+
+// A layer's attention for a step, the window moved on in place (attention.cpp, whose C entry
+// point documents the arguments).
+at::Tensor attention(const at::Tensor& qkv, at::Tensor& keys, at::Tensor& values, const at::Tensor& query_cos,
+                     const at::Tensor& query_sin, const at::Tensor& key_cos, const at::Tensor& key_sin,
+                     const at::Tensor& mask, int64_t heads, int64_t kv_heads);
+
+}  // namespace qwencodec
