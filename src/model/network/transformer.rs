@@ -3,7 +3,7 @@
 //! [`skinny_gemm::MAX_ROWS`] rows is one call of `transformer_layer.cpp`; elsewhere (CUDA, where
 //! graphs capture the ops, other CPUs, large steps) libtorch's ops and our kernels one by one.
 
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Kind, TchError, Tensor};
 
 use super::attention::{Attention, Heads, Rope};
 use super::ops::{Linear, LinearWeights};
@@ -311,15 +311,15 @@ impl TransformerLayer {
         values: &mut Tensor,
     ) -> TorchResult<Tensor> {
         let product = |linear: &Linear| {
-            let (weight, bias) = linear
-                .few_row_weights()
-                .expect("in_one_call: every product runs on the few-row kernel");
-            (weight.as_ptr(), bias.map_or(std::ptr::null(), Tensor::as_ptr))
+            let (weight, bias) = linear.few_row_weights().ok_or_else(|| {
+                TchError::Torch("transformer layer: a product the few-row kernel does not take".into())
+            })?;
+            Ok::<_, TchError>((weight.as_ptr(), bias.map_or(std::ptr::null(), Tensor::as_ptr)))
         };
-        let (qkv_weight, qkv_bias) = product(&self.qkv_proj);
-        let (o_weight, o_bias) = product(&self.o_proj);
-        let (gate_up_weight, gate_up_bias) = product(&self.gate_up_proj);
-        let (down_weight, down_bias) = product(&self.down_proj);
+        let (qkv_weight, qkv_bias) = product(&self.qkv_proj)?;
+        let (o_weight, o_bias) = product(&self.o_proj)?;
+        let (gate_up_weight, gate_up_bias) = product(&self.gate_up_proj)?;
+        let (down_weight, down_bias) = product(&self.down_proj)?;
         let (input_norm, eps) = self.input_norm.parts();
         let (post_attention_norm, _) = self.post_attention_norm.parts();
         let weights = ffi::LayerWeights {
