@@ -15,8 +15,9 @@ namespace qwencodec {
 at::Tensor few_row_product(const at::Tensor& weight, const at::Tensor& rows, const at::Tensor* bias,
                            bool rows_first);
 
-// RMSNorm of `rows` rows of `width` floats at `x` into `y` (rms_norm.cpp).
-void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t width, double eps);
+// RMSNorm of `x`'s rows (float32 [..., width]) with `weight` (`width` float32 values): a new
+// contiguous tensor of `x`'s shape (rms_norm.cpp).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // A layer's attention for a step, the window moved on in place (attention.cpp, whose C entry
 // point documents the arguments).

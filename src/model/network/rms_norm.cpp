@@ -35,9 +35,21 @@ void normalize_rows(const float* x, const float* weight, float* y, int64_t width
 
 namespace qwencodec {
 
-void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t width, double eps) {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+              "RMSNorm takes float32 rows on the CPU");
+  const int64_t width = x.size(-1);
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == width && weight.scalar_type() == at::kFloat,
+              "an RMSNorm weight is float32, one per column (", width, "), not ", weight.sizes());
+  const at::Tensor input = x.contiguous();
+  at::Tensor result = at::empty_like(input);
+  const int64_t rows = width == 0 ? 0 : input.numel() / width;
+  const float* in = input.data_ptr<float>();
+  const float* w = weight.data_ptr<float>();
+  float* y = result.data_ptr<float>();
   at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, width)),
-                   [&](int64_t begin, int64_t end) { normalize_rows(x, weight, y, width, eps, begin, end); });
+                   [&](int64_t begin, int64_t end) { normalize_rows(in, w, y, width, eps, begin, end); });
+  return result;
 }
 
 }  // namespace qwencodec
@@ -49,19 +61,7 @@ extern "C" {
 bool qwencodec_rms_norm(const at::Tensor* x, const at::Tensor* weight, double eps, at::Tensor** out, char* error,
                         size_t error_size) {
   RECORD_FUNCTION("qwencodec::rms_norm", c10::ArrayRef<const c10::IValue>{});
-  return qwencodec::guarded(error, error_size, [&] {
-    TORCH_CHECK(x->dim() >= 1 && x->scalar_type() == at::kFloat && x->device().is_cpu(),
-                "RMSNorm takes float32 rows on the CPU");
-    const int64_t width = x->size(-1);
-    TORCH_CHECK(weight->is_contiguous() && weight->numel() == width && weight->scalar_type() == at::kFloat,
-                "an RMSNorm weight is float32, one per column (", width, "), not ", weight->sizes());
-    const at::Tensor input = x->contiguous();
-    at::Tensor result = at::empty_like(input);
-    const int64_t rows = width == 0 ? 0 : input.numel() / width;
-    qwencodec::rms_norm(input.data_ptr<float>(), weight->data_ptr<float>(), result.data_ptr<float>(), rows, width,
-                        eps);
-    *out = new at::Tensor(std::move(result));
-  });
+  return qwencodec::guarded(error, error_size, [&] { *out = new at::Tensor(qwencodec::rms_norm(*x, *weight, eps)); });
 }
 
 }  // extern "C"

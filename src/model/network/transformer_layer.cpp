@@ -51,26 +51,13 @@ struct QwencodecStepAttention {
 
 namespace {
 
-const float* per_unit(const at::Tensor* t, int64_t hidden, const char* what) {
-  TORCH_CHECK(t->is_contiguous() && t->numel() == hidden && t->scalar_type() == at::kFloat, what,
-              " must be float32, one per hidden unit (", hidden, ")");
-  return t->data_ptr<float>();
-}
-
-// `x` normalized row by row: [rows, hidden].
-at::Tensor normalized(const at::Tensor& x, const at::Tensor* weight, double eps, const char* what) {
-  const int64_t hidden = x.size(1);
-  at::Tensor y = at::empty_like(x);
-  qwencodec::rms_norm(x.data_ptr<float>(), per_unit(weight, hidden, what), y.data_ptr<float>(), x.size(0), hidden,
-                      eps);
-  return y;
-}
-
 // x += branch * scale, per hidden unit (upstream's LayerScale'd residual).
 void add_scaled(at::Tensor& x, const at::Tensor& branch, const at::Tensor* scale, const char* what) {
   const int64_t hidden = x.size(1);
   TORCH_CHECK(branch.sizes() == x.sizes(), what, " gives ", branch.sizes(), " for a residual of ", x.sizes());
-  const float* s = per_unit(scale, hidden, what);
+  TORCH_CHECK(scale->is_contiguous() && scale->numel() == hidden && scale->scalar_type() == at::kFloat, what,
+              " must be float32, one per hidden unit (", hidden, ")");
+  const float* s = scale->data_ptr<float>();
   const float* b = branch.data_ptr<float>();
   float* out = x.data_ptr<float>();
   for (int64_t row = 0; row < x.size(0); ++row) {
@@ -112,7 +99,7 @@ bool qwencodec_transformer_layer(const at::Tensor* x, const QwencodecLayerWeight
     at::Tensor residual = x->reshape({batch * steps, hidden}).clone(at::MemoryFormat::Contiguous);
 
     const at::Tensor qkv = qwencodec::few_row_product(
-        *w->qkv_weight, normalized(residual, w->input_norm, w->eps, "input_layernorm"), w->qkv_bias, true);
+        *w->qkv_weight, qwencodec::rms_norm(residual, *w->input_norm, w->eps), w->qkv_bias, true);
     const at::Tensor attended =
         qwencodec::attention(qkv.view({batch, steps, -1}), *keys, *values, *step->query_cos, *step->query_sin,
                              *step->key_cos, *step->key_sin, *step->mask, step->heads, step->kv_heads);
@@ -121,7 +108,7 @@ bool qwencodec_transformer_layer(const at::Tensor* x, const QwencodecLayerWeight
                w->attention_scale, "self_attn_layer_scale");
 
     const at::Tensor gate_up = qwencodec::few_row_product(
-        *w->gate_up_weight, normalized(residual, w->post_attention_norm, w->eps, "post_attention_layernorm"),
+        *w->gate_up_weight, qwencodec::rms_norm(residual, *w->post_attention_norm, w->eps),
         w->gate_up_bias, true);
     add_scaled(residual, qwencodec::few_row_product(*w->down_weight, gated(gate_up), w->down_bias, true),
                w->mlp_scale, "mlp_layer_scale");
