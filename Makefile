@@ -54,13 +54,16 @@ lint: setup
 
 # CI (.ci/run) runs this. GLib warnings and criticals abort the tests (G_DEBUG). The tests run
 # several decoding processes at once: short OpenMP spinning keeps them from starving each
-# other (see "Threads" in the README).
+# other (see "Threads" in the README). The parity tests run again with our AVX-512 kernels off:
+# the path of every CPU without them.
 test: build lint released-fixture
 	bash tools/check-inspect.sh
 	bash tools/check-install.sh
 	bash tools/check-profile.sh
 	bash tools/fuzz-short.sh
 	G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} cargo test --release
+	QWENCODEC_CPU_KERNELS=off G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} \
+	  cargo test --release --test model_parity --test released_geometry
 
 # Thousands of streams opened, fed and closed in one process; memory must stay flat
 # (make test runs a short one). SOAK_ARGS: see examples/soak.rs, e.g. --device cuda.

@@ -5,7 +5,9 @@ mod common;
 use std::sync::Arc;
 
 use common::{FIXTURES, Fixture, load_fixture, relative_l2};
-use gstqwencodec::model::{Dtype, Model, StepLimits, StreamDecoder, TailStrategy};
+use gstqwencodec::model::{
+    Dtype, KERNELS_ENV, Model, OpProfiler, StepLimits, StreamDecoder, TailStrategy, avx512_kernels,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tch::Device;
@@ -299,4 +301,36 @@ fn bf16_compute_stays_within_upstreams_bf16() {
             "{name} in bf16: relative L2 error {error:.3e} above {bound:.3e}"
         );
     }
+}
+
+/// Our AVX-512 kernels run where the CPU has AVX-512, unless the environment turns them off
+/// (`QWENCODEC_CPU_KERNELS=off`). make test runs this file a second time with them off, so that
+/// the parity above holds on the path every other CPU takes (libtorch's ops) too: a step's ops
+/// say which path ran.
+#[test]
+fn the_cpu_kernels_run_unless_turned_off() {
+    let turned_off = std::env::var_os(KERNELS_ENV).is_some_and(|value| value == "off");
+    #[cfg(target_arch = "x86_64")]
+    let cpu_has_avx512 = std::is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    let cpu_has_avx512 = false;
+    let expected = cpu_has_avx512 && !turned_off;
+    assert_eq!(avx512_kernels(), expected);
+
+    let fixture = load_fixture("release-tiny");
+    let mut decoder = StreamDecoder::new(load_model(&fixture), 1, TailStrategy::Eager).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.tsv");
+    let profiler = OpProfiler::start(Device::Cpu).unwrap();
+    let audio = decoder.push(fixture.prefix_codes(1)).unwrap();
+    profiler.finish(&events).unwrap();
+    assert_eq!(audio.len(), fixture.samples_per_frame);
+    let ops = std::fs::read_to_string(&events).unwrap();
+    assert!(ops.contains("aten::"), "the step's ops were recorded");
+    // Other tests of this file may run at the same time, on the same path.
+    assert_eq!(
+        ops.contains("qwencodec::snake_beta"),
+        expected,
+        "SnakeBeta's kernel ran: expected {expected} (AVX-512 {cpu_has_avx512}, turned off {turned_off})"
+    );
 }

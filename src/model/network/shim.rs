@@ -1,6 +1,7 @@
 //! Calling the CPU shims (`shim.h`): each returns a new tensor (or succeeds) or an error message.
 
 use std::ffi::{CStr, c_char};
+use std::sync::LazyLock;
 
 use tch::{TchError, Tensor};
 
@@ -32,8 +33,32 @@ pub fn checked(what: &str, f: impl FnOnce(*mut c_char, usize) -> bool) -> TorchR
     Err(TchError::Torch(format!("{what}: {text}")))
 }
 
-/// Whether this CPU runs the shims' AVX-512 kernels (elsewhere libtorch's ops do their work).
+/// Whether the shims' AVX-512 kernels run (elsewhere libtorch's ops do their work): where the
+/// CPU has AVX-512, unless the environment variable [`KERNELS_ENV`] says `off`, which runs
+/// libtorch's ops as a CPU without AVX-512 does (to compare, or to check the path other CPUs
+/// take). Read once per process.
 pub fn avx512() -> bool {
+    static ENABLED: LazyLock<bool> = LazyLock::new(|| kernels_allowed() && cpu_has_avx512());
+    *ENABLED
+}
+
+/// The environment variable that turns the AVX-512 kernels off: `off` (unset or `on`: where
+/// the CPU has AVX-512).
+pub const KERNELS_ENV: &str = "QWENCODEC_CPU_KERNELS";
+
+fn kernels_allowed() -> bool {
+    match std::env::var_os(KERNELS_ENV) {
+        None => true,
+        Some(value) if value == "on" => true,
+        Some(value) if value == "off" => false,
+        Some(value) => {
+            eprintln!("{KERNELS_ENV}={value:?} is neither on nor off: the CPU kernels stay on");
+            true
+        }
+    }
+}
+
+fn cpu_has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     return std::is_x86_feature_detected!("avx512f");
     #[cfg(not(target_arch = "x86_64"))]
