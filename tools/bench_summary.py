@@ -46,6 +46,8 @@ def summary_row(path, report):
     cpu = machine["cpu"]
     if avx512 is not None:
         cpu += " (AVX-512)" if avx512 else " (no AVX-512)"
+    if machine.get("limits"):
+        cpu += ", limited by " + ", ".join(machine["limits"])
     cpu += f", {machine['cores']} cores"
     rows = report["rows"]
     if "threads" in rows[0]:

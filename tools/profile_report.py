@@ -215,7 +215,8 @@ def markdown(run, ops, perf):
       f"{run['dtype']} on {run['device']}, model `{run['model']}`, steps of {run['chunk_frames']} "
       f"frame(s); code {machine.get('code', 'unknown')}; {machine['cores']} cores, "
       f"{machine['torch_threads']} torch threads; CPU flags: "
-      f"{', '.join(machine['cpu_flags']) or 'none of avx2, fma, avx512'}.\n")
+      f"{', '.join(machine['cpu_flags']) or 'none of avx2, fma, avx512'}"
+      f"{'; limited by ' + ', '.join(machine['limits']) if machine.get('limits') else ''}.\n")
     w("| | ms per step (median) | s per audio s |")
     w("| --- | ---: | ---: |")
     w(f"| {len(run['step_ms'])} steps, perf sampling | {step_ms:.1f} | {per_audio:.3f} |")

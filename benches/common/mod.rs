@@ -90,6 +90,24 @@ const TELLING_FLAGS: [&str; 8] = [
     "amx_tile",
 ];
 
+/// The environment variables that keep libtorch's kernels (ATen, MKL, oneDNN) or ours from the
+/// CPU's widest instructions: set, they make an AVX-512 CPU stand in for one without it, and
+/// a result must say so.
+const LIMITING_ENV: [&str; 4] = [
+    gstqwencodec::model::KERNELS_ENV,
+    "ATEN_CPU_CAPABILITY",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "ONEDNN_MAX_CPU_ISA",
+];
+
+/// `NAME=value` of each of [`LIMITING_ENV`] that is set.
+fn limits() -> Vec<String> {
+    LIMITING_ENV
+        .into_iter()
+        .filter_map(|name| Some(format!("{name}={}", std::env::var(name).ok()?)))
+        .collect()
+}
+
 /// The CPU's model name and which of [`TELLING_FLAGS`] it has.
 fn cpu() -> (String, Vec<&'static str>) {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -129,8 +147,8 @@ fn code_version() -> String {
     }
 }
 
-/// The machine a benchmark ran on: CPU model, AVX-512 and the flags that matter, cores,
-/// torch's threads, CUDA; and the code it ran.
+/// The machine a benchmark ran on: CPU model, AVX-512 and the flags that matter, what limited
+/// their use, cores, torch's threads, CUDA; and the code it ran.
 pub fn machine() -> Value {
     let (cpu, flags) = cpu();
     json!({
@@ -138,6 +156,7 @@ pub fn machine() -> Value {
         "cpu": cpu,
         "avx512": flags.contains(&"avx512f"),
         "cpu_flags": flags,
+        "limits": limits(),
         "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "torch_threads": tch::get_num_threads(),
         "cuda": tch::Cuda::is_available(),
@@ -149,21 +168,31 @@ pub fn code(machine: &Value) -> &str {
     machine["code"].as_str().unwrap_or("unknown")
 }
 
-/// The flags of [`machine`]'s CPU for a report: `avx2, fma, avx512f`.
+/// The flags of [`machine`]'s CPU for a report, and what limited their use: `avx2, fma,
+/// avx512f` or `avx2, fma, avx512f; limited by ATEN_CPU_CAPABILITY=avx2`.
 pub fn flags(machine: &Value) -> String {
-    let flags: Vec<&str> = machine["cpu_flags"]
-        .as_array()
-        .map(|flags| flags.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    if flags.is_empty() {
+    let strings = |key: &str| -> Vec<&str> {
+        machine[key]
+            .as_array()
+            .map(|values| values.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default()
+    };
+    let flags = strings("cpu_flags");
+    let mut text = if flags.is_empty() {
         "none of avx2, fma, avx512".into()
     } else {
         flags.join(", ")
+    };
+    let limits = strings("limits");
+    if !limits.is_empty() {
+        text += &format!("; limited by {}", limits.join(", "));
     }
+    text
 }
 
 /// The machine's CPU for a file name: `Intel(R) Xeon(R) Platinum 8480+` with AVX-512 becomes
-/// `intel-xeon-platinum-8480-avx512`.
+/// `intel-xeon-platinum-8480-avx512`; limited to AVX2 (`ATEN_CPU_CAPABILITY=avx2`) with our
+/// kernels off, `intel-xeon-platinum-8480-as-avx2-no-kernels`.
 pub fn slug(machine: &Value) -> String {
     let model = machine["cpu"].as_str().unwrap_or("unknown");
     let model = model.split(" @ ").next().unwrap().to_lowercase();
@@ -174,8 +203,21 @@ pub fn slug(machine: &Value) -> String {
         .filter(|word| !word.is_empty() && *word != "cpu" && *word != "processor")
         .map(str::to_owned)
         .collect();
-    if machine["avx512"].as_bool() == Some(true) {
-        words.push("avx512".into());
+    let limited = |name: &str| {
+        machine["limits"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .find_map(|limit| limit.strip_prefix(name)?.strip_prefix('='))
+    };
+    match limited("ATEN_CPU_CAPABILITY") {
+        Some(capability) => words.push(format!("as-{}", capability.to_lowercase())),
+        None if machine["avx512"].as_bool() == Some(true) => words.push("avx512".into()),
+        None => {}
+    }
+    if limited(gstqwencodec::model::KERNELS_ENV) == Some("off") {
+        words.push("no-kernels".into());
     }
     words.join("-")
 }
