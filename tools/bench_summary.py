@@ -44,10 +44,11 @@ def summary_row(path, report):
     machine = report["machine"]
     avx512 = machine.get("avx512")
     cpu = machine["cpu"]
-    if avx512 is not None:
-        cpu += " (AVX-512)" if avx512 else " (no AVX-512)"
     if machine.get("limits"):
-        cpu += ", limited by " + ", ".join(machine["limits"])
+        # An AVX-512 CPU kept from its widest instructions, standing in for another.
+        cpu += " (limited by " + ", ".join(machine["limits"]) + ")"
+    elif avx512 is not None:
+        cpu += " (AVX-512)" if avx512 else " (no AVX-512)"
     cpu += f", {machine['cores']} cores"
     rows = report["rows"]
     if "threads" in rows[0]:
