@@ -54,16 +54,18 @@ lint: setup
 
 # CI (.ci/run) runs this. GLib warnings and criticals abort the tests (G_DEBUG). The tests run
 # several decoding processes at once: short OpenMP spinning keeps them from starving each
-# other (see "Threads" in the README). The parity tests run again with our AVX-512 kernels off:
-# the path of every CPU without them.
+# other (see "Threads" in the README). The parity tests run again with our CPU kernels held to
+# AVX2 and then off: the paths of CPUs without AVX-512, and of those without AVX2.
 test: build lint released-fixture
 	bash tools/check-inspect.sh
 	bash tools/check-install.sh
 	bash tools/check-profile.sh
 	bash tools/fuzz-short.sh
 	G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} cargo test --release
-	QWENCODEC_CPU_KERNELS=off G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} \
-	  cargo test --release --test model_parity --test released_geometry
+	for kernels in avx2 off; do \
+	  QWENCODEC_CPU_KERNELS=$$kernels G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} \
+	    cargo test --release --test model_parity --test released_geometry || exit 1; \
+	done
 
 # Thousands of streams opened, fed and closed in one process; memory must stay flat
 # (make test runs a short one). SOAK_ARGS: see examples/soak.rs, e.g. --device cuda.

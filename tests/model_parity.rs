@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use common::{FIXTURES, Fixture, load_fixture, relative_l2};
 use gstqwencodec::model::{
-    Dtype, KERNELS_ENV, Model, OpProfiler, StepLimits, StreamDecoder, TailStrategy, avx512_kernels,
+    CpuKernels, Dtype, KERNELS_ENV, Model, OpProfiler, StepLimits, StreamDecoder, TailStrategy, cpu_kernels,
+    widest_kernels,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -303,19 +304,19 @@ fn bf16_compute_stays_within_upstreams_bf16() {
     }
 }
 
-/// Our AVX-512 kernels run where the CPU has AVX-512, unless the environment turns them off
-/// (`QWENCODEC_CPU_KERNELS=off`). make test runs this file a second time with them off, so that
-/// the parity above holds on the path every other CPU takes (libtorch's ops) too: a step's ops
-/// say which path ran.
+/// Our CPU kernels run in the widest instruction set the CPU has (the few-row product in AVX2
+/// or AVX-512, the others in AVX-512), unless the environment holds them back
+/// (`QWENCODEC_CPU_KERNELS=avx2` or `off`). make test runs this file again with each, so that the
+/// parity above holds on the paths other CPUs take too: a step's ops say which path ran.
 #[test]
-fn the_cpu_kernels_run_unless_turned_off() {
-    let turned_off = std::env::var_os(KERNELS_ENV).is_some_and(|value| value == "off");
-    #[cfg(target_arch = "x86_64")]
-    let cpu_has_avx512 = std::is_x86_feature_detected!("avx512f");
-    #[cfg(not(target_arch = "x86_64"))]
-    let cpu_has_avx512 = false;
-    let expected = cpu_has_avx512 && !turned_off;
-    assert_eq!(avx512_kernels(), expected);
+fn the_cpu_kernels_run_as_the_cpu_and_environment_allow() {
+    let allowed = match std::env::var(KERNELS_ENV).as_deref() {
+        Ok("off") => CpuKernels::Off,
+        Ok("avx2") => CpuKernels::Avx2,
+        _ => CpuKernels::Avx512,
+    };
+    let expected = widest_kernels().min(allowed);
+    assert_eq!(cpu_kernels(), expected);
 
     let fixture = load_fixture("release-tiny");
     let mut decoder = StreamDecoder::new(load_model(&fixture), 1, TailStrategy::Eager).unwrap();
@@ -328,9 +329,14 @@ fn the_cpu_kernels_run_unless_turned_off() {
     let ops = std::fs::read_to_string(&events).unwrap();
     assert!(ops.contains("aten::"), "the step's ops were recorded");
     // Other tests of this file may run at the same time, on the same path.
-    assert_eq!(
-        ops.contains("qwencodec::snake_beta"),
-        expected,
-        "SnakeBeta's kernel ran: expected {expected} (AVX-512 {cpu_has_avx512}, turned off {turned_off})"
-    );
+    for (kernel, runs) in [
+        ("qwencodec::transformer_layer", expected >= CpuKernels::Avx2),
+        ("qwencodec::snake_beta", expected == CpuKernels::Avx512),
+    ] {
+        assert_eq!(
+            ops.contains(kernel),
+            runs,
+            "{kernel} ran: expected {runs} ({expected:?})"
+        );
+    }
 }

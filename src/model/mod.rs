@@ -25,7 +25,7 @@ pub use checkpoint::CheckpointFiles;
 pub use config::DecoderConfig;
 pub use cuda_graph::GraphError;
 pub use engine::GraphReport;
-pub use network::shim::{KERNELS_ENV, avx512 as avx512_kernels};
+pub use network::shim::{CpuKernels, KERNELS_ENV, cpu_kernels, widest_kernels};
 pub use op_profiler::OpProfiler;
 pub use stream::{StepLimits, StreamDecoder, TailStrategy};
 

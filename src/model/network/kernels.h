@@ -9,11 +9,15 @@
 
 namespace qwencodec {
 
+// The instruction set of the kernels that come in more than one (shim.rs's `CpuKernels`); the
+// caller has checked that the CPU has it.
+enum class CpuKernels : int32_t { kOff = 0, kAvx2 = 1, kAvx512 = 2 };
+
 // `weight` [out, in] (float32 or float16, contiguous) times each of `rows` [n, in] (float32),
-// plus `bias` ([out] float32, or null): [n, out] with `rows_first`, else [out, n]. AVX-512 only
-// (skinny_gemm.cpp).
+// plus `bias` ([out] float32, or null): [n, out] with `rows_first`, else [out, n]. In AVX2 or
+// AVX-512 (skinny_gemm.cpp).
 at::Tensor few_row_product(const at::Tensor& weight, const at::Tensor& rows, const at::Tensor* bias,
-                           bool rows_first);
+                           bool rows_first, CpuKernels kernels);
 
 // RMSNorm of `x`'s rows (float32 [..., width]) with `weight` (`width` float32 values): a new
 // contiguous tensor of `x`'s shape (rms_norm.cpp).

@@ -33,34 +33,60 @@ pub fn checked(what: &str, f: impl FnOnce(*mut c_char, usize) -> bool) -> TorchR
     Err(TchError::Torch(format!("{what}: {text}")))
 }
 
-/// Whether the shims' AVX-512 kernels run (elsewhere libtorch's ops do their work): where the
-/// CPU has AVX-512, unless the environment variable [`KERNELS_ENV`] says `off`, which runs
-/// libtorch's ops as a CPU without AVX-512 does (to compare, or to check the path other CPUs
-/// take). Read once per process.
-pub fn avx512() -> bool {
-    static ENABLED: LazyLock<bool> = LazyLock::new(|| kernels_allowed() && cpu_has_avx512());
-    *ENABLED
+/// The instruction set our CPU kernels run in: the widest this CPU has, unless the environment
+/// variable [`KERNELS_ENV`] holds them back. The few-row product comes in AVX2 and AVX-512, the
+/// other kernels in AVX-512 only; where they do not run, libtorch's ops do their work.
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CpuKernels {
+    Off = 0,
+    /// With FMA and F16C.
+    Avx2 = 1,
+    Avx512 = 2,
 }
 
-/// The environment variable that turns the AVX-512 kernels off: `off` (unset or `on`: where
-/// the CPU has AVX-512).
+/// The environment variable that holds our CPU kernels back: `off` (libtorch's ops, as on a CPU
+/// they do not run on) or `avx2` (no wider); unset or `on`, the widest the CPU has. To compare,
+/// or to check the path other CPUs take.
 pub const KERNELS_ENV: &str = "QWENCODEC_CPU_KERNELS";
 
-fn kernels_allowed() -> bool {
+/// This process's [`CpuKernels`] (the environment is read once).
+pub fn cpu_kernels() -> CpuKernels {
+    static KERNELS: LazyLock<CpuKernels> = LazyLock::new(|| widest_kernels().min(allowed_kernels()));
+    *KERNELS
+}
+
+/// Whether the AVX-512 kernels run.
+pub fn avx512() -> bool {
+    cpu_kernels() == CpuKernels::Avx512
+}
+
+fn allowed_kernels() -> CpuKernels {
     match std::env::var_os(KERNELS_ENV) {
-        None => true,
-        Some(value) if value == "on" => true,
-        Some(value) if value == "off" => false,
+        None => CpuKernels::Avx512,
+        Some(value) if value == "on" => CpuKernels::Avx512,
+        Some(value) if value == "avx2" => CpuKernels::Avx2,
+        Some(value) if value == "off" => CpuKernels::Off,
         Some(value) => {
-            eprintln!("{KERNELS_ENV}={value:?} is neither on nor off: the CPU kernels stay on");
-            true
+            eprintln!("{KERNELS_ENV}={value:?} is none of on, avx2 and off: the CPU kernels stay on");
+            CpuKernels::Avx512
         }
     }
 }
 
-fn cpu_has_avx512() -> bool {
+/// The widest [`CpuKernels`] this CPU runs, whatever the environment says.
+pub fn widest_kernels() -> CpuKernels {
     #[cfg(target_arch = "x86_64")]
-    return std::is_x86_feature_detected!("avx512f");
-    #[cfg(not(target_arch = "x86_64"))]
-    return false;
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            return CpuKernels::Avx512;
+        }
+        if std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c")
+        {
+            return CpuKernels::Avx2;
+        }
+    }
+    CpuKernels::Off
 }

@@ -3,13 +3,16 @@
 // are widened to float32 in registers: half the bytes, the same float32 accumulation. MKL's
 // kernels for such shapes re-pack or re-read the weight for 4 to 64 rows (see skinny_gemm.rs);
 // here each tile of 4 weight rows is read from memory once and multiplied, from the first-level
-// cache, with every activation row. AVX-512 only (shim.rs checks the CPU); skinny_gemm.rs uses
-// libtorch's product elsewhere. Errors as in shim.h.
+// cache, with every activation row. In AVX-512, or in AVX2 (with FMA and F16C) on CPUs without
+// it: the same tiles in vectors of 8 and 16 registers, so fewer activation rows at a time; the
+// caller says which (skinny_gemm.rs checks the CPU); skinny_gemm.rs uses libtorch's product
+// elsewhere. Errors as in shim.h.
 //
 // From 8 rows on, a dot product per output spends a sixth of its time summing its vector's lanes;
 // float16 weights that see such rows (the vocoder's first blocks) are packed at load time in
 // blocks of kBlockOutputs outputs, [blocks, in, kBlockOutputs], and multiplied as outer
-// products: each input's weights for a block's outputs against 12 rows, no lanes to sum.
+// products: each input's weights for a block's outputs against 12 rows, no lanes to sum
+// (AVX-512 only).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -24,10 +27,8 @@
 
 namespace {
 
-// Weight rows per tile; activation rows per tile: 4 x 6 accumulators, 4 weight vectors and one
-// activation vector fill AVX-512's 32 registers.
+// Weight rows per tile, in either instruction set.
 constexpr int64_t kWeightRows = 4;
-constexpr int kActivationRows = 6;
 
 // The first `count` of sixteen weights widened to float32, the rest zero.
 __attribute__((target("avx512f"))) inline __m512 load_first(const float* w, int64_t count) {
@@ -53,12 +54,13 @@ struct Product {
   int64_t n;
 };
 
-// Weight rows `first..first + O` against activation rows `row..row + R`. The full vectors' loop
-// is kept apart from the masked tail, and the accumulators local: either way (a branch in the
-// loop, or a helper taking them by reference) they left the registers and the tile ran at half
-// the speed.
+// Weight rows `first..first + O` against activation rows `row..row + R` in AVX-512: 4 x 6
+// accumulators, 4 weight vectors and one activation vector fill its 32 registers. The full
+// vectors' loop is kept apart from the masked tail, and the accumulators local: either way (a
+// branch in the loop, or a helper taking them by reference) they left the registers and the
+// tile ran at half the speed.
 template <int O, int R, typename W>
-__attribute__((target("avx512f"))) void tile(const Product<W>& p, int64_t first, int64_t row) {
+__attribute__((target("avx512f"))) void tile_avx512(const Product<W>& p, int64_t first, int64_t row) {
   const int64_t in = p.in;
   const W* weight = p.weight + first * in;
   const float* rows = p.rows + row * in;
@@ -94,28 +96,111 @@ __attribute__((target("avx512f"))) void tile(const Product<W>& p, int64_t first,
   }
 }
 
-// Weight rows `first..first + O` against every activation row.
-template <int O, typename W>
-void weight_rows(const Product<W>& p, int64_t first) {
-  int64_t row = 0;
-  for (; row + kActivationRows <= p.n; row += kActivationRows) tile<O, kActivationRows>(p, first, row);
-  switch (p.n - row) {
-    case 1: tile<O, 1>(p, first, row); break;
-    case 2: tile<O, 2>(p, first, row); break;
-    case 3: tile<O, 3>(p, first, row); break;
-    case 4: tile<O, 4>(p, first, row); break;
-    case 5: tile<O, 5>(p, first, row); break;
-    default: break;
+// The same tile in AVX2: 8 lanes and 16 registers, so 4 x 2 accumulators (with 4 weight vectors
+// and one activation vector). Partial vectors at the end of a row go through a zero-padded copy
+// (AVX2 has no masked 16-bit loads), once per row.
+__attribute__((target("avx2,fma,f16c"))) inline __m256 widen8(const float* w) { return _mm256_loadu_ps(w); }
+__attribute__((target("avx2,fma,f16c"))) inline __m256 widen8(const at::Half* w) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+}
+
+template <typename T>
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load_first8(const T* w, int64_t count) {
+  T padded[8] = {};
+  for (int64_t i = 0; i < count; ++i) padded[i] = w[i];
+  return widen8(padded);
+}
+
+__attribute__((target("avx2,fma,f16c"))) inline float sum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+template <int O, int R, typename W>
+__attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Product<W>& p, int64_t first, int64_t row) {
+  const int64_t in = p.in;
+  const W* weight = p.weight + first * in;
+  const float* rows = p.rows + row * in;
+  __m256 sums[O][R];
+  for (int o = 0; o < O; ++o) {
+    for (int r = 0; r < R; ++r) sums[o][r] = _mm256_setzero_ps();
+  }
+  int64_t k = 0;
+  for (; k + 8 <= in; k += 8) {
+    __m256 w[O];
+    for (int o = 0; o < O; ++o) w[o] = widen8(weight + o * in + k);
+    for (int o = 0; o < O; ++o) _mm_prefetch(reinterpret_cast<const char*>(weight + (O + o) * in + k), _MM_HINT_T1);
+    for (int r = 0; r < R; ++r) {
+      const __m256 x = _mm256_loadu_ps(rows + r * in + k);
+      for (int o = 0; o < O; ++o) sums[o][r] = _mm256_fmadd_ps(w[o], x, sums[o][r]);
+    }
+  }
+  if (k < in) {
+    __m256 w[O];
+    for (int o = 0; o < O; ++o) w[o] = load_first8(weight + o * in + k, in - k);
+    for (int r = 0; r < R; ++r) {
+      const __m256 x = load_first8(rows + r * in + k, in - k);
+      for (int o = 0; o < O; ++o) sums[o][r] = _mm256_fmadd_ps(w[o], x, sums[o][r]);
+    }
+  }
+  for (int o = 0; o < O; ++o) {
+    const float bias = p.bias ? p.bias[first + o] : 0.0f;
+    float* result = p.result + (first + o) * p.out_stride + row * p.row_stride;
+    for (int r = 0; r < R; ++r) result[r * p.row_stride] = sum8(sums[o][r]) + bias;
   }
 }
 
-template <typename W>
+// The instruction sets' tiles and how many activation rows each takes at a time (as many as
+// their registers hold).
+struct Avx512 {
+  static constexpr int kRows = 6;
+  template <int O, int R, typename W>
+  static void tile(const Product<W>& p, int64_t first, int64_t row) {
+    tile_avx512<O, R>(p, first, row);
+  }
+};
+struct Avx2 {
+  static constexpr int kRows = 2;
+  template <int O, int R, typename W>
+  static void tile(const Product<W>& p, int64_t first, int64_t row) {
+    tile_avx2<O, R>(p, first, row);
+  }
+};
+
+// Weight rows `first..first + O` against the last `R` or fewer activation rows from `row`.
+template <typename Isa, int O, int R, typename W>
+void last_rows(const Product<W>& p, int64_t first, int64_t row) {
+  if constexpr (R > 0) {
+    if (p.n - row == R) return Isa::template tile<O, R>(p, first, row);
+    last_rows<Isa, O, R - 1>(p, first, row);
+  }
+}
+
+// Weight rows `first..first + O` against every activation row.
+template <typename Isa, int O, typename W>
+void weight_rows(const Product<W>& p, int64_t first) {
+  int64_t row = 0;
+  for (; row + Isa::kRows <= p.n; row += Isa::kRows) Isa::template tile<O, Isa::kRows>(p, first, row);
+  last_rows<Isa, O, Isa::kRows - 1>(p, first, row);
+}
+
+template <typename Isa, typename W>
 void multiply(const Product<W>& p) {
   const int64_t tiles = p.out / kWeightRows;
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) weight_rows<kWeightRows>(p, t * kWeightRows);
+    for (int64_t t = begin; t < end; ++t) weight_rows<Isa, kWeightRows>(p, t * kWeightRows);
   });
-  for (int64_t first = tiles * kWeightRows; first < p.out; ++first) weight_rows<1>(p, first);
+  for (int64_t first = tiles * kWeightRows; first < p.out; ++first) weight_rows<Isa, 1>(p, first);
+}
+
+template <typename W>
+void multiply(const Product<W>& p, qwencodec::CpuKernels kernels) {
+  if (kernels == qwencodec::CpuKernels::kAvx512) {
+    multiply<Avx512>(p);
+  } else {
+    multiply<Avx2>(p);
+  }
 }
 
 constexpr int kBlockVectors = 2;
@@ -185,7 +270,9 @@ void multiply_packed(const PackedProduct& p) {
 namespace qwencodec {
 
 at::Tensor few_row_product(const at::Tensor& weight, const at::Tensor& rows, const at::Tensor* bias,
-                           bool rows_first) {
+                           bool rows_first, CpuKernels kernels) {
+  TORCH_CHECK(kernels == CpuKernels::kAvx2 || kernels == CpuKernels::kAvx512,
+              "the few-row product runs in AVX2 or AVX-512, not kernels ", static_cast<int>(kernels));
   const auto kind = weight.scalar_type();
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && (kind == at::kFloat || kind == at::kHalf),
               "the weight must be a contiguous float32 or float16 matrix");
@@ -200,10 +287,12 @@ at::Tensor few_row_product(const at::Tensor& weight, const at::Tensor& rows, con
   const int64_t out_stride = rows_first ? 1 : n, row_stride = rows_first ? out : 1;
   if (kind == at::kHalf) {
     multiply(Product<at::Half>{weight.data_ptr<at::Half>(), input.data_ptr<float>(), bias_data, result.data_ptr<float>(),
-                               out_stride, row_stride, weight.size(1), out, n});
+                               out_stride, row_stride, weight.size(1), out, n},
+             kernels);
   } else {
     multiply(Product<float>{weight.data_ptr<float>(), input.data_ptr<float>(), bias_data, result.data_ptr<float>(),
-                            out_stride, row_stride, weight.size(1), out, n});
+                            out_stride, row_stride, weight.size(1), out, n},
+             kernels);
   }
   return result;
 }
@@ -213,13 +302,15 @@ at::Tensor few_row_product(const at::Tensor& weight, const at::Tensor& rows, con
 extern "C" {
 
 // `weight`: [out, in] float32 or float16, contiguous; `rows`: [n, in] float32; `bias`: [out]
-// float32 or null. `*out`: the weight times the rows' transpose plus the bias, [out, n] float32,
-// a new tensor (the layout of libtorch's product as ops.rs calls it).
+// float32 or null; `kernels`: the instruction set (qwencodec::CpuKernels, which the CPU must have).
+// `*out`: the weight times the rows' transpose plus the bias, [out, n] float32, a new tensor
+// (the layout of libtorch's product as ops.rs calls it).
 bool qwencodec_skinny_gemm(const at::Tensor* weight, const at::Tensor* rows, const at::Tensor* bias,
-                           at::Tensor** out, char* error, size_t error_size) {
+                           int32_t kernels, at::Tensor** out, char* error, size_t error_size) {
   RECORD_FUNCTION("qwencodec::skinny_gemm", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
-    *out = new at::Tensor(qwencodec::few_row_product(*weight, *rows, bias, false));
+    *out = new at::Tensor(
+        qwencodec::few_row_product(*weight, *rows, bias, false, static_cast<qwencodec::CpuKernels>(kernels)));
   });
 }
 

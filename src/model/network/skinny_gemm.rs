@@ -1,7 +1,7 @@
 //! Float32 or float16 weights against a few rows of float32 activations on the CPU: the C++
-//! kernel of `skinny_gemm.cpp` (AVX-512), which reads each weight once whatever the number of
-//! rows, float16 ones widened in registers (dtype f16: half the bytes; FBGEMM's float16
-//! product, used before, streamed them 30-40% slower on the Xeon).
+//! kernel of `skinny_gemm.cpp` (AVX-512, or AVX2 on CPUs without it), which reads each weight
+//! once whatever the number of rows, float16 ones widened in registers (dtype f16: half the
+//! bytes; FBGEMM's float16 product, used before, streamed them 30-40% slower on the Xeon).
 //!
 //! A small step's products are a weight against 1 to about a hundred rows (a frame is 1 row in
 //! the transformer, 4 after the upsampler, 32 in the vocoder's first block). MKL streams a
@@ -17,7 +17,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::TorchResult;
-use super::shim::{self, call};
+use super::shim::{self, CpuKernels, call};
 
 mod ffi {
     use std::ffi::c_char;
@@ -30,6 +30,7 @@ mod ffi {
             weight: *const C_tensor,
             rows: *const C_tensor,
             bias: *const C_tensor,
+            kernels: i32,
             out: *mut *mut C_tensor,
             error: *mut c_char,
             size: usize,
@@ -47,18 +48,32 @@ mod ffi {
     }
 }
 
-/// Most activation rows a product runs here with: from there on MKL's kernels reuse each weight
-/// element often enough to be as fast.
+/// Most activation rows a product runs here with in AVX-512: from there on MKL's kernels reuse
+/// each weight element often enough to be as fast.
 pub const MAX_ROWS: i64 = 128;
 
+/// Most activation rows a product runs here with in AVX2, whose 16 registers hold tiles of 2
+/// rows: each tile re-reads its weights (from the second-level cache, for the vocoder's wide
+/// convolutions) for every 2 rows, so that from a few rows on MKL's products are faster.
+const MAX_ROWS_AVX2: i64 = 8;
+
+/// Most activation rows a product runs here with, in this process's kernels
+/// ([`shim::cpu_kernels`]); none where they do not run.
+pub fn max_rows() -> i64 {
+    match shim::cpu_kernels() {
+        CpuKernels::Avx512 => MAX_ROWS,
+        CpuKernels::Avx2 => MAX_ROWS_AVX2,
+        CpuKernels::Off => 0,
+    }
+}
+
 /// Whether `weight` [out, in] against `rows` rows runs here: a contiguous float32 or float16
-/// weight on a CPU with AVX-512, at most [`MAX_ROWS`] rows.
+/// weight on a CPU with AVX2 or AVX-512, at most [`max_rows`] rows.
 pub fn applies(weight: &Tensor, rows: i64) -> bool {
-    rows <= MAX_ROWS
+    rows <= max_rows()
         && weight.device() == Device::Cpu
         && matches!(weight.kind(), Kind::Float | Kind::Half)
         && weight.is_contiguous()
-        && shim::avx512()
 }
 
 /// Outputs per block of a packed weight (the kernel's `kBlockOutputs`).
@@ -67,7 +82,8 @@ const PACKED_BLOCK: i64 = 32;
 /// Rows per frame from which a float16 weight is packed for outer products.
 const PACKED_MIN_ROWS_PER_FRAME: usize = 8;
 
-/// Whether a float16 weight on `device` that sees `rows_per_frame` rows per frame is packed.
+/// Whether a float16 weight on `device` that sees `rows_per_frame` rows per frame is packed (the
+/// outer products are AVX-512 only).
 pub fn packs(device: Device, rows_per_frame: usize) -> bool {
     rows_per_frame >= PACKED_MIN_ROWS_PER_FRAME && device == Device::Cpu && shim::avx512()
 }
@@ -103,11 +119,29 @@ pub fn packed_product(
 /// `weight` [out, in] times each row of `rows` [R, in], plus `bias` (`out` values): [out, R],
 /// as [`super::ops::project`].
 pub fn product(weight: &Tensor, rows: &Tensor, bias: Option<&Tensor>) -> TorchResult<Tensor> {
+    product_in(shim::cpu_kernels(), weight, rows, bias)
+}
+
+/// [`product`] in the instruction set of `kernels` (AVX2 or AVX-512), which the CPU must have.
+fn product_in(
+    kernels: CpuKernels,
+    weight: &Tensor,
+    rows: &Tensor,
+    bias: Option<&Tensor>,
+) -> TorchResult<Tensor> {
     let bias = bias.map(Tensor::f_contiguous).transpose()?;
     let bias_ptr = bias.as_ref().map_or(std::ptr::null(), |bias| bias.as_ptr());
     // SAFETY: the tensors are live for the duration of the call; the bias may be null.
     call("float32 product", |out, error, size| unsafe {
-        ffi::qwencodec_skinny_gemm(weight.as_ptr(), rows.as_ptr(), bias_ptr, out, error, size)
+        ffi::qwencodec_skinny_gemm(
+            weight.as_ptr(),
+            rows.as_ptr(),
+            bias_ptr,
+            kernels as i32,
+            out,
+            error,
+            size,
+        )
     })
 }
 
@@ -170,6 +204,54 @@ mod tests {
                          rows per frame): off by {error:e} of {scale:e}",
                         bias.is_some()
                     );
+                }
+            }
+        }
+    }
+
+    /// The kernel in each instruction set this CPU has, whatever the process runs (AVX2 on an
+    /// AVX-512 CPU too: what a CPU without AVX-512 runs) against a float64 product: float32 and
+    /// float16 weights, whole and partial tiles of weight rows and activation rows (AVX2 takes 2
+    /// at a time, AVX-512 6), partial vectors at the end of the inputs.
+    #[test]
+    #[cfg_attr(not(target_arch = "x86_64"), ignore = "the kernels are x86-64's")]
+    fn each_instruction_set_matches_a_float64_product() {
+        let sets: Vec<CpuKernels> = [CpuKernels::Avx2, CpuKernels::Avx512]
+            .into_iter()
+            .filter(|&kernels| kernels <= shim::widest_kernels())
+            .collect();
+        assert!(
+            !sets.is_empty(),
+            "an x86-64 CPU without AVX2 runs none of the kernels"
+        );
+        tch::manual_seed(11);
+        for kernels in sets {
+            for (out, inputs) in [(4, 8), (5, 13), (9, 100), (64, 1030)] {
+                for rows in [1, 2, 3, 6, 7, 13, 40] {
+                    let weight = Tensor::randn([out, inputs], (Kind::Float, Device::Cpu));
+                    let x = Tensor::randn([rows, inputs], (Kind::Float, Device::Cpu));
+                    let bias = Tensor::randn([out], (Kind::Float, Device::Cpu));
+                    for (bias, stored) in [
+                        (None, weight.shallow_clone()),
+                        (Some(&bias), weight.shallow_clone()),
+                        (Some(&bias), weight.to_kind(Kind::Half)),
+                    ] {
+                        let got = product_in(kernels, &stored, &x, bias).unwrap();
+                        let mut expected = stored
+                            .to_kind(Kind::Double)
+                            .mm(&x.to_kind(Kind::Double).transpose(0, 1));
+                        if let Some(bias) = bias {
+                            expected += bias.to_kind(Kind::Double).view([-1, 1]);
+                        }
+                        let (error, scale) = max_error_and_scale(&got, &expected);
+                        assert!(
+                            error <= 1e-5 * scale,
+                            "{kernels:?}: {out}x{inputs} ({:?}) against {rows} rows (bias {}): off by \
+                             {error:e} of {scale:e}",
+                            stored.kind(),
+                            bias.is_some()
+                        );
+                    }
                 }
             }
         }

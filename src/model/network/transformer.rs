@@ -1,14 +1,15 @@
 //! The pre-transformer: sliding-window causal attention with RoPE, whose window of keys and
-//! values each stream keeps from step to step. On a CPU with AVX-512 a layer of a step of up to
-//! [`skinny_gemm::MAX_ROWS`] rows is one call of `transformer_layer.cpp`; elsewhere (CUDA, where
-//! graphs capture the ops, other CPUs, large steps) libtorch's ops and our kernels one by one.
+//! values each stream keeps from step to step. On a CPU with AVX2 or AVX-512 a layer of a step of
+//! up to [`skinny_gemm::max_rows`] rows is one call of `transformer_layer.cpp`; elsewhere (CUDA,
+//! where graphs capture the ops, other CPUs, large steps) libtorch's ops and our kernels one by
+//! one.
 
 use tch::{Device, Kind, TchError, Tensor};
 
 use super::attention::{Attention, Heads, Rope};
 use super::ops::{Linear, LinearWeights};
 use super::rms_norm::RmsNorm;
-use super::shim::call;
+use super::shim::{self, call};
 use super::skinny_gemm;
 use super::{ACTIVATION_KIND, State, TorchResult};
 use crate::model::ModelError;
@@ -58,6 +59,7 @@ mod ffi {
             step: *const StepAttention,
             keys: *mut C_tensor,
             values: *mut C_tensor,
+            kernels: i32,
             out: *mut *mut C_tensor,
             error: *mut c_char,
             size: usize,
@@ -296,7 +298,7 @@ impl TransformerLayer {
         keys: &mut Tensor,
         values: &mut Tensor,
     ) -> TorchResult<Tensor> {
-        if self.in_one_call && x.size()[0] * x.size()[1] <= skinny_gemm::MAX_ROWS {
+        if self.in_one_call && x.size()[0] * x.size()[1] <= skinny_gemm::max_rows() {
             return self.forward_in_one_call(x, attention, keys, values);
         }
         self.forward_by_parts(x, attention, keys, values)
@@ -357,6 +359,7 @@ impl TransformerLayer {
                 &step,
                 keys.as_mut_ptr(),
                 values.as_mut_ptr(),
+                shim::cpu_kernels() as i32,
                 out,
                 error,
                 size,
@@ -399,8 +402,9 @@ mod tests {
     /// A layer in one call against the same layer op by op, on the fixtures' geometries
     /// (grouped heads with biases; the release's), with float32 and float16 weights, one row and
     /// several, one position and several, windows partly empty: what the layer adds to its
-    /// input close, the windows moved alike. Where the CPU has no AVX-512, the layer runs by
-    /// parts, which is all that is asserted there.
+    /// input close, the windows moved alike. Where the few-row kernel does not run (a CPU
+    /// without AVX2, or the kernels turned off), the layer runs by parts, which is all that is
+    /// asserted there.
     #[test]
     fn a_layer_in_one_call_matches_the_layer_by_parts() {
         tch::manual_seed(7);
@@ -417,7 +421,11 @@ mod tests {
                 let file = WeightFile::open(&files.weights, Device::Cpu, Kind::Float, f16).unwrap();
                 let transformer = Transformer::load(&file.root().at("pre_transformer"), &config).unwrap();
                 let layer = &transformer.layers[0];
-                assert_eq!(layer.in_one_call, shim::avx512(), "{fixture}, f16 {f16}");
+                assert_eq!(
+                    layer.in_one_call,
+                    shim::cpu_kernels() >= shim::CpuKernels::Avx2,
+                    "{fixture}, f16 {f16}"
+                );
                 if !layer.in_one_call {
                     continue;
                 }

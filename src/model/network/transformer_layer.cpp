@@ -3,8 +3,8 @@
 // gate/up product, SiLU gating, down_proj and its residual. A one-frame step runs a layer on a
 // row per stream, where libtorch's way (about 27 ops a layer, each dispatched from Rust and
 // allocated) spent a fifth of the transformer's time between the products. The products are
-// the few-row kernel's, so this runs where that does (AVX-512) and on as many rows. Errors as in
-// shim.h.
+// the few-row kernel's, so this runs where that does (AVX2 or AVX-512) and on as many rows.
+// Errors as in shim.h.
 
 #include <ATen/ATen.h>
 
@@ -85,13 +85,14 @@ at::Tensor gated(const at::Tensor& gate_up) {
 extern "C" {
 
 // `x`: [B, T, hidden] float32, the layer's input; `keys`, `values`: the layer's window, as
-// qwencodec_attention takes it (moved on in place). `*out`: the layer's output, [B, T, hidden],
-// a new tensor.
+// qwencodec_attention takes it (moved on in place); `kernels`: the products' instruction set
+// (qwencodec::CpuKernels). `*out`: the layer's output, [B, T, hidden], a new tensor.
 bool qwencodec_transformer_layer(const at::Tensor* x, const QwencodecLayerWeights* w,
                                  const QwencodecStepAttention* step, at::Tensor* keys, at::Tensor* values,
-                                 at::Tensor** out, char* error, size_t error_size) {
+                                 int32_t kernels, at::Tensor** out, char* error, size_t error_size) {
   RECORD_FUNCTION("qwencodec::transformer_layer", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
+    const auto isa = static_cast<qwencodec::CpuKernels>(kernels);
     TORCH_CHECK(x->dim() == 3 && x->scalar_type() == at::kFloat && x->device().is_cpu(),
                 "a transformer layer takes float32 [batch, steps, hidden] on the CPU, not ", x->sizes());
     const int64_t batch = x->size(0), steps = x->size(1), hidden = x->size(2);
@@ -99,18 +100,18 @@ bool qwencodec_transformer_layer(const at::Tensor* x, const QwencodecLayerWeight
     at::Tensor residual = x->reshape({batch * steps, hidden}).clone(at::MemoryFormat::Contiguous);
 
     const at::Tensor qkv = qwencodec::few_row_product(
-        *w->qkv_weight, qwencodec::rms_norm(residual, *w->input_norm, w->eps), w->qkv_bias, true);
+        *w->qkv_weight, qwencodec::rms_norm(residual, *w->input_norm, w->eps), w->qkv_bias, true, isa);
     const at::Tensor attended =
         qwencodec::attention(qkv.view({batch, steps, -1}), *keys, *values, *step->query_cos, *step->query_sin,
                              *step->key_cos, *step->key_sin, *step->mask, step->heads, step->kv_heads);
     add_scaled(residual,
-               qwencodec::few_row_product(*w->o_weight, attended.view({batch * steps, -1}), w->o_bias, true),
+               qwencodec::few_row_product(*w->o_weight, attended.view({batch * steps, -1}), w->o_bias, true, isa),
                w->attention_scale, "self_attn_layer_scale");
 
     const at::Tensor gate_up = qwencodec::few_row_product(
         *w->gate_up_weight, qwencodec::rms_norm(residual, *w->post_attention_norm, w->eps),
-        w->gate_up_bias, true);
-    add_scaled(residual, qwencodec::few_row_product(*w->down_weight, gated(gate_up), w->down_bias, true),
+        w->gate_up_bias, true, isa);
+    add_scaled(residual, qwencodec::few_row_product(*w->down_weight, gated(gate_up), w->down_bias, true, isa),
                w->mlp_scale, "mlp_layer_scale");
     *out = new at::Tensor(residual.view({batch, steps, hidden}));
   });
