@@ -192,7 +192,7 @@ pub fn flags(machine: &Value) -> String {
 
 /// The machine's CPU for a file name: `Intel(R) Xeon(R) Platinum 8480+` with AVX-512 becomes
 /// `intel-xeon-platinum-8480-avx512`; limited to AVX2 (`ATEN_CPU_CAPABILITY=avx2`) with our
-/// kernels off, `intel-xeon-platinum-8480-as-avx2-no-kernels`.
+/// kernels off, `intel-xeon-platinum-8480-as-avx2-no-kernels` (held to AVX2: `-avx2-kernels`).
 pub fn slug(machine: &Value) -> String {
     let model = machine["cpu"].as_str().unwrap_or("unknown");
     let model = model.split(" @ ").next().unwrap().to_lowercase();
@@ -216,8 +216,10 @@ pub fn slug(machine: &Value) -> String {
         None if machine["avx512"].as_bool() == Some(true) => words.push("avx512".into()),
         None => {}
     }
-    if limited(gstqwencodec::model::KERNELS_ENV) == Some("off") {
-        words.push("no-kernels".into());
+    match limited(gstqwencodec::model::KERNELS_ENV) {
+        Some("off") => words.push("no-kernels".into()),
+        Some("avx2") => words.push("avx2-kernels".into()),
+        _ => {}
     }
     words.join("-")
 }
