@@ -152,11 +152,22 @@ mod tests {
     use crate::model::network::max_error_and_scale;
     use crate::model::network::ops::Matrix;
 
-    /// A float32 or float16 matrix's product (this kernel on an AVX-512 CPU, else libtorch's)
-    /// in every tile shape the kernel has (1 to 6 activation rows, whole and partial tiles of 4
-    /// weight rows, a masked tail of the inputs), and beyond its rows; float16 weights packed
-    /// too (whole and partial blocks of outputs, 1 to 12 rows and more), against a float64
-    /// product of the weight as stored.
+    /// `stored` [out, in] times each row of `x` [R, in], plus `bias`, in float64: [out, R].
+    fn float64_product(stored: &Tensor, x: &Tensor, bias: Option<&Tensor>) -> Tensor {
+        let product = stored
+            .to_kind(Kind::Double)
+            .mm(&x.to_kind(Kind::Double).transpose(0, 1));
+        match bias {
+            Some(bias) => product + bias.to_kind(Kind::Double).view([-1, 1]),
+            None => product,
+        }
+    }
+
+    /// A float32 or float16 matrix's product (this kernel where the process runs it, else
+    /// libtorch's) in every tile shape the kernel has (1 to 6 activation rows, whole and partial
+    /// tiles of 4 weight rows, a masked tail of the inputs), and beyond its rows; float16
+    /// weights packed too (whole and partial blocks of outputs, 1 to 12 rows and more), against
+    /// a float64 product of the weight as stored.
     #[test]
     fn matches_a_float64_product() {
         tch::manual_seed(7);
@@ -191,13 +202,7 @@ mod tests {
                     } else {
                         weight.shallow_clone()
                     };
-                    let mut expected = stored
-                        .to_kind(Kind::Double)
-                        .mm(&x.to_kind(Kind::Double).transpose(0, 1));
-                    if let Some(bias) = bias {
-                        expected += bias.to_kind(Kind::Double).view([-1, 1]);
-                    }
-                    let (error, scale) = max_error_and_scale(&got, &expected);
+                    let (error, scale) = max_error_and_scale(&got, &float64_product(&stored, &x, bias));
                     assert!(
                         error <= 1e-5 * scale,
                         "{out}x{inputs} against {rows} rows (bias {}, float16 {f16}, {rows_per_frame} \
@@ -237,13 +242,7 @@ mod tests {
                         (Some(&bias), weight.to_kind(Kind::Half)),
                     ] {
                         let got = product_in(kernels, &stored, &x, bias).unwrap();
-                        let mut expected = stored
-                            .to_kind(Kind::Double)
-                            .mm(&x.to_kind(Kind::Double).transpose(0, 1));
-                        if let Some(bias) = bias {
-                            expected += bias.to_kind(Kind::Double).view([-1, 1]);
-                        }
-                        let (error, scale) = max_error_and_scale(&got, &expected);
+                        let (error, scale) = max_error_and_scale(&got, &float64_product(&stored, &x, bias));
                         assert!(
                             error <= 1e-5 * scale,
                             "{kernels:?}: {out}x{inputs} ({:?}) against {rows} rows (bias {}): off by \
