@@ -34,8 +34,9 @@ pub fn checked(what: &str, f: impl FnOnce(*mut c_char, usize) -> bool) -> TorchR
 }
 
 /// The instruction set our CPU kernels run in: the widest this CPU has, unless the environment
-/// variable [`KERNELS_ENV`] holds them back. The few-row product comes in AVX2 and AVX-512, the
-/// other kernels in AVX-512 only; where they do not run, libtorch's ops do their work.
+/// variable [`KERNELS_ENV`] holds them back. The few-row product (and with it the transformer
+/// layer in one call) and SnakeBeta come in AVX2 and AVX-512, the other kernels in AVX-512 only;
+/// where they do not run, libtorch's ops do their work.
 #[repr(i32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum CpuKernels {
@@ -72,6 +73,16 @@ fn allowed_kernels() -> CpuKernels {
             CpuKernels::Avx512
         }
     }
+}
+
+/// Every instruction set of the kernels that this CPU runs, whatever the environment says: the
+/// tests run each.
+#[cfg(test)]
+pub fn instruction_sets() -> Vec<CpuKernels> {
+    [CpuKernels::Avx2, CpuKernels::Avx512]
+        .into_iter()
+        .filter(|&kernels| kernels <= widest_kernels())
+        .collect()
 }
 
 /// The widest [`CpuKernels`] this CPU runs, whatever the environment says.

@@ -1,7 +1,8 @@
 // SnakeBeta, x + inverse_magnitude * sin(frequency * x)^2 per channel, in one pass over float32
 // activations on the CPU: libtorch's element-wise ops take four passes and two tensors, and the
-// vocoder's late blocks run it on hundreds of thousands of samples a step. AVX-512 only (shim.rs
-// checks the CPU). Errors as in shim.h.
+// vocoder's late blocks run it on hundreds of thousands of samples a step. In AVX-512 or AVX2
+// (with FMA), the caller says which (shim.rs checks the CPU): the same arithmetic in vectors of
+// 16 or 8. Errors as in shim.h.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -11,10 +12,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels.h"
 #include "shim.h"
 #include "widen.h"
 
 extern "C" __m512 Sleef_sinf16_u10(__m512);
+extern "C" __m256 Sleef_sinf8_u10avx2(__m256);
 
 namespace {
 
@@ -73,16 +76,64 @@ __attribute__((target("avx512f"))) void snake_rows(const float* x, float* y, con
   }
 }
 
+// sin_squared in AVX2, lane for lane the same arithmetic.
+__attribute__((target("avx2,fma"))) inline __m256 sin_squared8(__m256 y) {
+  const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), y);
+  if (_mm256_movemask_ps(_mm256_cmp_ps(magnitude, _mm256_set1_ps(kReducedLimit), _CMP_NLE_UQ)) != 0) {
+    const __m256 s = Sleef_sinf8_u10avx2(y);
+    return _mm256_mul_ps(s, s);
+  }
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(0.318309886183790671f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(kPiHigh), y);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(kPiMiddle), r);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(kPiLow), r);
+  const __m256 u = _mm256_mul_ps(r, r);
+  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(2.6089924e-06f), u, _mm256_set1_ps(-0.00019811139f));
+  p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(0.008333089f));
+  p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(-0.16666661f));
+  const __m256 s = _mm256_fmadd_ps(_mm256_mul_ps(p, u), r, r);
+  return _mm256_mul_ps(s, s);
+}
+
+// snake_rows in AVX2; a row's last partial vector goes through a zero-padded copy.
+__attribute__((target("avx2,fma"))) void snake_rows8(const float* x, float* y, const float* frequency,
+                                                    const float* inverse_magnitude, int64_t channels,
+                                                    int64_t length, int64_t begin, int64_t end) {
+  for (int64_t row = begin; row < end; ++row) {
+    const __m256 f = _mm256_set1_ps(frequency[row % channels]);
+    const __m256 m = _mm256_set1_ps(inverse_magnitude[row % channels]);
+    const float* in = x + row * length;
+    float* out = y + row * length;
+    int64_t t = 0;
+    for (; t + 8 <= length; t += 8) {
+      const __m256 v = _mm256_loadu_ps(in + t);
+      _mm256_storeu_ps(out + t, _mm256_fmadd_ps(sin_squared8(_mm256_mul_ps(v, f)), m, v));
+    }
+    if (t < length) {
+      float padded[8] = {};
+      std::copy(in + t, in + length, padded);
+      const __m256 v = _mm256_loadu_ps(padded);
+      _mm256_storeu_ps(padded, _mm256_fmadd_ps(sin_squared8(_mm256_mul_ps(v, f)), m, v));
+      std::copy(padded, padded + (length - t), out + t);
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" {
 
 // `x`: [B, channels, T] float32; `frequency`, `inverse_magnitude`: `channels` float32 values
-// each, contiguous. `*out`: SnakeBeta of `x`, a new contiguous tensor.
+// each, contiguous; `kernels`: the instruction set (qwencodec::CpuKernels, AVX2 or AVX-512).
+// `*out`: SnakeBeta of `x`, a new contiguous tensor.
 bool qwencodec_snake_beta(const at::Tensor* x, const at::Tensor* frequency, const at::Tensor* inverse_magnitude,
-                          at::Tensor** out, char* error, size_t error_size) {
+                          int32_t kernels, at::Tensor** out, char* error, size_t error_size) {
   RECORD_FUNCTION("qwencodec::snake_beta", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
+    const auto isa = static_cast<qwencodec::CpuKernels>(kernels);
+    TORCH_CHECK(isa == qwencodec::CpuKernels::kAvx2 || isa == qwencodec::CpuKernels::kAvx512,
+                "SnakeBeta runs in AVX2 or AVX-512, not kernels ", kernels);
     TORCH_CHECK(x->dim() == 3 && x->scalar_type() == at::kFloat, "SnakeBeta takes float32 [B, channels, T]");
     const int64_t channels = x->size(1);
     for (const at::Tensor* factor : {frequency, inverse_magnitude}) {
@@ -98,7 +149,13 @@ bool qwencodec_snake_beta(const at::Tensor* x, const at::Tensor* frequency, cons
     const float* f = frequency->data_ptr<float>();
     const float* m = inverse_magnitude->data_ptr<float>();
     at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, length)),
-                     [&](int64_t begin, int64_t end) { snake_rows(in, y, f, m, channels, length, begin, end); });
+                     [&](int64_t begin, int64_t end) {
+                       if (isa == qwencodec::CpuKernels::kAvx512) {
+                         snake_rows(in, y, f, m, channels, length, begin, end);
+                       } else {
+                         snake_rows8(in, y, f, m, channels, length, begin, end);
+                       }
+                     });
     *out = new at::Tensor(std::move(result));
   });
 }

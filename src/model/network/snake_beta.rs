@@ -1,10 +1,10 @@
 //! SnakeBeta, `x + 1 / (exp(beta) + 1e-9) * sin(exp(alpha) * x)^2` per channel: the vocoder's
-//! activation. On a CPU with AVX-512, one pass of the C++ kernel in `snake_beta.cpp`; elsewhere
-//! (CUDA, where graphs capture it, or other CPUs) libtorch's element-wise ops.
+//! activation. On a CPU with AVX2 or AVX-512, one pass of the C++ kernel in `snake_beta.cpp`;
+//! elsewhere (CUDA, where graphs capture it, or other CPUs) libtorch's element-wise ops.
 
 use tch::{Device, Kind, Tensor};
 
-use super::shim::{self, call};
+use super::shim::{self, CpuKernels, call};
 use super::{ACTIVATION_KIND, TorchResult};
 use crate::model::ModelError;
 use crate::model::checkpoint::Weights;
@@ -20,6 +20,7 @@ mod ffi {
             x: *const C_tensor,
             frequency: *const C_tensor,
             inverse_magnitude: *const C_tensor,
+            kernels: i32,
             out: *mut *mut C_tensor,
             error: *mut c_char,
             size: usize,
@@ -52,24 +53,42 @@ impl SnakeBeta {
 
     /// `x`: [B, channels, T] float32.
     pub fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
-        if x.device() == Device::Cpu && shim::avx512() {
-            // SAFETY: the tensors are live for the duration of the call.
-            return call("SnakeBeta", |out, error, size| unsafe {
-                ffi::qwencodec_snake_beta(
-                    x.as_ptr(),
-                    self.frequency.as_ptr(),
-                    self.inverse_magnitude.as_ptr(),
-                    out,
-                    error,
-                    size,
-                )
-            });
+        let kernels = shim::cpu_kernels();
+        if x.device() == Device::Cpu && kernels >= CpuKernels::Avx2 {
+            return self.kernel(kernels, x);
         }
         // Two new tensors and four passes.
         let mut wave = x.f_mul(&self.frequency)?;
         _ = wave.f_sin_()?;
         _ = wave.f_square_()?;
         x.f_addcmul(&wave, &self.inverse_magnitude)
+    }
+
+    /// [`Self::forward`] on the CPU by the kernel in the instruction set of `kernels` (AVX2 or
+    /// AVX-512), which the CPU must have.
+    fn kernel(&self, kernels: CpuKernels, x: &Tensor) -> TorchResult<Tensor> {
+        // SAFETY: the tensors are live for the duration of the call.
+        call("SnakeBeta", |out, error, size| unsafe {
+            ffi::qwencodec_snake_beta(
+                x.as_ptr(),
+                self.frequency.as_ptr(),
+                self.inverse_magnitude.as_ptr(),
+                kernels as i32,
+                out,
+                error,
+                size,
+            )
+        })
+    }
+
+    /// [`Self::forward`] and the kernel in each instruction set this CPU has, named.
+    #[cfg(test)]
+    fn every_path(&self, x: &Tensor) -> Vec<(String, Tensor)> {
+        let mut paths = vec![("this process's".to_owned(), self.forward(x).unwrap())];
+        for kernels in shim::instruction_sets() {
+            paths.push((format!("{kernels:?}"), self.kernel(kernels, x).unwrap()));
+        }
+        paths
     }
 }
 
@@ -78,9 +97,9 @@ mod tests {
     use super::*;
     use crate::model::network::max_error_and_scale;
 
-    /// SnakeBeta on the CPU (the one-pass kernel where AVX-512 runs it) against the formula in
-    /// float64, on rows whose length leaves a masked tail and arguments large enough for the
-    /// sine's range reduction to count.
+    /// SnakeBeta on the CPU (this process's path, and the kernel in each instruction set the
+    /// CPU has) against the formula in float64, on rows whose length leaves a partial vector
+    /// and arguments large enough for the sine's range reduction to count.
     #[test]
     fn matches_the_formula_in_float64() {
         tch::manual_seed(3);
@@ -91,24 +110,26 @@ mod tests {
         };
         for length in [1, 15, 16, 17, 1000] {
             let x = Tensor::randn([2, channels, length], (Kind::Float, Device::Cpu)) * 20.0;
-            let got = snake.forward(&x).unwrap();
             let x64 = x.to_kind(Kind::Double);
             let expected = &x64
                 + (x64.shallow_clone() * snake.frequency.to_kind(Kind::Double))
                     .sin()
                     .square()
                     * snake.inverse_magnitude.to_kind(Kind::Double);
-            let (error, scale) = max_error_and_scale(&got, &expected);
-            assert!(
-                error <= 1e-6 * scale,
-                "length {length}: off by {error:e} of {scale:e}"
-            );
+            for (path, got) in snake.every_path(&x) {
+                let (error, scale) = max_error_and_scale(&got, &expected);
+                assert!(
+                    error <= 1e-6 * scale,
+                    "{path}, length {length}: off by {error:e} of {scale:e}"
+                );
+            }
         }
     }
 
-    /// The sine's square over the arguments the kernel reduces itself (up to 65536) and beyond,
-    /// where it takes SLEEF's: against float64 of the same float32 argument (frequency times x),
-    /// with samples next to multiples of pi, where the reduction cancels most.
+    /// The sine's square over the arguments the kernels reduce themselves (up to 65536) and
+    /// beyond, where they take SLEEF's (each path, as above): against float64 of the same
+    /// float32 argument (frequency times x), with samples next to multiples of pi, where the
+    /// reduction cancels most.
     #[test]
     fn squares_the_sine_of_any_argument() {
         let frequency = 1e4f32;
@@ -119,13 +140,14 @@ mod tests {
         let mut x: Vec<f32> = (0..20_000).map(|i| (i as f32 - 10_000.0) * 1e-3).collect();
         x.extend((1..2_000).map(|k| (k as f64 * 37.0 * std::f64::consts::PI / f64::from(frequency)) as f32));
         let x = Tensor::from_slice(&x).view([1, 1, -1]);
-        let got = snake.forward(&x).unwrap();
         let argument = (&x * f64::from(frequency)).to_kind(Kind::Double);
         let expected = x.to_kind(Kind::Double) + argument.sin().square();
-        let error = (got.to_kind(Kind::Double) - expected)
-            .abs()
-            .max()
-            .double_value(&[]);
-        assert!(error <= 2e-6, "off by {error:e}");
+        for (path, got) in snake.every_path(&x) {
+            let error = (got.to_kind(Kind::Double) - &expected)
+                .abs()
+                .max()
+                .double_value(&[]);
+            assert!(error <= 2e-6, "{path}: off by {error:e}");
+        }
     }
 }
