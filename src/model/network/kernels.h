@@ -13,9 +13,18 @@ namespace qwencodec {
 // caller has checked that the CPU has it.
 enum class CpuKernels : int32_t { kOff = 0, kAvx2 = 1, kAvx512 = 2 };
 
+// A C entry point's `kernels` argument as the instruction set of a kernel that comes in AVX2 and
+// AVX-512 (`what`, for the error any other value is).
+inline CpuKernels vector_kernels(int32_t kernels, const char* what) {
+  TORCH_CHECK(kernels == static_cast<int32_t>(CpuKernels::kAvx2) ||
+                  kernels == static_cast<int32_t>(CpuKernels::kAvx512),
+              what, " runs in AVX2 or AVX-512, not kernels ", kernels);
+  return static_cast<CpuKernels>(kernels);
+}
+
 // `weight` [out, in] (float32 or float16, contiguous) times each of `rows` [n, in] (float32),
 // plus `bias` ([out] float32, or null): [n, out] with `rows_first`, else [out, n]. In AVX2 or
-// AVX-512 (skinny_gemm.cpp).
+// AVX-512, as `kernels` says (see vector_kernels; skinny_gemm.cpp).
 at::Tensor few_row_product(const at::Tensor& weight, const at::Tensor& rows, const at::Tensor* bias,
                            bool rows_first, CpuKernels kernels);
 

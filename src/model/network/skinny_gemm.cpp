@@ -271,8 +271,6 @@ namespace qwencodec {
 
 at::Tensor few_row_product(const at::Tensor& weight, const at::Tensor& rows, const at::Tensor* bias,
                            bool rows_first, CpuKernels kernels) {
-  TORCH_CHECK(kernels == CpuKernels::kAvx2 || kernels == CpuKernels::kAvx512,
-              "the few-row product runs in AVX2 or AVX-512, not kernels ", static_cast<int>(kernels));
   const auto kind = weight.scalar_type();
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && (kind == at::kFloat || kind == at::kHalf),
               "the weight must be a contiguous float32 or float16 matrix");
@@ -309,8 +307,8 @@ bool qwencodec_skinny_gemm(const at::Tensor* weight, const at::Tensor* rows, con
                            int32_t kernels, at::Tensor** out, char* error, size_t error_size) {
   RECORD_FUNCTION("qwencodec::skinny_gemm", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
-    *out = new at::Tensor(
-        qwencodec::few_row_product(*weight, *rows, bias, false, static_cast<qwencodec::CpuKernels>(kernels)));
+    const auto isa = qwencodec::vector_kernels(kernels, "the few-row product");
+    *out = new at::Tensor(qwencodec::few_row_product(*weight, *rows, bias, false, isa));
   });
 }
 

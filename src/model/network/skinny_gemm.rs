@@ -261,6 +261,13 @@ mod tests {
         let rows = Tensor::zeros([2, 31], (Kind::Float, Device::Cpu));
         let error = product(&weight, &rows, None).unwrap_err().to_string();
         assert!(error.contains("rows of the weight's width"), "{error}");
+        let error = product_in(CpuKernels::Off, &weight, &weight, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("runs in AVX2 or AVX-512, not kernels 0"),
+            "{error}"
+        );
         let error = product(&weight.to_kind(Kind::Int), &rows, None)
             .unwrap_err()
             .to_string();

@@ -131,9 +131,7 @@ bool qwencodec_snake_beta(const at::Tensor* x, const at::Tensor* frequency, cons
                           int32_t kernels, at::Tensor** out, char* error, size_t error_size) {
   RECORD_FUNCTION("qwencodec::snake_beta", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
-    const auto isa = static_cast<qwencodec::CpuKernels>(kernels);
-    TORCH_CHECK(isa == qwencodec::CpuKernels::kAvx2 || isa == qwencodec::CpuKernels::kAvx512,
-                "SnakeBeta runs in AVX2 or AVX-512, not kernels ", kernels);
+    const auto isa = qwencodec::vector_kernels(kernels, "SnakeBeta");
     TORCH_CHECK(x->dim() == 3 && x->scalar_type() == at::kFloat, "SnakeBeta takes float32 [B, channels, T]");
     const int64_t channels = x->size(1);
     for (const at::Tensor* factor : {frequency, inverse_magnitude}) {

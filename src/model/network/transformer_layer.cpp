@@ -92,7 +92,7 @@ bool qwencodec_transformer_layer(const at::Tensor* x, const QwencodecLayerWeight
                                  int32_t kernels, at::Tensor** out, char* error, size_t error_size) {
   RECORD_FUNCTION("qwencodec::transformer_layer", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
-    const auto isa = static_cast<qwencodec::CpuKernels>(kernels);
+    const auto isa = qwencodec::vector_kernels(kernels, "the transformer layer");
     TORCH_CHECK(x->dim() == 3 && x->scalar_type() == at::kFloat && x->device().is_cpu(),
                 "a transformer layer takes float32 [batch, steps, hidden] on the CPU, not ", x->sizes());
     const int64_t batch = x->size(0), steps = x->size(1), hidden = x->size(2);
