@@ -168,22 +168,24 @@ pub fn code(machine: &Value) -> &str {
     machine["code"].as_str().unwrap_or("unknown")
 }
 
+/// [`machine`]'s list of strings under `key` (`cpu_flags`, `limits`).
+fn strings<'a>(machine: &'a Value, key: &str) -> Vec<&'a str> {
+    machine[key]
+        .as_array()
+        .map(|values| values.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
 /// The flags of [`machine`]'s CPU for a report, and what limited their use: `avx2, fma,
 /// avx512f` or `avx2, fma, avx512f; limited by ATEN_CPU_CAPABILITY=avx2`.
 pub fn flags(machine: &Value) -> String {
-    let strings = |key: &str| -> Vec<&str> {
-        machine[key]
-            .as_array()
-            .map(|values| values.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default()
-    };
-    let flags = strings("cpu_flags");
+    let flags = strings(machine, "cpu_flags");
     let mut text = if flags.is_empty() {
         "none of avx2, fma, avx512".into()
     } else {
         flags.join(", ")
     };
-    let limits = strings("limits");
+    let limits = strings(machine, "limits");
     if !limits.is_empty() {
         text += &format!("; limited by {}", limits.join(", "));
     }
@@ -204,11 +206,8 @@ pub fn slug(machine: &Value) -> String {
         .map(str::to_owned)
         .collect();
     let limited = |name: &str| {
-        machine["limits"]
-            .as_array()
+        strings(machine, "limits")
             .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
             .find_map(|limit| limit.strip_prefix(name)?.strip_prefix('='))
     };
     match limited("ATEN_CPU_CAPABILITY") {
