@@ -6,6 +6,7 @@
 use gst::glib;
 
 pub mod model;
+mod model_log;
 pub mod npy;
 mod qwencodecdec;
 mod qwencodecparse;
@@ -22,6 +23,7 @@ fn any_codes_caps() -> gst::caps::Builder<gst::caps::NoFeature> {
 }
 
 fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    model_log::install();
     qwencodecdec::register(plugin)?;
     qwencodecparse::register(plugin)?;
     typefind::register(plugin)
@@ -35,6 +37,7 @@ gst::plugin_define!(
     "MIT/X11",
     env!("CARGO_PKG_NAME"),
     env!("CARGO_PKG_NAME"),
-    env!("CARGO_PKG_REPOSITORY"),
+    // The plugin is not published anywhere yet.
+    "Unknown package origin",
     env!("BUILD_REL_DATE")
 );

@@ -97,3 +97,29 @@ fn waiting_frames_join_into_larger_steps_up_to_the_limit() {
         );
     }
 }
+
+/// The arena grows with the streams open and shrinks as they end, the streams left keeping
+/// their state: the rows in use gather at the bottom, as rows are handed out lowest first.
+#[test]
+fn the_state_arena_shrinks_as_streams_end() {
+    let fixture = load_fixture("release-tiny");
+    let model = load(&fixture);
+    let frame = |index: usize| &fixture.codes[index * fixture.codebooks..][..fixture.codebooks];
+    let mut first = StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap();
+    let mut audio = first.push(frame(0)).unwrap();
+    let others: Vec<StreamDecoder> = (0..40)
+        .map(|_| StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap())
+        .collect();
+    assert_eq!(
+        model.state_rows(),
+        64,
+        "41 streams and the scratch row, doubling from 4"
+    );
+    audio.extend(first.push(frame(1)).unwrap());
+    drop(others);
+    assert_eq!(model.state_rows(), 4, "one stream left");
+    for index in 2..fixture.frames {
+        audio.extend(first.push(frame(index)).unwrap());
+    }
+    fixture.assert_matches(&audio, "a stream through its arena's growth and shrink");
+}

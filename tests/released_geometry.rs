@@ -5,39 +5,9 @@
 
 mod common;
 
-use std::path::PathBuf;
-
-use common::{Fixture, code_bytes, harness, load_fixture_in, pull_all, relative_l2, samples};
+use common::{RELEASED_FIXTURE, code_bytes, harness, pull_all, relative_l2, released_fixture, samples};
 use gst::prelude::*;
 use gstqwencodec::model::{Dtype, Model, StepLimits, StreamDecoder, TailStrategy};
-
-/// The folder tools/released-fixture.sh makes under `$QWENCODEC_CACHE/fixtures`: 80 frames,
-/// more than the attention window of 72, so that the KV window fills and then slides.
-const RELEASED_FIXTURE: &str = "full-release-80";
-
-/// tools/make_fixtures.py refuses to write expectations above this float32 error for the
-/// full-release preset (about 3e-5 is measured); checked again here, as the parity bound
-/// scales with it.
-const F32_ERROR_CEILING: f64 = 1e-4;
-
-fn released_fixture() -> Fixture {
-    let cache = std::env::var_os("QWENCODEC_CACHE")
-        .map_or_else(|| PathBuf::from("/var/cache/qwencodec"), PathBuf::from);
-    let dir = cache.join("fixtures").join(RELEASED_FIXTURE);
-    assert!(
-        dir.join("expected.safetensors").is_file(),
-        "no released-geometry checkpoint in {}: run `make released-fixture` to make it (`make test` does)",
-        dir.display()
-    );
-    let fixture = load_fixture_in(RELEASED_FIXTURE, dir);
-    assert!(
-        fixture.upstream_f32_error > 0.0 && fixture.upstream_f32_error <= F32_ERROR_CEILING,
-        "{RELEASED_FIXTURE}: upstream's float32 error {:.3e} is outside (0, {F32_ERROR_CEILING:.0e}]: \
-         remake it with `make released-fixture`",
-        fixture.upstream_f32_error
-    );
-    fixture
-}
 
 /// The core at one frame per call and per step, and at three frames per step with the codes in
 /// one call (joined into larger steps, then a tail of two frames decoded eagerly).

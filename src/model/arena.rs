@@ -7,16 +7,22 @@
 //! Row 0 belongs to no stream: it is the scratch row that pads a batch up to a graph's size and
 //! that graphs warm up on. Nobody reads it.
 //!
-//! The rows grow in place of need (doubling; the old rows copied over) and never shrink while
-//! the model lives: the memory is that of the most streams open at once. Growing moves every
-//! row, so graphs recorded before are void (see [`Arena::generation`]).
+//! The rows grow in place of need (doubling; the old rows copied over), and shrink (halving)
+//! when streams have ended and every row in use lies in the lowest quarter: the memory follows
+//! the streams open, with room to double before growing again. Rows are handed out lowest
+//! first, so the rows of the streams left gather at the bottom. Growing or shrinking moves
+//! every row, so graphs recorded before are void (see [`Arena::generation`]).
 
+use super::log;
 use super::network::{Network, State};
 
 type TorchResult<T> = Result<T, tch::TchError>;
 
 /// The row that pads batches and warms graphs up.
 pub const SCRATCH_ROW: i64 = 0;
+
+/// The rows of a new arena, and the fewest it shrinks to.
+const MIN_ROWS: i64 = 4;
 
 #[derive(Default)]
 pub struct Arena {
@@ -42,8 +48,9 @@ impl Arena {
         Ok(row)
     }
 
-    /// Gives `row` back, for a later stream (which clears it first).
-    pub fn release(&mut self, row: i64) {
+    /// Gives `row` back, for a later stream (which clears it first), and shrinks the rows when
+    /// those in use all lie in the lowest quarter. On the device's compute thread.
+    pub fn release(&mut self, row: i64) -> TorchResult<()> {
         debug_assert!(
             row != SCRATCH_ROW && !self.free.contains(&row),
             "row {row} released twice"
@@ -51,11 +58,48 @@ impl Arena {
         self.free.push(row);
         // Lowest last, so that the streams of a quiet model keep to the first rows.
         self.free.sort_unstable_by(|a, b| b.cmp(a));
+        let mut rows = self.rows();
+        while rows > MIN_ROWS && self.highest_in_use() < rows / 4 {
+            rows /= 2;
+        }
+        if rows < self.rows() {
+            self.shrink(rows)?;
+        }
+        Ok(())
+    }
+
+    /// The highest row a stream owns (the scratch row when none).
+    fn highest_in_use(&self) -> i64 {
+        // `free` is sorted from the highest down: the rows above the first gap in it from the
+        // top are free.
+        let mut highest = self.rows() - 1;
+        for &row in &self.free {
+            if row != highest {
+                break;
+            }
+            highest -= 1;
+        }
+        highest
+    }
+
+    fn shrink(&mut self, rows: i64) -> TorchResult<()> {
+        let shrunk = self.state().shrunk(rows)?;
+        let before = self.state().bytes();
+        self.state = Some(shrunk);
+        self.free.retain(|&row| row < rows);
+        self.generation += 1;
+        give_back_freed_memory();
+        log::debug(format_args!(
+            "state arena shrunk to {rows} rows ({} MB, {} MB freed)",
+            self.state().bytes() / 1_000_000,
+            (before - self.state().bytes()) / 1_000_000
+        ));
+        Ok(())
     }
 
     fn grow(&mut self, network: &Network) -> TorchResult<()> {
         let rows = self.rows();
-        let grown_rows = (rows * 2).max(4);
+        let grown_rows = (rows * 2).max(MIN_ROWS);
         let grown = match &self.state {
             Some(state) => state.grown(network, grown_rows)?,
             None => network.new_state(grown_rows)?,
@@ -63,6 +107,10 @@ impl Arena {
         self.state = Some(grown);
         self.free.extend((rows.max(SCRATCH_ROW + 1)..grown_rows).rev());
         self.generation += 1;
+        log::debug(format_args!(
+            "state arena grown to {grown_rows} rows ({} MB)",
+            self.state().bytes() / 1_000_000
+        ));
         Ok(())
     }
 
@@ -96,5 +144,21 @@ impl Arena {
         self.state
             .as_ref()
             .map_or(0, |state| state.bytes() / state.rows() as usize)
+    }
+}
+
+/// Hands memory the allocator keeps after frees back to the system: glibc returns the large
+/// blocks of the old rows at once, but keeps smaller freed ones (below its mmap threshold,
+/// which rises as large blocks are freed) for reuse.
+fn give_back_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        unsafe extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: glibc's malloc_trim only releases free memory of its own heaps.
+        unsafe {
+            malloc_trim(0);
+        }
     }
 }

@@ -15,6 +15,7 @@ use tch::{Kind, Tensor};
 
 use super::arena::{Arena, SCRATCH_ROW};
 use super::cuda_graph::{self, CudaGraph, GraphError};
+use super::log;
 use super::network::{Network, StepTables};
 
 /// Rows a graph is recorded for; a batch runs in the smallest that holds it, and eagerly
@@ -100,6 +101,12 @@ impl BatchGraphs {
     ) -> Result<Option<Tensor>, GraphError> {
         if self.arena_generation != arena.generation() {
             // The arena moved: the graphs address its old memory.
+            if !self.graphs.is_empty() {
+                log::debug(format_args!(
+                    "the state arena moved: {} CUDA graphs dropped, to be recorded again",
+                    self.graphs.len()
+                ));
+            }
             self.graphs.clear();
             self.arena_generation = arena.generation();
         }
@@ -113,8 +120,19 @@ impl BatchGraphs {
                 return Ok(None);
             }
             match self.record(network, arena, tables, bucket) {
-                Ok(graph) => _ = self.graphs.insert(key, graph),
+                Ok(graph) => {
+                    self.graphs.insert(key, graph);
+                    log::debug(format_args!(
+                        "recorded the CUDA graph of {bucket} rows of {frames} frames ({} graphs, {} MB of graph memory)",
+                        self.graphs.len(),
+                        self.bytes / 1_000_000
+                    ));
+                }
                 Err(err) => {
+                    log::warning(format_args!(
+                        "recording the CUDA graph of {bucket} rows of {frames} frames failed, steps of this model \
+                         run without graphs from now on (the same audio, slower): {err}"
+                    ));
                     self.failure = Some(err.to_string());
                     return Ok(None);
                 }

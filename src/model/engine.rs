@@ -23,9 +23,10 @@ use std::time::{Duration, Instant};
 
 use tch::{Kind, Tensor};
 
-use super::arena::Arena;
+use super::arena::{Arena, SCRATCH_ROW};
 use super::batch_graphs::{BatchGraphs, step_rows};
 use super::executor;
+use super::log;
 use super::network::{Network, StepTables};
 
 /// One stream's step as the engine runs it.
@@ -62,6 +63,9 @@ pub struct GraphReport {
 /// How long the next batch waits for the streams of the last one to hand over their next step.
 pub const REJOIN_GRACE: Duration = Duration::from_millis(2);
 
+/// Warm steps timed per shape by [`Engine::warm_step_time`] (after one that is not).
+const TIMED_STEPS: usize = 3;
+
 pub struct Engine {
     queue: Mutex<Queue>,
     /// Signalled when a step is handed over, for a batch waiting for the last one's streams.
@@ -71,6 +75,8 @@ pub struct Engine {
     batch_done: Condvar,
     /// What steps compute with; used on the compute thread only.
     rows: Mutex<Rows>,
+    /// Warm step times measured, by (rows, frames, whether graphs may replay).
+    step_times: Mutex<HashMap<(usize, usize, bool), Duration>>,
 }
 
 struct Rows {
@@ -111,7 +117,63 @@ impl Engine {
                     _ => None,
                 },
             }),
+            step_times: Mutex::default(),
         }
+    }
+
+    /// How long a warm step of `rows` streams of `frames` frames takes on this model: the
+    /// median of a few steps of silence on the scratch row (after one that pays first-use
+    /// costs), through the path real batches take. Measured once per shape, so that every
+    /// stream of the model sees the same figure. Needs an arena row (a stream) to exist.
+    pub fn warm_step_time(
+        &self,
+        network: &Network,
+        rows: usize,
+        frames: usize,
+        cuda_graphs: bool,
+    ) -> Result<Duration, tch::TchError> {
+        let key = (rows, frames, cuda_graphs);
+        if let Some(&time) = self
+            .step_times
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return Ok(time);
+        }
+        let codes = vec![0; frames * network.config().num_quantizers];
+        let batch: Vec<Job> = (0..rows)
+            .map(|_| Job {
+                id: 0,
+                step: Step {
+                    row: SCRATCH_ROW,
+                    codes: codes.clone(),
+                    frames,
+                    max_rows: rows,
+                    cuda_graphs,
+                },
+            })
+            .collect();
+        let mut times = executor::run(network.device(), || {
+            (0..=TIMED_STEPS)
+                .map(|_| {
+                    let started = Instant::now();
+                    self.compute(network, &batch).map(|_| started.elapsed())
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        times.remove(0);
+        times.sort();
+        let time = times[times.len() / 2];
+        log::debug(format_args!(
+            "a warm step of {rows} rows of {frames} frames takes {:.1} ms",
+            time.as_secs_f64() * 1e3
+        ));
+        self.step_times
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, time);
+        Ok(time)
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -132,9 +194,16 @@ impl Engine {
         executor::run(network.device(), || self.rows().arena.state().row(row)?.clear())
     }
 
-    /// Gives a stream's row back when the stream ends.
-    pub fn release_row(&self, row: i64) {
-        self.rows().arena.release(row);
+    /// Gives a stream's row back when the stream ends (the arena may shrink).
+    pub fn release_row(&self, network: &Network, row: i64) {
+        if let Err(err) = executor::run(network.device(), || self.rows().arena.release(row)) {
+            // The rows stay as they were: only memory is not given back.
+            log::warning(format_args!("cannot shrink the state arena: {err}"));
+        }
+    }
+
+    pub fn state_rows(&self) -> usize {
+        self.rows().arena.rows() as usize
     }
 
     /// Bytes of one stream's row.
@@ -186,11 +255,24 @@ impl Engine {
                     .0;
             }
             let batch = take_batch(&mut queue.waiting);
+            let left_waiting = queue.waiting.len();
             drop(queue);
+            let started = Instant::now();
             let outcome = executor::run(network.device(), || {
                 std::panic::catch_unwind(AssertUnwindSafe(|| self.compute(network, &batch)))
                     .unwrap_or_else(|_| Err(tch::TchError::Torch("a decode step panicked".into())))
             });
+            log::debug(format_args!(
+                "batch of {} rows of {} frames in {:.1} ms{} ({left_waiting} steps waiting)",
+                batch.len(),
+                batch[0].step.frames,
+                started.elapsed().as_secs_f64() * 1e3,
+                if matches!(outcome, Ok((_, true))) {
+                    ", CUDA graph"
+                } else {
+                    ""
+                },
+            ));
             queue = self.lock();
             queue.running = false;
             let rows = batch.len();

@@ -8,6 +8,7 @@ mod config;
 mod cuda_graph;
 mod engine;
 mod executor;
+pub mod log;
 mod network;
 mod op_profiler;
 mod stream;
@@ -24,7 +25,7 @@ pub use batch_graphs::MAX_GRAPHS;
 pub use checkpoint::CheckpointFiles;
 pub use config::DecoderConfig;
 pub use cuda_graph::GraphError;
-pub use engine::GraphReport;
+pub use engine::{GraphReport, REJOIN_GRACE};
 pub use network::shim::{CpuKernels, KERNELS_ENV, cpu_kernels, widest_kernels};
 pub use op_profiler::OpProfiler;
 pub use stream::{StepLimits, StreamDecoder, TailStrategy};
@@ -246,6 +247,26 @@ impl Model {
             }),
             None => Ok(()),
         }
+    }
+
+    /// How long a warm step of `rows` streams of `frames` frames takes, measured once per
+    /// shape (a few steps of silence on the arena's scratch row, through the path batches take)
+    /// and kept. At least one stream of the model must exist.
+    pub fn warm_step_time(
+        &self,
+        rows: usize,
+        frames: usize,
+        cuda_graphs: bool,
+    ) -> Result<std::time::Duration, DecodeError> {
+        Ok(self
+            .engine
+            .warm_step_time(&self.network, rows, frames, cuda_graphs)?)
+    }
+
+    /// Rows of the state arena that holds every stream's state (the scratch row included; 0
+    /// before the first stream): it grows with the streams open and shrinks as they end.
+    pub fn state_rows(&self) -> usize {
+        self.engine.state_rows()
     }
 
     /// The CUDA graphs this model's engine recorded for batched steps (none off CUDA).

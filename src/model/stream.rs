@@ -299,6 +299,6 @@ impl StreamDecoder {
 
 impl Drop for StreamDecoder {
     fn drop(&mut self) {
-        self.model.engine().release_row(self.row);
+        self.model.engine().release_row(self.model.network(), self.row);
     }
 }

@@ -275,6 +275,35 @@ impl Fixture {
     }
 }
 
+/// The released geometry at its full widths with random weights (tests/released_geometry.rs,
+/// tests/memory.rs): the folder tools/released-fixture.sh makes under `$QWENCODEC_CACHE/fixtures`: 80 frames,
+/// more than the attention window of 72, so that the KV window fills and then slides.
+pub const RELEASED_FIXTURE: &str = "full-release-80";
+
+/// tools/make_fixtures.py refuses to write expectations above this float32 error for the
+/// full-release preset (about 3e-5 is measured); checked again here, as the parity bound
+/// scales with it.
+const RELEASED_F32_ERROR_CEILING: f64 = 1e-4;
+
+pub fn released_fixture() -> Fixture {
+    let cache = std::env::var_os("QWENCODEC_CACHE")
+        .map_or_else(|| PathBuf::from("/var/cache/qwencodec"), PathBuf::from);
+    let dir = cache.join("fixtures").join(RELEASED_FIXTURE);
+    assert!(
+        dir.join("expected.safetensors").is_file(),
+        "no released-geometry checkpoint in {}: run `make released-fixture` to make it (`make test` does)",
+        dir.display()
+    );
+    let fixture = load_fixture_in(RELEASED_FIXTURE, dir);
+    assert!(
+        fixture.upstream_f32_error > 0.0 && fixture.upstream_f32_error <= RELEASED_F32_ERROR_CEILING,
+        "{RELEASED_FIXTURE}: upstream's float32 error {:.3e} is outside (0, {RELEASED_F32_ERROR_CEILING:.0e}]: \
+         remake it with `make released-fixture`",
+        fixture.upstream_f32_error
+    );
+    fixture
+}
+
 /// Runs one of the repository's shell scripts; it must succeed.
 pub fn run_script(script: &str, args: &[&Path], env: &[(&str, &str)]) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

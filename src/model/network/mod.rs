@@ -133,6 +133,16 @@ impl State {
         Ok(grown)
     }
 
+    /// This state's first `rows` rows in memory of their own (the rest is freed).
+    pub fn shrunk(&self, rows: i64) -> TorchResult<State> {
+        self.map(|tensor| {
+            let kept = tensor.f_narrow(0, 0, rows)?;
+            let mut copy = kept.f_empty_like()?;
+            copy.f_copy_(&kept)?;
+            Ok(copy)
+        })
+    }
+
     fn map(&self, each: impl Fn(&Tensor) -> TorchResult<Tensor>) -> TorchResult<State> {
         let all = |tensors: &[Tensor]| tensors.iter().map(&each).collect::<TorchResult<Vec<_>>>();
         Ok(State {
