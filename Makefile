@@ -86,7 +86,8 @@ released-fixture: setup-reference
 # random weights, side by side, each decode timed BENCH_REPEATS times after a warm-up; writes
 # bench/results/<date>-<cpu>-<device>-<dtype>.{md,json} and the README's table of every result.
 # BENCH_ARGS: more options of benches/decode/main.rs (--chunks, --dtype, --steady-frames). Then many
-# streams on one model, batched and not (benches/streams.rs, STREAMS_ARGS: --streams, --live, ...).
+# streams on one model, batched and not (benches/streams.rs, STREAMS_ARGS: --streams, --live, ...),
+# and the time a seek or a stop takes during playback (benches/effect.rs, EFFECT_ARGS: --runs, ...).
 BENCH_MODEL := bench/cache/full-release
 BENCH_FRAMES ?= 100
 BENCH_REPEATS ?= 5
@@ -96,6 +97,7 @@ bench: build setup-reference $(BENCH_MODEL)/model.safetensors
 	cargo bench --bench decode -- --model $(BENCH_MODEL) --upstream bench/cache/upstream.json \
 	  --reference bench/cache/reference.f32 --out bench/results --repeats $(BENCH_REPEATS) $(BENCH_ARGS)
 	cargo bench --bench streams -- --model $(BENCH_MODEL) --out bench/results $(STREAMS_ARGS)
+	cargo bench --bench effect -- --model $(BENCH_MODEL) --out bench/results $(EFFECT_ARGS)
 	$(VENV)/bin/python tools/bench_summary.py bench/results --readme README.md
 
 # The benchmark's checkpoint: the released geometry with random weights and BENCH_FRAMES frames of

@@ -8,9 +8,10 @@ use crate::npy::{self, HeaderRead};
 pub const NPY_MEDIA_TYPE: &str = "application/x-npy";
 
 /// Suggests `application/x-npy, codebooks=Q` with certainty for the header of an integer array
-/// of shape (T, Q) or (1, T, Q). Any other `.npy` file is suggested as likely, without
-/// `codebooks`: the parser then says what is wrong with it rather than playback failing with
-/// an unknown type.
+/// of shape (T, Q) or (1, T, Q). Any other `.npy` file (floats, another shape) is suggested as
+/// possible only, without `codebooks`, so that any other typefinder that knows such a file
+/// takes it; where none does, the parser then says what is wrong with it rather than playback
+/// failing with an unknown type.
 fn find(typefind: &mut gst::TypeFind) {
     let mut wanted = 10;
     loop {
@@ -30,7 +31,7 @@ fn find(typefind: &mut gst::TypeFind) {
             Ok(HeaderRead::Incomplete { .. }) | Err(npy::HeaderError::NotNpy) => return,
             Err(_) => {
                 typefind.suggest(
-                    gst::TypeFindProbability::Likely,
+                    gst::TypeFindProbability::Possible,
                     &gst::Caps::new_empty_simple(NPY_MEDIA_TYPE),
                 );
                 return;
@@ -43,7 +44,8 @@ pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
     gst::TypeFind::register(
         Some(plugin),
         "qwencodec_npy",
-        gst::Rank::PRIMARY,
+        // Files of codes are certain and end the search; others are only possible.
+        gst::Rank::SECONDARY,
         Some("npy"),
         Some(&gst::Caps::new_empty_simple(NPY_MEDIA_TYPE)),
         find,

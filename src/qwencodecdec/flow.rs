@@ -24,6 +24,18 @@ impl Drop for StreamLockGuard {
     }
 }
 
+/// The base class's stream lock let go by a thread that holds it once (the streaming thread
+/// in `handle_frame`), taken again when dropped.
+struct StreamUnlockGuard(*mut glib::ffi::GRecMutex);
+
+impl Drop for StreamUnlockGuard {
+    fn drop(&mut self) {
+        // SAFETY: unlocked by this guard in `QwenCodecDec::stream_unlock` on this thread, which
+        // held it; the element outlives the guard, which lives inside one of its methods.
+        unsafe { glib::ffi::g_rec_mutex_lock(self.0) }
+    }
+}
+
 /// Float samples as the bytes of an F32LE buffer, without a copy: the buffer takes the vector.
 struct F32Samples(Vec<f32>);
 
@@ -66,20 +78,56 @@ fn output_buffer(audio: Vec<f32>, format: gst_audio::AudioFormat) -> gst::Buffer
 }
 
 impl QwenCodecDec {
-    fn stream_lock(&self) -> StreamLockGuard {
+    fn stream_mutex(&self) -> *mut glib::ffi::GRecMutex {
         let decoder: *mut gst_audio::ffi::GstAudioDecoder = self
             .obj()
             .upcast_ref::<gst_audio::AudioDecoder>()
             .to_glib_none()
             .0;
         // SAFETY: `decoder` points to this live element's GstAudioDecoder instance, whose
-        // `stream_lock` is a GRecMutex initialised by the base class for the element's life;
-        // recursive, so taking it where the base class already holds it (handle_frame, flush)
-        // is allowed.
-        unsafe {
-            let mutex = std::ptr::addr_of_mut!((*decoder).stream_lock);
-            glib::ffi::g_rec_mutex_lock(mutex);
-            StreamLockGuard(mutex)
+        // `stream_lock` is a GRecMutex initialised by the base class for the element's life.
+        unsafe { std::ptr::addr_of_mut!((*decoder).stream_lock) }
+    }
+
+    fn stream_lock(&self) -> StreamLockGuard {
+        let mutex = self.stream_mutex();
+        // SAFETY: see `stream_mutex`; recursive, so taking it where the base class already
+        // holds it (handle_frame, flush) is allowed.
+        unsafe { glib::ffi::g_rec_mutex_lock(mutex) };
+        StreamLockGuard(mutex)
+    }
+
+    /// Lets go of the stream lock that the base class took once around `handle_frame`.
+    fn stream_unlock(&self) -> StreamUnlockGuard {
+        let mutex = self.stream_mutex();
+        // SAFETY: see `stream_mutex`; the base class's chain function holds it exactly once
+        // around handle_frame, and the guard takes it back before handle_frame returns.
+        unsafe { glib::ffi::g_rec_mutex_unlock(mutex) };
+        StreamUnlockGuard(mutex)
+    }
+
+    /// In `handle_frame`, after a buffer was taken: waits while more than the read-ahead
+    /// waits for the step thread, so that upstream goes at the decoder's pace. The base class's
+    /// stream lock is let go meanwhile (as decoders with a thread of their own do), for the step
+    /// thread to push its audio; a flush-start, a stop or a failed step or push ends the wait.
+    pub(super) fn wait_for_room(&self, stream: &Stream) -> Result<gst::FlowSuccess, gst::FlowError> {
+        let mut inner = stream.lock();
+        loop {
+            if let Some(flow) = inner.room_or_flow() {
+                return flow;
+            }
+            gst::trace!(
+                CAT,
+                imp = self,
+                "{} frames wait: waiting for room",
+                inner.backlog_frames()
+            );
+            let unlocked = self.stream_unlock();
+            inner = stream.wait(inner);
+            // The base class's lock first, then ours, as every thread takes them.
+            drop(inner);
+            drop(unlocked);
+            inner = stream.lock();
         }
     }
 
@@ -119,7 +167,8 @@ impl QwenCodecDec {
     }
 
     /// Decodes what the stream still holds (after the step in flight), pushing each step's
-    /// audio as it ends, and starts a fresh stream.
+    /// audio as it ends, and starts a fresh stream. A flush-start, a stop or a failed push ends
+    /// it after the step in flight.
     pub(super) fn drain(&self) -> Result<gst::FlowSuccess, gst::FlowError> {
         let Some(stream) = self.stream() else {
             return Ok(gst::FlowSuccess::Ok);
@@ -139,19 +188,21 @@ impl QwenCodecDec {
     }
 
     /// The drain with the step thread idle: what it finished, then the remaining steps and the
-    /// tail on this thread.
+    /// tail on this thread, each pushed as it ends, until done or told to stop.
     fn drain_idle(&self, stream: &Stream) -> Result<gst::FlowSuccess, gst::FlowError> {
         self.push_outbox(stream);
         loop {
-            let step = stream.lock().step_here();
-            match step {
+            if let Some(stop) = stream.lock().drain_interrupted() {
+                gst::debug!(CAT, imp = self, "Drain ended early: {:?}", stop);
+                return Err(stop);
+            }
+            match stream.step_here() {
                 None => break,
                 Some(Ok(())) => self.push_outbox(stream),
                 Some(Err(err)) => return Err(self.step_error(err)),
             }
         }
-        let finished = stream.lock().finish();
-        let dropped = finished.map_err(|err| self.step_error(err))?;
+        let dropped = stream.finish_here().map_err(|err| self.step_error(err))?;
         self.push_outbox(stream);
         if dropped > 0 {
             gst::element_imp_warning!(
@@ -173,6 +224,7 @@ impl QwenCodecDec {
         let Some(stream) = self.stream() else { return };
         let _lock = self.stream_lock();
         let mut inner = stream.lock_idle();
+        inner.forget_refused();
         if let Err(err) = inner.reset(&mut self.stats()) {
             gst::warning!(CAT, imp = self, "Cannot reset the decoder: {}", err);
         }
@@ -188,28 +240,44 @@ impl QwenCodecDec {
         let _ = self.obj().finish_frame(None, -1);
     }
 
-    /// A buffer with a code outside the codebook, through the base class's error path: an
-    /// error past `max-errors` (0 by default), after the audio of the frames before the bad
-    /// one; otherwise the buffer is dropped with a warning and a fresh stream starts after the
-    /// frames before it, as after a discontinuity.
+    /// A buffer with a code outside the codebook. The frames before the bad one are decoded
+    /// as the end of the stream (nothing taken is lost); then, by `max-errors` (refused buffers
+    /// in a row that are let pass; -1 all), it is an error, or a warning and a fresh stream
+    /// from the buffer's next frame on, whose first bytes the buffer's cut frame holds.
     pub(super) fn refuse_buffer(
         &self,
         stream: &Stream,
         refused: Refused,
     ) -> Result<gst::FlowSuccess, gst::FlowError> {
-        let message = format!("Invalid codec frame: {}", refused.error);
-        let flow = gst_audio::audio_decoder_error!(self.obj(), 1, gst::StreamError::Decode, ("{}", message));
-        if flow.is_err() {
-            self.stats().frames_in += stream.lock().accept_before_bad_code(refused);
-            let _ = self.drain();
-            return flow;
+        let Refused {
+            error,
+            valid,
+            trailing,
+        } = refused;
+        let mut inner = stream.lock();
+        let frames = inner.accept_before_bad_code(valid);
+        let in_a_row = inner.refused_in_a_row();
+        drop(inner);
+        self.stats().frames_in += frames;
+        let drained = self.drain();
+        let max_errors = self.obj().max_errors();
+        let message = format!("Invalid codec frame: {error}");
+        if max_errors >= 0 && in_a_row > max_errors as u32 {
+            gst::element_imp_error!(self, gst::StreamError::Decode, ("{}", message));
+            return Err(gst::FlowError::Error);
         }
         gst::element_imp_warning!(
             self,
             gst::StreamError::Decode,
-            ("Dropped a buffer: {} (max-errors allows it)", message)
+            (
+                "Dropped the frames of a buffer from its bad one on: {} (max-errors {} allows it: {} in a row)",
+                message,
+                max_errors,
+                in_a_row
+            )
         );
-        self.drain()
+        stream.lock().continue_after_refused(trailing);
+        drained
     }
 
     /// A decode step that failed: the stream cannot go on.

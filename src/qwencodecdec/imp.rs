@@ -30,11 +30,21 @@ use gst::subclass::prelude::*;
 use gst_audio::prelude::*;
 use gst_audio::subclass::prelude::*;
 
+use super::latency::Latency;
 use super::load::LoadedModel;
 use super::settings::{Settings, Stats};
 use super::stream::{StepThread, Stream};
 
-const MAX_CHUNK_FRAMES: u32 = 4096;
+/// Frames that may wait for the decoder before upstream waits: two of its largest steps, so
+/// that the next step is full when one ends, and no more, so that a seek or a stop finds little
+/// queued and memory does not grow with a fast source.
+fn read_ahead_frames(decoder: &crate::model::StreamDecoder) -> usize {
+    2 * decoder.limits().max_step_frames
+}
+
+/// The largest step: one of 256 frames needs about 1 GB at the released widths (4 MB a frame,
+/// measured on the CPU), a batch of N such steps N times that.
+const MAX_STEP_FRAMES: u32 = 256;
 const MAX_BATCH: u32 = 1024;
 
 pub(super) static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -54,6 +64,8 @@ struct State {
     /// Caps refused already: upstream sends them again before each buffer, and one error
     /// message is enough.
     refused_caps: Option<gst::Caps>,
+    /// The input's last segment since the start or the last flush.
+    segment: Option<gst::Segment>,
 }
 
 #[derive(Default)]
@@ -64,6 +76,8 @@ pub struct QwenCodecDec {
     /// From READY→PAUSED to PAUSED→READY.
     state: Mutex<Option<State>>,
     stats: Mutex<Stats>,
+    /// The latency reported, from READY→PAUSED on.
+    latency: Mutex<Option<Latency>>,
 }
 
 impl QwenCodecDec {
@@ -75,20 +89,30 @@ impl QwenCodecDec {
         self.stats.lock().unwrap()
     }
 
+    pub(super) fn latency(&self) -> MutexGuard<'_, Option<Latency>> {
+        self.latency.lock().unwrap()
+    }
+
     pub(super) fn stream(&self) -> Option<Arc<Stream>> {
         self.state().as_ref().map(|state| state.stream.clone())
     }
 
+    /// Keeps the input's segment; returns the one before.
+    fn set_segment(&self, segment: Option<gst::Segment>) -> Option<gst::Segment> {
+        let mut state = self.state();
+        let state = state.as_mut()?;
+        std::mem::replace(&mut state.segment, segment)
+    }
+
     /// Posts the error for caps refused, once for the same caps: upstream sends them again
-    /// before each buffer.
-    fn refuse_caps(
-        &self,
-        state: &mut State,
-        caps: &gst::Caps,
-        error: gst::ErrorMessage,
-    ) -> gst::LoggableError {
-        if state.refused_caps.as_ref() != Some(caps) {
+    /// before each buffer. The message is posted with no lock held.
+    fn refuse_caps(&self, caps: &gst::Caps, error: gst::ErrorMessage) -> gst::LoggableError {
+        let first_time = self.state().as_mut().is_some_and(|state| {
+            let first_time = state.refused_caps.as_ref() != Some(caps);
             state.refused_caps = Some(caps.clone());
+            first_time
+        });
+        if first_time {
             self.post_error_message(error);
         }
         gst::loggable_error!(CAT, "Caps {} refused", caps)
@@ -106,6 +130,14 @@ impl ObjectImpl for QwenCodecDec {
     fn constructed(&self) {
         self.parent_constructed();
         self.obj().set_needs_format(true);
+        // Accept-caps takes any caps of the template, also those the model cannot decode (which
+        // the caps query leaves out): set_format then says why they do not fit, where a refusal
+        // there would end the stream with a bare not-negotiated. The pad's ACCEPT_TEMPLATE flag
+        // is how GStreamer says so.
+        self.obj().set_use_default_pad_acceptcaps(true);
+        self.obj()
+            .sink_pad()
+            .set_pad_flags(gst::PadFlags::ACCEPT_TEMPLATE);
         // A code outside the codebook means sender and model disagree, and every later buffer
         // would fail too: an error unless the application raises max-errors.
         self.obj().set_max_errors(0);
@@ -145,7 +177,7 @@ impl ObjectImpl for QwenCodecDec {
                          by (chunk-frames - 1) frames",
                     )
                     .minimum(1)
-                    .maximum(MAX_CHUNK_FRAMES)
+                    .maximum(MAX_STEP_FRAMES)
                     .default_value(Settings::default().chunk_frames)
                     .mutable_ready()
                     .build(),
@@ -185,7 +217,7 @@ impl ObjectImpl for QwenCodecDec {
                          frames (at least chunk-frames): fewer, cheaper steps, the same audio",
                     )
                     .minimum(1)
-                    .maximum(MAX_CHUNK_FRAMES)
+                    .maximum(MAX_STEP_FRAMES)
                     .default_value(Settings::default().max_step_frames)
                     .mutable_ready()
                     .build(),
@@ -263,6 +295,20 @@ impl ObjectImpl for QwenCodecDec {
 impl GstObjectImpl for QwenCodecDec {}
 
 impl ElementImpl for QwenCodecDec {
+    fn change_state(
+        &self,
+        transition: gst::StateChange,
+    ) -> Result<gst::StateChangeSuccess, gst::StateChangeError> {
+        // The pads are deactivated next, which waits for the streaming thread: it must stop
+        // waiting for room or draining now, and no step start after the one in flight.
+        if transition == gst::StateChange::PausedToReady
+            && let Some(stream) = self.stream()
+        {
+            stream.set_flushing(true);
+        }
+        self.parent_change_state(transition)
+    }
+
     fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
         static ELEMENT_METADATA: LazyLock<gst::subclass::ElementMetadata> = LazyLock::new(|| {
             gst::subclass::ElementMetadata::new(
@@ -325,7 +371,14 @@ impl AudioDecoderImpl for QwenCodecDec {
             }
         };
         let decoder = self.start_decoder(&model, &settings)?;
-        let stream = Stream::new(decoder);
+        let read_ahead = read_ahead_frames(&decoder);
+        gst::debug!(
+            CAT,
+            imp = self,
+            "Reading up to {} frames ahead of the decoder",
+            read_ahead
+        );
+        let stream = Stream::new(decoder, read_ahead);
         let steps = stream.spawn_steps(self.obj().downgrade()).map_err(|err| {
             gst::error_msg!(
                 gst::LibraryError::Init,
@@ -337,6 +390,7 @@ impl AudioDecoderImpl for QwenCodecDec {
             _steps: steps,
             model_path,
             refused_caps: None,
+            segment: None,
         });
         // Lets the base class turn a BYTES segment (e.g. straight from filesrc) into TIME
         // through the sink's convert query. Set here: the base class clears it on each start.
@@ -345,17 +399,23 @@ impl AudioDecoderImpl for QwenCodecDec {
     }
 
     fn stop(&self) -> Result<(), gst::ErrorMessage> {
-        *self.state() = None;
+        // Dropped with the lock let go: that waits for the step in flight.
+        let state = self.state().take();
+        drop(state);
+        *self.latency() = None;
         self.forget_subframes();
         Ok(())
     }
 
     fn set_format(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
-        let mut guard = self.state();
-        let state = guard
-            .as_mut()
+        // Read under the state lock, which is let go before the peer is asked and any message
+        // posted.
+        let (stream, model_path) = self
+            .state()
+            .as_ref()
+            .map(|state| (state.stream.clone(), state.model_path.clone()))
             .ok_or_else(|| gst::loggable_error!(CAT, "Caps before start"))?;
-        let config = state.stream.lock().model().config().clone();
+        let config = stream.lock().model().config().clone();
         let s = caps
             .structure(0)
             .ok_or_else(|| gst::loggable_error!(CAT, "Empty caps"))?;
@@ -374,14 +434,14 @@ impl AudioDecoderImpl for QwenCodecDec {
                 (
                     "Caps {} do not fit the model at {}: codebooks={} (model has {}), framerate={} (model has {})",
                     caps,
-                    state.model_path.display(),
+                    model_path.display(),
                     show(codebooks.map(|c| c.to_string())),
                     config.num_quantizers,
                     show(framerate.map(|f| f.to_string())),
                     model_rate
                 )
             );
-            return Err(self.refuse_caps(state, caps, error));
+            return Err(self.refuse_caps(caps, error));
         }
 
         let wanted = gst_audio::AudioCapsBuilder::new_interleaved()
@@ -400,15 +460,16 @@ impl AudioDecoderImpl for QwenCodecDec {
                     peer
                 )
             );
-            return Err(self.refuse_caps(state, caps, error));
+            return Err(self.refuse_caps(caps, error));
         }
-        state.refused_caps = None;
+        if let Some(state) = self.state().as_mut() {
+            state.refused_caps = None;
+        }
         output.fixate();
         let info = gst_audio::AudioInfo::from_caps(&output)
             .map_err(|_| gst::loggable_error!(CAT, "Cannot use output caps {}", output))?;
         gst::debug!(CAT, imp = self, "Input {}, output {}", caps, output);
-        state.stream.lock().format = info.format();
-        drop(guard);
+        stream.lock().format = info.format();
         self.obj()
             .set_output_format(&info)
             .map_err(|err| gst::loggable_error!(CAT, "Cannot set output format: {:?}", err))
@@ -425,10 +486,13 @@ impl AudioDecoderImpl for QwenCodecDec {
 
         let stream = self.stream().ok_or(gst::FlowError::Flushing)?;
         let mut inner = stream.lock();
-        // What the step thread met since the last buffer: a failed step or push.
-        inner.flow?;
+        // What the step thread met since the last buffer: a failed step or push, a flush.
+        if let Some(stop) = inner.drain_interrupted() {
+            return Err(stop);
+        }
         let accepted = inner.accept(map.as_slice());
         drop(inner);
+        drop(map);
         let frames = match accepted {
             Ok(frames) => frames,
             Err(refused) => return self.refuse_buffer(&stream, refused),
@@ -439,7 +503,7 @@ impl AudioDecoderImpl for QwenCodecDec {
         // buffer after buffer holds the stream lock nearly all the time, and the step thread
         // would wait for it until the buffers stop coming.
         self.push_outbox(&stream);
-        stream.lock().flow
+        self.wait_for_room(&stream)
     }
 
     fn flush(&self, hard: bool) {
@@ -472,15 +536,6 @@ impl AudioDecoderImpl for QwenCodecDec {
     /// Bytes and time convert exactly: a frame is a fixed number of bytes and of nanoseconds.
     /// This also lets the base class take a BYTES segment (e.g. straight from filesrc).
     fn sink_query(&self, query: &mut gst::QueryRef) -> bool {
-        // Caps of the template are taken, even those the model cannot decode (which the caps
-        // query leaves out): set_format then says why they do not fit, where a refusal here would
-        // end the stream with a bare not-negotiated.
-        if let gst::QueryViewMut::AcceptCaps(accept) = query.view_mut() {
-            let template = self.obj().sink_pad().pad_template_caps();
-            let fits = accept.caps().is_subset(&template);
-            accept.set_result(fits);
-            return true;
-        }
         if let gst::QueryViewMut::Convert(convert) = query.view_mut() {
             let (source, destination) = convert.get();
             let geometry = self.state().as_ref().map(|state| {
@@ -514,15 +569,40 @@ impl AudioDecoderImpl for QwenCodecDec {
     }
 
     fn sink_event(&self, event: gst::Event) -> bool {
-        // A new stream (e.g. from concat, without EOS in between) starts from a fresh decoder,
-        // after the old one's frames are out.
         match event.view() {
+            // A new stream (e.g. from concat, without EOS in between) starts from a fresh
+            // decoder, after the old one's frames are out.
             gst::EventView::StreamStart(_) => {
                 let _ = self.drain();
             }
+            // Not serialized: the streaming thread may be waiting for room or draining, and the
+            // step thread about to start a step; all stop now (the step in flight ends).
+            gst::EventView::FlushStart(_) => {
+                if let Some(stream) = self.stream() {
+                    stream.set_flushing(true);
+                }
+            }
             // The base class calls flush() only once it has output something; frames still
             // waiting for a step must go too.
-            gst::EventView::FlushStop(_) => self.reset_stream(),
+            gst::EventView::FlushStop(_) => {
+                self.reset_stream();
+                self.set_segment(None);
+                if let Some(stream) = self.stream() {
+                    stream.set_flushing(false);
+                }
+            }
+            gst::EventView::Segment(segment) => {
+                let segment = segment.segment().clone();
+                if let Some(previous) = self.set_segment(Some(segment.clone()))
+                    && !super::segment::continues(&previous, &segment)
+                {
+                    // Not the continuation of the frames before it (a non-flushing seek, a
+                    // looping segment seek): their stream ends here, and the next frame
+                    // decodes as on a fresh decoder.
+                    gst::debug!(CAT, imp = self, "New timeline {:?}: a fresh stream", segment);
+                    let _ = self.drain();
+                }
+            }
             _ => (),
         }
         self.parent_sink_event(event)

@@ -10,6 +10,7 @@ use gst::subclass::prelude::*;
 use gst_audio::prelude::*;
 
 use super::imp::{CAT, QwenCodecDec};
+use super::latency::Latency;
 use super::settings::{Settings, Stats};
 use crate::model::{self, DecodeError, Model, ModelError, StepLimits, StreamDecoder};
 
@@ -141,19 +142,32 @@ impl QwenCodecDec {
         if model.device().is_cuda() && settings.cuda_graphs {
             self.check_cuda_graphs(model, cuda_graph);
         }
-        let latency = self.set_latency(model, settings.chunk_frames, step_time);
+        let latency =
+            Latency::measure(model, decoder.chunk_frames(), decoder.limits()).map_err(decoder_error)?;
+        gst::info!(
+            CAT,
+            imp = self,
+            "Latency: {} to {} (chunk-frames {}, max-batch {})",
+            latency.min,
+            latency.max,
+            decoder.chunk_frames(),
+            decoder.limits().max_batch
+        );
+        self.obj().set_latency(latency.min, latency.max);
         gst::element_imp_info!(
             self,
             gst::LibraryError::Init,
             (
-                "Qwen3-TTS decoder ready on {:?} ({}){}, warm-up step {:.1} ms, latency {}",
+                "Qwen3-TTS decoder ready on {:?} ({}){}, warm-up step {:.1} ms, latency {} to {}",
                 model.device(),
                 model.dtype(),
                 if cuda_graph { ", CUDA graphs" } else { "" },
                 step_time.as_secs_f64() * 1e3,
-                latency
+                latency.min,
+                latency.max
             )
         );
+        *self.latency() = Some(latency);
         *self.stats() = Stats {
             sample_rate: model.config().sample_rate,
             state_bytes: decoder.state_bytes() as u64,
@@ -217,15 +231,29 @@ impl QwenCodecDec {
         );
     }
 
-    /// Reports `(chunk-frames - 1)` frames plus a step as the latency.
-    fn set_latency(&self, model: &Model, chunk_frames: u32, step_time: Duration) -> gst::ClockTime {
-        let (num, den) = model.config().frame_rate();
-        let frame = gst::ClockTime::SECOND
-            .mul_div_floor(den as u64, num as u64)
-            .unwrap();
-        let latency = frame * (chunk_frames as u64 - 1) + gst::ClockTime::try_from(step_time).unwrap();
-        self.obj().set_latency(latency, Some(latency));
-        latency
+    /// After a step of the step thread that took `step_time`: when it went over the latency
+    /// reported while playing, the maximum rises and the pipeline is told (see [`Latency`]).
+    pub(super) fn check_step_time(&self, step_time: Duration) {
+        if self.obj().current_state() != gst::State::Playing {
+            return;
+        }
+        let mut latency = self.latency();
+        let Some(figures) = latency.as_mut() else { return };
+        if !figures.after_step(step_time, Instant::now()) {
+            return;
+        }
+        let (min, max) = (figures.min, figures.max);
+        drop(latency);
+        gst::info!(
+            CAT,
+            imp = self,
+            "A step took {:.1} ms, more than the latency reported allows: the maximum is now {} \
+             (other streams' steps on the model, or a slower machine)",
+            step_time.as_secs_f64() * 1e3,
+            max
+        );
+        // Posts the LATENCY message.
+        self.obj().set_latency(min, max);
     }
 }
 

@@ -7,7 +7,9 @@ use crate::model;
 
 mod flow;
 mod imp;
+mod latency;
 mod load;
+mod segment;
 mod settings;
 mod stream;
 

@@ -11,11 +11,17 @@
 //! input buffers' frames end, so that each input buffer is closed as soon as its audio is out.
 //! A drain (EOS, a new stream, a refused buffer) and a flush wait for the step in flight, then
 //! do their work on the streaming thread.
+//!
+//! Upstream is paced: the streaming thread waits in `handle_frame` while more than the read-ahead
+//! (two steps of `max-step-frames`) waits for the step thread, so a file source cannot hand over
+//! its whole file, and a seek or a stop finds at most that much queued. A flush-start or a stop
+//! sets `flushing`: no step starts after it, a waiting streaming thread and a drain return at
+//! once, and only the step in flight finishes.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gst::glib;
 use gst::subclass::prelude::*;
@@ -32,11 +38,16 @@ pub(super) enum Output {
     InputsDone(i32),
 }
 
-/// A buffer with a code outside the codebook: none of its frames was taken.
+/// A buffer with a code outside the codebook, none of its frames taken yet. The frames before
+/// the bad one are decoded all the same (nothing taken is lost); the bad one and those after
+/// it are dropped.
 pub(super) struct Refused {
     pub(super) error: DecodeError,
-    /// The codes of its whole frames before the bad one.
-    valid: Vec<i16>,
+    /// The codes of its whole frames before the bad one (the first of them completing the
+    /// previous buffer's cut frame, if any).
+    pub(super) valid: Vec<i16>,
+    /// Its bytes after its last whole frame: the start of a frame that the next buffer ends.
+    pub(super) trailing: Vec<u8>,
 }
 
 /// What the streaming thread and the step thread share.
@@ -66,6 +77,16 @@ pub(super) struct Inner {
     generation: u64,
     /// The streaming thread decodes the rest itself: no new step starts.
     draining: bool,
+    /// A flush-start or a stop is under way: no step starts, and the streaming thread stops
+    /// waiting and draining.
+    flushing: bool,
+    /// The most frames that wait for the step thread before the streaming thread waits too.
+    read_ahead: usize,
+    /// Buffers refused in a row (bad codes), for `max-errors`; a buffer taken resets it.
+    refused_in_a_row: u32,
+    /// `partial_frame` holds the start of a frame whose buffer was refused and closed: the
+    /// next buffer counts the frame as its own.
+    orphan_partial_frame: bool,
     shutdown: bool,
     /// The step thread's failed step or push, for the streaming thread to return.
     pub(super) flow: Result<gst::FlowSuccess, gst::FlowError>,
@@ -83,7 +104,8 @@ fn codes_of(bytes: &[u8]) -> impl Iterator<Item = i16> + '_ {
 }
 
 impl Stream {
-    pub(super) fn new(decoder: StreamDecoder) -> Arc<Self> {
+    /// `read_ahead`: frames that may wait for the step thread before `handle_frame` waits.
+    pub(super) fn new(decoder: StreamDecoder, read_ahead: usize) -> Arc<Self> {
         Arc::new(Self {
             inner: Mutex::new(Inner {
                 model: decoder.model().clone(),
@@ -96,6 +118,10 @@ impl Stream {
                 outbox: VecDeque::new(),
                 generation: 0,
                 draining: false,
+                flushing: false,
+                read_ahead,
+                refused_in_a_row: 0,
+                orphan_partial_frame: false,
                 shutdown: false,
                 flow: Ok(gst::FlowSuccess::Ok),
                 counted_steps: 0,
@@ -110,7 +136,7 @@ impl Stream {
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn wait<'a>(&self, inner: MutexGuard<'a, Inner>) -> MutexGuard<'a, Inner> {
+    pub(super) fn wait<'a>(&self, inner: MutexGuard<'a, Inner>) -> MutexGuard<'a, Inner> {
         self.changed
             .wait(inner)
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -128,6 +154,52 @@ impl Stream {
     /// Tells the step thread that there may be work.
     pub(super) fn wake(&self) {
         self.changed.notify_all();
+    }
+
+    /// Flush-start and stop (`true`), flush-stop (`false`): while set, no step starts and the
+    /// streaming thread neither waits for room nor drains.
+    pub(super) fn set_flushing(&self, flushing: bool) {
+        self.lock().flushing = flushing;
+        self.changed.notify_all();
+    }
+
+    /// On the calling thread (a drain), the step thread kept out by `draining`: the next full
+    /// step, its audio queued; None when no full step waits. No lock is held during the step,
+    /// so that a flush-start is seen meanwhile.
+    pub(super) fn step_here(&self) -> Option<Result<(), DecodeError>> {
+        let (mut decoder, codes, _) = self.lock().take_step()?;
+        let result = decoder.push(&codes);
+        let mut inner = self.give_back(decoder);
+        Some(result.map(|audio| inner.queue_audio(audio)))
+    }
+
+    /// Ends the stream on the calling thread, every full step run: the frames still waiting
+    /// (the tail, by the tail strategy) decoded and queued, with the closing of every input
+    /// buffer left. Returns the bytes of a cut frame dropped.
+    pub(super) fn finish_here(&self) -> Result<usize, DecodeError> {
+        let mut inner = self.lock();
+        let mut decoder = inner.decoder.take().expect("the decoder is idle");
+        let frames = std::mem::take(&mut inner.codes);
+        drop(inner);
+        let audio = decoder.push(&frames).and_then(|mut audio| {
+            audio.extend(decoder.finish()?);
+            Ok(audio)
+        });
+        let mut inner = self.give_back(decoder);
+        inner.queue_audio(audio?);
+        let unfinished = std::mem::take(&mut inner.frames_per_input).len();
+        if unfinished > 0 {
+            inner.outbox.push_back(Output::InputsDone(unfinished as i32));
+        }
+        Ok(std::mem::take(&mut inner.partial_frame).len())
+    }
+
+    /// Puts the decoder back after a step on the calling thread, for whoever waits for it.
+    fn give_back(&self, decoder: StreamDecoder) -> MutexGuard<'_, Inner> {
+        let mut inner = self.lock();
+        inner.decoder = Some(decoder);
+        self.changed.notify_all();
+        inner
     }
 
     /// Starts the step thread of `element`.
@@ -160,7 +232,11 @@ impl Stream {
             };
             let (mut decoder, codes, generation) = step;
             drop(inner);
+            // The backlog shrank: a streaming thread waiting for room may go on.
+            self.changed.notify_all();
+            let started = Instant::now();
             let result = decoder.push(&codes);
+            let step_time = started.elapsed();
 
             let Some(element) = element.upgrade() else {
                 return;
@@ -186,6 +262,7 @@ impl Stream {
                 let _ = imp.step_error(err);
             }
             imp.push_outbox(self);
+            imp.check_step_time(step_time);
         }
     }
 }
@@ -199,12 +276,35 @@ impl Inner {
         2 * self.model.config().num_quantizers
     }
 
+    /// Frames waiting for the step thread.
+    pub(super) fn backlog_frames(&self) -> usize {
+        self.codes.len() / self.model.config().num_quantizers
+    }
+
+    /// Whether the streaming thread may go on: no more than the read-ahead waits, or it must
+    /// return at once (a flush or stop, a failed step or push).
+    pub(super) fn room_or_flow(&self) -> Option<Result<gst::FlowSuccess, gst::FlowError>> {
+        if self.flushing {
+            Some(Err(gst::FlowError::Flushing))
+        } else if self.flow.is_err() || self.backlog_frames() <= self.read_ahead {
+            Some(self.flow)
+        } else {
+            None
+        }
+    }
+
     /// The decoder, the codes of the next step and the generation it belongs to, when a full
-    /// step waits and nothing else has the decoder.
+    /// step waits and nothing else has the decoder, nor is the stream draining, flushing or
+    /// failed.
     fn next_step(&mut self) -> Option<(StreamDecoder, Vec<i16>, u64)> {
-        if self.draining {
+        if self.draining || self.flushing || self.flow.is_err() {
             return None;
         }
+        self.take_step()
+    }
+
+    /// The decoder and the codes of the next full step, with the generation they belong to.
+    fn take_step(&mut self) -> Option<(StreamDecoder, Vec<i16>, u64)> {
         let codebooks = self.model.config().num_quantizers;
         let take = self
             .decoder
@@ -215,12 +315,16 @@ impl Inner {
     }
 
     /// Takes one input buffer's bytes: its whole frames wait for the step thread. A buffer with
-    /// a bad code is refused whole.
+    /// a bad code is refused: none of its frames is taken (see [`Refused`]).
     pub(super) fn accept(&mut self, data: &[u8]) -> Result<u64, Refused> {
         let frame_bytes = self.frame_bytes();
         let codebooks = frame_bytes / 2;
         let carried = self.partial_frame.len();
-        let starting_here = (carried + data.len()).div_ceil(frame_bytes) - carried.div_ceil(frame_bytes);
+        let mut starting_here = (carried + data.len()).div_ceil(frame_bytes) - carried.div_ceil(frame_bytes);
+        if std::mem::take(&mut self.orphan_partial_frame) && carried > 0 {
+            // Its buffer was refused and closed: the frame counts as this one's.
+            starting_here += 1;
+        }
         self.frames_per_input.push_back(starting_here);
         // A buffer with no frame starting in it is finished at once if it is the oldest.
         self.queue_finished_inputs();
@@ -240,30 +344,53 @@ impl Inner {
         }
         let whole = data.len() / frame_bytes * frame_bytes;
         self.codes.extend(codes_of(&data[..whole]));
-        self.partial_frame.extend_from_slice(&data[whole..]);
-        if let Err(error) = self
+        let checked = self
             .model
-            .check_codes(&self.codes[before..], self.frames_accepted)
-        {
+            .check_codes(&self.codes[before..], self.frames_accepted);
+        if let Err(error) = checked {
             let valid_frames = match error {
                 DecodeError::InvalidCode { frame, .. } => frame - self.frames_accepted,
                 _ => 0,
             };
             let mut valid = self.codes.split_off(before);
             valid.truncate(valid_frames as usize * codebooks);
-            return Err(Refused { error, valid });
+            // The cut frame that the previous buffer left was completed into `valid` or the
+            // bad frame: either way it is no longer waiting.
+            self.partial_frame.clear();
+            return Err(Refused {
+                error,
+                valid,
+                trailing: data[whole..].to_vec(),
+            });
         }
+        self.partial_frame.extend_from_slice(&data[whole..]);
         let frames = ((self.codes.len() - before) / codebooks) as u64;
         self.frames_accepted += frames;
+        self.refused_in_a_row = 0;
         Ok(frames)
     }
 
-    /// Takes the whole frames of a refused buffer that come before its bad code.
-    pub(super) fn accept_before_bad_code(&mut self, refused: Refused) -> u64 {
-        let frames = (refused.valid.len() / (self.frame_bytes() / 2)) as u64;
-        self.codes.extend(refused.valid);
+    /// Takes the whole frames of a refused buffer that come before its bad code, as the last
+    /// of the stream; returns how many, and counts the buffer as refused.
+    pub(super) fn accept_before_bad_code(&mut self, valid: Vec<i16>) -> u64 {
+        let frames = (valid.len() / (self.frame_bytes() / 2)) as u64;
+        self.codes.extend(valid);
         self.frames_accepted += frames;
+        self.refused_in_a_row += 1;
         frames
+    }
+
+    /// Buffers refused in a row, this one included.
+    pub(super) fn refused_in_a_row(&self) -> u32 {
+        self.refused_in_a_row
+    }
+
+    /// After a refused buffer's stream was drained: the bytes after its last whole frame start
+    /// the next stream's first frame, which the next buffer completes (the byte stream stays
+    /// aligned to frames).
+    pub(super) fn continue_after_refused(&mut self, trailing: Vec<u8>) {
+        self.partial_frame = trailing;
+        self.orphan_partial_frame = !self.partial_frame.is_empty();
     }
 
     /// The first `count` waiting codes, moved out (the usual step takes them all).
@@ -305,36 +432,6 @@ impl Inner {
         }
     }
 
-    /// On the calling thread, the decoder idle: the next step if a full one waits, its audio
-    /// queued.
-    pub(super) fn step_here(&mut self) -> Option<Result<(), DecodeError>> {
-        let codebooks = self.model.config().num_quantizers;
-        let take = self
-            .decoder
-            .as_ref()
-            .expect("the decoder is idle")
-            .frames_for_next_step(self.codes.len() / codebooks)?;
-        let codes = self.take_codes(take * codebooks);
-        let decoder = self.decoder.as_mut().expect("the decoder is idle");
-        Some(decoder.push(&codes).map(|audio| self.queue_audio(audio)))
-    }
-
-    /// Ends the stream on the calling thread, the decoder idle and every full step run: the
-    /// frames still waiting (the tail, by the tail strategy) decoded and queued, with the
-    /// closing of every input buffer left. Returns the bytes of a cut frame dropped.
-    pub(super) fn finish(&mut self) -> Result<usize, DecodeError> {
-        let decoder = self.decoder.as_mut().expect("the decoder is idle");
-        let frames = std::mem::take(&mut self.codes);
-        let mut audio = decoder.push(&frames)?;
-        audio.extend(decoder.finish()?);
-        self.queue_audio(audio);
-        let unfinished = std::mem::take(&mut self.frames_per_input).len();
-        if unfinished > 0 {
-            self.outbox.push_back(Output::InputsDone(unfinished as i32));
-        }
-        Ok(std::mem::take(&mut self.partial_frame).len())
-    }
-
     /// Forgets the stream, the decoder idle: the next frame decodes as on a fresh decoder.
     pub(super) fn reset(&mut self, stats: &mut Stats) -> Result<(), DecodeError> {
         self.count(stats);
@@ -342,6 +439,7 @@ impl Inner {
         self.codes.clear();
         self.frames_accepted = 0;
         self.partial_frame.clear();
+        self.orphan_partial_frame = false;
         self.frames_per_input.clear();
         self.outbox.clear();
         self.flow = Ok(gst::FlowSuccess::Ok);
@@ -374,6 +472,21 @@ impl Inner {
 
     pub(super) fn set_draining(&mut self, draining: bool) {
         self.draining = draining;
+    }
+
+    /// Where a drain stands: `Some` when it must end now (a flush or stop under way, a push
+    /// that failed), with the flow to return.
+    pub(super) fn drain_interrupted(&self) -> Option<gst::FlowError> {
+        if self.flushing {
+            Some(gst::FlowError::Flushing)
+        } else {
+            self.flow.err()
+        }
+    }
+
+    /// A flush forgets the refused buffers counted, as the base class forgets its errors.
+    pub(super) fn forget_refused(&mut self) {
+        self.refused_in_a_row = 0;
     }
 }
 

@@ -482,6 +482,7 @@ impl ObjectImpl for QwenCodecParse {
                     .minimum(gst::Fraction::new(1, i32::MAX))
                     .maximum(gst::Fraction::new(i32::MAX, 1))
                     .default_value(defaults.framerate)
+                    .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt::builder("frames-per-buffer")
                     .nick("Frames per buffer")
@@ -489,6 +490,7 @@ impl ObjectImpl for QwenCodecParse {
                     .minimum(1)
                     .maximum(MAX_FRAMES_PER_BUFFER)
                     .default_value(defaults.frames_per_buffer)
+                    .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt::builder("seek-context-frames")
                     .nick("Seek context frames")
@@ -498,6 +500,7 @@ impl ObjectImpl for QwenCodecParse {
                     )
                     .maximum(MAX_SEEK_CONTEXT_FRAMES)
                     .default_value(defaults.seek_context_frames)
+                    .mutable_ready()
                     .build(),
             ]
         });

@@ -60,12 +60,20 @@ fn the_typefinder_recognises_npy_codes() {
         assert_eq!(caps.to_string(), "application/x-npy, codebooks=(int)16");
         assert_eq!(probability, gst::TypeFindProbability::Maximum);
     }
-    // Other arrays are .npy files still: the parser will say what is wrong with them.
-    let floats = npy_file(1, &dict("<f4", "(10, 16)"), &[0; 640]);
-    let (caps, probability) =
-        gst_base::functions::type_find_helper_for_data(None::<&gst::Object>, &floats).unwrap();
-    assert_eq!(caps.to_string(), "application/x-npy");
-    assert_eq!(probability, gst::TypeFindProbability::Likely);
+    // Other arrays are .npy files still (the parser will say what is wrong with them), but only
+    // possibly ours: any typefinder that knows them goes first.
+    for (descr, shape) in [("<f4", "(10, 16)"), ("<i2", "(2, 10, 16)")] {
+        let other = npy_file(1, &dict(descr, shape), &[0; 640]);
+        let (caps, probability) =
+            gst_base::functions::type_find_helper_for_data(None::<&gst::Object>, &other).unwrap();
+        assert_eq!(caps.to_string(), "application/x-npy", "{descr} {shape}");
+        assert_eq!(probability, gst::TypeFindProbability::Possible, "{descr} {shape}");
+    }
+    let factory = gst::TypeFindFactory::factories()
+        .into_iter()
+        .find(|factory| factory.name() == "qwencodec_npy")
+        .unwrap();
+    assert_eq!(factory.rank(), gst::Rank::SECONDARY);
     let raw = std::fs::read(fixture.dir.join("codes.raw")).unwrap();
     if let Ok((caps, _)) = gst_base::functions::type_find_helper_for_data(None::<&gst::Object>, &raw) {
         assert_ne!(caps.structure(0).unwrap().name(), "application/x-npy");
