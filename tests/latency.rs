@@ -64,7 +64,6 @@ fn the_latency_is_measured_and_the_same_for_the_same_settings() {
     let frame =
         gst::ClockTime::SECOND.mul_div_floor(fixture.samples_per_frame as u64, fixture.sample_rate as u64);
     let frame = frame.unwrap();
-    let mut minima = Vec::new();
     for chunk_frames in [1u32, 5] {
         let first = Live::new(&fixture, &[("chunk-frames", &chunk_frames)], false);
         let (live, min, max) = first.latency();
@@ -83,9 +82,7 @@ fn the_latency_is_measured_and_the_same_for_the_same_settings() {
         // Another element on the same model with the same settings: the same figures.
         let second = Live::new(&fixture, &[("chunk-frames", &chunk_frames)], false);
         assert_eq!(second.latency(), (true, min, Some(max)));
-        minima.push(min);
     }
-    assert!(minima[1] >= minima[0] + frame * 4, "{minima:?}");
 }
 
 /// A live element stepping alone (max-batch 1) reports a small maximum; once another element on
