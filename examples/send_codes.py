@@ -8,8 +8,8 @@
 
 Needs Debian's python3-websocket (websocket-client). --cancel-after stops sending after that
 much speech and sends a cancel (barge-in); --burst sends every frame at once, as a model faster
-than real time would (the server paces the audio). Exits 1 when the server refuses (its close
-code and reason are printed).
+than real time would (the server paces the audio). Without --cancel-after the utterance ends
+with {"type":"end"}. Exits 1 when the server refuses (its close code and reason are printed).
 """
 
 import argparse
@@ -73,6 +73,9 @@ def main():
         if args.burst:
             time.sleep(max(0.0, start + args.cancel_after - time.monotonic()))
         ws.send(json.dumps({"type": "cancel"}))
+    else:
+        # The utterance is complete: its last frames play at once, whatever --chunk-frames.
+        ws.send(json.dumps({"type": "end"}))
     print(f"sent {frames} frames ({frames / args.frame_rate:.2f} s of speech) in {time.monotonic() - start:.2f} s")
     ws.close()
     return 0

@@ -12,6 +12,8 @@ mod qwencodecdec;
 mod qwencodecparse;
 mod typefind;
 
+pub use qwencodecdec::{DRAIN_EVENT, drain_event};
+
 /// Media type of codec frames: `codebooks` codes (little-endian int16) per frame.
 const CODES_MEDIA_TYPE: &str = "audio/x-qwen3-tts-codes";
 

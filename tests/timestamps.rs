@@ -112,3 +112,24 @@ fn a_long_buffer_leaves_step_by_step() {
     }
     fixture.assert_prefix_matches(&audio_of(&buffers), 100, "100 frames in one-frame steps");
 }
+
+/// The drain event (the end of an utterance on a live stream, without EOS): the frames that wait
+/// for a full step come out at once, and the next frame starts a fresh stream.
+#[test]
+fn the_drain_event_decodes_the_tail_and_starts_afresh() {
+    let fixture = load_fixture("release-tiny");
+    let mut h = harness(&fixture, &[("chunk-frames", &4u32)]);
+    let six = code_bytes(fixture.prefix_codes(6));
+    h.push(buffer(&six, None)).unwrap();
+    assert!(h.push_event(gstqwencodec::drain_event()));
+    let first = audio_of(&pull_all(&mut h));
+    fixture.assert_prefix_matches(
+        &first,
+        6,
+        "the frames before the drain, the 2-frame tail included",
+    );
+    h.push(buffer(&six, None)).unwrap();
+    h.push_event(gst::event::Eos::new());
+    let second = audio_of(&pull_all(&mut h));
+    fixture.assert_prefix_matches(&second, 6, "after the drain, from a fresh decoder");
+}

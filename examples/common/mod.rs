@@ -50,7 +50,13 @@ impl Options {
         }
     }
 
-    /// Fails on anything not taken.
+    /// Whether `--help` or `-h` was given (taken out).
+    pub fn take_help(&mut self) -> bool {
+        let before = self.0.len();
+        self.0.retain(|arg| arg != "--help" && arg != "-h");
+        self.0.len() != before
+    }
+
     /// `--model DIR` and `--codes FILE`, by default the bundled test checkpoint and its codes.
     pub fn take_model_and_codes(&mut self) -> Result<(PathBuf, PathBuf), String> {
         let model = self.take("--model")?.map_or_else(default_model, PathBuf::from);
@@ -60,6 +66,7 @@ impl Options {
         Ok((model, codes))
     }
 
+    /// Fails on anything not taken.
     pub fn finish(self) -> Result<(), String> {
         match self.0.first() {
             Some(arg) => Err(format!("unknown argument {arg:?}")),

@@ -2,7 +2,8 @@
 //! `Authorization: Bearer <token>`.
 //!
 //! Binary messages are whole frames (S16LE codes, frame-major); the text message
-//! `{"type":"cancel"}` drops what is queued and not yet heard (barge-in). One connection feeds a
+//! `{"type":"end"}` says the speech so far is complete (its last frames play at once, whatever
+//! `--chunk-frames`), `{"type":"cancel"}` drops what is queued and not yet heard (barge-in). One connection feeds a
 //! session at a time, for as many utterances as it likes; it ends when the session does.
 
 use std::time::{Duration, Instant};
@@ -17,6 +18,7 @@ use crate::{Server, log};
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 enum FromSender {
     Cancel,
+    End,
 }
 
 /// Compares in a time that does not tell how much of the token was right.
@@ -94,6 +96,7 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
                         session.cancel();
                         log!("session {id}: cancelled after {frames} frames in all");
                     }
+                    Ok(FromSender::End) => session.end(),
                     Err(err) => break Some((close::BAD_MESSAGE, format!("malformed message: {err}"))),
                 }
             }

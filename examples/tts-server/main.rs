@@ -9,8 +9,8 @@
 //!                     ! opusenc ! rtpopuspay ! webrtcbin
 //!
 //! cargo run --release --example tts-server -- [--bind 127.0.0.1:8080] [--model DIR]
-//!     [--device auto|cpu|cuda] [--chunk-frames N] [--token TOKEN] [--max-sessions N]
-//!     [--max-message-bytes N] [--idle-timeout SECONDS]
+//!     [--device auto|cpu|cuda] [--dtype f32|f16|bf16] [--chunk-frames N] [--token TOKEN]
+//!     [--max-sessions N] [--max-message-bytes N] [--idle-timeout SECONDS]
 //! ```
 //!
 //! One process serves the page (`/`), the browsers' signalling (`/signal`), the codes ingress
@@ -55,13 +55,39 @@ fn main() -> ExitCode {
     common::exit_status("tts-server", run())
 }
 
+const USAGE: &str = "\
+tts-server: a TTS media server. A TTS process sends codec frames over a WebSocket (/codes),
+each browser session (/ , /signal) hears its own speech over WebRTC.
+
+tts-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|cuda:N]
+    [--dtype f32|f16|bf16] [--chunk-frames 1] [--token TOKEN] [--max-sessions 16]
+    [--max-message-bytes 65536] [--idle-timeout 10]
+
+  --bind               address and port to serve on (127.0.0.1:8080)
+  --model              decoder checkpoint folder (the bundled test checkpoint)
+  --device             where to decode (auto: CUDA when there is a GPU)
+  --dtype              precision of the decoder (f32)
+  --chunk-frames       frames per decode step (1)
+  --token              the codes ingress's bearer token (generated and printed)
+  --max-sessions       sessions at once; the next is refused with 4429 (16)
+  --max-message-bytes  largest WebSocket message (65536)
+  --idle-timeout       seconds a new connection may stay silent (10)
+
+The README's \"Serving speech to browsers\" has the protocol and the refusals.
+";
+
 fn run() -> Result<(), Box<dyn Error>> {
     let mut options = common::Options::from_env();
+    if options.take_help() {
+        print!("{USAGE}");
+        return Ok(());
+    }
     let bind: SocketAddr = options.take_parsed("--bind", "127.0.0.1:8080".parse()?)?;
     let model_path = options
         .take("--model")?
         .map_or_else(common::default_model, PathBuf::from);
     let device = options.take("--device")?.unwrap_or_else(|| "auto".into());
+    let dtype: Dtype = options.take_parsed("--dtype", Dtype::F32)?;
     let chunk_frames: u32 = options.take_parsed("--chunk-frames", 1)?;
     let token = match options.take("--token")? {
         Some(token) if token.is_empty() => return Err("--token must not be empty".into()),
@@ -82,7 +108,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         CheckpointFiles::locate(&model_path).and_then(|files| DecoderConfig::from_file(&files.config))?;
     // Loaded once here and held: every session's decoder shares this copy, and a bad model
     // or device fails the start instead of the first session.
-    let model = Model::shared(&model_path, parse_device(&device)?, Dtype::F32)?;
+    let model = Model::shared(&model_path, parse_device(&device)?, dtype)?;
     let format = CodecFormat::new(&config);
 
     let listener = TcpListener::bind(bind)?;
@@ -92,6 +118,7 @@ fn run() -> Result<(), Box<dyn Error>> {
             session::PipelineSettings {
                 model: model_path.clone(),
                 device: device.clone(),
+                dtype,
                 chunk_frames,
                 format,
                 _model: model,
@@ -103,7 +130,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         idle_timeout: Duration::from_secs_f64(idle_timeout),
     });
     log!(
-        "model {} on {device}, chunk-frames {chunk_frames}, at most {max_sessions} sessions",
+        "model {} on {device} ({dtype}), chunk-frames {chunk_frames}, at most {max_sessions} sessions",
         model_path.display()
     );
     log!(

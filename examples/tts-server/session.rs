@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use gst::glib;
 use gst::prelude::*;
-use gstqwencodec::model::{DecoderConfig, Model};
+use gstqwencodec::model::{DecoderConfig, Dtype, Model};
 use serde_json::json;
 
 use crate::common::webrtc::{SdpKind, description_from_sdp, loopback_webrtcbin, opus_rtp_caps, sdp_of};
@@ -22,6 +22,11 @@ use crate::log;
 const SLACK: gst::ClockTime = gst::ClockTime::from_mseconds(200);
 /// The most speech a session may hold ahead of what it plays.
 pub const MAX_AHEAD: gst::ClockTime = gst::ClockTime::from_seconds(60);
+/// The custom downstream event that goes before the first frame of new speech (after a pause or
+/// an end): at the Opus encoder it becomes a segment, which resets the encoder, so that the
+/// first packet of the new speech is stamped with its own time and nothing of the speech before
+/// leaves with it (see `reset_encoder_at_new_speech`).
+const NEW_SPEECH: &str = "tts-server-new-speech";
 
 /// The codec frames the model takes.
 #[derive(Clone)]
@@ -88,6 +93,7 @@ impl CodecFormat {
 pub struct PipelineSettings {
     pub model: PathBuf,
     pub device: String,
+    pub dtype: Dtype,
     pub chunk_frames: u32,
     pub format: CodecFormat,
     /// Held so that the model stays loaded while no session runs.
@@ -103,14 +109,22 @@ pub fn live_pipelines() -> usize {
     pipelines.len()
 }
 
+/// Where a session's speech stands in time.
+#[derive(Default)]
+struct Timeline {
+    /// Where the audio of the next frames starts if they continue the speech before them.
+    next_pts: Option<gst::ClockTime>,
+    /// The sender said the speech before ended: the next frames start new speech.
+    ended: bool,
+}
+
 pub struct Session {
     pub id: String,
     pipeline: gst::Pipeline,
     appsrc: gst_app::AppSrc,
     webrtcbin: gst::Element,
     frame_duration: gst::ClockTime,
-    /// Where the audio of the next frames starts: after the speech before them (see SLACK).
-    next_pts: Mutex<Option<gst::ClockTime>>,
+    timeline: Mutex<Timeline>,
     /// Whether an ingress connection feeds this session now.
     has_sender: AtomicBool,
     ended: AtomicBool,
@@ -142,6 +156,7 @@ impl Session {
                 settings.model.to_str().ok_or("the model path is not UTF-8")?,
             )
             .property("device", &settings.device)
+            .property_from_str("dtype", &settings.dtype.to_string())
             .property("chunk-frames", settings.chunk_frames)
             // Audio leaves in steps of chunk-frames even when frames pile up (a burst): a
             // larger step would leave for the browser whole, out of reach of a cancel.
@@ -167,6 +182,7 @@ impl Session {
             .build()
             .map_err(|err| err.to_string())?;
         let webrtcbin = loopback_webrtcbin("webrtc").map_err(|err| err.to_string())?;
+        reset_encoder_at_new_speech(&opusenc.static_pad("sink").unwrap());
         let chain = [
             appsrc.upcast_ref(),
             &decoder,
@@ -201,7 +217,7 @@ impl Session {
             appsrc,
             webrtcbin,
             frame_duration: settings.format.frame_duration,
-            next_pts: Mutex::new(None),
+            timeline: Mutex::default(),
             has_sender: AtomicBool::new(false),
             ended: AtomicBool::new(false),
         };
@@ -214,16 +230,18 @@ impl Session {
     }
 
     /// Queues whole, checked frames for decoding. Their audio follows the speech before them
-    /// without a gap, or starts now when the sender paused (see SLACK).
+    /// without a gap, or, when the sender paused (see SLACK) or ended that speech, starts new
+    /// speech now (after the speech before it has played).
     pub fn push(&self, frames: &[u8], frame_bytes: usize) -> Result<(), (u16, String)> {
         use crate::http::close;
         let now = self.appsrc.current_running_time().unwrap_or(gst::ClockTime::ZERO);
         let duration = self.frame_duration * (frames.len() / frame_bytes) as u64;
         let pts = {
-            let mut next_pts = self.next_pts.lock().unwrap();
-            let pts = match *next_pts {
-                Some(next) if next + SLACK >= now => next,
-                _ => now,
+            let mut timeline = self.timeline.lock().unwrap();
+            let (pts, new_speech) = match timeline.next_pts {
+                Some(next) if !timeline.ended && next + SLACK >= now => (next, false),
+                Some(next) => (next.max(now), true),
+                None => (now, true),
             };
             if pts > now + MAX_AHEAD {
                 return Err((
@@ -231,7 +249,16 @@ impl Session {
                     format!("more than {} s of speech queued", MAX_AHEAD.seconds()),
                 ));
             }
-            *next_pts = Some(pts + duration);
+            if new_speech {
+                self.appsrc
+                    .send_event(gst::event::CustomDownstream::new(gst::Structure::new_empty(
+                        NEW_SPEECH,
+                    )));
+            }
+            *timeline = Timeline {
+                next_pts: Some(pts + duration),
+                ended: false,
+            };
             pts
         };
         let mut buffer = gst::Buffer::from_slice(frames.to_vec());
@@ -250,10 +277,19 @@ impl Session {
 
     /// Barge-in: drops every frame and every sample not yet sent, and the decoder starts fresh.
     pub fn cancel(&self) {
-        let mut next_pts = self.next_pts.lock().unwrap();
+        let mut timeline = self.timeline.lock().unwrap();
         self.appsrc.send_event(gst::event::FlushStart::new());
         self.appsrc.send_event(gst::event::FlushStop::new(false));
-        *next_pts = None;
+        *timeline = Timeline::default();
+    }
+
+    /// The sender says the speech so far is complete: the frames the decoder holds back for a
+    /// full step are decoded and play at once, right after the rest, and the next frames start
+    /// new speech, from a fresh decoder.
+    pub fn end(&self) {
+        let mut timeline = self.timeline.lock().unwrap();
+        self.appsrc.send_event(gstqwencodec::drain_event());
+        timeline.ended = true;
     }
 
     /// The browser's answer to the offer.
@@ -344,6 +380,31 @@ fn drop_flushes(pad: &gst::Pad) {
             None,
         );
     }
+}
+
+/// Turns the new-speech marker into a segment at the Opus encoder's input: the encoder drains
+/// and resets on a segment. Without it, after a pause, the encoder's last few milliseconds of
+/// the speech before (the rest of an Opus frame) left with the first packet of the new speech,
+/// stamped as the old speech's continuation, and the packet after it jumped by the whole pause:
+/// a browser's jitter buffer took that for a late packet and grew by a second.
+fn reset_encoder_at_new_speech(pad: &gst::Pad) {
+    pad.add_probe(gst::PadProbeType::EVENT_DOWNSTREAM, |pad, info| {
+        let Some(gst::PadProbeData::Event(event)) = &info.data else {
+            return gst::PadProbeReturn::Ok;
+        };
+        if event.type_() == gst::EventType::CustomDownstream
+            && event.structure().is_some_and(|s| s.name() == NEW_SPEECH)
+        {
+            info.data = pad
+                .sticky_event::<gst::event::Segment>(0)
+                .map(|segment| gst::PadProbeData::Event(gst::event::Segment::new(segment.segment())));
+            if info.data.is_none() {
+                // No audio yet: nothing to reset.
+                return gst::PadProbeReturn::Drop;
+            }
+        }
+        gst::PadProbeReturn::Ok
+    });
 }
 
 /// webrtcbin offers as soon as it wants to negotiate; its offer and its candidates go to the

@@ -591,6 +591,15 @@ impl AudioDecoderImpl for QwenCodecDec {
                     stream.set_flushing(false);
                 }
             }
+            // An application's request to end the stream here without EOS (the end of an
+            // utterance on a live stream): the waiting frames are decoded, and the next frame
+            // starts a fresh stream.
+            gst::EventView::CustomDownstream(custom)
+                if custom.structure().is_some_and(|s| s.name() == super::DRAIN_EVENT) =>
+            {
+                gst::debug!(CAT, imp = self, "Drain asked for by an event");
+                let _ = self.drain();
+            }
             gst::EventView::Segment(segment) => {
                 let segment = segment.segment().clone();
                 if let Some(previous) = self.set_segment(Some(segment.clone()))

@@ -13,6 +13,17 @@ mod segment;
 mod settings;
 mod stream;
 
+/// The name of the custom downstream event that drains `qwencodecdec`: see [`drain_event`].
+pub const DRAIN_EVENT: &str = "qwencodec-drain";
+
+/// A serialized custom downstream event that makes `qwencodecdec` decode the frames it holds
+/// (the tail, by its tail strategy) and push their audio at once, then decode the next frame as
+/// a fresh stream: the end of an utterance on a live stream, without EOS. Other elements pass
+/// it on.
+pub fn drain_event() -> gst::Event {
+    gst::event::CustomDownstream::new(gst::Structure::new_empty(DRAIN_EVENT))
+}
+
 /// Values of the `tail-strategy` property.
 #[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
 #[repr(u32)]

@@ -20,6 +20,8 @@ use webdriver::Browser;
 const BROWSER_RATE: f64 = 48_000.0;
 /// Analyser RMS above this share of the sent speech's RMS counts as sound.
 const SOUND_SHARE: f64 = 0.25;
+/// How much the browser's jitter buffer delay may grow from the first utterance to a later one.
+const JITTER_GROWTH_MS: f64 = 20.0;
 /// Allowed error on a received duration.
 const DURATION_TOLERANCE: f64 = 0.10;
 
@@ -95,7 +97,9 @@ impl Measure {
              return {changes: speech.changes, rms: speech.rms, now: Date.now(),
                      samples: inbound.totalSamplesReceived || 0,
                      concealed: inbound.concealedSamples || 0,
-                     energy: inbound.totalAudioEnergy || 0};",
+                     energy: inbound.totalAudioEnergy || 0,
+                     jitter_delay: inbound.jitterBufferDelay || 0,
+                     jitter_emitted: inbound.jitterBufferEmittedCount || 0};",
         ))
     }
 
@@ -107,6 +111,13 @@ impl Measure {
     fn received_since(&self, before: &Measure) -> f64 {
         let played = |m: &Measure| m.number("samples") - m.number("concealed");
         (played(self) - played(before)) / BROWSER_RATE
+    }
+
+    /// The mean time a sample spent in the browser's jitter buffer since `before`, in ms.
+    fn jitter_buffer_ms_since(&self, before: &Measure) -> f64 {
+        let delay = self.number("jitter_delay") - before.number("jitter_delay");
+        let emitted = self.number("jitter_emitted") - before.number("jitter_emitted");
+        1e3 * delay / emitted.max(1.0)
     }
 
     fn energy_since(&self, before: &Measure) -> f64 {
@@ -587,4 +598,114 @@ fn bad_input_is_refused_while_a_browser_plays() {
         (1, 1),
         "after session B left"
     );
+}
+
+/// Speech after a pause starts as fast as the first: the RTP timeline follows the audio from
+/// the first packet of each utterance, so the browser's jitter buffer stays small. Three
+/// utterances 1 and 3 s apart, no cancel between them, then a cancel during the third. And with
+/// steps of 4 frames, `{"type":"end"}` plays an utterance's last frames at once.
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn speech_after_pauses_starts_at_once_and_ended_speech_plays_in_full() {
+    if !server::in_own_network("speech_after_pauses_starts_at_once_and_ended_speech_plays_in_full") {
+        return;
+    }
+    assert!(
+        webdriver::installed(),
+        "chromium and chromium-driver are missing: run tools/setup.sh"
+    );
+    let speech = Speech::load();
+    let server = Server::start(&["--chunk-frames", "1"]);
+    let browser = Browser::start();
+    let session = connect_page(&browser, &server, &speech);
+    let mut sender = server.sender(&session);
+    let frames = 25;
+    let mut first_jitter = None;
+    for (utterance, pause_ms) in [(1, 0.0), (2, 1000.0), (3, 3000.0)] {
+        wait_ms(pause_ms);
+        let before = Measure::take(&browser);
+        let (first_sent, cancelled_at) = if utterance < 3 {
+            (speech.send_live(&mut sender, frames), None)
+        } else {
+            // The third is cancelled 1.5 s in.
+            let sending = {
+                let speech = Speech::load();
+                std::thread::spawn(move || {
+                    let first = speech.send_burst(&mut sender, 2 * frames);
+                    (sender, first)
+                })
+            };
+            let (back, first) = sending.join().unwrap();
+            sender = back;
+            wait_until(first, 1500.0);
+            let cancelled_at = epoch_ms();
+            sender.cancel();
+            (first, Some(cancelled_at))
+        };
+        wait_until(first_sent, speech.seconds(frames) * 1e3 + 1000.0);
+        let after = Measure::take(&browser);
+        let first_audio = after.first_change(true, first_sent).expect("no sound") - first_sent;
+        let jitter = after.jitter_buffer_ms_since(&before);
+        println!(
+            "utterance {utterance} after {pause_ms:.0} ms: first audio {first_audio:.0} ms after its first frame, \
+             jitter buffer {jitter:.1} ms"
+        );
+        assert!(
+            first_audio < 150.0,
+            "utterance {utterance}: first audio after {first_audio:.0} ms"
+        );
+        assert!(
+            jitter < 100.0,
+            "utterance {utterance}: jitter buffer delay {jitter:.1} ms"
+        );
+        // The jitter buffer does not grow after a pause. (When the first packet of new speech
+        // still carried the old speech's timeline, it grew here from 32 ms to 75-80 ms, and in
+        // longer sessions to over a second.)
+        let first_jitter = *first_jitter.get_or_insert(jitter);
+        assert!(
+            jitter <= first_jitter + JITTER_GROWTH_MS,
+            "utterance {utterance}: jitter buffer delay {jitter:.1} ms, {first_jitter:.1} ms for the first"
+        );
+        match cancelled_at {
+            None => assert_heard(
+                &format!("utterance {utterance}"),
+                &speech,
+                &before,
+                &after,
+                first_sent,
+                frames,
+            ),
+            Some(cancelled_at) => {
+                let silent_at = after
+                    .first_change(false, cancelled_at)
+                    .expect("no silence after the cancel");
+                let cancel_ms = silent_at - cancelled_at;
+                println!("cancel during utterance 3: silence {cancel_ms:.0} ms after it was sent");
+                assert!(cancel_ms < 300.0, "silence {cancel_ms:.0} ms after the cancel");
+            }
+        }
+    }
+
+    // Steps of 4 frames: an utterance of 6 ends in a step of 4 and 2 frames that wait for the
+    // next step; `end` plays them at once, utterance after utterance.
+    let server = Server::start(&["--chunk-frames", "4"]);
+    browser.new_window();
+    let session = connect_page(&browser, &server, &speech);
+    let mut sender = server.sender(&session);
+    let frames = 6;
+    for utterance in 1..=2 {
+        let before = Measure::take(&browser);
+        let first_sent = speech.send_live(&mut sender, frames);
+        sender.send_text(r#"{"type":"end"}"#);
+        wait_until(first_sent, speech.seconds(frames) * 1e3 + 1500.0);
+        assert_heard(
+            &format!("an ended utterance of 6 frames at chunk-frames 4, {utterance} of 2"),
+            &speech,
+            &before,
+            &Measure::take(&browser),
+            first_sent,
+            frames,
+        );
+        wait_ms(1000.0);
+    }
 }
