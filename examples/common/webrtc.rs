@@ -38,6 +38,70 @@ pub fn loopback_webrtcbin(name: &str) -> Result<gst::Element, Box<dyn std::error
     Ok(webrtcbin)
 }
 
+/// A DTLS certificate of our own for webrtcbin: ECDSA P-256, self-signed. GStreamer 1.22 makes
+/// an RSA one by default: browsers take both, but some WebRTC stacks offer ECDSA cipher suites
+/// only (aiortc, which pipecat builds on), and their DTLS handshake fails against RSA.
+pub struct DtlsCertificate {
+    /// The certificate and its private key in PEM, as `dtlssrtpdec`'s `pem` takes them.
+    pem: String,
+    /// The SHA-256 fingerprint of the certificate, as SDP's `a=fingerprint` gives it.
+    fingerprint: String,
+}
+
+impl DtlsCertificate {
+    pub fn generate() -> Result<Self, String> {
+        let certified =
+            rcgen::generate_simple_self_signed(vec!["qwencodec".into()]).map_err(|err| err.to_string())?;
+        let mut checksum = glib::Checksum::new(glib::ChecksumType::Sha256).ok_or("no SHA-256 in GLib")?;
+        checksum.update(certified.cert.der());
+        let fingerprint = checksum
+            .digest()
+            .iter()
+            .map(|byte| format!("{byte:02X}"))
+            .collect::<Vec<_>>()
+            .join(":");
+        Ok(Self {
+            pem: format!(
+                "{}{}",
+                certified.cert.pem(),
+                certified.signing_key.serialize_pem()
+            ),
+            fingerprint,
+        })
+    }
+
+    /// Has `webrtcbin`'s DTLS transports present this certificate: set on each `dtlssrtpdec`
+    /// as webrtcbin adds it, before its handshake.
+    pub fn install(&self, webrtcbin: &gst::Element) {
+        let bin = webrtcbin.downcast_ref::<gst::Bin>().expect("webrtcbin is a bin");
+        let pem = self.pem.clone();
+        bin.connect_deep_element_added(move |_, _, element| {
+            if element
+                .factory()
+                .is_some_and(|factory| factory.name() == "dtlssrtpdec")
+            {
+                element.set_property("pem", &pem);
+            }
+        });
+    }
+
+    /// `sdp` (webrtcbin's offer or answer) with this certificate's fingerprint. webrtcbin 1.22
+    /// computes the fingerprint over all of `pem`, the private key included, so its own is
+    /// wrong for a certificate set this way.
+    pub fn fix_fingerprint(&self, sdp: &str) -> String {
+        sdp.lines()
+            .map(|line| {
+                if line.starts_with("a=fingerprint:") {
+                    format!("a=fingerprint:sha-256 {}", self.fingerprint)
+                } else {
+                    line.to_owned()
+                }
+            })
+            .map(|line| line + "\r\n")
+            .collect()
+    }
+}
+
 #[link(name = "libnice.so.10", kind = "dylib", modifiers = "+verbatim")]
 unsafe extern "C" {
     fn nice_address_new() -> *mut c_void;

@@ -121,6 +121,7 @@ fn run() -> Result<(), Box<dyn Error>> {
                 dtype,
                 chunk_frames,
                 format,
+                certificate: Arc::new(common::webrtc::DtlsCertificate::generate()?),
                 _model: model,
             },
             max_sessions,

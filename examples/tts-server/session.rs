@@ -13,7 +13,9 @@ use gst::prelude::*;
 use gstqwencodec::model::{DecoderConfig, Dtype, Model};
 use serde_json::json;
 
-use crate::common::webrtc::{SdpKind, description_from_sdp, loopback_webrtcbin, opus_rtp_caps, sdp_of};
+use crate::common::webrtc::{
+    DtlsCertificate, SdpKind, description_from_sdp, loopback_webrtcbin, opus_rtp_caps, sdp_of,
+};
 use crate::log;
 
 /// Frames that come later than the end of the speech before them by up to this much still
@@ -96,6 +98,8 @@ pub struct PipelineSettings {
     pub dtype: Dtype,
     pub chunk_frames: u32,
     pub format: CodecFormat,
+    /// The DTLS certificate every session presents (see `DtlsCertificate`).
+    pub certificate: Arc<DtlsCertificate>,
     /// Held so that the model stays loaded while no session runs.
     pub _model: Arc<Model>,
 }
@@ -182,6 +186,7 @@ impl Session {
             .build()
             .map_err(|err| err.to_string())?;
         let webrtcbin = loopback_webrtcbin("webrtc").map_err(|err| err.to_string())?;
+        settings.certificate.install(&webrtcbin);
         reset_encoder_at_new_speech(&opusenc.static_pad("sink").unwrap());
         let chain = [
             appsrc.upcast_ref(),
@@ -208,7 +213,7 @@ impl Session {
         let transceiver = sink.property::<glib::Object>("transceiver");
         transceiver.set_property("codec-preferences", &rtp_caps);
         transceiver.set_property_from_str("direction", "sendonly");
-        connect_signalling(&webrtcbin, to_browser);
+        connect_signalling(&webrtcbin, settings.certificate.clone(), to_browser);
 
         PIPELINES.lock().unwrap().push(pipeline.downgrade());
         let session = Self {
@@ -409,12 +414,16 @@ fn reset_encoder_at_new_speech(pad: &gst::Pad) {
 
 /// webrtcbin offers as soon as it wants to negotiate; its offer and its candidates go to the
 /// browser.
-fn connect_signalling(webrtcbin: &gst::Element, to_browser: Sender<serde_json::Value>) {
+fn connect_signalling(
+    webrtcbin: &gst::Element,
+    certificate: Arc<DtlsCertificate>,
+    to_browser: Sender<serde_json::Value>,
+) {
     let offers = to_browser.clone();
     webrtcbin.connect("on-negotiation-needed", false, move |values| {
         let webrtcbin = values[0].get::<gst::Element>().unwrap();
         let weak = webrtcbin.downgrade();
-        let offers = offers.clone();
+        let (offers, certificate) = (offers.clone(), certificate.clone());
         let promise = gst::Promise::with_change_func(move |reply| {
             let Some(webrtcbin) = weak.upgrade() else {
                 return;
@@ -428,6 +437,7 @@ fn connect_signalling(webrtcbin: &gst::Element, to_browser: Sender<serde_json::V
                 sdp_of(offer)
             }) {
                 Ok(sdp) => {
+                    let sdp = certificate.fix_fingerprint(&sdp);
                     let _ = offers.send(json!({"type": "offer", "sdp": sdp}));
                 }
                 Err(err) => log!("creating the offer failed: {err}"),
