@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# A short run of the .npy header fuzz target (fuzz/), as CI does; FUZZ_SECONDS sets its length.
-# cargo-fuzz is installed once per machine into the cache folder. Its sanitizer flags need a
-# nightly rustc: RUSTC_BOOTSTRAP lets the stable one take them.
+# A short run of each fuzz target (fuzz/), as CI does: the .npy header reader (FUZZ_SECONDS, 30
+# by default) and examples/tts-server's signalling and codes messages (FUZZ_MESSAGE_SECONDS, 15
+# each). cargo-fuzz is installed once per machine into the cache folder. Its sanitizer flags
+# need a nightly rustc: RUSTC_BOOTSTRAP lets the stable one take them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cache="${QWENCODEC_CACHE:-/var/cache/qwencodec}"
-seconds="${FUZZ_SECONDS:-30}"
 cargo_fuzz_version="0.13.2"
 export PATH="$cache/cargo/bin:$PATH"
 
@@ -18,14 +18,25 @@ fi
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 cd fuzz
-status=0
-mkdir "$scratch/corpus"
-RUSTC_BOOTSTRAP=1 cargo fuzz run npy_header "$scratch/corpus" -- \
-  -dict=npy.dict -max_total_time="$seconds" -print_final_stats=1 >"$scratch/log" 2>&1 || status=$?
-if [ "$status" -ne 0 ]; then
-  tail -n 60 "$scratch/log" >&2
-  echo "fuzz: npy_header failed (status $status)" >&2
-  exit "$status"
-fi
-runs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$scratch/log" | grep -o '[0-9]*$')"
-echo "fuzz: npy_header ran ${runs:-?} inputs in ${seconds} s without a failure"
+
+# fuzz TARGET SECONDS [libFuzzer options...]
+fuzz() {
+  local target="$1" seconds="$2"
+  shift 2
+  local status=0
+  mkdir -p "$scratch/$target"
+  RUSTC_BOOTSTRAP=1 cargo fuzz run "$target" "$scratch/$target" -- \
+    "$@" -max_total_time="$seconds" -print_final_stats=1 >"$scratch/$target.log" 2>&1 || status=$?
+  if [ "$status" -ne 0 ]; then
+    tail -n 60 "$scratch/$target.log" >&2
+    echo "fuzz: $target failed (status $status)" >&2
+    exit "$status"
+  fi
+  local runs
+  runs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$scratch/$target.log" | grep -o '[0-9]*$')"
+  echo "fuzz: $target ran ${runs:-?} inputs in ${seconds} s without a failure"
+}
+
+fuzz npy_header "${FUZZ_SECONDS:-30}" -dict=npy.dict
+fuzz signalling_message "${FUZZ_MESSAGE_SECONDS:-15}" -dict=messages.dict
+fuzz codes_message "${FUZZ_MESSAGE_SECONDS:-15}" -dict=messages.dict

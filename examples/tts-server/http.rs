@@ -156,8 +156,11 @@ pub fn read(socket: &mut Socket) -> Received {
 
 /// Close codes: HTTP's statuses in the range for applications (RFC 6455 7.4.2).
 pub mod close {
+    /// RFC 6455's own: the server goes away.
+    pub const GOING_AWAY: u16 = 1001;
     pub const BAD_MESSAGE: u16 = 4400;
     pub const UNAUTHORIZED: u16 = 4401;
+    pub const FORBIDDEN: u16 = 4403;
     pub const NO_SUCH_SESSION: u16 = 4404;
     pub const TIMEOUT: u16 = 4408;
     pub const BUSY: u16 = 4409;

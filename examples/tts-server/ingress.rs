@@ -8,18 +8,11 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
 use tungstenite::Message;
 
 use crate::http::{self, Received, Request, Socket, close};
+use crate::protocol::{FrameError, FromSender, sender_message};
 use crate::{Server, log};
-
-#[derive(Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
-enum FromSender {
-    Cancel,
-    End,
-}
 
 /// Compares in a time that does not tell how much of the token was right.
 fn same_token(given: &str, token: &str) -> bool {
@@ -37,6 +30,7 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
     };
     let refuse = |socket, code: u16, reason: String| {
         log!("refused {peer} on /codes: {code} {reason}");
+        server.metrics.refused(code);
         http::close(socket, code, &reason);
     };
     match request
@@ -74,30 +68,36 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
     let mut spoke = false;
     let mut frames = 0;
     let ending = loop {
-        if session.has_ended() {
-            let reason = format!("session {id} ended: its browser left");
-            break Some((close::SESSION_ENDED, reason));
+        if let Some(why) = session.ended() {
+            break Some((close::SESSION_ENDED, format!("session {id} ended: {why}")));
         }
         match http::read(&mut socket) {
             Received::Message(Message::Binary(bytes)) => {
                 spoke = true;
-                if let Err(refusal) = format.check(&bytes) {
+                let count = match format.layout.check(&bytes) {
+                    Ok(count) => count,
+                    Err(err @ FrameError::NotWholeFrames { .. }) => {
+                        break Some((close::BAD_MESSAGE, err.to_string()));
+                    }
+                    Err(err @ FrameError::OutsideCodebook { .. }) => {
+                        break Some((close::BAD_CODES, err.to_string()));
+                    }
+                };
+                if let Err(refusal) = session.push(&bytes, count) {
                     break Some(refusal);
                 }
-                if let Err(refusal) = session.push(&bytes, format.frame_bytes()) {
-                    break Some(refusal);
-                }
-                frames += bytes.len() / format.frame_bytes();
+                frames += count;
+                server.metrics.frames_in.inc_by(count as u64);
             }
             Received::Message(Message::Text(text)) => {
                 spoke = true;
-                match serde_json::from_str(&text) {
+                match sender_message(&text) {
                     Ok(FromSender::Cancel) => {
                         session.cancel();
                         log!("session {id}: cancelled after {frames} frames in all");
                     }
                     Ok(FromSender::End) => session.end(),
-                    Err(err) => break Some((close::BAD_MESSAGE, format!("malformed message: {err}"))),
+                    Err(err) => break Some((close::BAD_MESSAGE, err)),
                 }
             }
             Received::Message(_) => spoke = true,

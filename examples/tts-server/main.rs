@@ -20,8 +20,11 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod connections;
 mod http;
 mod ingress;
+mod metrics;
+mod protocol;
 mod session;
 mod signalling;
 
@@ -32,7 +35,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use connections::Connections;
 use gstqwencodec::model::{CheckpointFiles, DecoderConfig, Dtype, Model, parse_device};
+use metrics::Metrics;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
 
 use session::{CodecFormat, Sessions};
 
@@ -47,8 +54,12 @@ pub struct Server {
     pub sessions: Sessions,
     pub token: String,
     pub max_message_bytes: usize,
-    /// How long a new connection may stay silent before it is closed.
+    /// How long a new connection may stay silent before it is closed (its request head too).
     pub idle_timeout: Duration,
+    /// Origins besides the server's own whose pages may open `/signal`.
+    pub allowed_origins: Vec<String>,
+    pub metrics: Arc<Metrics>,
+    connections: Arc<Connections>,
 }
 
 fn main() -> ExitCode {
@@ -61,7 +72,8 @@ each browser session (/ , /signal) hears its own speech over WebRTC.
 
 tts-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|cuda:N]
     [--dtype f32|f16|bf16] [--chunk-frames 1] [--token TOKEN] [--max-sessions 16]
-    [--max-message-bytes 65536] [--idle-timeout 10]
+    [--max-message-bytes 65536] [--idle-timeout 10] [--allow-origin ORIGIN,...]
+    [--max-connections 256] [--max-connections-per-address 32] [--instance NAME]
 
   --bind               address and port to serve on (127.0.0.1:8080)
   --model              decoder checkpoint folder (the bundled test checkpoint)
@@ -71,7 +83,17 @@ tts-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|cuda:N]
   --token              the codes ingress's bearer token (generated and printed)
   --max-sessions       sessions at once; the next is refused with 4429 (16)
   --max-message-bytes  largest WebSocket message (65536)
-  --idle-timeout       seconds a new connection may stay silent (10)
+  --idle-timeout       seconds a new connection may stay silent, its request head included (10)
+  --allow-origin       origins (scheme://host:port, comma-separated) besides the server's own
+                       whose pages may open /signal (none)
+  --max-connections    connections open at once; more are answered 503 (256)
+  --max-connections-per-address
+                       connections open at once from one client address (32)
+  --instance           letters and digits before every session id (NAME-...), for a router
+                       in front of several servers to send /codes where the session is
+
+SIGTERM or SIGINT: new connections are refused, every session ends (its browser and its sender
+told why), and the server exits 0.
 
 The README's \"Serving speech to browsers\" has the protocol and the refusals.
 ";
@@ -97,6 +119,18 @@ fn run() -> Result<(), Box<dyn Error>> {
     let max_sessions: usize = options.take_parsed("--max-sessions", 16)?;
     let max_message_bytes: usize = options.take_parsed("--max-message-bytes", 64 * 1024)?;
     let idle_timeout: f64 = options.take_parsed("--idle-timeout", 10.0)?;
+    let allowed_origins: Vec<String> = options
+        .take("--allow-origin")?
+        .map(|list| list.split(',').map(|origin| origin.trim().to_owned()).collect())
+        .unwrap_or_default();
+    let max_connections: usize = options.take_parsed("--max-connections", 256)?;
+    let max_per_address: usize = options.take_parsed("--max-connections-per-address", 32)?;
+    let instance = options.take("--instance")?;
+    if let Some(instance) = &instance
+        && (instance.is_empty() || !instance.chars().all(|c| c.is_ascii_alphanumeric()))
+    {
+        return Err("--instance takes letters and digits".into());
+    }
     options.finish()?;
     if !idle_timeout.is_finite() || idle_timeout <= 0.0 {
         return Err("--idle-timeout must be above 0".into());
@@ -109,6 +143,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     // Loaded once here and held: every session's decoder shares this copy, and a bad model
     // or device fails the start instead of the first session.
     let model = Model::shared(&model_path, parse_device(&device)?, dtype)?;
+    let metrics = Metrics::new(model.clone());
     let format = CodecFormat::new(&config);
 
     let listener = TcpListener::bind(bind)?;
@@ -122,6 +157,8 @@ fn run() -> Result<(), Box<dyn Error>> {
                 chunk_frames,
                 format,
                 certificate: Arc::new(common::webrtc::DtlsCertificate::generate()?),
+                metrics: metrics.clone(),
+                instance,
                 _model: model,
             },
             max_sessions,
@@ -129,6 +166,9 @@ fn run() -> Result<(), Box<dyn Error>> {
         token,
         max_message_bytes,
         idle_timeout: Duration::from_secs_f64(idle_timeout),
+        allowed_origins,
+        metrics,
+        connections: Connections::new(max_connections, max_per_address),
     });
     log!(
         "model {} on {device} ({dtype}), chunk-frames {chunk_frames}, at most {max_sessions} sessions",
@@ -140,16 +180,71 @@ fn run() -> Result<(), Box<dyn Error>> {
     );
     log!("open http://{address}/ in a browser");
 
+    let mut signals = Signals::new([SIGTERM, SIGINT])?;
+    std::thread::spawn({
+        let server = server.clone();
+        move || accept(&server, listener)
+    });
+    let signal = signals.forever().next();
+    log!("signal {signal:?}: shutting down");
+    server.connections.stop();
+    server.sessions.close_all("the server is shutting down");
+    let open = server.connections.wait_for_all(SHUTDOWN_PATIENCE);
+    log!("shut down ({open} connections still open)");
+    Ok(())
+}
+
+/// How long a shutdown waits for the connections to close.
+const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Takes connections, each on a thread of its own, while the caps allow.
+fn accept(server: &Arc<Server>, listener: TcpListener) {
     for stream in listener.incoming() {
-        match stream {
-            Ok(stream) => {
-                let server = server.clone();
-                std::thread::spawn(move || serve(&server, stream));
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(err) => {
+                log!("cannot accept a connection: {err}");
+                continue;
             }
-            Err(err) => log!("cannot accept a connection: {err}"),
+        };
+        let Ok(peer) = stream.peer_addr() else { continue };
+        match server.connections.admit(peer.ip()) {
+            Ok(admitted) => {
+                let server = server.clone();
+                std::thread::spawn(move || {
+                    serve(&server, stream);
+                    drop(admitted);
+                });
+            }
+            Err(why) => {
+                log!("refused {peer}: {why}");
+                server.metrics.refused(503);
+                let _ = stream.set_write_timeout(Some(http::POLL));
+                http::respond(
+                    stream,
+                    "503 Service Unavailable",
+                    "text/plain",
+                    &format!("{why}\n"),
+                );
+            }
         }
     }
-    Ok(())
+}
+
+/// Why `/signal` is refused to `request`'s page, if it is: browsers send the `Origin` of the page
+/// that opens a WebSocket, and only the server's own page (the `Host` it was asked for, over
+/// http or https behind a proxy) and `--allow-origin`'s may drive sessions. A client that is
+/// not a browser sends none.
+fn origin_refusal(server: &Server, request: &http::Request) -> Option<String> {
+    let origin = request.header("origin")?;
+    let own = request
+        .header("host")
+        .is_some_and(|host| origin == format!("http://{host}") || origin == format!("https://{host}"));
+    if own || server.allowed_origins.iter().any(|allowed| allowed == origin) {
+        None
+    } else {
+        Some(format!("origin {origin} is not allowed (--allow-origin)"))
+    }
 }
 
 /// One connection: a page, the status, or one of the two WebSocket endpoints.
@@ -165,7 +260,16 @@ fn serve(server: &Server, stream: TcpStream) {
         }
     };
     match (request.path.as_str(), request.is_websocket()) {
-        ("/signal", true) => signalling::serve(server, request.upgrade(stream, server), &peer),
+        ("/signal", true) => match origin_refusal(server, &request) {
+            None => signalling::serve(server, request.upgrade(stream, server), &peer),
+            Some(why) => {
+                log!("refused {peer} on /signal: {} {why}", http::close::FORBIDDEN);
+                server.metrics.refused(http::close::FORBIDDEN);
+                if let Some(socket) = request.upgrade(stream, server) {
+                    http::close(socket, http::close::FORBIDDEN, &why);
+                }
+            }
+        },
         ("/codes", true) => ingress::serve(server, &request, request.upgrade(stream, server), &peer),
         ("/", false) | ("/index.html", false) => http::respond(
             stream,
@@ -179,6 +283,12 @@ fn serve(server: &Server, stream: TcpStream) {
             "text/javascript; charset=utf-8",
             include_str!("page/app.js"),
         ),
+        ("/metrics", false) => {
+            let text = server
+                .metrics
+                .render(server.sessions.count(), session::live_pipelines());
+            http::respond(stream, "200 OK", metrics::CONTENT_TYPE, &text)
+        }
         ("/status", false) => {
             let status = serde_json::json!({
                 "sessions": server.sessions.count(),

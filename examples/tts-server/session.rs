@@ -17,6 +17,8 @@ use crate::common::webrtc::{
     DtlsCertificate, SdpKind, description_from_sdp, loopback_webrtcbin, opus_rtp_caps, sdp_of,
 };
 use crate::log;
+use crate::metrics::Metrics;
+use crate::protocol::FrameLayout;
 
 /// Frames that come later than the end of the speech before them by up to this much still
 /// continue it (their audio is late by as much, and the browser's jitter buffer stretches);
@@ -30,12 +32,11 @@ pub const MAX_AHEAD: gst::ClockTime = gst::ClockTime::from_seconds(60);
 /// leaves with it (see `reset_encoder_at_new_speech`).
 const NEW_SPEECH: &str = "tts-server-new-speech";
 
-/// The codec frames the model takes.
+/// The codec frames the model takes, as caps and as a layout to check messages against.
 #[derive(Clone)]
 pub struct CodecFormat {
     pub caps: gst::Caps,
-    pub codebooks: usize,
-    pub codebook_size: usize,
+    pub layout: FrameLayout,
     pub frame_duration: gst::ClockTime,
 }
 
@@ -47,47 +48,14 @@ impl CodecFormat {
                 .field("codebooks", config.num_quantizers as i32)
                 .field("framerate", gst::Fraction::new(num as i32, den as i32))
                 .build(),
-            codebooks: config.num_quantizers,
-            codebook_size: config.codebook_size,
+            layout: FrameLayout {
+                codebooks: config.num_quantizers,
+                codebook_size: config.codebook_size,
+            },
             frame_duration: gst::ClockTime::SECOND
                 .mul_div_floor(den as u64, num as u64)
                 .unwrap(),
         }
-    }
-
-    pub fn frame_bytes(&self) -> usize {
-        2 * self.codebooks
-    }
-
-    /// Why `bytes` are not whole frames of valid codes, if they are not.
-    pub fn check(&self, bytes: &[u8]) -> Result<(), (u16, String)> {
-        use crate::http::close;
-        if bytes.is_empty() || !bytes.len().is_multiple_of(self.frame_bytes()) {
-            return Err((
-                close::BAD_MESSAGE,
-                format!(
-                    "not whole frames: {} bytes, a frame is {} ({} codes of 2 bytes)",
-                    bytes.len(),
-                    self.frame_bytes(),
-                    self.codebooks
-                ),
-            ));
-        }
-        for (at, pair) in bytes.chunks_exact(2).enumerate() {
-            let code = i16::from_le_bytes([pair[0], pair[1]]);
-            if code < 0 || code as usize >= self.codebook_size {
-                return Err((
-                    close::BAD_CODES,
-                    format!(
-                        "frame {}, codebook {}: code {code} is outside 0..{}",
-                        at / self.codebooks,
-                        at % self.codebooks,
-                        self.codebook_size
-                    ),
-                ));
-            }
-        }
-        Ok(())
     }
 }
 
@@ -98,6 +66,10 @@ pub struct PipelineSettings {
     pub dtype: Dtype,
     pub chunk_frames: u32,
     pub format: CodecFormat,
+    pub metrics: Arc<Metrics>,
+    /// Goes before every session id, `NAME-`, so that a router in front of several servers
+    /// sends a session's `/codes` to the server that holds it (see --instance).
+    pub instance: Option<String>,
     /// The DTLS certificate every session presents (see `DtlsCertificate`).
     pub certificate: Arc<DtlsCertificate>,
     /// Held so that the model stays loaded while no session runs.
@@ -131,7 +103,8 @@ pub struct Session {
     timeline: Mutex<Timeline>,
     /// Whether an ingress connection feeds this session now.
     has_sender: AtomicBool,
-    ended: AtomicBool,
+    /// Why the session ended, once it has: its connections close with it.
+    ended: Mutex<Option<String>>,
 }
 
 impl Session {
@@ -173,6 +146,8 @@ impl Session {
         // whole would leave at the step's start, up to a step ahead, and in bursts that the
         // browser's jitter buffer answers by growing.
         let clocksync = make("clocksync")?;
+        count_late_audio(&clocksync, settings.metrics.clone());
+        count_audio_out(&decoder, settings.metrics.clone());
         let opusenc = gst::ElementFactory::make("opusenc")
             .property_from_str("audio-type", "voice")
             .build()
@@ -224,7 +199,7 @@ impl Session {
             frame_duration: settings.format.frame_duration,
             timeline: Mutex::default(),
             has_sender: AtomicBool::new(false),
-            ended: AtomicBool::new(false),
+            ended: Mutex::new(None),
         };
         session.pipeline.set_state(gst::State::Playing).map_err(|_| {
             session
@@ -234,13 +209,13 @@ impl Session {
         Ok(session)
     }
 
-    /// Queues whole, checked frames for decoding. Their audio follows the speech before them
+    /// Queues `frames` whole, checked frames (`bytes`) for decoding. Their audio follows the speech before them
     /// without a gap, or, when the sender paused (see SLACK) or ended that speech, starts new
     /// speech now (after the speech before it has played).
-    pub fn push(&self, frames: &[u8], frame_bytes: usize) -> Result<(), (u16, String)> {
+    pub fn push(&self, bytes: &[u8], frames: usize) -> Result<(), (u16, String)> {
         use crate::http::close;
         let now = self.appsrc.current_running_time().unwrap_or(gst::ClockTime::ZERO);
-        let duration = self.frame_duration * (frames.len() / frame_bytes) as u64;
+        let duration = self.frame_duration * frames as u64;
         let pts = {
             let mut timeline = self.timeline.lock().unwrap();
             let (pts, new_speech) = match timeline.next_pts {
@@ -266,7 +241,7 @@ impl Session {
             };
             pts
         };
-        let mut buffer = gst::Buffer::from_slice(frames.to_vec());
+        let mut buffer = gst::Buffer::from_slice(bytes.to_vec());
         {
             let buffer = buffer.get_mut().unwrap();
             buffer.set_pts(pts);
@@ -335,12 +310,13 @@ impl Session {
         self.has_sender.store(false, Ordering::SeqCst);
     }
 
-    pub fn has_ended(&self) -> bool {
-        self.ended.load(Ordering::SeqCst)
+    /// Why the session ended, if it has.
+    pub fn ended(&self) -> Option<String> {
+        self.ended.lock().unwrap().clone()
     }
 
-    fn stop(&self) {
-        self.ended.store(true, Ordering::SeqCst);
+    fn stop(&self, why: &str) {
+        self.ended.lock().unwrap().get_or_insert_with(|| why.to_owned());
         let _ = self.pipeline.set_state(gst::State::Null);
     }
 }
@@ -385,6 +361,67 @@ fn drop_flushes(pad: &gst::Pad) {
             None,
         );
     }
+}
+
+/// How much later than the speech's first packet, against its schedule, a packet may reach
+/// the sender: past it, the listener's jitter buffer (sized to how late packets come) runs dry.
+const LATE: i64 = 100_000_000;
+
+/// Counts the packets that reach `clocksync` (which holds each one until its time) later than
+/// their speech's schedule allows: each speech (from a new-speech segment or a flush on) sets
+/// its schedule by its first packet, which comes as late as a decode step makes it; a packet
+/// [`LATE`] past that schedule is a gap the listener hears.
+fn count_late_audio(clocksync: &gst::Element, metrics: Arc<Metrics>) {
+    let element = clocksync.downgrade();
+    let schedule: Mutex<Option<i64>> = Mutex::new(None);
+    clocksync.static_pad("sink").unwrap().add_probe(
+        gst::PadProbeType::BUFFER | gst::PadProbeType::EVENT_DOWNSTREAM | gst::PadProbeType::EVENT_FLUSH,
+        move |pad, info| {
+            match &info.data {
+                Some(gst::PadProbeData::Event(event))
+                    if matches!(event.type_(), gst::EventType::Segment | gst::EventType::FlushStop) =>
+                {
+                    *schedule.lock().unwrap() = None;
+                }
+                Some(gst::PadProbeData::Buffer(buffer)) => {
+                    let due = pad.sticky_event::<gst::event::Segment>(0).and_then(|segment| {
+                        segment
+                            .segment()
+                            .downcast_ref::<gst::ClockTime>()?
+                            .to_running_time(buffer.pts()?)
+                    });
+                    let now = element
+                        .upgrade()
+                        .and_then(|element| element.current_running_time());
+                    if let (Some(due), Some(now)) = (due, now) {
+                        let behind = now.nseconds() as i64 - due.nseconds() as i64;
+                        let mut schedule = schedule.lock().unwrap();
+                        let first = *schedule.get_or_insert(behind);
+                        if behind - first > LATE {
+                            metrics.late_audio.inc();
+                        }
+                    }
+                }
+                _ => (),
+            }
+            gst::PadProbeReturn::Ok
+        },
+    );
+}
+
+/// Counts the seconds of audio `decoder` hands on.
+fn count_audio_out(decoder: &gst::Element, metrics: Arc<Metrics>) {
+    decoder
+        .static_pad("src")
+        .unwrap()
+        .add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+            if let Some(gst::PadProbeData::Buffer(buffer)) = &info.data
+                && let Some(duration) = buffer.duration()
+            {
+                metrics.audio_seconds_out.inc_by(duration.nseconds() as f64 / 1e9);
+            }
+            gst::PadProbeReturn::Ok
+        });
 }
 
 /// Turns the new-speech marker into a segment at the Opus encoder's input: the encoder drains
@@ -484,7 +521,11 @@ impl Sessions {
                 format!("the server has its most sessions ({})", self.max),
             ));
         }
-        let id = random_hex(16).map_err(|err| (close::SERVER_ERROR, err))?;
+        let random = random_hex(16).map_err(|err| (close::SERVER_ERROR, err))?;
+        let id = match &self.settings.instance {
+            Some(instance) => format!("{instance}-{random}"),
+            None => random,
+        };
         let session = Session::start(id.clone(), &self.settings, to_browser)
             .map(Arc::new)
             .map_err(|err| (close::SERVER_ERROR, format!("cannot start a pipeline: {err}")))?;
@@ -496,11 +537,18 @@ impl Sessions {
         self.sessions.lock().unwrap().get(id).cloned()
     }
 
-    /// Ends a session: its pipeline stops, and its sender is told at its next look.
-    pub fn close(&self, id: &str) {
+    /// Ends a session: its pipeline stops, and its sender is told why at its next look.
+    pub fn close(&self, id: &str, why: &str) {
         let session = self.sessions.lock().unwrap().remove(id);
         if let Some(session) = session {
-            session.stop();
+            session.stop(why);
+        }
+    }
+
+    /// Ends every session (the server shuts down): each one's connections close, saying why.
+    pub fn close_all(&self, why: &str) {
+        for session in self.sessions.lock().unwrap().values() {
+            session.stop(why);
         }
     }
 

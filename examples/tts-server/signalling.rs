@@ -8,33 +8,19 @@
 use std::sync::mpsc;
 use std::time::Instant;
 
-use serde::Deserialize;
 use serde_json::json;
 use tungstenite::Message;
 
 use crate::http::{self, Received, Socket, close};
+use crate::protocol::{FromBrowser, browser_message};
 use crate::{Server, log};
-
-#[derive(Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
-enum FromBrowser {
-    Join,
-    Answer {
-        sdp: String,
-    },
-    Ice {
-        candidate: String,
-        #[serde(rename = "sdpMLineIndex")]
-        mline_index: u32,
-    },
-}
 
 /// The next message, or why the connection ends: `Err(None)` when the browser closed it.
 fn next_message(socket: &mut Socket) -> Result<Option<FromBrowser>, Option<(u16, String)>> {
     match http::read(socket) {
-        Received::Message(Message::Text(text)) => serde_json::from_str(&text)
+        Received::Message(Message::Text(text)) => browser_message(&text)
             .map(Some)
-            .map_err(|err| Some((close::BAD_MESSAGE, format!("malformed signalling message: {err}")))),
+            .map_err(|err| Some((close::BAD_MESSAGE, err))),
         Received::Message(Message::Binary(_)) => Err(Some((
             close::BAD_MESSAGE,
             "signalling takes JSON text messages, not binary ones".into(),
@@ -55,6 +41,7 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: &str) {
     };
     let refuse = |socket, (code, reason): (u16, String)| {
         log!("refused {peer} on /signal: {code} {reason}");
+        server.metrics.refused(code);
         http::close(socket, code, &reason);
     };
 
@@ -77,6 +64,7 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: &str) {
         Ok(session) => session,
         Err(refusal) => return refuse(socket, refusal),
     };
+    server.metrics.sessions_opened.inc();
     let id = session.id.clone();
     log!(
         "session {id} joined from {peer} ({} sessions)",
@@ -88,6 +76,12 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: &str) {
     }
 
     while ending.is_none() {
+        if let Some(why) = session.ended() {
+            // The server shuts down.
+            http::close(socket, close::GOING_AWAY, &why);
+            ending = Some(why);
+            break;
+        }
         for message in outgoing.try_iter() {
             if !http::send_text(&mut socket, message.to_string()) {
                 ending = Some("its connection failed".into());
@@ -131,7 +125,7 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: &str) {
         }
     }
     drop(session);
-    server.sessions.close(&id);
+    server.sessions.close(&id, "its browser left");
     log!(
         "session {id} left: {} ({} sessions)",
         ending.unwrap_or_default(),

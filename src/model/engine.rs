@@ -50,6 +50,19 @@ pub struct StepDone {
     pub graph: bool,
 }
 
+/// A batch the engine ran, for whoever watches (see [`Engine::observe`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchRun {
+    pub rows: usize,
+    pub frames: usize,
+    /// The batch's step on the compute thread.
+    pub time: Duration,
+    /// Steps that waited for the next batch when this one started.
+    pub waiting: usize,
+}
+
+type Observer = Box<dyn Fn(&BatchRun) + Send + Sync>;
+
 /// The CUDA graphs a model holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GraphReport {
@@ -77,6 +90,8 @@ pub struct Engine {
     rows: Mutex<Rows>,
     /// Warm step times measured, by (rows, frames, whether graphs may replay).
     step_times: Mutex<HashMap<(usize, usize, bool), Duration>>,
+    /// Told of every batch run (a server's metrics).
+    observers: Mutex<Vec<Observer>>,
 }
 
 struct Rows {
@@ -118,7 +133,21 @@ impl Engine {
                 },
             }),
             step_times: Mutex::default(),
+            observers: Mutex::default(),
         }
+    }
+
+    /// Calls `observer` after every batch from now on, on the thread that ran it.
+    pub fn observe(&self, observer: impl Fn(&BatchRun) + Send + Sync + 'static) {
+        self.observers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Box::new(observer));
+    }
+
+    /// Steps handed over and not yet run.
+    pub fn steps_waiting(&self) -> usize {
+        self.lock().waiting.len()
     }
 
     /// How long a warm step of `rows` streams of `frames` frames takes on this model: the
@@ -262,17 +291,26 @@ impl Engine {
                 std::panic::catch_unwind(AssertUnwindSafe(|| self.compute(network, &batch)))
                     .unwrap_or_else(|_| Err(tch::TchError::Torch("a decode step panicked".into())))
             });
+            let run = BatchRun {
+                rows: batch.len(),
+                frames: batch[0].step.frames,
+                time: started.elapsed(),
+                waiting: left_waiting,
+            };
             log::debug(format_args!(
                 "batch of {} rows of {} frames in {:.1} ms{} ({left_waiting} steps waiting)",
-                batch.len(),
-                batch[0].step.frames,
-                started.elapsed().as_secs_f64() * 1e3,
+                run.rows,
+                run.frames,
+                run.time.as_secs_f64() * 1e3,
                 if matches!(outcome, Ok((_, true))) {
                     ", CUDA graph"
                 } else {
                     ""
                 },
             ));
+            for observer in self.observers.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                observer(&run);
+            }
             queue = self.lock();
             queue.running = false;
             let rows = batch.len();

@@ -25,7 +25,7 @@ pub use batch_graphs::MAX_GRAPHS;
 pub use checkpoint::CheckpointFiles;
 pub use config::DecoderConfig;
 pub use cuda_graph::GraphError;
-pub use engine::{GraphReport, REJOIN_GRACE};
+pub use engine::{BatchRun, GraphReport, REJOIN_GRACE};
 pub use network::shim::{CpuKernels, KERNELS_ENV, cpu_kernels, widest_kernels};
 pub use op_profiler::OpProfiler;
 pub use stream::{StepLimits, StreamDecoder, TailStrategy};
@@ -261,6 +261,17 @@ impl Model {
         Ok(self
             .engine
             .warm_step_time(&self.network, rows, frames, cuda_graphs)?)
+    }
+
+    /// Calls `observer` after every batch of steps this model runs from now on (on the thread
+    /// that ran it: keep it short), e.g. for a server's metrics.
+    pub fn observe_batches(&self, observer: impl Fn(&BatchRun) + Send + Sync + 'static) {
+        self.engine.observe(observer);
+    }
+
+    /// Steps of this model's streams handed over and not yet run.
+    pub fn steps_waiting(&self) -> usize {
+        self.engine.steps_waiting()
     }
 
     /// Rows of the state arena that holds every stream's state (the scratch row included; 0

@@ -6,6 +6,8 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod hardening;
+mod scale_out;
 mod server;
 mod webdriver;
 
@@ -666,6 +668,20 @@ fn speech_after_pauses_starts_at_once_and_ended_speech_plays_in_full() {
             jitter <= first_jitter + JITTER_GROWTH_MS,
             "utterance {utterance}: jitter buffer delay {jitter:.1} ms, {first_jitter:.1} ms for the first"
         );
+        if utterance == 2 {
+            // What the server counted: every frame in, its audio out, no packet late.
+            let metrics = server.get("/metrics").1;
+            assert_eq!(
+                hardening::sample(&metrics, "qwencodec_frames_in_total"),
+                2.0 * frames as f64
+            );
+            let audio = hardening::sample(&metrics, "qwencodec_audio_out_seconds_total");
+            assert!(
+                (audio - 2.0 * speech.seconds(frames)).abs() < 1e-6,
+                "{audio} s of audio out"
+            );
+            assert_eq!(hardening::sample(&metrics, "qwencodec_late_audio_total"), 0.0);
+        }
         match cancelled_at {
             None => assert_heard(
                 &format!("utterance {utterance}"),

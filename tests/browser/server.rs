@@ -139,13 +139,19 @@ impl Server {
         }
     }
 
-    /// `/status`: sessions and live pipelines.
-    pub fn status(&self) -> (u64, u64) {
+    /// A GET of `path`: the response's head and body.
+    pub fn get(&self, path: &str) -> (String, String) {
         let mut stream = TcpStream::connect(&self.address).unwrap();
-        write!(stream, "GET /status HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
-        let status: Value = serde_json::from_str(response.split_once("\r\n\r\n").unwrap().1).unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        (head.to_owned(), body.to_owned())
+    }
+
+    /// `/status`: sessions and live pipelines.
+    pub fn status(&self) -> (u64, u64) {
+        let status: Value = serde_json::from_str(&self.get("/status").1).unwrap();
         (
             status["sessions"].as_u64().unwrap(),
             status["pipelines"].as_u64().unwrap(),
@@ -166,23 +172,57 @@ impl Server {
 
     /// A WebSocket to `path`, with `token` as the bearer when given.
     pub fn connect(&self, path: &str, token: Option<&str>) -> Client {
-        let mut request = format!("ws://{}{path}", self.address)
-            .into_client_request()
-            .unwrap();
-        if let Some(token) = token {
-            request
-                .headers_mut()
-                .insert("Authorization", format!("Bearer {token}").parse().unwrap());
-        }
-        let stream = TcpStream::connect(&self.address).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let (socket, _) = tungstenite::client(request, stream).expect("a WebSocket handshake");
-        Client(socket)
+        let bearer = token.map(|token| format!("Bearer {token}"));
+        let headers: Vec<(&str, &str)> = bearer
+            .iter()
+            .map(|bearer| ("Authorization", bearer.as_str()))
+            .collect();
+        self.connect_with(path, &headers)
+    }
+
+    /// A WebSocket to `path` with these request headers.
+    pub fn connect_with(&self, path: &str, headers: &[(&str, &str)]) -> Client {
+        connect_at(&self.address, path, headers)
     }
 
     /// The codes ingress of `session`, with the right token.
     pub fn sender(&self, session: &str) -> Client {
         self.connect(&format!("/codes?session={session}"), Some(TOKEN))
+    }
+}
+
+/// A WebSocket to `path` at `address` (a server or something in front of it), with these
+/// request headers.
+pub fn connect_at(address: &str, path: &str, headers: &[(&str, &str)]) -> Client {
+    {
+        let mut request = format!("ws://{address}{path}").into_client_request().unwrap();
+        for &(name, value) in headers {
+            let name: tungstenite::http::HeaderName = name.parse().unwrap();
+            request.headers_mut().insert(name, value.parse().unwrap());
+        }
+        let stream = TcpStream::connect(address).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (socket, _) = tungstenite::client(request, stream).expect("a WebSocket handshake");
+        Client(socket)
+    }
+}
+
+impl Server {
+    /// Sends SIGTERM and waits for the server to exit; its exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.process.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -TERM");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(status) = self.process.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the server did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 

@@ -1,0 +1,123 @@
+//! `GET /metrics`: the server's state and what it has done, in the OpenMetrics text format
+//! (which Prometheus scrapes): sessions and pipelines, frames in, audio out, packets late at the
+//! sender (underruns a listener hears), refusals by close code or HTTP status, the decoder's
+//! batches (their step time and rows) and its queue.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use gstqwencodec::model::{BatchRun, Model};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// The OpenMetrics text format's content type.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Refusal {
+    /// The WebSocket close code, or the HTTP status.
+    code: u16,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    sessions: Gauge,
+    pipelines: Gauge,
+    steps_waiting: Gauge,
+    pub sessions_opened: Counter,
+    pub frames_in: Counter,
+    pub audio_seconds_out: Counter<f64, AtomicU64>,
+    pub late_audio: Counter,
+    refusals: Family<Refusal, Counter>,
+    model: Arc<Model>,
+}
+
+impl Metrics {
+    /// The server's metrics; `model`'s batches are observed from now on.
+    pub fn new(model: Arc<Model>) -> Arc<Self> {
+        let mut registry = Registry::with_prefix("qwencodec");
+        let metrics = Self {
+            sessions: Gauge::default(),
+            pipelines: Gauge::default(),
+            steps_waiting: Gauge::default(),
+            sessions_opened: Counter::default(),
+            frames_in: Counter::default(),
+            audio_seconds_out: Counter::default(),
+            late_audio: Counter::default(),
+            refusals: Family::default(),
+            model: model.clone(),
+            registry: Registry::default(),
+        };
+        let step_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        let batch_rows = Histogram::new(exponential_buckets(1.0, 2.0, 8));
+        registry.register("sessions", "Browser sessions open", metrics.sessions.clone());
+        registry.register(
+            "pipelines",
+            "Session pipelines not yet freed (more than sessions: a leak)",
+            metrics.pipelines.clone(),
+        );
+        registry.register(
+            "sessions_opened",
+            "Sessions opened since the start",
+            metrics.sessions_opened.clone(),
+        );
+        registry.register(
+            "frames_in",
+            "Codec frames taken from senders",
+            metrics.frames_in.clone(),
+        );
+        registry.register(
+            "audio_out_seconds",
+            "Seconds of audio sent to browsers",
+            metrics.audio_seconds_out.clone(),
+        );
+        registry.register(
+            "late_audio",
+            "RTP packets that reached the sender more than 100 ms behind their speech's schedule: gaps the listener hears",
+            metrics.late_audio.clone(),
+        );
+        registry.register(
+            "refusals",
+            "Connections and messages refused, by WebSocket close code or HTTP status",
+            metrics.refusals.clone(),
+        );
+        registry.register(
+            "decode_step_seconds",
+            "Time of the decoder's batched steps on the compute thread",
+            step_seconds.clone(),
+        );
+        registry.register(
+            "decode_batch_rows",
+            "Streams computed together in a decoder step",
+            batch_rows.clone(),
+        );
+        registry.register(
+            "decode_steps_waiting",
+            "Decode steps handed over and waiting for the compute thread",
+            metrics.steps_waiting.clone(),
+        );
+        model.observe_batches(move |run: &BatchRun| {
+            step_seconds.observe(run.time.as_secs_f64());
+            batch_rows.observe(run.rows as f64);
+        });
+        Arc::new(Self { registry, ..metrics })
+    }
+
+    pub fn refused(&self, code: u16) {
+        self.refusals.get_or_create(&Refusal { code }).inc();
+    }
+
+    /// The text of `/metrics`, the gauges read now.
+    pub fn render(&self, sessions: usize, pipelines: usize) -> String {
+        self.sessions.set(sessions as i64);
+        self.pipelines.set(pipelines as i64);
+        self.steps_waiting.set(self.model.steps_waiting() as i64);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("writing to a String");
+        text
+    }
+}

@@ -1,0 +1,207 @@
+//! The server against clients that are not its page: other origins, too many connections, a
+//! request head that never ends; and SIGTERM. No browser: the server and plain sockets, in the
+//! test's own network namespace.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use super::server::{self, Server};
+
+/// Reads what the server answers on a raw connection until it closes it (or `patience` runs
+/// out: then None).
+fn answer_until_closed(stream: &mut TcpStream, patience: Duration) -> Option<String> {
+    stream.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let deadline = Instant::now() + patience;
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while Instant::now() < deadline {
+        match stream.read(&mut chunk) {
+            Ok(0) => return Some(String::from_utf8_lossy(&answer).into_owned()),
+            Ok(n) => answer.extend_from_slice(&chunk[..n]),
+            Err(err) if matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return Some(String::from_utf8_lossy(&answer).into_owned()),
+        }
+    }
+    None
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn other_origins_too_many_connections_and_slow_heads_are_refused() {
+    if !server::in_own_network("hardening::other_origins_too_many_connections_and_slow_heads_are_refused") {
+        return;
+    }
+    let server = Server::start(&[
+        "--allow-origin",
+        "https://app.example",
+        "--max-connections-per-address",
+        "4",
+        "--idle-timeout",
+        "1",
+    ]);
+    // A page elsewhere may not drive sessions; the server's own page and the allowed one may,
+    // and so may clients that are not browsers (no Origin).
+    let own = format!("http://{}", server.address);
+    for (origin, refused) in [
+        (Some("http://elsewhere.example"), true),
+        (Some("https://app.example"), false),
+        (Some(own.as_str()), false),
+        (None, false),
+    ] {
+        let headers: Vec<(&str, &str)> = origin.iter().map(|origin| ("Origin", *origin)).collect();
+        let mut client = server.connect_with("/signal", &headers);
+        if refused {
+            let (code, reason) = client.close_reason();
+            println!("origin {origin:?}: closed with {code} {reason}");
+            assert_eq!(code, 4403, "{reason}");
+            assert!(reason.contains("not allowed"), "{reason}");
+        } else {
+            client.send_text(r#"{"type":"join"}"#);
+            assert_eq!(client.receive_json()["type"], "session", "origin {origin:?}");
+        }
+    }
+    assert_eq!(server.await_status((0, 0), Duration::from_secs(5)), (0, 0));
+
+    // Four connections from one address that say nothing hold their threads; the fifth is
+    // answered 503 at once. Their idle timeout frees them.
+    let mut idle: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(&server.address).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut fifth = TcpStream::connect(&server.address).unwrap();
+    let answer = answer_until_closed(&mut fifth, Duration::from_secs(2)).expect("the fifth was left open");
+    println!("fifth connection: {}", answer.lines().next().unwrap_or_default());
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+    assert!(answer.contains("has its most connections (4)"), "{answer:?}");
+    for stream in &mut idle {
+        assert!(
+            answer_until_closed(stream, Duration::from_secs(3)).is_some(),
+            "an idle connection outlived the idle timeout"
+        );
+    }
+
+    // A request head sent a byte every 200 ms is cut off at the idle timeout, however alive.
+    let mut slow = TcpStream::connect(&server.address).unwrap();
+    let started = Instant::now();
+    let head = b"GET /status HTTP/1.1\r\nHost: slow\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let mut closed_after = None;
+    for byte in head {
+        if slow.write_all(&[*byte]).is_err() {
+            closed_after = Some(started.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        if let Some(answer) = answer_until_closed(&mut slow, Duration::from_millis(1)) {
+            assert!(
+                !answer.contains("200 OK"),
+                "the slow head was answered: {answer:?}"
+            );
+            closed_after = Some(started.elapsed());
+            break;
+        }
+    }
+    let closed_after = closed_after.expect("a slow request head held its connection for good");
+    println!("slow request head closed after {closed_after:?}");
+    assert!(closed_after < Duration::from_secs(3), "{closed_after:?}");
+    assert!(
+        server.await_log(|line| line.contains("sent no request in"), Duration::from_secs(2)),
+        "the slow head is not in the log"
+    );
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn sigterm_ends_every_session_cleanly_and_exits_0() {
+    if !server::in_own_network("hardening::sigterm_ends_every_session_cleanly_and_exits_0") {
+        return;
+    }
+    let mut server = Server::start(&[]);
+    let mut signalling = server.connect("/signal", None);
+    signalling.send_text(r#"{"type":"join"}"#);
+    let session = signalling.receive_json()["id"].as_str().unwrap().to_string();
+    let mut sender = server.sender(&session);
+    sender.send_binary(vec![0; 32]);
+    std::thread::sleep(Duration::from_millis(300));
+    let status = server.terminate();
+    let (code, reason) = sender.close_reason();
+    println!("sender: {code} {reason}");
+    assert_eq!(code, 4410, "{reason}");
+    assert!(reason.contains("the server is shutting down"), "{reason}");
+    let (code, reason) = signalling.close_reason();
+    println!("signalling: {code} {reason}");
+    assert_eq!(code, 1001, "{reason}");
+    assert!(status.success(), "the server exited with {status}");
+}
+
+/// The value of the sample `name` (with its labels, as written) in OpenMetrics text.
+pub fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn metrics_count_what_the_server_did() {
+    if !server::in_own_network("hardening::metrics_count_what_the_server_did") {
+        return;
+    }
+    let server = Server::start(&[]);
+    let mut signalling = server.connect("/signal", None);
+    signalling.send_text(r#"{"type":"join"}"#);
+    let session = signalling.receive_json()["id"].as_str().unwrap().to_string();
+    let mut sender = server.sender(&session);
+    let codes = std::fs::read(super::common::fixture_dir("release-tiny").join("codes.raw")).unwrap();
+    for frame in codes.chunks(32).take(10) {
+        sender.send_binary(frame.to_vec());
+    }
+    sender.send_text(r#"{"type":"end"}"#);
+    let (code, _) = server
+        .connect("/codes?session=nope", Some("wrong"))
+        .close_reason();
+    assert_eq!(code, 4401);
+    std::thread::sleep(Duration::from_millis(500));
+
+    let (head, text) = server.get("/metrics");
+    assert!(head.contains("application/openmetrics-text"), "{head}");
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    for (family, kind) in [
+        ("qwencodec_sessions", "gauge"),
+        ("qwencodec_pipelines", "gauge"),
+        ("qwencodec_sessions_opened", "counter"),
+        ("qwencodec_frames_in", "counter"),
+        ("qwencodec_audio_out_seconds", "counter"),
+        ("qwencodec_late_audio", "counter"),
+        ("qwencodec_refusals", "counter"),
+        ("qwencodec_decode_step_seconds", "histogram"),
+        ("qwencodec_decode_batch_rows", "histogram"),
+        ("qwencodec_decode_steps_waiting", "gauge"),
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {family} {kind}\n")),
+            "no {kind} {family}:\n{text}"
+        );
+    }
+    assert_eq!(sample(&text, "qwencodec_sessions"), 1.0);
+    assert_eq!(sample(&text, "qwencodec_pipelines"), 1.0);
+    assert_eq!(sample(&text, "qwencodec_sessions_opened_total"), 1.0);
+    assert_eq!(sample(&text, "qwencodec_frames_in_total"), 10.0);
+    // No browser takes the audio: it stops at webrtcbin after the first packets. (The browser
+    // test checks the audio out and the late packets where a browser plays.)
+    let audio = sample(&text, "qwencodec_audio_out_seconds_total");
+    assert!(audio > 0.0 && audio <= 0.8 + 1e-6, "{audio} s of audio out");
+    assert_eq!(sample(&text, r#"qwencodec_refusals_total{code="4401"}"#), 1.0);
+    // The steps' histogram: buckets that only grow, up to the count.
+    let steps = sample(&text, "qwencodec_decode_step_seconds_count");
+    assert!(steps >= 1.0, "{steps} decode steps");
+    let buckets: Vec<f64> = text
+        .lines()
+        .filter(|line| line.starts_with("qwencodec_decode_step_seconds_bucket"))
+        .map(|line| line.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(buckets.windows(2).all(|pair| pair[0] <= pair[1]), "{buckets:?}");
+    assert_eq!(buckets.last(), Some(&steps));
+}
