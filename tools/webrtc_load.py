@@ -258,6 +258,14 @@ async def wait_for_audio_tail(session: Session, last_end: float, quiet_s: float 
         await asyncio.sleep(0.1)
 
 
+async def close_quietly(closable):
+    """Closes a peer connection or a socket; a session that failed may have left them half open."""
+    try:
+        await asyncio.wait_for(closable.close(), 10)
+    except Exception:  # noqa: BLE001 - the session's result is recorded already
+        pass
+
+
 async def run_session(target: Target, session: Session, options) -> Session:
     """One browser session from join to close; failures end up in session.error."""
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # no STUN: loopback only, nothing leaves
@@ -302,9 +310,9 @@ async def run_session(target: Target, session: Session, options) -> Session:
         if receivers:
             mapper = getattr(receivers[0], "_RTCRtpReceiver__timestamp_mapper", None)
             session.rtp_origin = getattr(mapper, "_origin", None)
-        await pc.close()
+        await close_quietly(pc)
         if signal is not None:
-            await signal.close()
+            await close_quietly(signal)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -997,7 +1005,8 @@ async def main_async(options) -> int:
         else:
             report["mode"] = "capacity"
             report["capacity"] = await find_capacity(target, sampler, options)
-        report["status_at_end"] = await fetch_status(address)
+        # Closed sessions should leave nothing behind (an external server may have other clients).
+        report["status_at_end"] = await (fetch_status(address) if options.server else wait_for_sessions_gone(address))
     finally:
         await sampler.stop()
         if not options.server:
@@ -1005,6 +1014,9 @@ async def main_async(options) -> int:
     report["server_samples"] = sampler.samples
     report["server_exit"] = server_process.exited()
     report["problems"] = report_problems(report)
+    status = report.get("status_at_end")
+    if report["mode"] != "churn" and not options.server and (not status or status.get("sessions") or status.get("pipelines")):
+        report["problems"].append(f"/status after every session closed: {status} (every pipeline should be freed)")
     if server_process.exited() not in (None, 0, -15):
         report["problems"].append(f"the server exited with {server_process.exited()}: " + " | ".join(list(server_process.log)[-5:]))
     summary = markdown_report(report)
