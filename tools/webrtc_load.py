@@ -36,7 +36,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import aioice.ice
 import numpy
@@ -135,24 +134,24 @@ def unwrap(values: list[int], bits: int) -> list[int]:
 @dataclass
 class Utterance:
     frames: int
-    first_send: Optional[float] = None  # monotonic time just before its first frame was sent
-    end_sent: Optional[float] = None
+    first_send: float | None = None  # monotonic time just before its first frame was sent
+    end_sent: float | None = None
 
 
 @dataclass
 class Session:
     index: int
     utterances: list[Utterance]
-    id: Optional[str] = None
-    error: Optional[str] = None  # why it did not run to the end (refusal, timeout, ...)
-    join_sent: Optional[float] = None
-    connected_at: Optional[float] = None
-    closed_at: Optional[float] = None
+    id: str | None = None
+    error: str | None = None  # why it did not run to the end (refusal, timeout, ...)
+    join_sent: float | None = None
+    connected_at: float | None = None
+    closed_at: float | None = None
     packets: PacketLog = field(default_factory=PacketLog)
     levels: list[tuple[int, float, int]] = field(default_factory=list)  # decoded frames: pts, RMS, samples
-    rtp_origin: Optional[int] = None  # RTP timestamp that aiortc maps to pts 0
-    signal_close: Optional[str] = None
-    codes_close: Optional[str] = None
+    rtp_origin: int | None = None  # RTP timestamp that aiortc maps to pts 0
+    signal_close: str | None = None
+    codes_close: str | None = None
 
 
 class SessionFailed(Exception):
@@ -232,7 +231,9 @@ async def send_utterances(target: Target, session: Session, pause_s: float):
     url = f"ws://{target.address}/codes?session={session.id}"
     headers = {"Authorization": f"Bearer {target.token}"}
     frames_in_file = len(target.codes) // target.frame_bytes
-    async with websockets.connect(url, additional_headers=headers, compression=None, ping_interval=None) as codes:
+    async with websockets.connect(
+        url, additional_headers=headers, compression=None, ping_interval=None
+    ) as codes:
         for number, utterance in enumerate(session.utterances):
             if number:
                 await asyncio.sleep(pause_s)
@@ -278,7 +279,10 @@ async def run_session(target: Target, session: Session, options) -> Session:
     signal = None
     try:
         signal = await websockets.connect(
-            f"ws://{target.address}/signal", compression=None, ping_interval=None, open_timeout=options.connect_timeout
+            f"ws://{target.address}/signal",
+            compression=None,
+            ping_interval=None,
+            open_timeout=options.connect_timeout,
         )
         got_id = asyncio.Event()
         session.join_sent = time.monotonic()
@@ -298,7 +302,7 @@ async def run_session(target: Target, session: Session, options) -> Session:
             raise SessionFailed(f"/signal ended by the server: {session.signal_close}")
     except websockets.ConnectionClosed as err:
         session.error = f"refused on /codes: {close_reason(err)}"
-    except asyncio.TimeoutError:
+    except TimeoutError:
         session.error = f"not connected within {options.connect_timeout} s"
     except SessionFailed as err:
         session.error = str(err)
@@ -324,7 +328,7 @@ async def run_session(target: Target, session: Session, options) -> Session:
 # --- what a session's packets say -----------------------------------------------------------------
 
 
-def first_audio_ms(session: Session, utterance: Utterance, threshold: float) -> Optional[float]:
+def first_audio_ms(session: Session, utterance: Utterance, threshold: float) -> float | None:
     """From the utterance's first frame sent to the arrival of the first packet whose decoded audio
     is above the threshold."""
     if utterance.first_send is None or session.rtp_origin is None:
@@ -348,7 +352,9 @@ def lateness_s(packets: PacketLog) -> list[float]:
         return []
     stamps = unwrap(packets.timestamps, 32)
     start, origin = packets.arrivals[0], stamps[0]
-    return [arrival - (start + (stamp - origin) / OPUS_RATE) for arrival, stamp in zip(packets.arrivals, stamps)]
+    return [
+        arrival - (start + (stamp - origin) / OPUS_RATE) for arrival, stamp in zip(packets.arrivals, stamps)
+    ]
 
 
 def lost_packets(packets: PacketLog) -> int:
@@ -389,7 +395,7 @@ def analyse_session(session: Session, options) -> dict:
     return result
 
 
-def ms_between(start: Optional[float], end: Optional[float]) -> Optional[float]:
+def ms_between(start: float | None, end: float | None) -> float | None:
     return round((end - start) * 1000, 1) if start is not None and end is not None else None
 
 
@@ -413,7 +419,7 @@ def session_problems(result: dict, options) -> list[str]:
     return problems
 
 
-def percentile(values: list[float], p: float) -> Optional[float]:
+def percentile(values: list[float], p: float) -> float | None:
     """Nearest-rank percentile (p95 of 10 values is the largest)."""
     if not values:
         return None
@@ -427,7 +433,7 @@ def percentile(values: list[float], p: float) -> Optional[float]:
 class ServerProcess:
     """The server's process: started here, or found by the port it listens on."""
 
-    def __init__(self, pid: Optional[int]):
+    def __init__(self, pid: int | None):
         self.pid = pid
         self.proc = None
         self.log = deque(maxlen=200)
@@ -454,7 +460,7 @@ class ServerProcess:
         asyncio.ensure_future(server._keep_reading())  # a full pipe would stall the server
         return server, address, token
 
-    async def _read_line(self) -> Optional[str]:
+    async def _read_line(self) -> str | None:
         raw = await self.proc.stdout.readline()
         if not raw:
             return None
@@ -483,16 +489,16 @@ class ServerProcess:
             self.proc.terminate()
             try:
                 await asyncio.wait_for(self.proc.wait(), 10)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
         if self.log_file:
             self.log_file.close()
 
-    def exited(self) -> Optional[int]:
+    def exited(self) -> int | None:
         return self.proc.returncode if self.proc else None
 
-    def sample(self) -> Optional[dict]:
+    def sample(self) -> dict | None:
         """CPU seconds (user + system), resident memory, threads and open fds right now."""
         if self.pid is None:
             return None
@@ -500,7 +506,9 @@ class ServerProcess:
             stat = Path(f"/proc/{self.pid}/stat").read_text()
             fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
             cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-            status = dict(line.split(":", 1) for line in Path(f"/proc/{self.pid}/status").read_text().splitlines())
+            status = dict(
+                line.split(":", 1) for line in Path(f"/proc/{self.pid}/status").read_text().splitlines()
+            )
             return {
                 "t": time.monotonic(),
                 "cpu_s": cpu_s,
@@ -512,7 +520,7 @@ class ServerProcess:
             return None
 
 
-def pid_listening_on(port: int) -> Optional[int]:
+def pid_listening_on(port: int) -> int | None:
     """The process that owns the TCP socket listening on 127.0.0.1:port (for --server)."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -542,7 +550,7 @@ class Sampler:
         self.server, self.interval, self.samples = server, interval, []
         self.task = None
 
-    def sample_now(self) -> Optional[dict]:
+    def sample_now(self) -> dict | None:
         sample = self.server.sample()
         if sample:
             self.samples.append(sample)
@@ -560,7 +568,7 @@ class Sampler:
         self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
 
-    def summary(self, start: float, end: float) -> Optional[dict]:
+    def summary(self, start: float, end: float) -> dict | None:
         """CPU use (percent of one core) and memory between two moments."""
         window = [s for s in self.samples if start <= s["t"] <= end]
         if len(window) < 2:
@@ -600,7 +608,7 @@ class LoopLag:
         return {"p99_ms": round(percentile(lags, 99) or 0, 1), "max_ms": round(max(lags, default=0), 1)}
 
 
-async def fetch_status(address: str) -> Optional[dict]:
+async def fetch_status(address: str) -> dict | None:
     """GET /status: {"sessions": N, "pipelines": M}."""
     try:
         host, port = address.rsplit(":", 1)
@@ -610,11 +618,11 @@ async def fetch_status(address: str) -> Optional[dict]:
         response = await asyncio.wait_for(reader.read(), 5)
         writer.close()
         return json.loads(response.split(b"\r\n\r\n", 1)[1])
-    except (OSError, ValueError, IndexError, asyncio.TimeoutError):
+    except (TimeoutError, OSError, ValueError, IndexError):
         return None
 
 
-async def wait_for_sessions_gone(address: str, timeout: float = 10.0) -> Optional[dict]:
+async def wait_for_sessions_gone(address: str, timeout: float = 10.0) -> dict | None:
     """/status once the server has freed every session and pipeline (or after timeout)."""
     deadline = time.monotonic() + timeout
     status = None
@@ -634,7 +642,9 @@ def client_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def run_sessions_at_once(target: Target, sampler: Sampler, count: int, options, first_index: int = 0) -> dict:
+async def run_sessions_at_once(
+    target: Target, sampler: Sampler, count: int, options, first_index: int = 0
+) -> dict:
     """count sessions, started stagger-ms apart, each with its utterances; their results and the
     server's CPU and memory meanwhile."""
     frames = round(options.seconds * options.frame_rate)
@@ -651,9 +661,18 @@ async def run_sessions_at_once(target: Target, sampler: Sampler, count: int, opt
     sessions = await asyncio.gather(*(staggered(i) for i in range(count)))
     end = time.monotonic()
     sampler.sample_now()
-    client = {"cpu_percent": round(100 * (client_cpu_s() - cpu_before) / (end - start), 1), "loop_lag": await loop_lag.stop()}
+    client = {
+        "cpu_percent": round(100 * (client_cpu_s() - cpu_before) / (end - start), 1),
+        "loop_lag": await loop_lag.stop(),
+    }
     results = [analyse_session(s, options) for s in sessions]
-    return {"sessions": count, "results": results, "summary": summarise(results), "server_process": sampler.summary(start, end), "client": client}
+    return {
+        "sessions": count,
+        "results": results,
+        "summary": summarise(results),
+        "server_process": sampler.summary(start, end),
+        "client": client,
+    }
 
 
 def summarise(results: list[dict]) -> dict:
@@ -671,26 +690,34 @@ def summarise(results: list[dict]) -> dict:
             "max": max(first_audio, default=None),
             "count": len(first_audio),
         },
-        "max_lateness_ms": max((r["max_lateness_ms"] for r in results if r["max_lateness_ms"] is not None), default=None),
+        "max_lateness_ms": max(
+            (r["max_lateness_ms"] for r in results if r["max_lateness_ms"] is not None), default=None
+        ),
         "clean": all(not r["problems"] for r in results),
     }
 
 
-def capacity_failure(run: dict, options) -> Optional[str]:
+def capacity_failure(run: dict, options) -> str | None:
     """Why a step of --find-capacity fails, or None when it passes."""
     summary, reasons = run["summary"], []
     if summary["failed"]:
         errors = sorted({r["error"] for r in run["results"] if r["error"]})
         reasons.append(f"{summary['failed']} sessions failed ({'; '.join(errors)[:200]})")
     if summary["underran"]:
-        reasons.append(f"{summary['underran']} sessions underran (max lateness {summary['max_lateness_ms']} ms)")
+        reasons.append(
+            f"{summary['underran']} sessions underran (max lateness {summary['max_lateness_ms']} ms)"
+        )
     if summary["short_audio"]:
-        reasons.append(f"{summary['short_audio']} sessions received under {MIN_RECEIVED_FRACTION:.0%} of the audio")
+        reasons.append(
+            f"{summary['short_audio']} sessions received under {MIN_RECEIVED_FRACTION:.0%} of the audio"
+        )
     p95 = summary["first_audio_ms"]["p95"]
     if p95 is None or p95 > options.max_first_audio_ms:
         reasons.append(f"p95 first audio {p95} ms")
     if reasons and run["client"]["loop_lag"]["p99_ms"] > 50:
-        reasons.append(f"(the load generator itself lagged: loop lag p99 {run['client']['loop_lag']['p99_ms']} ms)")
+        reasons.append(
+            f"(the load generator itself lagged: loop lag p99 {run['client']['loop_lag']['p99_ms']} ms)"
+        )
     return "; ".join(reasons) or None
 
 
@@ -760,8 +787,9 @@ async def churn(target: Target, sampler: Sampler, options) -> dict:
             }
         )
         print_progress(
-            f"churn: {done}/{options.churn} sessions, RSS {after.get('rss_mb')} MB, threads {after.get('threads')}, "
-            f"fds {after.get('fds')}, status {status}, problems {len(batches[-1]['problems'])}"
+            f"churn: {done}/{options.churn} sessions, RSS {after.get('rss_mb')} MB, "
+            f"threads {after.get('threads')}, fds {after.get('fds')}, status {status}, "
+            f"problems {len(batches[-1]['problems'])}"
         )
     final_status = await wait_for_sessions_gone(target.address)
     return {"baseline": baseline, "batches": batches, "final_status": final_status}
@@ -791,45 +819,57 @@ def git_commit() -> dict:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
     try:
-        return {"commit": git("rev-parse", "--short", "HEAD") or "unknown", "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+        return {
+            "commit": git("rev-parse", "--short", "HEAD") or "unknown",
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        }
     except OSError:
         return {"commit": "unknown", "dirty": None}
 
 
-def fmt(value, unit: str = "") -> str:
-    return "–" if value is None else f"{value:g}{unit}" if isinstance(value, (int, float)) else str(value)
+def fmt(value) -> str:
+    return "–" if value is None else f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
+def row(*cells) -> str:
+    """A markdown table row."""
+    return "| " + " | ".join(fmt(cell) for cell in cells) + " |"
 
 
 def markdown_header(report: dict) -> list[str]:
-    server, options = report["server"], report["options"]
+    server, options, machine = report["server"], report["options"], report["machine"]
     commit = report["commit"]["commit"] + (" (with uncommitted changes)" if report["commit"]["dirty"] else "")
+    external = " (external server)" if server["external"] else ""
+    pauses = f", {options['pause_s']:g} s apart" if options["utterances"] > 1 else ""
     return [
         f"# tts-server WebRTC load test: {report['mode']}",
         "",
-        f"- machine: {report['machine']['cpu']} ({report['machine']['cores']} cores), commit {commit}, {report['started']}",
-        f"- server: model `{server['model']}`, dtype {server['dtype']}, chunk-frames {server['chunk_frames']}, "
-        f"device {server['device']}, max-sessions {server['max_sessions']}" + (" (external server)" if server["external"] else ""),
-        f"- speech per session: {options['utterances']} utterance(s) of {options['seconds']:g} s"
-        + (f", {options['pause_s']:g} s apart" if options["utterances"] > 1 else "")
-        + f", one frame per message at {options['frame_rate']:g} frames/s; stagger {options['stagger_ms']:g} ms",
-        f"- criteria: underrun = a packet over {options['underrun_ms']:g} ms late or a lost packet; "
-        f"first audio at most {options['max_first_audio_ms']:g} ms; at least {MIN_RECEIVED_FRACTION:.0%} of the audio received",
+        f"- machine: {machine['cpu']} ({machine['cores']} cores), commit {commit}, {report['started']}",
+        f"- server: model `{server['model']}`, dtype {server['dtype']}, "
+        f"chunk-frames {server['chunk_frames']}, device {server['device']}, "
+        f"max-sessions {server['max_sessions']}{external}",
+        f"- speech per session: {options['utterances']} utterance(s) of {options['seconds']:g} s{pauses}, "
+        f"one frame per message at {options['frame_rate']:g} frames/s; stagger {options['stagger_ms']:g} ms",
+        f"- criteria: underrun = a packet over {options['underrun_ms']:g} ms late or a lost packet; first "
+        f"audio at most {options['max_first_audio_ms']:g} ms; at least {MIN_RECEIVED_FRACTION:.0%} of the "
+        "audio received",
         "",
     ]
 
 
 def markdown_sessions_table(results: list[dict]) -> list[str]:
     lines = [
-        "| session | connect ms | first audio ms | sent s | received s (%) | max late ms | late pkts | lost pkts | result |",
+        row("session", "connect ms", "first audio ms", "sent s", "received s (%)", "max late ms")
+        + " late pkts | lost pkts | result |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in results:
-        first = ", ".join(fmt(x) for x in r["first_audio_ms"])
+        first = ", ".join(fmt(ms) for ms in r["first_audio_ms"])
         share = f" ({r['received_fraction'] * 100:.0f} %)" if r["received_fraction"] is not None else ""
         result = "; ".join(r["problems"]) or "ok"
         lines.append(
-            f"| {r['index']} | {fmt(r['connect_ms'])} | {first} | {fmt(r['sent_s'])} | {fmt(r['received_s'])}{share} | "
-            f"{fmt(r['max_lateness_ms'])} | {r['late_packets']} | {r['lost_packets']} | {result} |"
+            row(r["index"], r["connect_ms"], first, r["sent_s"], fmt(r["received_s"]) + share)
+            + row(r["max_lateness_ms"], r["late_packets"], r["lost_packets"], result)[1:]
         )
     return lines
 
@@ -838,14 +878,65 @@ def markdown_run_summary(run: dict) -> list[str]:
     s, p, c = run["summary"], run["server_process"] or {}, run["client"]
     fa = s["first_audio_ms"]
     return [
-        f"- first audio: p50 {fmt(fa['p50'])} ms, p95 {fmt(fa['p95'])} ms, max {fmt(fa['max'])} ms ({fa['count']} utterances)",
+        f"- first audio: p50 {fmt(fa['p50'])} ms, p95 {fmt(fa['p95'])} ms, max {fmt(fa['max'])} ms "
+        f"({fa['count']} utterances)",
         f"- sessions that failed: {s['failed']}, underran: {s['underran']}, received under "
-        f"{MIN_RECEIVED_FRACTION:.0%}: {s['short_audio']} (of {s['sessions']}); largest lateness {fmt(s['max_lateness_ms'])} ms",
-        f"- server: CPU {fmt(p.get('cpu_percent'))} % of a core on average, RSS {fmt(p.get('rss_mb_start'))} → "
-        f"peak {fmt(p.get('rss_mb_peak'))} MB, threads up to {fmt(p.get('threads_peak'))}, fds up to {fmt(p.get('fds_peak'))}",
-        f"- load generator: CPU {c['cpu_percent']} % of a core, event-loop lag p99 {c['loop_lag']['p99_ms']} ms "
-        f"(max {c['loop_lag']['max_ms']} ms)",
+        f"{MIN_RECEIVED_FRACTION:.0%}: {s['short_audio']} (of {s['sessions']}); "
+        f"largest lateness {fmt(s['max_lateness_ms'])} ms",
+        f"- server: CPU {fmt(p.get('cpu_percent'))} % of a core on average, "
+        f"RSS {fmt(p.get('rss_mb_start'))} → peak {fmt(p.get('rss_mb_peak'))} MB, "
+        f"threads up to {fmt(p.get('threads_peak'))}, fds up to {fmt(p.get('fds_peak'))}",
+        f"- load generator: CPU {c['cpu_percent']} % of a core, "
+        f"event-loop lag p99 {c['loop_lag']['p99_ms']} ms (max {c['loop_lag']['max_ms']} ms)",
     ]
+
+
+def markdown_capacity(report: dict) -> list[str]:
+    capacity = report["capacity"]
+    lines = [
+        row("sessions", "result", "first audio p50 / p95 / max ms", "underran", "failed", "server CPU %")
+        + " RSS peak MB | client loop lag p99 ms |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for run in capacity["steps"]:
+        fa, p, summary = run["summary"]["first_audio_ms"], run["server_process"] or {}, run["summary"]
+        first_audio = f"{fmt(fa['p50'])} / {fmt(fa['p95'])} / {fmt(fa['max'])}"
+        lines.append(
+            row(
+                run["sessions"], run["failure"] or "pass", first_audio, summary["underran"], summary["failed"]
+            )
+            + row(p.get("cpu_percent"), p.get("rss_mb_peak"), run["client"]["loop_lag"]["p99_ms"])[1:]
+        )
+    lines += ["", f"**Capacity: {capacity['largest_passing']} sessions** pass."]
+    if capacity["first_failing"]:
+        lines.append(
+            f"Beyond it, {capacity['first_failing']} sessions failed first on: {capacity['failed_first']}."
+        )
+    else:
+        lines.append(f"Every step up to --capacity-max ({report['options']['capacity_max']}) passed.")
+    return lines
+
+
+def markdown_churn(report: dict) -> list[str]:
+    churn_report = report["churn"]
+    base = churn_report["baseline"] or {}
+    lines = [
+        f"Before the first batch: RSS {fmt(base.get('rss_mb'))} MB, threads {fmt(base.get('threads'))}, "
+        f"fds {fmt(base.get('fds'))}.",
+        "",
+        row("batch", "sessions so far", "problems", "first audio p95 ms", "RSS MB", "threads", "fds")
+        + " /status after |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for b in churn_report["batches"]:
+        p95 = b["summary"]["first_audio_ms"]["p95"]
+        lines.append(
+            row(
+                b["batch"], b["sessions_so_far"], len(b["problems"]), p95, b["rss_mb"], b["threads"], b["fds"]
+            )
+            + f" {json.dumps(b['status'])} |"
+        )
+    return lines + ["", f"/status at the end: {json.dumps(churn_report['final_status'])}"]
 
 
 def markdown_report(report: dict) -> str:
@@ -854,38 +945,9 @@ def markdown_report(report: dict) -> str:
         run = report["run"]
         lines += markdown_sessions_table(run["results"]) + [""] + markdown_run_summary(run)
     elif report["mode"] == "capacity":
-        capacity = report["capacity"]
-        lines += [
-            "| sessions | result | first audio p50 / p95 / max ms | underran | failed | server CPU % | RSS peak MB | client loop lag p99 ms |",
-            "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for run in capacity["steps"]:
-            fa, p = run["summary"]["first_audio_ms"], run["server_process"] or {}
-            lines.append(
-                f"| {run['sessions']} | {run['failure'] or 'pass'} | {fmt(fa['p50'])} / {fmt(fa['p95'])} / {fmt(fa['max'])} | "
-                f"{run['summary']['underran']} | {run['summary']['failed']} | {fmt(p.get('cpu_percent'))} | "
-                f"{fmt(p.get('rss_mb_peak'))} | {run['client']['loop_lag']['p99_ms']} |"
-            )
-        lines += ["", f"**Capacity: {capacity['largest_passing']} sessions** pass."]
-        if capacity["first_failing"]:
-            lines.append(f"Beyond it, {capacity['first_failing']} sessions failed first on: {capacity['failed_first']}.")
-        else:
-            lines.append(f"Every step up to --capacity-max ({report['options']['capacity_max']}) passed.")
+        lines += markdown_capacity(report)
     else:
-        churn_report = report["churn"]
-        base = churn_report["baseline"] or {}
-        lines += [
-            f"Before the first batch: RSS {fmt(base.get('rss_mb'))} MB, threads {fmt(base.get('threads'))}, fds {fmt(base.get('fds'))}.",
-            "",
-            "| batch | sessions so far | problems | first audio p95 ms | RSS MB | threads | fds | /status after |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
-        ]
-        for b in churn_report["batches"]:
-            lines.append(
-                f"| {b['batch']} | {b['sessions_so_far']} | {len(b['problems'])} | {fmt(b['summary']['first_audio_ms']['p95'])} | "
-                f"{fmt(b['rss_mb'])} | {fmt(b['threads'])} | {fmt(b['fds'])} | {json.dumps(b['status'])} |"
-            )
-        lines += ["", f"/status at the end: {json.dumps(churn_report['final_status'])}"]
+        lines += markdown_churn(report)
     lines += ["", "**Clean**: yes" if not report["problems"] else "**Problems**:"]
     lines += [f"- {p}" for p in report["problems"][:50]]
     if len(report["problems"]) > 50:
@@ -910,28 +972,52 @@ def report_problems(report: dict) -> list[str]:
 
 
 def parse_options(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--sessions", type=int, help="N sessions at once")
-    mode.add_argument("--churn", type=int, metavar="TOTAL", help="open and close TOTAL sessions, --batch at a time")
-    mode.add_argument("--find-capacity", action="store_true", help="the most sessions that play cleanly at once")
+    mode.add_argument(
+        "--churn", type=int, metavar="TOTAL", help="open and close TOTAL sessions, --batch at a time"
+    )
+    mode.add_argument(
+        "--find-capacity", action="store_true", help="the most sessions that play cleanly at once"
+    )
     parser.add_argument("--batch", type=int, default=8, help="sessions at once in --churn (8)")
     parser.add_argument("--stagger-ms", type=float, default=0, help="between session starts (0)")
     parser.add_argument("--seconds", type=float, default=3.0, help="speech per utterance (3)")
     parser.add_argument("--utterances", type=int, default=1, help="utterances per session (1)")
     parser.add_argument("--pause-s", type=float, default=1.0, help="pause between utterances (1)")
     parser.add_argument("--codes", type=Path, help="codes file, S16LE (the model's codes.raw)")
-    parser.add_argument("--codebooks", type=int, help="codes per frame (from the model's config.json, else 16)")
-    parser.add_argument("--frame-rate", type=float, default=12.5, help="frames per second the talker emits (12.5)")
+    parser.add_argument(
+        "--codebooks", type=int, help="codes per frame (from the model's config.json, else 16)"
+    )
+    parser.add_argument(
+        "--frame-rate", type=float, default=12.5, help="frames per second the talker emits (12.5)"
+    )
     parser.add_argument("--capacity-start", type=int, default=1)
     parser.add_argument("--capacity-max", type=int, default=64)
     parser.add_argument("--settle-s", type=float, default=2.0, help="pause between --find-capacity steps (2)")
-    parser.add_argument("--underrun-ms", type=float, default=UNDERRUN_LATENESS_S * 1000, help="lateness that is an underrun (200)")
+    parser.add_argument(
+        "--underrun-ms",
+        type=float,
+        default=UNDERRUN_LATENESS_S * 1000,
+        help="lateness that is an underrun (200)",
+    )
     parser.add_argument("--max-first-audio-ms", type=float, default=400)
-    parser.add_argument("--level-threshold", type=float, default=DEFAULT_LEVEL_THRESHOLD, help="RMS (full scale 1) that is audio (0.05)")
+    parser.add_argument(
+        "--level-threshold",
+        type=float,
+        default=DEFAULT_LEVEL_THRESHOLD,
+        help="RMS (full scale 1) that is audio (0.05)",
+    )
     parser.add_argument("--connect-timeout", type=float, default=15.0)
-    parser.add_argument("--sample-interval", type=float, default=0.5, help="server process sampling period, s (0.5)")
-    parser.add_argument("--expect-clean", action="store_true", help="exit 1 on any failed, underrun, short or slow session")
+    parser.add_argument(
+        "--sample-interval", type=float, default=0.5, help="server process sampling period, s (0.5)"
+    )
+    parser.add_argument(
+        "--expect-clean", action="store_true", help="exit 1 on any failed, underrun, short or slow session"
+    )
     parser.add_argument("--json", type=Path, help="write the full results here")
     parser.add_argument("--markdown", type=Path, help="write the summary here too")
     server = parser.add_argument_group("the server (started here unless --server is given)")
@@ -943,9 +1029,13 @@ def parse_options(argv=None):
     server.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
     server.add_argument("--chunk-frames", type=int, default=1)
     server.add_argument("--device", default="auto")
-    server.add_argument("--max-sessions", type=int, help="(enough for the run: N, the batch, or --capacity-max)")
+    server.add_argument(
+        "--max-sessions", type=int, help="(enough for the run: N, the batch, or --capacity-max)"
+    )
     server.add_argument("--server-log", type=Path, help="write the server's log here")
-    server.add_argument("--start-timeout", type=float, default=120.0, help="seconds for the server to load its model")
+    server.add_argument(
+        "--start-timeout", type=float, default=120.0, help="seconds for the server to load its model"
+    )
     options = parser.parse_args(argv)
     if options.server and not options.token:
         parser.error("--server needs --token")
@@ -956,9 +1046,15 @@ def parse_options(argv=None):
         options.model = DEFAULT_MODEL
     config = options.model / "config.json" if options.model else None
     if options.codebooks is None:
-        options.codebooks = json.loads(config.read_text()).get("num_quantizers", 16) if config and config.exists() else 16
+        options.codebooks = (
+            json.loads(config.read_text()).get("num_quantizers", 16) if config and config.exists() else 16
+        )
     if options.codes is None:
-        options.codes = options.model / "codes.raw" if options.model and (options.model / "codes.raw").exists() else DEFAULT_MODEL / "codes.raw"
+        options.codes = (
+            options.model / "codes.raw"
+            if options.model and (options.model / "codes.raw").exists()
+            else DEFAULT_MODEL / "codes.raw"
+        )
     return options
 
 
@@ -972,7 +1068,9 @@ async def main_async(options) -> int:
     print_progress(f"server at {address} (pid {server_process.pid})")
     codes = options.codes.read_bytes()
     frame_bytes = 2 * options.codebooks
-    target = Target(address, token, codes[: len(codes) // frame_bytes * frame_bytes], frame_bytes, options.frame_rate)
+    target = Target(
+        address, token, codes[: len(codes) // frame_bytes * frame_bytes], frame_bytes, options.frame_rate
+    )
     sampler = Sampler(server_process, options.sample_interval)
     sampler.start()
     report = {
@@ -1006,7 +1104,9 @@ async def main_async(options) -> int:
             report["mode"] = "capacity"
             report["capacity"] = await find_capacity(target, sampler, options)
         # Closed sessions should leave nothing behind (an external server may have other clients).
-        report["status_at_end"] = await (fetch_status(address) if options.server else wait_for_sessions_gone(address))
+        report["status_at_end"] = await (
+            fetch_status(address) if options.server else wait_for_sessions_gone(address)
+        )
     finally:
         await sampler.stop()
         if not options.server:
@@ -1015,10 +1115,18 @@ async def main_async(options) -> int:
     report["server_exit"] = server_process.exited()
     report["problems"] = report_problems(report)
     status = report.get("status_at_end")
-    if report["mode"] != "churn" and not options.server and (not status or status.get("sessions") or status.get("pipelines")):
-        report["problems"].append(f"/status after every session closed: {status} (every pipeline should be freed)")
+    if (
+        report["mode"] != "churn"
+        and not options.server
+        and (not status or status.get("sessions") or status.get("pipelines"))
+    ):
+        report["problems"].append(
+            f"/status after every session closed: {status} (every pipeline should be freed)"
+        )
     if server_process.exited() not in (None, 0, -15):
-        report["problems"].append(f"the server exited with {server_process.exited()}: " + " | ".join(list(server_process.log)[-5:]))
+        report["problems"].append(
+            f"the server exited with {server_process.exited()}: " + " | ".join(list(server_process.log)[-5:])
+        )
     summary = markdown_report(report)
     print(summary)
     if options.markdown:
@@ -1032,7 +1140,7 @@ def main() -> int:
     options = parse_options()
     try:
         return asyncio.run(main_async(options))
-    except (RuntimeError, OSError, asyncio.TimeoutError) as err:
+    except (TimeoutError, RuntimeError, OSError) as err:
         print(f"webrtc_load: {err}", file=sys.stderr)
         return 2
 
