@@ -32,6 +32,7 @@ import resource
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -135,6 +136,7 @@ def unwrap(values: list[int], bits: int) -> list[int]:
 class Utterance:
     frames: int
     first_send: float | None = None  # monotonic time just before its first frame was sent
+    sent: int = 0  # frames sent so far
     end_sent: float | None = None
 
 
@@ -223,7 +225,11 @@ async def wait_until_connected(pc: RTCPeerConnection, timeout: float):
 
     await asyncio.wait_for(connected.wait(), timeout)
     if pc.connectionState != "connected":
-        raise SessionFailed(f"WebRTC connection {pc.connectionState}")
+        transports = {t.receiver.transport for t in pc.getTransceivers()}
+        dtls = ", ".join(t.state for t in transports)
+        raise SessionFailed(
+            f"WebRTC connection {pc.connectionState} (ICE {pc.iceConnectionState}, DTLS {dtls or '–'})"
+        )
 
 
 async def send_utterances(target: Target, session: Session, pause_s: float):
@@ -244,6 +250,7 @@ async def send_utterances(target: Target, session: Session, pause_s: float):
                 await asyncio.sleep(max(0.0, start + k / target.frame_rate - time.monotonic()))
                 at = (k % frames_in_file) * target.frame_bytes  # longer speech than the file: loop it
                 await codes.send(target.codes[at : at + target.frame_bytes])
+                utterance.sent += 1
             await codes.send(json.dumps({"type": "end"}))
             utterance.end_sent = time.monotonic()
 
@@ -366,7 +373,7 @@ def lost_packets(packets: PacketLog) -> int:
 
 
 def analyse_session(session: Session, options) -> dict:
-    sent_s = sum(u.frames for u in session.utterances if u.first_send is not None) / options.frame_rate
+    sent_s = sum(u.sent for u in session.utterances) / options.frame_rate
     received_s = sum(session.packets.samples) / OPUS_RATE
     late = lateness_s(session.packets)
     late_packets = sum(1 for x in late if x > options.underrun_ms / 1000)
@@ -713,7 +720,7 @@ def capacity_failure(run: dict, options) -> str | None:
         )
     p95 = summary["first_audio_ms"]["p95"]
     if p95 is None or p95 > options.max_first_audio_ms:
-        reasons.append(f"p95 first audio {p95} ms")
+        reasons.append(f"p95 first audio {fmt(p95)} ms")
     if reasons and run["client"]["loop_lag"]["p99_ms"] > 50:
         reasons.append(
             f"(the load generator itself lagged: loop lag p99 {run['client']['loop_lag']['p99_ms']} ms)"
@@ -784,12 +791,13 @@ async def churn(target: Target, sampler: Sampler, options) -> dict:
                 "threads": after.get("threads"),
                 "fds": after.get("fds"),
                 "status": status,
+                "client_threads": threading.active_count(),  # a leak in the load generator shows here
             }
         )
         print_progress(
             f"churn: {done}/{options.churn} sessions, RSS {after.get('rss_mb')} MB, "
             f"threads {after.get('threads')}, fds {after.get('fds')}, status {status}, "
-            f"problems {len(batches[-1]['problems'])}"
+            f"problems {len(batches[-1]['problems'])}, load generator threads {threading.active_count()}"
         )
     final_status = await wait_for_sessions_gone(target.address)
     return {"baseline": baseline, "batches": batches, "final_status": final_status}
@@ -1039,6 +1047,12 @@ def parse_options(argv=None):
     options = parser.parse_args(argv)
     if options.server and not options.token:
         parser.error("--server needs --token")
+    for name in ("sessions", "churn", "batch", "utterances", "capacity_start", "capacity_max"):
+        value = getattr(options, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if options.seconds * options.frame_rate < 1:
+        parser.error("--seconds must hold at least one frame")
     if options.max_sessions is None:
         needed = options.sessions or (options.batch if options.churn else options.capacity_max)
         options.max_sessions = max(16, needed)
@@ -1082,10 +1096,11 @@ async def main_async(options) -> int:
             "address": address,
             "external": bool(options.server),
             "model": str(options.model) if options.model else "unknown (external server)",
-            "dtype": options.dtype if not options.server else f"{options.dtype} (as told)",
-            "chunk_frames": options.chunk_frames,
-            "device": options.device,
-            "max_sessions": options.max_sessions,
+            # An external server's settings are what this tool was told, not what it saw.
+            "dtype": options.dtype + (" (as told)" if options.server else ""),
+            "chunk_frames": f"{options.chunk_frames}" + (" (as told)" if options.server else ""),
+            "device": options.device + (" (as told)" if options.server else ""),
+            "max_sessions": "unknown" if options.server else options.max_sessions,
         },
         "options": {
             key: (str(value) if isinstance(value, Path) else value)
