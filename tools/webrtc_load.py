@@ -189,7 +189,7 @@ async def record_levels(track, session: Session):
         session.levels.append((frame.pts, frame_level(frame), frame.samples))
 
 
-async def follow_signalling(signal, pc: RTCPeerConnection, session: Session, got_id: asyncio.Event):
+async def follow_signalling(signal, pc: RTCPeerConnection, session: Session):
     """Handles what the server says on /signal for the whole session: id, offer, ICE candidates."""
     try:
         async for text in signal:
@@ -197,7 +197,6 @@ async def follow_signalling(signal, pc: RTCPeerConnection, session: Session, got
             kind = message.get("type")
             if kind == "session":
                 session.id = message["id"]
-                got_id.set()
             elif kind == "offer":
                 await pc.setRemoteDescription(RTCSessionDescription(message["sdp"], "offer"))
                 for transceiver in pc.getTransceivers():
@@ -291,15 +290,16 @@ async def run_session(target: Target, session: Session, options) -> Session:
             ping_interval=None,
             open_timeout=options.connect_timeout,
         )
-        got_id = asyncio.Event()
         session.join_sent = time.monotonic()
         await signal.send(json.dumps({"type": "join"}))
-        follower = asyncio.ensure_future(follow_signalling(signal, pc, session, got_id))
+        follower = asyncio.ensure_future(follow_signalling(signal, pc, session))
         tasks.append(follower)
         connecting = asyncio.ensure_future(wait_until_connected(pc, options.connect_timeout))
         await asyncio.wait([connecting, follower], return_when=asyncio.FIRST_COMPLETED)
         if not connecting.done():
             connecting.cancel()
+            if follower.exception():  # a bad offer or candidate, not a refusal
+                raise follower.exception()
             raise SessionFailed(f"refused on /signal before connecting: {session.signal_close}")
         connecting.result()
         session.connected_at = time.monotonic()
@@ -309,6 +309,8 @@ async def run_session(target: Target, session: Session, options) -> Session:
             raise SessionFailed(f"/signal ended by the server: {session.signal_close}")
     except websockets.ConnectionClosed as err:
         session.error = f"refused on /codes: {close_reason(err)}"
+        if session.signal_close:  # the session ended first: that is the cause
+            session.error = f"/signal ended by the server: {session.signal_close}; then {session.error}"
     except TimeoutError:
         session.error = f"not connected within {options.connect_timeout} s"
     except SessionFailed as err:
@@ -341,7 +343,7 @@ def first_audio_ms(session: Session, utterance: Utterance, threshold: float) -> 
     if utterance.first_send is None or session.rtp_origin is None:
         return None
     arrival_by_timestamp = {}
-    for arrival, timestamp in zip(session.packets.arrivals, session.packets.timestamps):
+    for arrival, timestamp in zip(session.packets.arrivals, session.packets.timestamps, strict=True):
         if arrival >= utterance.first_send:
             arrival_by_timestamp.setdefault(timestamp, arrival)
     loud = [
@@ -360,7 +362,8 @@ def lateness_s(packets: PacketLog) -> list[float]:
     stamps = unwrap(packets.timestamps, 32)
     start, origin = packets.arrivals[0], stamps[0]
     return [
-        arrival - (start + (stamp - origin) / OPUS_RATE) for arrival, stamp in zip(packets.arrivals, stamps)
+        arrival - (start + (stamp - origin) / OPUS_RATE)
+        for arrival, stamp in zip(packets.arrivals, stamps, strict=True)
     ]
 
 
