@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# A short WebRTC load run for make test: examples/tts-server (built already, by cargo build
+# --release --example tts-server) on the bundled release-tiny checkpoint, two aiortc peers at once
+# with 3 s of speech each. Fails when a session does not connect, underruns, receives under 90 % of
+# the audio sent, hears its first audio later than 400 ms, or the server keeps a session or a
+# pipeline after they closed (tools/webrtc_load.py --expect-clean; docs/load-test.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cache="${QWENCODEC_CACHE:-/var/cache/qwencodec}"
+python="$cache/venv/bin/python"
+server="${CARGO_TARGET_DIR:-target}/release/examples/tts-server"
+
+fail() {
+  echo "check-load: $*" >&2
+  exit 1
+}
+
+[ -x "$server" ] || fail "no $server: build it first (cargo build --release --example tts-server)"
+bash tools/setup-load.sh
+
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+
+# Short OpenMP spinning, as make test runs everything else: the peers share the cores with it.
+if ! GOMP_SPINCOUNT="${GOMP_SPINCOUNT:-1000}" "$python" tools/webrtc_load.py --sessions 2 --seconds 3 \
+  --expect-clean --server-binary "$server" --model tests/fixtures/release-tiny \
+  --json "$scratch/load.json" --markdown "$scratch/load.md" --server-log "$scratch/server.log" \
+  >"$scratch/out" 2>&1; then
+  cat "$scratch/out" >&2
+  echo "--- the server's log, last lines:" >&2
+  tail -n 30 "$scratch/server.log" >&2 || true
+  fail "the load run was not clean"
+fi
+
+"$python" - "$scratch/load.json" <<'PY'
+import json, sys
+
+report = json.load(open(sys.argv[1]))
+results = report["run"]["results"]
+assert len(results) == 2, f"{len(results)} sessions ran, not 2"
+assert all(len(r["first_audio_ms"]) == 1 and r["first_audio_ms"][0] is not None for r in results), results
+summary = report["run"]["summary"]
+print(
+    "check-load: ok; first audio",
+    ", ".join(f"{r['first_audio_ms'][0]:.0f} ms" for r in results) + ";",
+    f"received at least {min(r['received_fraction'] for r in results):.0%} of the audio;",
+    f"largest lateness {summary['max_lateness_ms']} ms",
+)
+PY
