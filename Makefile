@@ -8,8 +8,8 @@ export PATH := $(VENV)/bin:$(PATH)
 
 PLUGIN := target/release/libgstqwencodec.so
 
-.PHONY: setup setup-reference build install uninstall demo test lint soak fixtures released-fixture \
-	bench profile gpu-bundle serve
+.PHONY: setup setup-reference setup-load build install uninstall demo test lint soak fixtures \
+	released-fixture bench profile gpu-bundle serve load
 
 # make install puts the plugin where GStreamer looks for it: its own plugin folder, or the same
 # layout under PREFIX (e.g. PREFIX=/usr/local), below DESTDIR when staging a package. PLUGINDIR
@@ -61,6 +61,8 @@ test: build lint released-fixture
 	bash tools/check-install.sh
 	bash tools/check-profile.sh
 	bash tools/fuzz-short.sh
+	cargo build --release --example tts-server
+	bash tools/check-load.sh
 	G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} cargo test --release
 	for kernels in avx2 off; do \
 	  QWENCODEC_CPU_KERNELS=$$kernels G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} \
@@ -72,6 +74,18 @@ test: build lint released-fixture
 SOAK_STREAMS ?= 10000
 soak: build
 	cargo run --release --example soak -- --streams $(SOAK_STREAMS) $(SOAK_ARGS)
+
+# The WebRTC load generator's packages (aiortc, websockets) in the venv, for tools/webrtc_load.py.
+setup-load: setup
+	@bash tools/setup-load.sh
+
+# A load test of examples/tts-server with real WebRTC peers (not a test; docs/load-test.md).
+# LOAD_ARGS: options of tools/webrtc_load.py, e.g. --find-capacity --model
+# $(QWENCODEC_CACHE)/fixtures/full-release-80 --dtype f16 --seconds 10 --json capacity.json.
+LOAD_ARGS ?= --sessions 4
+load: setup-load
+	cargo build --release --example tts-server
+	GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} $(VENV)/bin/python tools/webrtc_load.py $(LOAD_ARGS)
 
 fixtures: setup-reference
 	$(VENV)/bin/python tools/make_fixtures.py --out tests/fixtures

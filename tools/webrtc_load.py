@@ -13,7 +13,7 @@ resident memory, threads and open file descriptors.
     python tools/webrtc_load.py --find-capacity [--capacity-max N]
 
 The server is started here (--server-binary, --model, --dtype, --chunk-frames, --max-sessions,
---device are passed on to it), or an already running one is used (--server ADDR --token T).
+--device, --admission are passed on to it), or an already running one is used (--server ADDR --token T).
 A markdown summary goes to stdout (and --markdown FILE), everything to --json FILE. With
 --expect-clean the exit status is 1 when a session failed to connect, underran, received less
 than 90 % of the audio sent, or heard its first audio later than --max-first-audio-ms.
@@ -456,6 +456,7 @@ class ServerProcess:
             str(options.server_binary), "--bind", "127.0.0.1:0", "--model", str(options.model),
             "--dtype", options.dtype, "--chunk-frames", str(options.chunk_frames),
             "--max-sessions", str(options.max_sessions), "--device", options.device, "--token", token,
+            "--admission", options.admission,
         ]  # fmt: skip
         env = dict(os.environ)
         env.setdefault("GOMP_SPINCOUNT", "1000")  # as make serve: short OpenMP spinning (README "Threads")
@@ -858,7 +859,7 @@ def markdown_header(report: dict) -> list[str]:
         f"- machine: {machine['cpu']} ({machine['cores']} cores), commit {commit}, {report['started']}",
         f"- server: model `{server['model']}`, dtype {server['dtype']}, "
         f"chunk-frames {server['chunk_frames']}, device {server['device']}, "
-        f"max-sessions {server['max_sessions']}{external}",
+        f"max-sessions {server['max_sessions']}, admission {server['admission']}{external}",
         f"- speech per session: {options['utterances']} utterance(s) of {options['seconds']:g} s{pauses}, "
         f"one frame per message at {options['frame_rate']:g} frames/s; stagger {options['stagger_ms']:g} ms",
         f"- criteria: underrun = a packet over {options['underrun_ms']:g} ms late or a lost packet; first "
@@ -1043,6 +1044,12 @@ def parse_options(argv=None):
     server.add_argument(
         "--max-sessions", type=int, help="(enough for the run: N, the batch, or --capacity-max)"
     )
+    server.add_argument(
+        "--admission",
+        default="measured",
+        choices=["measured", "off"],
+        help="the server's admission: refuse sessions past what it serves in real time, or not",
+    )
     server.add_argument("--server-log", type=Path, help="write the server's log here")
     server.add_argument(
         "--start-timeout", type=float, default=120.0, help="seconds for the server to load its model"
@@ -1104,6 +1111,7 @@ async def main_async(options) -> int:
             "chunk_frames": f"{options.chunk_frames}" + (" (as told)" if options.server else ""),
             "device": options.device + (" (as told)" if options.server else ""),
             "max_sessions": "unknown" if options.server else options.max_sessions,
+            "admission": "unknown" if options.server else options.admission,
         },
         "options": {
             key: (str(value) if isinstance(value, Path) else value)

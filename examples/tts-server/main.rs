@@ -18,6 +18,7 @@
 //! decoder is an element of its own on the one model the server loaded at start. The README's
 //! "Serving speech to browsers" has the message formats and the refusals.
 
+mod admission;
 #[path = "../common/mod.rs"]
 mod common;
 mod connections;
@@ -74,6 +75,7 @@ tts-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|cuda:N]
     [--dtype f32|f16|bf16] [--chunk-frames 1] [--token TOKEN] [--max-sessions 16]
     [--max-message-bytes 65536] [--idle-timeout 10] [--allow-origin ORIGIN,...]
     [--max-connections 256] [--max-connections-per-address 32] [--instance NAME]
+    [--admission measured|off]
 
   --bind               address and port to serve on (127.0.0.1:8080)
   --model              decoder checkpoint folder (the bundled test checkpoint)
@@ -82,6 +84,9 @@ tts-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|cuda:N]
   --chunk-frames       frames per decode step (1)
   --token              the codes ingress's bearer token (generated and printed)
   --max-sessions       sessions at once; the next is refused with 4429 (16)
+  --admission          measured: at most as many sessions as the decoder serves in real time,
+                       measured at start from its own steps (a step of every session within
+                       80 % of its frames' time); off: --max-sessions alone (measured)
   --max-message-bytes  largest WebSocket message (65536)
   --idle-timeout       seconds a new connection may stay silent, its request head included (10)
   --allow-origin       origins (scheme://host:port, comma-separated) besides the server's own
@@ -126,6 +131,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let max_connections: usize = options.take_parsed("--max-connections", 256)?;
     let max_per_address: usize = options.take_parsed("--max-connections-per-address", 32)?;
     let instance = options.take("--instance")?;
+    let admission = options.take("--admission")?.unwrap_or_else(|| "measured".into());
     if let Some(instance) = &instance
         && (instance.is_empty() || !instance.chars().all(|c| c.is_ascii_alphanumeric()))
     {
@@ -144,6 +150,26 @@ fn run() -> Result<(), Box<dyn Error>> {
     // or device fails the start instead of the first session.
     let model = Model::shared(&model_path, parse_device(&device)?, dtype)?;
     let metrics = Metrics::new(model.clone());
+    let max_sessions = match admission.as_str() {
+        "measured" => {
+            let frame =
+                Duration::from_secs_f64(config.samples_per_frame() as f64 / config.sample_rate as f64);
+            let (served, steps) =
+                admission::real_time_capacity(&model, chunk_frames as usize, frame, max_sessions)?;
+            let steps: Vec<String> = steps
+                .iter()
+                .map(|step| format!("{:.1}", step.as_secs_f64() * 1e3))
+                .collect();
+            log!(
+                "admission: {served} sessions served in real time (warm steps of 1, 2, ... rows: {} ms; budget {:.0} ms)",
+                steps.join(", "),
+                frame.as_secs_f64() * 1e3 * chunk_frames as f64 * admission::STEP_BUDGET
+            );
+            served
+        }
+        "off" => max_sessions,
+        other => return Err(format!("--admission takes measured or off, not {other:?}").into()),
+    };
     let format = CodecFormat::new(&config);
 
     let listener = TcpListener::bind(bind)?;

@@ -153,7 +153,7 @@ impl Engine {
     /// How long a warm step of `rows` streams of `frames` frames takes on this model: the
     /// median of a few steps of silence on the scratch row (after one that pays first-use
     /// costs), through the path real batches take. Measured once per shape, so that every
-    /// stream of the model sees the same figure. Needs an arena row (a stream) to exist.
+    /// stream of the model sees the same figure.
     pub fn warm_step_time(
         &self,
         network: &Network,
@@ -169,6 +169,11 @@ impl Engine {
             .get(&key)
         {
             return Ok(time);
+        }
+        if self.rows().arena.rows() == 0 {
+            // The scratch row it steps on comes with the arena's first rows.
+            let row = self.new_row(network)?;
+            self.release_row(network, row);
         }
         let codes = vec![0; frames * network.config().num_quantizers];
         let batch: Vec<Job> = (0..rows)

@@ -251,7 +251,7 @@ impl Model {
 
     /// How long a warm step of `rows` streams of `frames` frames takes, measured once per
     /// shape (a few steps of silence on the arena's scratch row, through the path batches take)
-    /// and kept. At least one stream of the model must exist.
+    /// and kept.
     pub fn warm_step_time(
         &self,
         rows: usize,
