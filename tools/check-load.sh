@@ -22,15 +22,45 @@ bash tools/setup-load.sh
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 
+# Whether every problem the run reports is a failed DTLS handshake.
+only_dtls_failures() {
+  "$python" - "$1" <<'PY'
+import json, sys
+
+try:
+    problems = json.load(open(sys.argv[1]))["problems"]
+except (OSError, ValueError, KeyError):
+    sys.exit(1)
+sys.exit(0 if problems and all("DTLS failed" in problem for problem in problems) else 1)
+PY
+}
+
 # Short OpenMP spinning, as make test runs everything else: the peers share the cores with it.
-if ! GOMP_SPINCOUNT="${GOMP_SPINCOUNT:-1000}" "$python" tools/webrtc_load.py --sessions 2 --seconds 3 \
-  --expect-clean --server-binary "$server" --model tests/fixtures/release-tiny \
-  --json "$scratch/load.json" --markdown "$scratch/load.md" --server-log "$scratch/server.log" \
-  >"$scratch/out" 2>&1; then
-  cat "$scratch/out" >&2
-  echo "--- the server's log, last lines:" >&2
-  tail -n 30 "$scratch/server.log" >&2 || true
-  fail "the load run was not clean"
+run() {
+  GOMP_SPINCOUNT="${GOMP_SPINCOUNT:-1000}" "$python" tools/webrtc_load.py --sessions 2 --seconds 3 \
+    --expect-clean --server-binary "$server" --model tests/fixtures/release-tiny \
+    --json "$scratch/load.json" --markdown "$scratch/load.md" --server-log "$scratch/server.log" \
+    >"$scratch/out" 2>&1
+}
+
+# One known fault is not ours to fix: about 3 in 1,000 aiortc sessions fail their DTLS
+# handshake ("Fatal SSL error" in GStreamer 1.22's dtlsdec, with the right certificate; never
+# seen with Chromium; docs/load-test.md). A run whose only problem is that runs once more, and
+# says so; any other problem, or that one twice, fails.
+if ! run; then
+  if only_dtls_failures "$scratch/load.json"; then
+    echo "check-load: a DTLS handshake failed (a known GStreamer 1.22 fault with aiortc); running again" >&2
+    run_status=0
+    run || run_status=$?
+  else
+    run_status=1
+  fi
+  if [ "$run_status" -ne 0 ]; then
+    cat "$scratch/out" >&2
+    echo "--- the server's log, last lines:" >&2
+    tail -n 30 "$scratch/server.log" >&2 || true
+    fail "the load run was not clean"
+  fi
 fi
 
 "$python" - "$scratch/load.json" <<'PY'

@@ -86,7 +86,7 @@ tts-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|cuda:N]
   --max-sessions       sessions at once; the next is refused with 4429 (16)
   --admission          measured: at most as many sessions as the decoder serves in real time,
                        measured at start from its own steps (a step of every session within
-                       80 % of its frames' time); off: --max-sessions alone (measured)
+                       50 % of its frames' time); off: --max-sessions alone (measured)
   --max-message-bytes  largest WebSocket message (65536)
   --idle-timeout       seconds a new connection may stay silent, its request head included (10)
   --allow-origin       origins (scheme://host:port, comma-separated) besides the server's own
