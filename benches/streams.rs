@@ -2,7 +2,8 @@
 //! one run, written to `bench/results/` as markdown and JSON (not a test: it asserts nothing).
 //!
 //! cargo bench --bench streams -- --model DIR [--out bench/results] [--streams 1,2,4,8,16]
-//!     [--step-frames 1] [--frames 40] [--live 1,2,3,4] [--live-seconds 10] [--live-spacing-ms 300]
+//!     [--step-frames 1] [--frames 40] [--bulk 1,2,4,8,16] [--bulk-frames 40] [--first-audio 8,16]
+//!     [--probes 10] [--live 1,2,3,4] [--live-seconds 10] [--live-spacing-ms 300]
 //!     [--max-batch 16] [--max-step-frames 8] [--off-up-to N] [--device cpu] [--dtype f32]
 //!
 //! - **Throughput**: N streams whose frames are all there from the start, each pushed a step at
@@ -11,6 +12,11 @@
 //!   per second, the step time each stream sees (per step size and N: the cost of a batch of N
 //!   rows of that many frames, as gpu-check.sh tabulates for the GPU's graph buckets), and the
 //!   first audio of the last stream to get one.
+//! - **Bulk**: N streams whose frames all come in one push each (a file's backlog): steps ramp up
+//!   to max-step-frames; aggregate audio seconds per second against one stream's, the better of
+//!   two alternated runs.
+//! - **First audio into load**: N streams decoding backlogs; new streams start one by one and
+//!   hand over a frame: the time to their first audio, p50/p95/max.
 //! - **Live**: streams that each push 12.5 frames a second in real time, started 300 ms apart
 //!   (`--live-spacing-ms`),
 //!   each decoded as the element decodes: one step at a time, taking the frames that fell due
@@ -47,6 +53,10 @@ struct Args {
     live: Vec<usize>,
     live_seconds: f64,
     live_spacing: Duration,
+    bulk: Vec<usize>,
+    bulk_frames: usize,
+    first_audio: Vec<usize>,
+    probes: usize,
     max_batch: usize,
     max_step_frames: usize,
     off_up_to: usize,
@@ -67,6 +77,10 @@ fn parse_args() -> Args {
         live: options.list("live", "1,2,3,4"),
         live_seconds: options.number("live-seconds", 10.0),
         live_spacing: Duration::from_millis(options.number("live-spacing-ms", 300)),
+        bulk: options.list("bulk", "1,2,4,8,16"),
+        bulk_frames: options.number("bulk-frames", 40),
+        first_audio: options.list("first-audio", "8,16"),
+        probes: options.number("probes", 10),
         max_batch: options.number("max-batch", StepLimits::default().max_batch),
         max_step_frames: options.number("max-step-frames", StepLimits::default().max_step_frames),
         off_up_to: options.number("off-up-to", usize::MAX),
@@ -187,6 +201,86 @@ fn throughput(
         "step_ms_p99": percentile(&step_ms, 0.99),
         "last_first_audio_ms": last_first_audio.as_secs_f64() * 1e3,
         "mean_batch_rows": mean_rows,
+    })
+}
+
+/// N streams whose `frames` frames each come in one push, all started together: each decodes
+/// its backlog in steps that ramp up to max-step-frames, as a file's frames are.
+fn bulk(model: &Arc<Model>, codes: &[i16], streams: usize, frames: usize, limits: StepLimits) -> Value {
+    let codebooks = model.config().num_quantizers;
+    let barrier = Arc::new(Barrier::new(streams + 1));
+    let workers: Vec<_> = (0..streams)
+        .map(|index| {
+            let (model, barrier) = (model.clone(), barrier.clone());
+            let codes = stream_codes(codes, codebooks, index, frames);
+            std::thread::spawn(move || {
+                let mut decoder = new_decoder(&model, 1, limits);
+                barrier.wait();
+                let audio = decoder.push(&codes).unwrap();
+                assert_eq!(audio.len(), frames * model.samples_per_frame());
+                let (rows, _) = decoder.batch_rows();
+                rows as f64 / decoder.steps() as f64
+            })
+        })
+        .collect();
+    barrier.wait();
+    let started = Instant::now();
+    let mean_rows: f64 = workers.into_iter().map(|w| w.join().unwrap()).sum::<f64>() / streams as f64;
+    let elapsed = started.elapsed().as_secs_f64();
+    let audio_seconds = (streams * frames * model.samples_per_frame()) as f64 / model.sample_rate() as f64;
+    json!({
+        "streams": streams,
+        "frames": frames,
+        "audio_seconds_per_second": audio_seconds / elapsed,
+        "mean_batch_rows": mean_rows,
+    })
+}
+
+/// The first audio of streams that start while `load` streams decode backlogs: `probes` new
+/// streams, 300 ms apart, each handing over one frame; from the hand-over to its audio.
+fn first_audio_into_load(
+    model: &Arc<Model>,
+    codes: &[i16],
+    load: usize,
+    probes: usize,
+    limits: StepLimits,
+) -> Value {
+    let codebooks = model.config().num_quantizers;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..load)
+        .map(|index| {
+            let (model, stop) = (model.clone(), stop.clone());
+            let codes = stream_codes(codes, codebooks, index, 8);
+            std::thread::spawn(move || {
+                let mut decoder = new_decoder(&model, 1, limits);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    decoder.push(&codes).unwrap();
+                }
+            })
+        })
+        .collect();
+    // The load's streams past their first steps, batching.
+    std::thread::sleep(Duration::from_secs(2));
+    let mut first_audio_ms = Vec::with_capacity(probes);
+    for probe in 0..probes {
+        let mut decoder = new_decoder(model, 1, limits);
+        let frame = stream_codes(codes, codebooks, load + probe, 1);
+        let handed_over = Instant::now();
+        decoder.push(&frame).unwrap();
+        first_audio_ms.push(handed_over.elapsed().as_secs_f64() * 1e3);
+        drop(decoder);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    json!({
+        "load_streams": load,
+        "probes": probes,
+        "first_audio_ms_p50": percentile(&first_audio_ms, 0.5),
+        "first_audio_ms_p95": percentile(&first_audio_ms, 0.95),
+        "first_audio_ms_max": percentile(&first_audio_ms, 1.0),
     })
 }
 
@@ -331,6 +425,39 @@ fn markdown(report: &Value) -> String {
         );
     }
     md += &format!(
+        "\n## Bulk: N streams, {} frames each in one push (steps ramp up to max-step-frames), all started together\n\n\
+         | streams | audio s per s | vs 1 stream | mean batch rows |\n| ---: | ---: | ---: | ---: |\n",
+        report["bulk_frames"]
+    );
+    let bulk_rows = report["bulk"].as_array().unwrap();
+    let single = bulk_rows
+        .iter()
+        .find(|r| r["streams"] == 1)
+        .map_or(f64::NAN, |r| r["audio_seconds_per_second"].as_f64().unwrap());
+    for row in bulk_rows {
+        let rate = row["audio_seconds_per_second"].as_f64().unwrap();
+        md += &format!(
+            "| {} | {:.2} | {:.2}x | {:.2} |\n",
+            row["streams"],
+            rate,
+            rate / single,
+            row["mean_batch_rows"].as_f64().unwrap(),
+        );
+    }
+    md += "\n## First audio of a stream that starts into load: N streams decoding backlogs (8-frame steps), a new \
+           stream hands over one frame; from the hand-over to its audio\n\n| load streams | probes | p50 ms | p95 ms | \
+           max ms |\n| ---: | ---: | ---: | ---: | ---: |\n";
+    for row in report["first_audio"].as_array().unwrap() {
+        md += &format!(
+            "| {} | {} | {:.0} | {:.0} | {:.0} |\n",
+            row["load_streams"],
+            row["probes"],
+            row["first_audio_ms_p50"].as_f64().unwrap(),
+            row["first_audio_ms_p95"].as_f64().unwrap(),
+            row["first_audio_ms_max"].as_f64().unwrap(),
+        );
+    }
+    md += &format!(
         "\n## Live: streams pushing 12.5 frames a second, started {} ms apart, {} s each; per frame, from when \
          it fell due to its audio\n\n| streams | mode | p50 ms | p95 ms | p99 ms | largest batch |\n| ---: | --- \
          | ---: | ---: | ---: | ---: |\n",
@@ -375,6 +502,31 @@ fn main() {
                 throughput_rows.push(row);
             }
         }
+    }
+    let batched = Mode::Batched(args.max_batch, args.max_step_frames).limits();
+    // Alternated, one stream against N, twice; the better of two runs for each N.
+    let mut bulk_rows: Vec<Value> = Vec::new();
+    for _ in 0..2 {
+        for &streams in &args.bulk {
+            let row = bulk(&model, &codes, streams, args.bulk_frames, batched);
+            eprintln!("bulk {row}");
+            match bulk_rows.iter_mut().find(|r| r["streams"] == row["streams"]) {
+                Some(best)
+                    if best["audio_seconds_per_second"].as_f64()
+                        >= row["audio_seconds_per_second"].as_f64() =>
+                {
+                    ()
+                }
+                Some(best) => *best = row,
+                None => bulk_rows.push(row),
+            }
+        }
+    }
+    let mut first_audio_rows = Vec::new();
+    for &load in &args.first_audio {
+        let row = first_audio_into_load(&model, &codes, load, args.probes, batched);
+        eprintln!("first audio {row}");
+        first_audio_rows.push(row);
     }
     let mut live_rows = Vec::new();
     let mut served = json!({"batched": 0, "batching off": 0});
@@ -424,6 +576,9 @@ fn main() {
         "live_seconds": args.live_seconds,
         "live_spacing_ms": args.live_spacing.as_millis() as u64,
         "throughput": throughput_rows,
+        "bulk_frames": args.bulk_frames,
+        "bulk": bulk_rows,
+        "first_audio": first_audio_rows,
         "live": live_rows,
         "live_served": served,
     });

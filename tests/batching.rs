@@ -60,7 +60,8 @@ fn max_batch_one_keeps_a_stream_alone_among_batched_ones() {
 }
 
 /// Frames that wait (one push of many) run in steps of chunk-frames times a power of two, up
-/// to the limit: fewer steps, the same audio.
+/// to the limit, ramping up from one chunk at the start (the first audio after the smallest
+/// step): fewer steps, the same audio.
 #[test]
 fn waiting_frames_join_into_larger_steps_up_to_the_limit() {
     let fixture = load_fixture("release-tiny");
@@ -68,15 +69,15 @@ fn waiting_frames_join_into_larger_steps_up_to_the_limit() {
     let frames = 100;
     let codes = &fixture.codes[..frames * fixture.codebooks];
     for (chunk_frames, max_step_frames, steps) in [
-        // 100 = 12 x 8 + 4
-        (1, 8, 13),
+        // 100 = 1 + 2 + 4 + 11 x 8 + 4 + 1
+        (1, 8, 16),
         (1, 1, 100),
-        // 25 chunks of 4 = 3 x 8 + 1 chunks: steps of 32 frames, then one of 4
-        (4, 32, 4),
+        // 25 chunks of 4 = 1 + 2 + 4 + 2 x 8 + 2 chunks: steps up to 32 frames
+        (4, 32, 6),
         // a limit below chunk-frames counts as chunk-frames
         (4, 2, 25),
-        // 33 chunks of 3, the last frame a tail: 16 + 16 + 1 chunks, then the tail
-        (3, 64, 4),
+        // 33 chunks of 3, the last frame a tail: 1 + 2 + 4 + 8 + 16 + 2 chunks, then the tail
+        (3, 64, 7),
     ] {
         let mut decoder = StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
         decoder.set_limits(StepLimits {
@@ -122,4 +123,63 @@ fn the_state_arena_shrinks_as_streams_end() {
         audio.extend(first.push(frame(index)).unwrap());
     }
     fixture.assert_matches(&audio, "a stream through its arena's growth and shrink");
+}
+
+/// A stream that starts while others decode backlogs gets its first audio after the batch in
+/// flight and its own step: its first step goes ahead of the waiting ones, and no batch computes
+/// more frames than the cap (so the batch in flight is short). Counted in batches, not timed.
+#[test]
+fn a_starting_stream_waits_for_one_batch_at_most() {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let fixture = load_fixture("release-tiny");
+    let model = load(&fixture);
+    let batches = Arc::new(Mutex::new(Vec::new()));
+    model.observe_batches({
+        let batches = batches.clone();
+        move |run| batches.lock().unwrap().push(*run)
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let backlog = &fixture.codes[..8 * fixture.codebooks];
+    let load: Vec<_> = (0..8)
+        .map(|_| {
+            let (model, stop, backlog) = (model.clone(), stop.clone(), backlog.to_vec());
+            std::thread::spawn(move || {
+                let mut decoder = StreamDecoder::new(model, 1, TailStrategy::Eager).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    decoder.push(&backlog).unwrap();
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for probe in 0..5 {
+        let mut decoder = StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap();
+        // From the first frame's hand-over (the stream exists before, as an element's does from
+        // READY→PAUSED on).
+        let before = batches.lock().unwrap().len();
+        let audio = decoder.push(fixture.prefix_codes(1)).unwrap();
+        let ran = batches.lock().unwrap().len() - before;
+        assert!(
+            ran <= 2,
+            "probe {probe}: {ran} batches ran before its first audio"
+        );
+        fixture.assert_prefix_matches(&audio, 1, "a stream starting into load");
+    }
+    stop.store(true, Ordering::Relaxed);
+    for thread in load {
+        thread.join().unwrap();
+    }
+    let batches = batches.lock().unwrap();
+    let cap = gstqwencodec::model::max_batch_frames(Device::Cpu);
+    assert!(batches.len() > 20, "the load ran {} batches", batches.len());
+    for run in batches.iter() {
+        assert!(
+            run.rows * run.frames <= cap,
+            "a batch of {} rows of {} frames",
+            run.rows,
+            run.frames
+        );
+    }
 }

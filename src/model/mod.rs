@@ -25,7 +25,7 @@ pub use batch_graphs::MAX_GRAPHS;
 pub use checkpoint::CheckpointFiles;
 pub use config::DecoderConfig;
 pub use cuda_graph::GraphError;
-pub use engine::{BatchRun, GraphReport, REJOIN_GRACE};
+pub use engine::{BatchRun, GraphReport, REJOIN_GRACE, max_batch_frames};
 pub use network::shim::{CpuKernels, KERNELS_ENV, cpu_kernels, widest_kernels};
 pub use op_profiler::OpProfiler;
 pub use stream::{StepLimits, StreamDecoder, TailStrategy};

@@ -210,9 +210,13 @@ impl StreamDecoder {
 
     /// How many of `waiting` full chunks the next step takes: the largest power of two that
     /// the step limit allows (powers of two keep the step sizes few, so that streams with a
-    /// backlog still find each other's steps to batch with).
+    /// backlog still find each other's steps to batch with), ramping up from one chunk at the
+    /// stream's start (1, 2, 4, ...: the first audio comes after the smallest step).
     fn step_chunks(&self, waiting: usize) -> usize {
-        let most = (self.limits.max_step_frames / self.chunk_frames).clamp(1, waiting);
+        let ramp = 1usize << self.steps.min(16);
+        let most = (self.limits.max_step_frames / self.chunk_frames)
+            .min(ramp)
+            .clamp(1, waiting);
         1 << most.ilog2()
     }
 
@@ -281,6 +285,7 @@ impl StreamDecoder {
             codes,
             max_rows: self.limits.max_batch,
             cuda_graphs: self.limits.cuda_graphs,
+            first: self.steps == 0,
         };
         let done = self.model.engine().run(self.model.network(), step);
         let result = done.audio.map_err(DecodeError::from);
