@@ -510,14 +510,10 @@ fn main() {
         for &streams in &args.bulk {
             let row = bulk(&model, &codes, streams, args.bulk_frames, batched);
             eprintln!("bulk {row}");
+            let rate = |row: &Value| row["audio_seconds_per_second"].as_f64().unwrap();
             match bulk_rows.iter_mut().find(|r| r["streams"] == row["streams"]) {
-                Some(best)
-                    if best["audio_seconds_per_second"].as_f64()
-                        >= row["audio_seconds_per_second"].as_f64() =>
-                {
-                    ()
-                }
-                Some(best) => *best = row,
+                Some(best) if rate(best) < rate(&row) => *best = row,
+                Some(_) => (),
                 None => bulk_rows.push(row),
             }
         }
