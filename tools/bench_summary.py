@@ -81,7 +81,7 @@ def table(results):
     header = [
         "CPU", "device, dtype", "threads (upstream / ours)",
         "upstream full decode", "ours, chunk-frames 1", "ours, chunk-frames 4",
-        "first audio ms, chunk-frames 1", "long stream: last / first step",
+        "first audio ms, chunk-frames 1", "long stream: old / fresh step (last / first before e2fd209)",
         "result",
     ]
     lines = ["| " + " | ".join(header) + " |",

@@ -113,14 +113,14 @@ pub(crate) fn markdown(report: &Value) -> String {
     let steady = &report["steady"];
     if !steady.is_null() {
         md += &format!(
-            "\nCost per frame late in a long stream: one stream of {} frames at chunk-frames 1 on {} (not the \
-             released widths: see benches/decode/main.rs), its first and last {} steps.\n\n",
+            "\nCost per frame late in a long stream: a stream {} frames in and a fresh one at chunk-frames 1 on {} \
+             (not the released widths: see benches/decode/main.rs), {} one-frame steps each, taken in turn.\n\n",
             steady["frames"],
             steady["geometry"].as_str().unwrap(),
             steady["steps_compared"],
         );
         md += "| steps | p50 ms | mean ms | p99 ms |\n| --- | ---: | ---: | ---: |\n";
-        for (label, key) in [("first", "first"), ("last", "last")] {
+        for (label, key) in [("fresh stream's", "first"), ("old stream's", "last")] {
             let s = &steady[key];
             md += &format!(
                 "| {label} {} | {} | {} | {} |\n",
@@ -131,7 +131,7 @@ pub(crate) fn markdown(report: &Value) -> String {
             );
         }
         md += &format!(
-            "| last / first | {} | {} | |\n",
+            "| old / fresh | {} | {} | |\n",
             fmt(&steady["last_over_first_p50"], 3),
             fmt(&steady["last_over_first_mean"], 3)
         );
