@@ -54,8 +54,9 @@ lint: setup
 
 # CI (.ci/run) runs this. GLib warnings and criticals abort the tests (G_DEBUG). The tests run
 # several decoding processes at once: short OpenMP spinning keeps them from starving each
-# other (see "Threads" in the README). The parity tests run again with our CPU kernels held to
-# AVX2 and then off: the paths of CPUs without AVX-512, and of those without AVX2.
+# other (see "Threads" in the README). The library's, parity, batching and element tests run
+# again with our CPU kernels held to AVX2 and then off: the paths of CPUs without AVX-512, and
+# with off libtorch's ops everywhere, the path CUDA takes.
 test: build lint released-fixture
 	bash tools/check-inspect.sh
 	bash tools/check-install.sh
@@ -66,7 +67,8 @@ test: build lint released-fixture
 	G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} cargo test --release
 	for kernels in avx2 off; do \
 	  QWENCODEC_CPU_KERNELS=$$kernels G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} \
-	    cargo test --release --test model_parity --test released_geometry || exit 1; \
+	    cargo test --release --lib --test model_parity --test released_geometry --test batching \
+	      --test element || exit 1; \
 	done
 
 # Thousands of streams opened, fed and closed in one process; memory must stay flat

@@ -328,11 +328,21 @@ fn the_cpu_kernels_run_as_the_cpu_and_environment_allow() {
     assert_eq!(audio.len(), fixture.samples_per_frame);
     let ops = std::fs::read_to_string(&events).unwrap();
     assert!(ops.contains("aten::"), "the step's ops were recorded");
-    // Other tests of this file may run at the same time, on the same path.
+    // Other tests of this file may run at the same time, on the same path. Off: none of ours
+    // at all, so that the path CUDA takes (libtorch's ops everywhere) runs here.
+    if expected == CpuKernels::Off {
+        let ours: Vec<&str> = ops.lines().filter(|line| line.contains("qwencodec::")).collect();
+        assert!(
+            ours.is_empty(),
+            "kernels of ours ran with {KERNELS_ENV}=off: {ours:?}"
+        );
+    }
     for (kernel, runs) in [
         ("qwencodec::transformer_layer", expected >= CpuKernels::Avx2),
         ("qwencodec::snake_beta", expected >= CpuKernels::Avx2),
         ("qwencodec::direct_conv", expected == CpuKernels::Avx512),
+        ("qwencodec::overlap_add", expected >= CpuKernels::Avx2),
+        ("qwencodec::skinny_gemm", expected >= CpuKernels::Avx2),
     ] {
         assert_eq!(
             ops.contains(kernel),

@@ -324,7 +324,14 @@ fn steady_cost(args: &Args, frames: usize) -> Value {
     let codebooks = model.config().num_quantizers;
     let codes = read_codes(&args.steady_model.join("codes.raw"));
     let stream = |count: usize, skip: usize| -> Vec<i16> {
-        codes.chunks(codebooks).cycle().skip(skip).take(count).flatten().copied().collect()
+        codes
+            .chunks(codebooks)
+            .cycle()
+            .skip(skip)
+            .take(count)
+            .flatten()
+            .copied()
+            .collect()
     };
     // On CUDA replaying graphs, as the element decodes there by default.
     let mut old = StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap();
@@ -336,7 +343,10 @@ fn steady_cost(args: &Args, frames: usize) -> Value {
         assert_eq!(audio.len(), model.samples_per_frame());
         handed_over.elapsed().as_secs_f64() * 1e3
     };
-    let (old_codes, young_codes) = (stream(STEADY_WINDOW_STEPS, frames), stream(STEADY_WINDOW_STEPS, 0));
+    let (old_codes, young_codes) = (
+        stream(STEADY_WINDOW_STEPS, frames),
+        stream(STEADY_WINDOW_STEPS, 0),
+    );
     let (mut old_ms, mut young_ms) = (Vec::new(), Vec::new());
     for (old_frame, young_frame) in old_codes.chunks(codebooks).zip(young_codes.chunks(codebooks)) {
         old_ms.push(time_step(&mut old, old_frame));

@@ -4,7 +4,7 @@
 
 use tch::{Device, Tensor};
 
-use super::shim::call;
+use super::shim::{self, CpuKernels, call};
 use super::{ACTIVATION_KIND, TorchResult};
 
 mod ffi {
@@ -63,7 +63,8 @@ impl Attention<'_> {
     /// by side; `keys`, `values`: a layer's window, [B, kv_heads, slots, head_dim] un-rotated,
     /// moved on by T positions in place. Returns [B, T, heads head_dim].
     pub fn attend(&self, qkv: &Tensor, keys: &mut Tensor, values: &mut Tensor) -> TorchResult<Tensor> {
-        if qkv.device() != Device::Cpu {
+        // libtorch's ops on CUDA, and on the CPU where our kernels are off (CUDA's path, run here).
+        if qkv.device() != Device::Cpu || shim::cpu_kernels() == CpuKernels::Off {
             return self.by_ops(qkv, keys, values);
         }
         let rope = &self.rope;

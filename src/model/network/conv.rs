@@ -6,6 +6,7 @@ use tch::{Device, Kind, Tensor};
 use super::direct_conv;
 use super::ops::{Matrix, with_weights};
 use super::overlap_add;
+use super::shim::{self, CpuKernels};
 use super::winograd::{Tiles, Winograd};
 use super::{ACTIVATION_KIND, State, StateLayout, TorchResult};
 use crate::model::ModelError;
@@ -263,7 +264,8 @@ impl CausalTransConv {
             .matrix
             .forward(&x.f_transpose(1, 2)?.f_flatten(0, 1)?)?
             .f_transpose(0, 1)?;
-        if x.device() == Device::Cpu {
+        // Our kernel on the CPU unless our kernels are off (then CUDA's path, run here).
+        if x.device() == Device::Cpu && shim::cpu_kernels() != CpuKernels::Off {
             let carry = self.slot.map(|slot| &mut state.contexts[slot]);
             return overlap_add::forward(&taps, carry, &self.bias, self.stride, batch);
         }

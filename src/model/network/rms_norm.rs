@@ -4,7 +4,7 @@
 
 use tch::{Device, Tensor};
 
-use super::shim::call;
+use super::shim::{self, CpuKernels, call};
 use super::{ACTIVATION_KIND, TorchResult};
 use crate::model::ModelError;
 use crate::model::checkpoint::Weights;
@@ -41,6 +41,14 @@ impl RmsNorm {
         })
     }
 
+    /// The CPU's one-op RMSNorm (plain C++, no vector instruction set of its own).
+    fn by_kernel(&self, x: &Tensor) -> TorchResult<Tensor> {
+        // SAFETY: the tensors are live for the duration of the call.
+        call("RMSNorm", |out, error, size| unsafe {
+            ffi::qwencodec_rms_norm(x.as_ptr(), self.weight.as_ptr(), self.eps, out, error, size)
+        })
+    }
+
     /// The per-unit weight (float32) and epsilon, for a kernel that normalizes within it.
     pub fn parts(&self) -> (&Tensor, f64) {
         (&self.weight, self.eps)
@@ -48,11 +56,9 @@ impl RmsNorm {
 
     /// `x`: [..., size] float32.
     pub fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
-        if x.device() == Device::Cpu {
-            // SAFETY: the tensors are live for the duration of the call.
-            return call("RMSNorm", |out, error, size| unsafe {
-                ffi::qwencodec_rms_norm(x.as_ptr(), self.weight.as_ptr(), self.eps, out, error, size)
-            });
+        // Our kernel on the CPU unless our kernels are off (then CUDA's path, run here).
+        if x.device() == Device::Cpu && shim::cpu_kernels() != CpuKernels::Off {
+            return self.by_kernel(x);
         }
         let variance = x.f_square()?.f_mean_dim(-1, true, ACTIVATION_KIND)?;
         self.weight
@@ -104,10 +110,10 @@ mod tests {
             weight: Tensor::ones([4], (Kind::Float, Device::Cpu)),
             eps: 1e-6,
         };
-        let error = norm
-            .forward(&Tensor::ones([1, 1, 5], (Kind::Float, Device::Cpu)))
-            .unwrap_err()
-            .to_string();
+        let x = Tensor::ones([1, 1, 5], (Kind::Float, Device::Cpu));
+        let error = norm.by_kernel(&x).unwrap_err().to_string();
         assert!(error.contains("RMSNorm"), "{error}");
+        // Whichever path runs (with our kernels off, libtorch's ops) refuses it.
+        assert!(norm.forward(&x).is_err());
     }
 }
