@@ -27,6 +27,34 @@ fn streams_of_every_age_length_and_chunk_size_batched_together_stay_exact() {
     }
 }
 
+/// The bookkeeping around CUDA graphs, run on the CPU with a stand-in for the graphs (each
+/// replay runs the recorded step eagerly on the graph's own input and output tensors): buckets
+/// of rows padded with the scratch row, the rows as a tensor of arena indices, graphs recorded
+/// per bucket and step size and dropped as the arena grows. Streams of every age and size,
+/// against their solo decodes and upstream, as tests/cuda.rs checks on a GPU.
+#[test]
+fn the_graph_path_runs_its_bookkeeping_on_the_cpu() {
+    let fixture = load_fixture("release-tiny");
+    let model = load(&fixture);
+    model.replay_graphs_eagerly();
+    let plans = plans(&fixture, 12, 5);
+    let outcomes = decode_together(&model, &plans, fixture.codebooks);
+    let replayed: u64 = outcomes.iter().map(|o| o.graph_steps).sum();
+    let most = outcomes.iter().map(|o| o.max_rows).max().unwrap();
+    let report = model.cuda_graphs();
+    println!("{replayed} steps replayed a stand-in graph, batches of up to {most} rows, {report:?}");
+    assert!(replayed > 0, "no step replayed a graph");
+    assert!(
+        most > 1,
+        "no batch of more than one row went through the graphs' buckets"
+    );
+    assert!(report.graphs > 0 && report.failure.is_none(), "{report:?}");
+    // Streams that start later grew the arena: the graphs recorded on its old rows were
+    // dropped and recorded again, which the streams' audio would show if not.
+    assert!(report.dropped > 0, "{report:?}");
+    check(&fixture, &model, &plans, &outcomes);
+}
+
 #[test]
 fn two_models_in_one_process_batch_their_own_streams() {
     let fixtures = [load_fixture("release-tiny"), load_fixture("gqa-bias")];

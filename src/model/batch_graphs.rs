@@ -27,7 +27,8 @@ pub const BUCKETS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
 pub const MAX_GRAPHS: usize = 32;
 
 pub struct BatchGraphs {
-    device: usize,
+    /// The CUDA device the graphs are recorded on; None: the CPU stand-in (see [`Replay`]).
+    device: Option<usize>,
     /// By (bucket, frames).
     graphs: HashMap<(usize, usize), BatchGraph>,
     /// The arena generation the graphs were recorded on: they address its memory.
@@ -35,10 +36,22 @@ pub struct BatchGraphs {
     /// Why a capture failed: steps then run eagerly, and no capture is tried again.
     failure: Option<String>,
     bytes: u64,
+    /// Graphs dropped because the arena moved.
+    dropped: usize,
+}
+
+/// How a recorded step is replayed.
+enum Replay {
+    Cuda(CudaGraph),
+    /// The CPU's stand-in for a graph: the recorded step run again at each replay, on the same
+    /// input and output tensors. Everything around the graphs (buckets, padding with the
+    /// scratch row, the rows as a tensor of arena indices, graphs dropped when the arena
+    /// moves) then runs, and is tested, where no GPU is.
+    Eager,
 }
 
 struct BatchGraph {
-    graph: CudaGraph,
+    replay: Replay,
     /// Inputs, written before each replay: arena rows [bucket] and codes [bucket, frames, Q].
     rows: Tensor,
     codes: Tensor,
@@ -63,14 +76,31 @@ pub fn step_rows(
 }
 
 impl BatchGraphs {
+    /// Graphs recorded on CUDA device `device`.
     pub fn new(device: usize) -> Self {
+        Self::on(Some(device))
+    }
+
+    /// The CPU stand-in: every step that would replay a graph runs eagerly through the same
+    /// bookkeeping (see [`Replay::Eager`]).
+    pub fn eager() -> Self {
+        Self::on(None)
+    }
+
+    fn on(device: Option<usize>) -> Self {
         Self {
             device,
             graphs: HashMap::new(),
             arena_generation: 0,
             failure: None,
             bytes: 0,
+            dropped: 0,
         }
+    }
+
+    /// Graphs dropped so far because the arena moved.
+    pub fn dropped(&self) -> usize {
+        self.dropped
     }
 
     /// Device memory reserved while the graphs were recorded (their pool, mostly).
@@ -107,6 +137,7 @@ impl BatchGraphs {
                     self.graphs.len()
                 ));
             }
+            self.dropped += self.graphs.len();
             self.graphs.clear();
             self.arena_generation = arena.generation();
         }
@@ -144,7 +175,13 @@ impl BatchGraphs {
         graph.rows.f_copy_(&Tensor::f_from_slice(&padded)?)?;
         let used = rows.len() as i64;
         graph.codes.f_narrow(0, 0, used)?.f_copy_(codes)?;
-        graph.graph.replay()?;
+        match &graph.replay {
+            Replay::Cuda(cuda) => cuda.replay()?,
+            Replay::Eager => {
+                let audio = step_rows(network, arena, &graph.rows, &graph.codes, tables)?;
+                graph.audio.f_copy_(&audio)?;
+            }
+        }
         Ok(Some(graph.audio.f_narrow(0, 0, used)?))
     }
 
@@ -163,10 +200,24 @@ impl BatchGraphs {
             [bucket as i64, tables.frames() as i64, codebooks],
             (Kind::Int64, device),
         )?;
-        let before = cuda_graph::reserved_bytes(self.device)?;
-        let share_pool_of = self.graphs.values().next().map(|graph| &graph.graph);
+        let Some(device) = self.device else {
+            // The stand-in's output: the step run once on the scratch row, as a capture would.
+            let audio = step_rows(network, arena, &rows, &codes, tables)?;
+            return Ok(BatchGraph {
+                replay: Replay::Eager,
+                rows,
+                codes,
+                audio,
+                _tables: tables.shallow_clone(),
+            });
+        };
+        let before = cuda_graph::reserved_bytes(device)?;
+        let share_pool_of = self.graphs.values().find_map(|graph| match &graph.replay {
+            Replay::Cuda(cuda) => Some(cuda),
+            Replay::Eager => None,
+        });
         let (graph, audio) = CudaGraph::capture(
-            self.device,
+            device,
             share_pool_of,
             arena,
             |arena| {
@@ -177,9 +228,9 @@ impl BatchGraphs {
             },
             |arena| step_rows(network, arena, &rows, &codes, tables),
         )?;
-        self.bytes += cuda_graph::reserved_bytes(self.device)?.saturating_sub(before);
+        self.bytes += cuda_graph::reserved_bytes(device)?.saturating_sub(before);
         Ok(BatchGraph {
-            graph,
+            replay: Replay::Cuda(graph),
             rows,
             codes,
             audio,

@@ -74,6 +74,8 @@ pub struct GraphReport {
     pub bytes: u64,
     /// Why recording one failed, if it did (steps then run eagerly).
     pub failure: Option<String>,
+    /// Graphs dropped because the state arena moved (grew or shrank), to be recorded again.
+    pub dropped: usize,
 }
 
 /// How long the next batch waits for the streams of the last one to hand over their next step.
@@ -151,6 +153,12 @@ impl Engine {
             step_times: Mutex::default(),
             observers: Mutex::default(),
         }
+    }
+
+    /// From now on, steps that would replay a CUDA graph run through the graphs' bookkeeping
+    /// eagerly, on any device (see `BatchGraphs::eager`): for tests on a machine without a GPU.
+    pub fn replay_graphs_eagerly(&self) {
+        self.rows().graphs = Some(BatchGraphs::eager());
     }
 
     /// Calls `observer` after every batch from now on, on the thread that ran it.
@@ -268,6 +276,7 @@ impl Engine {
                 graphs: graphs.count(),
                 bytes: graphs.bytes(),
                 failure: graphs.failure().map(str::to_owned),
+                dropped: graphs.dropped(),
             },
             None => GraphReport::default(),
         }

@@ -269,6 +269,14 @@ impl Model {
         self.engine.observe(observer);
     }
 
+    /// Has the steps that would replay a CUDA graph run through the graphs' bookkeeping
+    /// (buckets of rows padded with the scratch row, rows as a tensor of arena indices, graphs
+    /// dropped when the arena moves) eagerly, on any device: for tests where no GPU is.
+    #[doc(hidden)]
+    pub fn replay_graphs_eagerly(&self) {
+        self.engine.replay_graphs_eagerly();
+    }
+
     /// Steps of this model's streams handed over and not yet run.
     pub fn steps_waiting(&self) -> usize {
         self.engine.steps_waiting()
