@@ -153,13 +153,13 @@ mod tests {
     use tch::Kind;
 
     use super::*;
-    use crate::model::network::max_error_and_scale;
+    use crate::model::network::{Inputs, max_error_and_scale};
 
     /// The kernel against libtorch's ops on the same inputs: grouped and plain heads, one
     /// position and several, more positions than the window holds, rows of their own.
     #[test]
     fn the_kernel_matches_libtorch_and_moves_the_window_alike() {
-        tch::manual_seed(11);
+        let mut random = Inputs::new(11);
         for (heads, kv_heads, head_dim, slots, steps, batch) in [
             (4, 2, 8, 5, 1, 2),
             (4, 2, 8, 5, 3, 1),
@@ -173,10 +173,10 @@ mod tests {
                 kv_heads,
                 head_dim,
             };
-            let qkv = Tensor::randn([batch, steps, (heads.heads + 2 * kv_heads) * head_dim], options);
-            let window = || Tensor::randn([batch, kv_heads, slots, head_dim], options);
+            let qkv = random.normal([batch, steps, (heads.heads + 2 * kv_heads) * head_dim], options);
+            let mut window = || random.normal([batch, kv_heads, slots, head_dim], options);
             let (keys, values) = (window(), window());
-            let table = |rows: i64| Tensor::rand([rows, head_dim], options) * 2.0 - 1.0;
+            let mut table = |rows: i64| random.uniform([rows, head_dim], options) * 2.0 - 1.0;
             let (query_cos, query_sin) = (table(steps), table(steps));
             let (key_cos, key_sin) = (table(slots + steps), table(slots + steps));
             let rope = Rope {

@@ -70,26 +70,26 @@ pub fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::network::max_error_and_scale;
+    use crate::model::network::{Inputs, max_error_and_scale};
 
     /// Depthwise and few-output convolutions, with dilations, batches and column counts that
     /// leave partial vectors, against libtorch's convolution in float64, within float32's
     /// rounding of the magnitudes summed.
     #[test]
     fn matches_a_float64_convolution() {
-        tch::manual_seed(11);
+        let mut random = Inputs::new(11);
         let options = (Kind::Float, Device::Cpu);
         // (in, out, groups, taps)
         for (inputs, outputs, groups, taps) in [(24, 24, 24, 7), (8, 16, 8, 3), (96, 1, 1, 7), (5, 3, 1, 2)] {
-            let weight = Tensor::randn([outputs, inputs / groups, taps], options);
-            let bias = Tensor::randn([outputs], options);
+            let weight = random.normal([outputs, inputs / groups, taps], options);
+            let bias = random.normal([outputs], options);
             assert_eq!(applies(&weight, groups, Device::Cpu), shim::avx512());
             if !shim::avx512() {
                 continue;
             }
             for dilation in [1, 3] {
                 for (batch, columns) in [(1, 1), (1, 17), (2, 64), (3, 200)] {
-                    let input = Tensor::randn([batch, inputs, (taps - 1) * dilation + columns], options);
+                    let input = random.normal([batch, inputs, (taps - 1) * dilation + columns], options);
                     let got = forward(&input, &weight, &bias, dilation, groups).unwrap();
                     let expected = input.to_kind(Kind::Double).conv1d(
                         &weight.to_kind(Kind::Double),

@@ -307,3 +307,47 @@ fn max_error_and_scale(got: &Tensor, expected: &Tensor) -> (f64, f64) {
         .double_value(&[]);
     (error, expected.abs().max().double_value(&[]))
 }
+
+/// A kernel test's own random inputs, from a generator seeded by the test: tests run on
+/// parallel threads, and libtorch's process-global generator (`tch::manual_seed`) would make a
+/// test's inputs depend on which other tests drew numbers first.
+#[cfg(test)]
+struct Inputs(rand::rngs::StdRng);
+
+#[cfg(test)]
+impl Inputs {
+    fn new(seed: u64) -> Self {
+        use rand::SeedableRng;
+        Self(rand::rngs::StdRng::seed_from_u64(seed))
+    }
+
+    fn tensor(values: Vec<f32>, shape: &[i64], options: (Kind, tch::Device)) -> Tensor {
+        Tensor::from_slice(&values)
+            .reshape(shape)
+            .to_kind(options.0)
+            .to_device(options.1)
+    }
+
+    /// Standard normal values (Box-Muller).
+    fn normal(&mut self, shape: impl AsRef<[i64]>, options: (Kind, tch::Device)) -> Tensor {
+        use rand::Rng;
+        let shape = shape.as_ref();
+        let count = shape.iter().product::<i64>() as usize;
+        let values = (0..count)
+            .map(|_| {
+                let (u, v): (f64, f64) = (self.0.random::<f64>().max(f64::MIN_POSITIVE), self.0.random());
+                ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+            })
+            .collect();
+        Self::tensor(values, shape, options)
+    }
+
+    /// Values uniform in [0, 1).
+    fn uniform(&mut self, shape: impl AsRef<[i64]>, options: (Kind, tch::Device)) -> Tensor {
+        use rand::Rng;
+        let shape = shape.as_ref();
+        let count = shape.iter().product::<i64>() as usize;
+        let values = (0..count).map(|_| self.0.random::<f32>()).collect();
+        Self::tensor(values, shape, options)
+    }
+}

@@ -223,18 +223,18 @@ impl Linear {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::network::max_error_and_scale;
+    use crate::model::network::{Inputs, max_error_and_scale};
 
     /// Rows that are a transposed view of columns, few and many (where they go to MKL as they
     /// lie), and rows laid out as rows, against a float64 product.
     #[test]
     fn projects_rows_in_either_layout() {
-        tch::manual_seed(3);
+        let mut random = Inputs::new(3);
         let options = (Kind::Float, Device::Cpu);
-        let weight = Tensor::randn([24, 40], options);
-        let bias = Tensor::randn([24, 1], options);
+        let weight = random.normal([24, 40], options);
+        let bias = random.normal([24, 1], options);
         for rows in [3, skinny_gemm::MAX_ROWS + 72] {
-            let columns = Tensor::randn([40, rows], options);
+            let columns = random.normal([40, rows], options);
             for x in [columns.tr(), columns.tr().contiguous()] {
                 let got = project(&weight, &x, Some(&bias)).unwrap();
                 let expected = weight.to_kind(Kind::Double).mm(&columns.to_kind(Kind::Double))

@@ -59,27 +59,27 @@ mod tests {
     use tch::{Device, Kind};
 
     use super::*;
-    use crate::model::network::max_error_and_scale;
+    use crate::model::network::{Inputs, max_error_and_scale};
 
     /// Strides the kernel unrolls and one it does not, with and without overlap, several streams
     /// and a single column, taps contiguous or transposed, against the samples laid out by
     /// libtorch's ops in float64, and the carry moved on to the last column's overlap.
     #[test]
     fn lays_out_and_overlaps_the_taps() {
-        tch::manual_seed(5);
+        let mut random = Inputs::new(5);
         let options = (Kind::Float, Device::Cpu);
         for (stride, kernel) in [(3, 6), (8, 16), (7, 14), (4, 4)] {
             for (batch, columns, transposed) in [(1, 1, false), (1, 20, false), (3, 9, false), (3, 9, true)] {
                 let out = 5;
                 // As a product's output, or its transposed view.
                 let taps = if transposed {
-                    Tensor::randn([batch * columns, out * kernel], options).tr()
+                    random.normal([batch * columns, out * kernel], options).tr()
                 } else {
-                    Tensor::randn([out * kernel, batch * columns], options)
+                    random.normal([out * kernel, batch * columns], options)
                 };
-                let bias = Tensor::randn([out], options);
+                let bias = random.normal([out], options);
                 let overlap = kernel - stride;
-                let carried = Tensor::randn([batch, out, overlap], options);
+                let carried = random.normal([batch, out, overlap], options);
                 let mut carry = carried.copy();
                 let got = forward(&taps, (overlap > 0).then_some(&mut carry), &bias, stride, batch).unwrap();
 

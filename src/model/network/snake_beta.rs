@@ -95,21 +95,21 @@ impl SnakeBeta {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::network::max_error_and_scale;
+    use crate::model::network::{Inputs, max_error_and_scale};
 
     /// SnakeBeta on the CPU (this process's path, and the kernel in each instruction set the
     /// CPU has) against the formula in float64, on rows whose length leaves a partial vector
     /// and arguments large enough for the sine's range reduction to count.
     #[test]
     fn matches_the_formula_in_float64() {
-        tch::manual_seed(3);
+        let mut random = Inputs::new(3);
         let channels = 5;
         let snake = SnakeBeta {
-            frequency: (Tensor::randn([1, channels, 1], (Kind::Float, Device::Cpu)) * 2.0).exp(),
-            inverse_magnitude: Tensor::rand([1, channels, 1], (Kind::Float, Device::Cpu)) + 0.1,
+            frequency: (random.normal([1, channels, 1], (Kind::Float, Device::Cpu)) * 2.0).exp(),
+            inverse_magnitude: random.uniform([1, channels, 1], (Kind::Float, Device::Cpu)) + 0.1,
         };
         for length in [1, 15, 16, 17, 1000] {
-            let x = Tensor::randn([2, channels, length], (Kind::Float, Device::Cpu)) * 20.0;
+            let x = random.normal([2, channels, length], (Kind::Float, Device::Cpu)) * 20.0;
             let x64 = x.to_kind(Kind::Double);
             let expected = &x64
                 + (x64.shallow_clone() * snake.frequency.to_kind(Kind::Double))
