@@ -149,8 +149,8 @@ fn product_in(
 mod tests {
     use super::*;
 
-    use crate::model::network::max_error_and_scale;
     use crate::model::network::ops::Matrix;
+    use crate::model::network::{Inputs, max_error_and_scale};
 
     /// `stored` [out, in] times each row of `x` [R, in], plus `bias`, in float64: [out, R].
     fn float64_product(stored: &Tensor, x: &Tensor, bias: Option<&Tensor>) -> Tensor {
@@ -170,12 +170,12 @@ mod tests {
     /// a float64 product of the weight as stored.
     #[test]
     fn matches_a_float64_product() {
-        tch::manual_seed(7);
+        let mut random = Inputs::new(7);
         for (out, inputs) in [(4, 16), (7, 37), (33, 100), (64, 2048)] {
             for rows in [1, 2, 3, 5, 6, 7, 11, 13, 40, MAX_ROWS + 1] {
-                let weight = Tensor::randn([out, inputs], (Kind::Float, Device::Cpu));
-                let x = Tensor::randn([rows, inputs], (Kind::Float, Device::Cpu));
-                let bias = Tensor::randn([out], (Kind::Float, Device::Cpu));
+                let weight = random.normal([out, inputs], (Kind::Float, Device::Cpu));
+                let x = random.normal([rows, inputs], (Kind::Float, Device::Cpu));
+                let bias = random.normal([out], (Kind::Float, Device::Cpu));
                 for (bias, f16, rows_per_frame) in [
                     (None, false, 1),
                     (Some(&bias), false, 1),
@@ -226,13 +226,13 @@ mod tests {
             !sets.is_empty(),
             "an x86-64 CPU without AVX2 runs none of the kernels"
         );
-        tch::manual_seed(11);
+        let mut random = Inputs::new(11);
         for kernels in sets {
             for (out, inputs) in [(4, 8), (5, 13), (9, 100), (64, 1030)] {
                 for rows in [1, 2, 3, 6, 7, 13, 40] {
-                    let weight = Tensor::randn([out, inputs], (Kind::Float, Device::Cpu));
-                    let x = Tensor::randn([rows, inputs], (Kind::Float, Device::Cpu));
-                    let bias = Tensor::randn([out], (Kind::Float, Device::Cpu));
+                    let weight = random.normal([out, inputs], (Kind::Float, Device::Cpu));
+                    let x = random.normal([rows, inputs], (Kind::Float, Device::Cpu));
+                    let bias = random.normal([out], (Kind::Float, Device::Cpu));
                     for (bias, stored) in [
                         (None, weight.shallow_clone()),
                         (Some(&bias), weight.shallow_clone()),

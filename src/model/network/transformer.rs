@@ -397,7 +397,7 @@ mod tests {
 
     use super::*;
     use crate::model::checkpoint::{CheckpointFiles, WeightFile};
-    use crate::model::network::{max_error_and_scale, shim};
+    use crate::model::network::{Inputs, max_error_and_scale, shim};
 
     /// A layer in one call against the same layer op by op, on the fixtures' geometries
     /// (grouped heads with biases; the release's), with float32 and float16 weights, one row and
@@ -407,7 +407,7 @@ mod tests {
     /// asserted there.
     #[test]
     fn a_layer_in_one_call_matches_the_layer_by_parts() {
-        tch::manual_seed(7);
+        let mut random = Inputs::new(7);
         let options = (Kind::Float, Device::Cpu);
         for fixture in ["gqa-bias", "release-tiny"] {
             let folder = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -453,8 +453,8 @@ mod tests {
                         rope: tables.rope(),
                         mask: &mask,
                     };
-                    let x = Tensor::randn([batch, frames, config.hidden_size as i64], options);
-                    let window = || Tensor::randn([batch, kv_heads, slots, head_dim], options);
+                    let x = random.normal([batch, frames, config.hidden_size as i64], options);
+                    let mut window = || random.normal([batch, kv_heads, slots, head_dim], options);
                     let (keys, values) = (window(), window());
 
                     let (mut one_call_keys, mut one_call_values) = (keys.copy(), values.copy());
