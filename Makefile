@@ -5,6 +5,8 @@ export QWENCODEC_CACHE
 # tch builds against the libtorch of the venv's torch wheel.
 export LIBTORCH_USE_PYTORCH := 1
 export PATH := $(VENV)/bin:$(PATH)
+# Our C++ kernels build with -Wall -Wextra; under make a warning is an error (build.rs).
+export QWENCODEC_WERROR := 1
 
 PLUGIN := target/release/libgstqwencodec.so
 

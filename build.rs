@@ -3,7 +3,7 @@ use std::path::{Path, PathBuf};
 
 /// The CPU shims' sources, in `SHIM_DIR` beside the headers they share.
 const SHIM_DIR: &str = "src/model/network";
-const SHIM_HEADERS: [&str; 3] = ["kernels.h", "shim.h", "widen.h"];
+const SHIM_HEADERS: [&str; 4] = ["intrinsics.h", "kernels.h", "shim.h", "widen.h"];
 const CPU_SHIMS: [&str; 9] = [
     "attention.cpp",
     "direct_conv.cpp",
@@ -73,11 +73,29 @@ fn torch_shim_build(lib_dir: &Path) -> cc::Build {
     build
         .cpp(true)
         .std("c++17")
-        .include(&torch_include)
+        // libtorch's headers as system headers: their warnings are not ours to fix.
+        .flag("-isystem")
+        .flag(
+            torch_include
+                .to_str()
+                .expect("libtorch's include folder is UTF-8"),
+        )
+        .flag("-isystem")
+        .flag(
+            torch_include
+                .join("torch/csrc/api/include")
+                .to_str()
+                .expect("libtorch's include folder is UTF-8"),
+        )
         // libtorch 2.x is built with the C++11 ABI.
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .define("GLOG_USE_GLOG_EXPORT", None)
-        .warnings(false);
+        .warnings(true)
+        .extra_warnings(true)
+        // `make` builds with QWENCODEC_WERROR=1: a warning fails the build there, while a
+        // newer compiler's new warnings do not stop a plain `cargo build`.
+        .warnings_into_errors(env::var_os("QWENCODEC_WERROR").is_some_and(|value| value == "1"));
+    println!("cargo::rerun-if-env-changed=QWENCODEC_WERROR");
     build
 }
 

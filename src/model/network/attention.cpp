@@ -5,6 +5,8 @@
 // dispatched, allocated and split over the threads) spent most of the layer's time outside its
 // products. Plain loops, float32 like libtorch's ops, any x86-64 CPU. Errors as in shim.h.
 
+#include "intrinsics.h"  // first: see there
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 

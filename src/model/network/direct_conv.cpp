@@ -4,9 +4,10 @@
 // spent hundreds of microseconds on each of these for what is a few thousand vector operations.
 // AVX-512 only (shim.rs checks the CPU). Errors as in shim.h.
 
+#include "intrinsics.h"  // first: see there
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cstddef>

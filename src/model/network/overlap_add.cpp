@@ -4,6 +4,8 @@
 // where libtorch's ops took several (a concatenation, a sum, a permuting copy and the bias), which
 // cost more than the product's own time in the late blocks' small steps. Errors as in shim.h.
 
+#include "intrinsics.h"  // first: see there
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 

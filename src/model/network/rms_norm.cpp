@@ -3,6 +3,8 @@
 // on single rows of a few hundred values, where each op's dispatch costs more than its work.
 // Plain C++, for every CPU. The mean of squares is summed in double. Errors as in shim.h.
 
+#include "intrinsics.h"  // first: see there
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 

@@ -14,9 +14,10 @@
 // products: each input's weights for a block's outputs against 12 rows, no lanes to sum
 // (AVX-512 only).
 
+#include "intrinsics.h"  // first: see there
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 
 #include <cstddef>
 #include <cstdint>

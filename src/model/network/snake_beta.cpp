@@ -4,9 +4,10 @@
 // (with FMA), the caller says which (shim.rs checks the CPU): the same arithmetic in vectors of
 // 16 or 8. Errors as in shim.h.
 
+#include "intrinsics.h"  // first: see there
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cstddef>

@@ -6,6 +6,8 @@
 // the few-row kernel's, so this runs where that does (AVX2 or AVX-512) and on as many rows.
 // Errors as in shim.h.
 
+#include "intrinsics.h"  // first: see there
+
 #include <ATen/ATen.h>
 
 #include <cmath>

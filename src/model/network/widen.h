@@ -5,7 +5,7 @@
 #pragma once
 
 #include <c10/util/Half.h>
-#include <immintrin.h>
+#include "intrinsics.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -10,9 +10,10 @@
 // and the products then wait on memory. With several pieces each thread runs whole pieces; a
 // single piece (a small step) spreads each of its parts across the threads instead.
 
+#include "intrinsics.h"  // first: see there
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cstddef>
