@@ -19,6 +19,7 @@ const CPU_SHIMS: [&str; 9] = [
 fn main() {
     gst_plugin_version_helper::info();
     println!("cargo::rustc-check-cfg=cfg(cuda_graphs)");
+    announce_instruction_sets();
     println!("cargo::rerun-if-changed=src/model/cuda_graph.cpp");
     for shim in SHIM_HEADERS.iter().chain(&CPU_SHIMS) {
         println!("cargo::rerun-if-changed={SHIM_DIR}/{shim}");
@@ -46,6 +47,28 @@ fn main() {
             "cargo::warning=no CUDA runtime headers beside libtorch or in CUDA_HOME: building without CUDA graphs"
         ),
     }
+}
+
+/// `host_avx2` and `host_avx512` where the CPU that builds has the kernels' instruction sets (as
+/// `shim::widest_kernels` reads them at run time): a kernel's tests are ignored, and say so,
+/// where its instruction set cannot run, rather than passing without running it.
+fn announce_instruction_sets() {
+    println!("cargo::rustc-check-cfg=cfg(host_avx2, host_avx512)");
+    let native = env::var("TARGET").ok() == env::var("HOST").ok();
+    #[cfg(target_arch = "x86_64")]
+    if native && env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64") {
+        let avx2 = std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c");
+        if avx2 || std::is_x86_feature_detected!("avx512f") {
+            println!("cargo::rustc-cfg=host_avx2");
+        }
+        if std::is_x86_feature_detected!("avx512f") {
+            println!("cargo::rustc-cfg=host_avx512");
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = native;
 }
 
 /// The CUDA runtime headers: the PyPI wheel's nvidia package beside torch, else a toolkit.

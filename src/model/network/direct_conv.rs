@@ -70,23 +70,40 @@ pub fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::network::shim::CpuKernels;
     use crate::model::network::{Inputs, max_error_and_scale};
+
+    /// (in, out, groups, taps): depthwise convolutions and dense ones of few outputs.
+    const SHAPES: [(i64, i64, i64, i64); 4] = [(24, 24, 24, 7), (8, 16, 8, 3), (96, 1, 1, 7), (5, 3, 1, 2)];
+
+    /// Such convolutions come here on AVX-512 CPUs unless the process holds the kernels back;
+    /// others (many outputs, grouped but not depthwise, float16) never.
+    #[test]
+    fn applies_to_depthwise_and_few_outputs() {
+        let options = (Kind::Float, Device::Cpu);
+        for (inputs, outputs, groups, taps) in SHAPES {
+            let weight = Tensor::zeros([outputs, inputs / groups, taps], options);
+            assert_eq!(applies(&weight, groups, Device::Cpu), shim::avx512());
+            assert!(!applies(&weight, groups, Device::Cuda(0)));
+            assert!(!applies(&weight.to_kind(Kind::Half), groups, Device::Cpu));
+        }
+        assert!(!applies(&Tensor::zeros([16, 8, 3], options), 1, Device::Cpu));
+        assert!(!applies(&Tensor::zeros([16, 4, 3], options), 2, Device::Cpu));
+    }
 
     /// Depthwise and few-output convolutions, with dilations, batches and column counts that
     /// leave partial vectors, against libtorch's convolution in float64, within float32's
-    /// rounding of the magnitudes summed.
+    /// rounding of the magnitudes summed. The kernel runs whenever the CPU has AVX-512, whatever
+    /// the process runs.
     #[test]
+    #[cfg_attr(not(host_avx512), ignore = "this CPU has no AVX-512: the kernel cannot run")]
     fn matches_a_float64_convolution() {
+        shim::tested(CpuKernels::Avx512);
         let mut random = Inputs::new(11);
         let options = (Kind::Float, Device::Cpu);
-        // (in, out, groups, taps)
-        for (inputs, outputs, groups, taps) in [(24, 24, 24, 7), (8, 16, 8, 3), (96, 1, 1, 7), (5, 3, 1, 2)] {
+        for (inputs, outputs, groups, taps) in SHAPES {
             let weight = random.normal([outputs, inputs / groups, taps], options);
             let bias = random.normal([outputs], options);
-            assert_eq!(applies(&weight, groups, Device::Cpu), shim::avx512());
-            if !shim::avx512() {
-                continue;
-            }
             for dilation in [1, 3] {
                 for (batch, columns) in [(1, 1), (1, 17), (2, 64), (3, 200)] {
                     let input = random.normal([batch, inputs, (taps - 1) * dilation + columns], options);

@@ -75,14 +75,18 @@ fn allowed_kernels() -> CpuKernels {
     }
 }
 
-/// Every instruction set of the kernels that this CPU runs, whatever the environment says: the
-/// tests run each.
+/// `kernels` for a test of the kernel in that instruction set, which the building CPU has
+/// (build.rs's `host_avx2`, `host_avx512`, by which such tests are ignored elsewhere): a test
+/// binary run on a narrower CPU than built it fails here rather than test less.
 #[cfg(test)]
-pub fn instruction_sets() -> Vec<CpuKernels> {
-    [CpuKernels::Avx2, CpuKernels::Avx512]
-        .into_iter()
-        .filter(|&kernels| kernels <= widest_kernels())
-        .collect()
+pub fn tested(kernels: CpuKernels) -> CpuKernels {
+    assert!(
+        kernels <= widest_kernels(),
+        "a test of the {kernels:?} kernels, built on a CPU that has them, runs on one that has \
+         only {:?}: build the tests on this CPU",
+        widest_kernels()
+    );
+    kernels
 }
 
 /// The widest [`CpuKernels`] this CPU runs, whatever the environment says.

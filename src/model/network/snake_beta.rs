@@ -81,14 +81,15 @@ impl SnakeBeta {
         })
     }
 
-    /// [`Self::forward`] and the kernel in each instruction set this CPU has, named.
+    /// `x` through this process's path ([`Self::forward`]) or, given `kernels`, the kernel in
+    /// that instruction set.
     #[cfg(test)]
-    fn every_path(&self, x: &Tensor) -> Vec<(String, Tensor)> {
-        let mut paths = vec![("this process's".to_owned(), self.forward(x).unwrap())];
-        for kernels in shim::instruction_sets() {
-            paths.push((format!("{kernels:?}"), self.kernel(kernels, x).unwrap()));
+    fn through(&self, kernels: Option<CpuKernels>, x: &Tensor) -> Tensor {
+        match kernels {
+            Some(kernels) => self.kernel(kernels, x),
+            None => self.forward(x),
         }
-        paths
+        .unwrap()
     }
 }
 
@@ -97,11 +98,35 @@ mod tests {
     use super::*;
     use crate::model::network::{Inputs, max_error_and_scale};
 
-    /// SnakeBeta on the CPU (this process's path, and the kernel in each instruction set the
-    /// CPU has) against the formula in float64, on rows whose length leaves a partial vector
-    /// and arguments large enough for the sine's range reduction to count.
     #[test]
-    fn matches_the_formula_in_float64() {
+    fn this_process_path_matches_the_formula() {
+        matches_the_formula_in_float64(None);
+        squares_the_sine_of_any_argument(None);
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(host_avx2),
+        ignore = "this CPU has no AVX2 with FMA and F16C: the kernel cannot run"
+    )]
+    fn avx2_kernel_matches_the_formula() {
+        let kernels = Some(shim::tested(CpuKernels::Avx2));
+        matches_the_formula_in_float64(kernels);
+        squares_the_sine_of_any_argument(kernels);
+    }
+
+    #[test]
+    #[cfg_attr(not(host_avx512), ignore = "this CPU has no AVX-512: the kernel cannot run")]
+    fn avx512_kernel_matches_the_formula() {
+        let kernels = Some(shim::tested(CpuKernels::Avx512));
+        matches_the_formula_in_float64(kernels);
+        squares_the_sine_of_any_argument(kernels);
+    }
+
+    /// SnakeBeta on the CPU (this process's path or a kernel) against the formula in float64,
+    /// on rows whose length leaves a partial vector and arguments large enough for the sine's
+    /// range reduction to count.
+    fn matches_the_formula_in_float64(kernels: Option<CpuKernels>) {
         let mut random = Inputs::new(3);
         let channels = 5;
         let snake = SnakeBeta {
@@ -116,22 +141,19 @@ mod tests {
                     .sin()
                     .square()
                     * snake.inverse_magnitude.to_kind(Kind::Double);
-            for (path, got) in snake.every_path(&x) {
-                let (error, scale) = max_error_and_scale(&got, &expected);
-                assert!(
-                    error <= 1e-6 * scale,
-                    "{path}, length {length}: off by {error:e} of {scale:e}"
-                );
-            }
+            let (error, scale) = max_error_and_scale(&snake.through(kernels, &x), &expected);
+            assert!(
+                error <= 1e-6 * scale,
+                "{kernels:?}, length {length}: off by {error:e} of {scale:e}"
+            );
         }
     }
 
     /// The sine's square over the arguments the kernels reduce themselves (up to 65536) and
-    /// beyond, where they take SLEEF's (each path, as above): against float64 of the same
+    /// beyond, where they take SLEEF's (the path as above): against float64 of the same
     /// float32 argument (frequency times x), with samples next to multiples of pi, where the
     /// reduction cancels most.
-    #[test]
-    fn squares_the_sine_of_any_argument() {
+    fn squares_the_sine_of_any_argument(kernels: Option<CpuKernels>) {
         let frequency = 1e4f32;
         let snake = SnakeBeta {
             frequency: Tensor::from_slice(&[frequency]).view([1, 1, 1]),
@@ -142,12 +164,10 @@ mod tests {
         let x = Tensor::from_slice(&x).view([1, 1, -1]);
         let argument = (&x * f64::from(frequency)).to_kind(Kind::Double);
         let expected = x.to_kind(Kind::Double) + argument.sin().square();
-        for (path, got) in snake.every_path(&x) {
-            let error = (got.to_kind(Kind::Double) - &expected)
-                .abs()
-                .max()
-                .double_value(&[]);
-            assert!(error <= 2e-6, "{path}: off by {error:e}");
-        }
+        let error = (snake.through(kernels, &x).to_kind(Kind::Double) - &expected)
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert!(error <= 2e-6, "{kernels:?}: off by {error:e}");
     }
 }
