@@ -31,6 +31,9 @@ fn main() {
         PathBuf::from(env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys gives its libtorch's lib folder"));
     // Let the plugin (and the tests) find libtorch at run time without LD_LIBRARY_PATH.
     println!("cargo::rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+    // Every symbol the plugin calls must resolve when it links, not when GStreamer loads it:
+    // snake_beta.cpp's SLEEF sines among them, which libtorch exports but declares in no header.
+    println!("cargo::rustc-cdylib-link-arg=-Wl,-z,defs");
     build_cpu_shims(&lib_dir);
 
     if !lib_dir.join("libtorch_cuda.so").exists() {

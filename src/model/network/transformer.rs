@@ -64,6 +64,10 @@ mod ffi {
             error: *mut c_char,
             size: usize,
         ) -> bool;
+
+        /// The C structs' sizes and offsets, for the test of these mirrors.
+        #[cfg(test)]
+        pub fn qwencodec_transformer_layer_layout(out: *mut usize, capacity: usize) -> usize;
     }
 }
 
@@ -398,6 +402,41 @@ mod tests {
     use super::*;
     use crate::model::checkpoint::{CheckpointFiles, WeightFile};
     use crate::model::network::{Inputs, max_error_and_scale, shim};
+
+    /// The structs mirrored from `transformer_layer.cpp` lie in memory as the C++ compiler lays
+    /// them out: same size, every field at the same offset.
+    #[test]
+    fn layer_structs_match_their_cpp_layout() {
+        use std::mem::{offset_of, size_of};
+        let ours = [
+            size_of::<ffi::LayerWeights>(),
+            offset_of!(ffi::LayerWeights, input_norm),
+            offset_of!(ffi::LayerWeights, qkv_weight),
+            offset_of!(ffi::LayerWeights, qkv_bias),
+            offset_of!(ffi::LayerWeights, o_weight),
+            offset_of!(ffi::LayerWeights, o_bias),
+            offset_of!(ffi::LayerWeights, attention_scale),
+            offset_of!(ffi::LayerWeights, post_attention_norm),
+            offset_of!(ffi::LayerWeights, gate_up_weight),
+            offset_of!(ffi::LayerWeights, gate_up_bias),
+            offset_of!(ffi::LayerWeights, down_weight),
+            offset_of!(ffi::LayerWeights, down_bias),
+            offset_of!(ffi::LayerWeights, mlp_scale),
+            offset_of!(ffi::LayerWeights, eps),
+            size_of::<ffi::StepAttention>(),
+            offset_of!(ffi::StepAttention, query_cos),
+            offset_of!(ffi::StepAttention, query_sin),
+            offset_of!(ffi::StepAttention, key_cos),
+            offset_of!(ffi::StepAttention, key_sin),
+            offset_of!(ffi::StepAttention, mask),
+            offset_of!(ffi::StepAttention, heads),
+            offset_of!(ffi::StepAttention, kv_heads),
+        ];
+        let mut theirs = [0usize; 32];
+        // SAFETY: the function writes at most `capacity` values.
+        let count = unsafe { ffi::qwencodec_transformer_layer_layout(theirs.as_mut_ptr(), theirs.len()) };
+        assert_eq!(&ours[..], &theirs[..count], "sizes then offsets, as in the C++");
+    }
 
     /// A layer in one call against the same layer op by op, on the fixtures' geometries
     /// (grouped heads with biases; the release's), with float32 and float16 weights, one row and

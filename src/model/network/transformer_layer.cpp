@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels.h"
 #include "shim.h"
@@ -48,6 +49,41 @@ struct QwencodecStepAttention {
   int64_t heads;
   int64_t kv_heads;
 };
+
+static_assert(std::is_standard_layout_v<QwencodecLayerWeights> && std::is_standard_layout_v<QwencodecStepAttention>,
+              "the structs transformer.rs mirrors are plain C structs");
+
+// The two structs' sizes and their fields' offsets, in declaration order, for transformer.rs's
+// test of its mirror: writes up to `capacity` and returns how many there are.
+size_t qwencodec_transformer_layer_layout(size_t* out, size_t capacity) {
+  const size_t layout[] = {
+      sizeof(QwencodecLayerWeights),
+      offsetof(QwencodecLayerWeights, input_norm),
+      offsetof(QwencodecLayerWeights, qkv_weight),
+      offsetof(QwencodecLayerWeights, qkv_bias),
+      offsetof(QwencodecLayerWeights, o_weight),
+      offsetof(QwencodecLayerWeights, o_bias),
+      offsetof(QwencodecLayerWeights, attention_scale),
+      offsetof(QwencodecLayerWeights, post_attention_norm),
+      offsetof(QwencodecLayerWeights, gate_up_weight),
+      offsetof(QwencodecLayerWeights, gate_up_bias),
+      offsetof(QwencodecLayerWeights, down_weight),
+      offsetof(QwencodecLayerWeights, down_bias),
+      offsetof(QwencodecLayerWeights, mlp_scale),
+      offsetof(QwencodecLayerWeights, eps),
+      sizeof(QwencodecStepAttention),
+      offsetof(QwencodecStepAttention, query_cos),
+      offsetof(QwencodecStepAttention, query_sin),
+      offsetof(QwencodecStepAttention, key_cos),
+      offsetof(QwencodecStepAttention, key_sin),
+      offsetof(QwencodecStepAttention, mask),
+      offsetof(QwencodecStepAttention, heads),
+      offsetof(QwencodecStepAttention, kv_heads),
+  };
+  const size_t count = sizeof(layout) / sizeof(layout[0]);
+  for (size_t i = 0; i < count && i < capacity; ++i) out[i] = layout[i];
+  return count;
+}
 
 }  // extern "C"
 
