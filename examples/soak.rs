@@ -8,7 +8,8 @@
 //! ```text
 //! cargo run --release --example soak -- [--streams 10000] [--mode both|elements|reuse]
 //!     [--frames 48] [--chunk-frames 2] [--model FIXTURE_DIR] [--device cpu|cuda|cuda:N|auto]
-//!     [--warm-up STREAMS] [--max-growth-mib 16] [--report-every 1000] [--seed 1]
+//!     [--warm-up STREAMS] [--max-growth-mib 16] [--max-kib-per-stream 2] [--report-every 1000]
+//!     [--seed 1]
 //! ```
 //!
 //! `--model` is a fixture folder made by `tools/make_fixtures.py`: the checkpoint and its
@@ -19,8 +20,11 @@
 //! `elements`: a new `appsrc ! qwencodecdec ! appsink` pipeline per stream, torn down after its
 //! EOS (so the shared model is loaded and freed with it). `reuse`: one decoder that stays
 //! playing; each stream ends with EOS, then a flush starts the next. `both` alternates them.
-//! Exits with failure when a stream's audio is off, or the memory grew more than allowed; on
-//! CUDA also when `nvidia-smi` cannot see this process's GPU memory.
+//! Exits with failure when a stream's audio is off, or the memory grew more than allowed after
+//! warm-up: in all (`--max-growth-mib`), or per stream (`--max-kib-per-stream`: the slope of a
+//! line fitted to the resident memory after each stream, which a leak of a few KiB per stream
+//! raises however few the streams, where the growth in all lets it through); on CUDA also when
+//! `nvidia-smi` cannot see this process's GPU memory.
 
 mod common;
 
@@ -78,6 +82,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let device = options.take("--device")?.unwrap_or_else(|| "cpu".into());
     let warm_up: usize = options.take_parsed("--warm-up", (streams / 4).min(100))?;
     let max_growth_mib: f64 = options.take_parsed("--max-growth-mib", 16.0)?;
+    let max_kib_per_stream: f64 = options.take_parsed("--max-kib-per-stream", 2.0)?;
     let report_every: usize = options.take_parsed("--report-every", 1000)?;
     let seed: u64 = options.take_parsed("--seed", 1)?;
     options.finish()?;
@@ -110,6 +115,8 @@ fn run() -> Result<(), Box<dyn Error>> {
     let (mut worst_error, mut worst_difference) = (0.0f64, 0.0f64);
     let mut baseline = None;
     let mut peak_rss = 0.0f64;
+    // (stream, RSS in MiB) after each stream after warm-up.
+    let mut after_warm_up = Vec::new();
     let mut last_report = (0, start);
     for index in 0..streams {
         let reuse = match mode {
@@ -152,6 +159,9 @@ fn run() -> Result<(), Box<dyn Error>> {
         if index + 1 == warm_up {
             baseline = Some((rss, if on_gpu { Some(gpu_mib()?) } else { None }));
         }
+        if index + 1 >= warm_up {
+            after_warm_up.push((index as f64, rss));
+        }
         if (index + 1) % report_every == 0 || index + 1 == streams {
             let since = baseline.map_or(String::new(), |(base, _)| {
                 format!(" ({:+.1} since warm-up)", rss - base)
@@ -176,6 +186,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let (base_rss, base_gpu) = baseline.ok_or("no baseline")?;
     let end_rss = rss_mib()?;
     let growth = end_rss - base_rss;
+    let kib_per_stream = slope(&after_warm_up) * 1024.0;
     let end_gpu = if on_gpu { Some(gpu_mib()?) } else { None };
     let gpu = match (base_gpu, end_gpu) {
         (Some(base), Some(end)) => format!("; GPU {base} -> {end} MiB"),
@@ -184,8 +195,8 @@ fn run() -> Result<(), Box<dyn Error>> {
     println!(
         "soak: {streams} streams in {:.1} s, each within {:.2e} of upstream's float64 decode (worst relative L2 \
          {worst_error:.2e}) and equal to the first stream (worst {worst_difference:.1e}); RSS after {warm_up} \
-         warm-up streams {base_rss:.1} MiB, at the end {end_rss:.1} MiB ({growth:+.1} MiB), peak {peak_rss:.1} \
-         MiB{gpu}",
+         warm-up streams {base_rss:.1} MiB, at the end {end_rss:.1} MiB ({growth:+.1} MiB, a line's slope \
+         {kib_per_stream:+.2} KiB per stream), peak {peak_rss:.1} MiB{gpu}",
         start.elapsed().as_secs_f64(),
         expected.tolerance
     );
@@ -193,6 +204,12 @@ fn run() -> Result<(), Box<dyn Error>> {
         return Err(
             format!("RSS grew by {growth:.1} MiB after warm-up, more than {max_growth_mib} MiB").into(),
         );
+    }
+    if kib_per_stream > max_kib_per_stream {
+        return Err(format!(
+            "RSS grew by {kib_per_stream:.2} KiB per stream after warm-up, more than {max_kib_per_stream} KiB"
+        )
+        .into());
     }
     if let (Some(base), Some(end)) = (base_gpu, end_gpu)
         && end as f64 - base as f64 > max_growth_mib
@@ -417,6 +434,16 @@ fn relative_l2(actual: &[f32], expected: &[f32]) -> f64 {
 }
 
 /// This process's resident memory.
+/// The least-squares slope of `points` (x, y): y's growth per unit of x.
+fn slope(points: &[(f64, f64)]) -> f64 {
+    let count = points.len() as f64;
+    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / count;
+    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / count;
+    let covariance: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
+    let variance: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
+    covariance / variance
+}
+
 fn rss_mib() -> Result<f64, Box<dyn Error>> {
     let status = std::fs::read_to_string("/proc/self/status")?;
     let kib: f64 = status
