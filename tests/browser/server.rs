@@ -16,8 +16,9 @@ pub const TOKEN: &str = "test-token";
 const INSIDE: &str = "QWENCODEC_TEST_NETNS";
 
 /// Runs `test` of this binary again in a network namespace of its own, with only `lo` up, and
-/// fails when it fails; true when this process is that run (then the test itself runs). Nothing
-/// the browser or libnice send can leave the machine.
+/// fails when it fails or when it is not exactly one test that ran (a renamed test matches
+/// nothing, and a run of nothing succeeds); true when this process is that run (then the test
+/// itself runs). Nothing the browser or libnice send can leave the machine.
 pub fn in_own_network(test: &str) -> bool {
     if std::env::var_os(INSIDE).is_some() {
         return true;
@@ -36,7 +37,7 @@ pub fn in_own_network(test: &str) -> bool {
     if !root {
         unshare.arg("--map-root-user");
     }
-    let status = unshare
+    let mut unshare = unshare
         .args(["--", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
         .arg(std::env::current_exe().unwrap())
         .args([
@@ -47,9 +48,25 @@ pub fn in_own_network(test: &str) -> bool {
             "--include-ignored",
         ])
         .env(INSIDE, "1")
-        .status()
+        .stdout(Stdio::piped())
+        .spawn()
         .expect("unshare (util-linux) does not run");
+    // Passed on as it comes, and the harness's summary kept.
+    let mut summary = None;
+    for line in BufReader::new(unshare.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        println!("{line}");
+        if line.starts_with("test result:") {
+            summary = Some(line);
+        }
+    }
+    let status = unshare.wait().unwrap();
     assert!(status.success(), "{test} in its network namespace: {status}");
+    let summary = summary.unwrap_or_default();
+    assert!(
+        summary.starts_with("test result: ok. 1 passed;"),
+        "{test} in its network namespace ran not one test but: {summary:?}"
+    );
     false
 }
 
