@@ -128,20 +128,22 @@ fn summary(values: &[f64]) -> Value {
 }
 
 fn main() {
-    let options = common::Options::from_env();
-    let args = Args {
-        model: options.path("model"),
-        out: options
-            .get("out")
-            .map_or_else(|| PathBuf::from("bench/results"), PathBuf::from),
-        seconds: options.number("seconds", 40),
-        runs: options.number("runs", 10),
-        play: Duration::from_millis(options.number("play-ms", 3000)),
-        chunk_frames: options.number("chunk-frames", 1),
-        seek_context_frames: options.number("seek-context-frames", 25),
-        device: options.get("device").unwrap_or_else(|| "cpu".into()),
-        dtype: options.get("dtype").unwrap_or_else(|| "f32".into()),
-    };
+    // Every option read before any work (see `common::read_options`).
+    let args = common::read_options(|options| {
+        Ok(Args {
+            model: options.take_required("--model")?.into(),
+            out: options
+                .take("--out")?
+                .map_or_else(|| "bench/results".into(), PathBuf::from),
+            seconds: options.take_parsed("--seconds", 40)?,
+            runs: options.take_parsed("--runs", 10)?,
+            play: Duration::from_millis(options.take_parsed("--play-ms", 3000)?),
+            chunk_frames: options.take_parsed("--chunk-frames", 1)?,
+            seek_context_frames: options.take_parsed("--seek-context-frames", 25)?,
+            device: options.take("--device")?.unwrap_or_else(|| "cpu".into()),
+            dtype: options.take("--dtype")?.unwrap_or_else(|| "f32".into()),
+        })
+    });
     gst::init().unwrap();
     gstqwencodec::plugin_register_static().unwrap();
     let config = gstqwencodec::model::DecoderConfig::from_file(&args.model.join("config.json")).unwrap();

@@ -62,13 +62,17 @@ fn run_steps(decoder: &mut StreamDecoder, codes: &[i16], codebooks: usize, steps
 }
 
 fn main() {
-    let options = common::Options::from_env();
-    let model_path = options.path("model");
-    let out: PathBuf = options.path("out");
-    let chunk_frames: usize = options.number("chunk-frames", 1);
-    let steps: usize = options.number("steps", 100);
-    let device_name = options.get("device").unwrap_or_else(|| "cpu".into());
-    let dtype: Dtype = options.get("dtype").map_or(Dtype::F32, |d| d.parse().unwrap());
+    // Every option read before any work (see `common::read_options`).
+    let (model_path, out, chunk_frames, steps, device_name, dtype) = common::read_options(|options| {
+        Ok((
+            PathBuf::from(options.take_required("--model")?),
+            PathBuf::from(options.take_required("--out")?),
+            options.take_parsed::<usize>("--chunk-frames", 1)?,
+            options.take_parsed::<usize>("--steps", 100)?,
+            options.take("--device")?.unwrap_or_else(|| "cpu".into()),
+            options.take_parsed("--dtype", Dtype::F32)?,
+        ))
+    });
 
     let device = parse_device(&device_name).unwrap();
     let model = Arc::new(Model::load(&model_path, device, dtype).unwrap());

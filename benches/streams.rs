@@ -64,29 +64,32 @@ struct Args {
     dtype: Dtype,
 }
 
+/// The options, all of them read before any work (see `common::read_options`).
 fn parse_args() -> Args {
-    let options = common::Options::from_env();
-    Args {
-        model: options.path("model"),
-        out: options
-            .get("out")
-            .map_or_else(|| PathBuf::from("bench/results"), PathBuf::from),
-        streams: options.list("streams", "1,2,4,8,16"),
-        step_frames: options.list("step-frames", "1"),
-        frames: options.number("frames", 40),
-        live: options.list("live", "1,2,3,4"),
-        live_seconds: options.number("live-seconds", 10.0),
-        live_spacing: Duration::from_millis(options.number("live-spacing-ms", 300)),
-        bulk: options.list("bulk", "1,2,4,8,16"),
-        bulk_frames: options.number("bulk-frames", 40),
-        first_audio: options.list("first-audio", "8,16"),
-        probes: options.number("probes", 10),
-        max_batch: options.number("max-batch", StepLimits::default().max_batch),
-        max_step_frames: options.number("max-step-frames", StepLimits::default().max_step_frames),
-        off_up_to: options.number("off-up-to", usize::MAX),
-        device: options.get("device").unwrap_or_else(|| "cpu".into()),
-        dtype: options.get("dtype").map_or(Dtype::F32, |d| d.parse().unwrap()),
-    }
+    common::read_options(|options| {
+        Ok(Args {
+            model: options.take_required("--model")?.into(),
+            out: options
+                .take("--out")?
+                .map_or_else(|| "bench/results".into(), PathBuf::from),
+            streams: options.take_list("--streams", &[1, 2, 4, 8, 16])?,
+            step_frames: options.take_list("--step-frames", &[1])?,
+            frames: options.take_parsed("--frames", 40)?,
+            live: options.take_list("--live", &[1, 2, 3, 4])?,
+            live_seconds: options.take_parsed("--live-seconds", 10.0)?,
+            live_spacing: Duration::from_millis(options.take_parsed("--live-spacing-ms", 300)?),
+            bulk: options.take_list("--bulk", &[1, 2, 4, 8, 16])?,
+            bulk_frames: options.take_parsed("--bulk-frames", 40)?,
+            first_audio: options.take_list("--first-audio", &[8, 16])?,
+            probes: options.take_parsed("--probes", 10)?,
+            max_batch: options.take_parsed("--max-batch", StepLimits::default().max_batch)?,
+            max_step_frames: options
+                .take_parsed("--max-step-frames", StepLimits::default().max_step_frames)?,
+            off_up_to: options.take_parsed("--off-up-to", usize::MAX)?,
+            device: options.take("--device")?.unwrap_or_else(|| "cpu".into()),
+            dtype: options.take_parsed("--dtype", Dtype::F32)?,
+        })
+    })
 }
 
 #[derive(Clone, Copy)]

@@ -1,56 +1,27 @@
 //! What the benchmarks share: options, the machine they ran on, statistics.
 #![allow(dead_code)] // each benchmark uses a different part
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{Value, json};
 
-/// `--name value` options; `cargo bench` adds a bare `--bench`, which is skipped.
-pub struct Options(BTreeMap<String, String>);
+/// The examples' parser, the one for every program here that takes options.
+#[path = "../../examples/common/options.rs"]
+mod options;
 
-impl Options {
-    pub fn from_env() -> Self {
-        let mut values = BTreeMap::new();
-        let mut args = std::env::args().skip(1);
-        while let Some(name) = args.next() {
-            if let Some(name) = name.strip_prefix("--") {
-                if name == "bench" {
-                    continue;
-                }
-                let value = args.next().unwrap_or_else(|| panic!("--{name} needs a value"));
-                values.insert(name.to_owned(), value);
-            }
+pub use options::Options;
+
+/// The benchmark's options, all read by `read` before it does any work: an unknown or misspelled
+/// option, a missing one or one that cannot be read ends the run here, with the error and exit
+/// status 2, before anything is measured or a result written.
+pub fn read_options<T>(read: impl FnOnce(&mut Options) -> Result<T, String>) -> T {
+    let mut options = Options::from_env();
+    match read(&mut options).and_then(|args| options.finish().map(|()| args)) {
+        Ok(args) => args,
+        Err(err) => {
+            eprintln!("{}: {err}", env!("CARGO_CRATE_NAME"));
+            std::process::exit(2);
         }
-        Self(values)
-    }
-
-    pub fn get(&self, name: &str) -> Option<String> {
-        self.0.get(name).cloned()
-    }
-
-    pub fn path(&self, name: &str) -> PathBuf {
-        PathBuf::from(self.get(name).unwrap_or_else(|| panic!("--{name} is required")))
-    }
-
-    /// A comma-separated list of counts.
-    pub fn list(&self, name: &str, default: &str) -> Vec<usize> {
-        self.0
-            .get(name)
-            .map_or(default, String::as_str)
-            .split(',')
-            .map(|n| {
-                n.parse()
-                    .unwrap_or_else(|_| panic!("--{name}: cannot read {n:?}"))
-            })
-            .collect()
-    }
-
-    pub fn number<T: std::str::FromStr>(&self, name: &str, default: T) -> T {
-        self.0.get(name).map_or(default, |n| {
-            n.parse()
-                .unwrap_or_else(|_| panic!("--{name}: cannot read {n:?}"))
-        })
     }
 }
 

@@ -68,34 +68,38 @@ struct Args {
     python: String,
 }
 
+/// The options, all of them read before any work (see `common::read_options`).
 fn parse_args() -> Args {
-    let options = common::Options::from_env();
-    // The committed fixtures, where the test binaries find them (QWENCODEC_FIXTURES for a bundle
-    // unpacked on another host).
-    let fixtures = std::env::var_os("QWENCODEC_FIXTURES").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"),
-        PathBuf::from,
-    );
-    let repeats = options.number("repeats", 5);
-    assert!(repeats > 0, "--repeats must be at least 1");
-    Args {
-        model: options.path("model"),
-        upstream: options.path("upstream"),
-        reference: options.path("reference"),
-        out: options
-            .get("out")
-            .map_or_else(|| PathBuf::from("bench/results"), PathBuf::from),
-        chunks: options.list("chunks", "1,2,4,8"),
-        device: options.get("device").unwrap_or_else(|| "cpu".into()),
-        dtype: options.get("dtype").map_or(Dtype::F32, |d| d.parse().unwrap()),
-        alongside: options.get("alongside").map(|d| d.parse().unwrap()),
-        repeats,
-        steady_model: options
-            .get("steady-model")
-            .map_or_else(|| fixtures.join("release-tiny"), PathBuf::from),
-        steady_frames: options.number("steady-frames", 20_000),
-        python: options.get("python").unwrap_or_else(|| "python3".into()),
-    }
+    common::read_options(|options| {
+        // The committed fixtures, where the test binaries find them (QWENCODEC_FIXTURES for a
+        // bundle unpacked on another host).
+        let fixtures = std::env::var_os("QWENCODEC_FIXTURES").map_or_else(
+            || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"),
+            PathBuf::from,
+        );
+        let repeats = options.take_parsed("--repeats", 5)?;
+        if repeats == 0 {
+            return Err("--repeats must be at least 1".into());
+        }
+        Ok(Args {
+            model: options.take_required("--model")?.into(),
+            upstream: options.take_required("--upstream")?.into(),
+            reference: options.take_required("--reference")?.into(),
+            out: options
+                .take("--out")?
+                .map_or_else(|| "bench/results".into(), PathBuf::from),
+            chunks: options.take_list("--chunks", &[1, 2, 4, 8])?,
+            device: options.take("--device")?.unwrap_or_else(|| "cpu".into()),
+            dtype: options.take_parsed("--dtype", Dtype::F32)?,
+            alongside: options.take_optional("--alongside")?,
+            repeats,
+            steady_model: options
+                .take("--steady-model")?
+                .map_or_else(|| fixtures.join("release-tiny"), PathBuf::from),
+            steady_frames: options.take_parsed("--steady-frames", 20_000)?,
+            python: options.take("--python")?.unwrap_or_else(|| "python3".into()),
+        })
+    })
 }
 
 fn read_f32(path: &Path) -> Vec<f32> {

@@ -2,7 +2,10 @@
 //! `appsrc` fed the way a TTS model feeds it (a few frames at a time, live, timestamped).
 #![allow(dead_code)] // each example uses a different part
 
+mod options;
 pub mod webrtc;
+
+pub use options::Options;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -22,41 +25,7 @@ pub fn default_model() -> PathBuf {
         .join("release-tiny")
 }
 
-/// Command-line options as `--name value` pairs; what is left over is an error.
-pub struct Options(Vec<String>);
-
 impl Options {
-    pub fn from_env() -> Self {
-        Self(std::env::args().skip(1).collect())
-    }
-
-    /// Takes `--name value` out of the options.
-    pub fn take(&mut self, name: &str) -> Result<Option<String>, String> {
-        let Some(at) = self.0.iter().position(|arg| arg == name) else {
-            return Ok(None);
-        };
-        if at + 1 >= self.0.len() {
-            return Err(format!("{name} needs a value"));
-        }
-        let value = self.0.remove(at + 1);
-        self.0.remove(at);
-        Ok(Some(value))
-    }
-
-    pub fn take_parsed<T: std::str::FromStr>(&mut self, name: &str, default: T) -> Result<T, String> {
-        match self.take(name)? {
-            Some(text) => text.parse().map_err(|_| format!("{name}: cannot read {text:?}")),
-            None => Ok(default),
-        }
-    }
-
-    /// Whether `--help` or `-h` was given (taken out).
-    pub fn take_help(&mut self) -> bool {
-        let before = self.0.len();
-        self.0.retain(|arg| arg != "--help" && arg != "-h");
-        self.0.len() != before
-    }
-
     /// `--model DIR` and `--codes FILE`, by default the bundled test checkpoint and its codes.
     pub fn take_model_and_codes(&mut self) -> Result<(PathBuf, PathBuf), String> {
         let model = self.take("--model")?.map_or_else(default_model, PathBuf::from);
@@ -64,14 +33,6 @@ impl Options {
             .take("--codes")?
             .map_or_else(|| default_model().join("codes.raw"), PathBuf::from);
         Ok((model, codes))
-    }
-
-    /// Fails on anything not taken.
-    pub fn finish(self) -> Result<(), String> {
-        match self.0.first() {
-            Some(arg) => Err(format!("unknown argument {arg:?}")),
-            None => Ok(()),
-        }
     }
 }
 
