@@ -6,6 +6,10 @@
 //! in the same profile).
 
 mod common;
+// The examples' and benchmarks' command-line parser: its unit tests run here.
+#[path = "../examples/common/options.rs"]
+#[allow(dead_code)]
+mod options;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
