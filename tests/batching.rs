@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::batching::{Outcome, Plan, check, decode_together, plans};
+use common::batching::{Outcome, Plan, check, decode_together, equal_plans, gather_next_batch, plans};
 use common::{Fixture, load_fixture};
 use gstqwencodec::model::{Dtype, Model, StepLimits, StreamDecoder, TailStrategy};
 use tch::Device;
@@ -14,15 +14,20 @@ fn load(fixture: &Fixture) -> Arc<Model> {
     Arc::new(Model::load(&fixture.dir, Device::Cpu, Dtype::F32).unwrap())
 }
 
+/// Every stream against its solo decode and upstream. Which steps share a batch here is the
+/// machine's timing; that batches of several rows form at all is asserted by count in
+/// `the_graph_path_runs_its_bookkeeping_on_the_cpu`, and here too: eleven streams' steps are
+/// held back for the first batch after the first.
 #[test]
 fn streams_of_every_age_length_and_chunk_size_batched_together_stay_exact() {
     for (name, seed) in [("release-tiny", 1), ("gqa-bias", 2)] {
         let fixture = load_fixture(name);
         let model = load(&fixture);
         let plans = plans(&fixture, 12, seed);
+        gather_next_batch(&model, 11);
         let outcomes = decode_together(&model, &plans, fixture.codebooks);
-        let most = outcomes.iter().map(|o| o.max_rows).max().unwrap();
-        assert!(most > 1, "{name}: twelve busy streams never shared a step");
+        let rows: Vec<usize> = outcomes.iter().map(|o| o.max_rows).collect();
+        println!("{name}: the most rows each stream's steps ran in: {rows:?}");
         check(&fixture, &model, &plans, &outcomes);
     }
 }
@@ -31,27 +36,56 @@ fn streams_of_every_age_length_and_chunk_size_batched_together_stay_exact() {
 /// replay runs the recorded step eagerly on the graph's own input and output tensors): buckets
 /// of rows padded with the scratch row, the rows as a tensor of arena indices, graphs recorded
 /// per bucket and step size and dropped as the arena grows. Streams of every age and size,
-/// against their solo decodes and upstream, as tests/cuda.rs checks on a GPU.
+/// against their solo decodes and upstream, as tests/cuda.rs checks on a GPU. Each event is
+/// made to happen by count: a stream alone records graphs on the first arena, streams opened
+/// beside it grow the arena, and three streams' steps held back to run together fill a bucket
+/// of four with the scratch row.
 #[test]
 fn the_graph_path_runs_its_bookkeeping_on_the_cpu() {
     let fixture = load_fixture("release-tiny");
     let model = load(&fixture);
     model.replay_graphs_eagerly();
+    let alone = equal_plans(&fixture, 1, 12, 2);
+    let alone_outcomes = decode_together(&model, &alone, fixture.codebooks);
+    let recorded = model.cuda_graphs();
+    assert!(recorded.graphs > 0 && recorded.dropped == 0, "{recorded:?}");
+
+    // The arena's 4 rows hold the scratch row and 3 streams: a fifth grows it.
+    let opened: Vec<StreamDecoder> = (0..4)
+        .map(|_| StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap())
+        .collect();
+    let three = equal_plans(&fixture, 3, 24, 2);
+    gather_next_batch(&model, 3);
+    let three_outcomes = decode_together(&model, &three, fixture.codebooks);
+    drop(opened);
+    let rows: Vec<usize> = three_outcomes.iter().map(|o| o.max_rows).collect();
+    assert_eq!(
+        rows,
+        [3, 3, 3],
+        "three streams' steps held back together run as one batch"
+    );
+    let report = model.cuda_graphs();
+    assert!(
+        report.dropped >= recorded.graphs,
+        "the graphs recorded on the first arena are dropped as it grows: {report:?}"
+    );
+
     let plans = plans(&fixture, 12, 5);
     let outcomes = decode_together(&model, &plans, fixture.codebooks);
-    let replayed: u64 = outcomes.iter().map(|o| o.graph_steps).sum();
-    let most = outcomes.iter().map(|o| o.max_rows).max().unwrap();
     let report = model.cuda_graphs();
-    println!("{replayed} steps replayed a stand-in graph, batches of up to {most} rows, {report:?}");
-    assert!(replayed > 0, "no step replayed a graph");
+    let replayed: u64 = [&alone_outcomes, &three_outcomes, &outcomes]
+        .into_iter()
+        .flatten()
+        .map(|o| o.graph_steps)
+        .sum();
+    println!("{replayed} steps replayed a stand-in graph, {report:?}");
     assert!(
-        most > 1,
-        "no batch of more than one row went through the graphs' buckets"
+        three_outcomes.iter().all(|o| o.graph_steps > 0),
+        "every stream replayed a graph"
     );
-    assert!(report.graphs > 0 && report.failure.is_none(), "{report:?}");
-    // Streams that start later grew the arena: the graphs recorded on its old rows were
-    // dropped and recorded again, which the streams' audio would show if not.
-    assert!(report.dropped > 0, "{report:?}");
+    assert!(report.failure.is_none(), "{report:?}");
+    check(&fixture, &model, &alone, &alone_outcomes);
+    check(&fixture, &model, &three, &three_outcomes);
     check(&fixture, &model, &plans, &outcomes);
 }
 

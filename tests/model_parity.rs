@@ -271,11 +271,7 @@ fn f16_on_cpu_rounds_only_the_weights() {
         let mut decoder = StreamDecoder::new(model, 1, TailStrategy::Eager).unwrap();
         let audio = decode_in_calls(&mut decoder, &fixture.codes, &[fixture.frames]);
         let error = relative_l2(&audio, &fixture.audio);
-        let bound = if fixture.storage_dtype != "float32" {
-            fixture.tolerance()
-        } else {
-            (fixture.upstream_f16_error / 2.0).min(2e-2)
-        };
+        let bound = fixture.f16_bound();
         eprintln!("{name}: f16 on the CPU {error:.3e} (bound {bound:.3e})");
         assert!(
             error <= bound,

@@ -2,7 +2,9 @@
 //! stream checked against its solo eager decode and upstream's (tests/batching.rs on the CPU,
 //! tests/cuda.rs with CUDA graphs).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
 
 use gstqwencodec::model::{Model, StepLimits, StreamDecoder, TailStrategy};
 use rand::rngs::StdRng;
@@ -11,8 +13,9 @@ use rand::{Rng, SeedableRng};
 use super::{Fixture, relative_l2};
 
 /// A stream's audio against its solo decode: batching may change the last bits of a product
-/// (another matrix shape), nothing more.
-pub const BATCHED_VS_SOLO: f64 = 1e-5;
+/// (another matrix shape), nothing more. Twice the most measured: 3.25e-6 (release-tiny,
+/// 2.2-2.3e-6 gqa-bias; kernels on, avx2 and off alike; 2026-12-02, AMD EPYC).
+pub const BATCHED_VS_SOLO: f64 = 6.5e-6;
 
 /// One stream of a run: what it decodes and how.
 #[derive(Clone)]
@@ -104,23 +107,17 @@ pub fn decode_together(model: &Arc<Model>, plans: &[Plan], codebooks: usize) -> 
     workers.into_iter().map(|w| w.join().unwrap()).collect()
 }
 
-/// Plans of every kind for `fixture`: prefixes of its codes (checked against upstream) and
-/// reversed codes (checked against their solo decode), chunk sizes 1-4, both tails, random
-/// splits, later starts, a reset mid-stream.
+/// Plans of every kind for `fixture`: prefixes of its codes of random lengths (so every stream
+/// is checked against upstream; two rows that hold the same codes at the same age hold the
+/// same state, so only a mix-up that changes nothing escapes), chunk sizes 1-4, both tails,
+/// random splits, later starts, a reset mid-stream.
 pub fn plans(fixture: &Fixture, streams: usize, seed: u64) -> Vec<Plan> {
     let mut rng = StdRng::seed_from_u64(seed);
     let codebooks = fixture.codebooks;
     (0..streams)
         .map(|index| {
             let frames = rng.random_range(fixture.frames / 3..=fixture.frames);
-            let codes = if index % 2 == 0 {
-                fixture.codes[..frames * codebooks].to_vec()
-            } else {
-                let mut reversed: Vec<i16> =
-                    fixture.codes.chunks(codebooks).rev().flatten().copied().collect();
-                reversed.truncate(frames * codebooks);
-                reversed
-            };
+            let codes = fixture.codes[..frames * codebooks].to_vec();
             Plan {
                 calls: random_calls(frames, &mut rng),
                 codes,
@@ -163,8 +160,46 @@ pub fn check(fixture: &Fixture, model: &Arc<Model>, plans: &[Plan], outcomes: &[
             error <= BATCHED_VS_SOLO,
             "{what}: {error:.3e} from its solo decode"
         );
-        if index % 2 == 0 {
-            fixture.assert_prefix_matches(&outcome.audio, plan.codes.len() / fixture.codebooks, &what);
-        }
+        fixture.assert_prefix_matches(&outcome.audio, plan.codes.len() / fixture.codebooks, &what);
     }
+}
+
+/// `count` streams of the same shape: `fixture`'s first `frames` frames pushed `chunk_frames` at
+/// a time with chunk-frames `chunk_frames`, so that every step of every one of them is
+/// `chunk_frames` frames and any of their steps that wait together run as one batch.
+pub fn equal_plans(fixture: &Fixture, count: usize, frames: usize, chunk_frames: usize) -> Vec<Plan> {
+    assert_eq!(frames % chunk_frames, 0, "whole chunks");
+    let plan = Plan {
+        codes: fixture.codes[..frames * fixture.codebooks].to_vec(),
+        chunk_frames,
+        tail: TailStrategy::Eager,
+        calls: vec![chunk_frames; frames / chunk_frames],
+        start_after: 0,
+        reset_after: None,
+        max_batch: 16,
+        cuda_graphs: true,
+    };
+    vec![plan; count]
+}
+
+/// Holds `model`'s next batch back, once, until `steps` steps wait for it, so that it takes them
+/// together whatever the machine's speed: batches of several rows form by count, not by
+/// timing. (The model's observer runs after each batch, with the queue open to new steps.) A
+/// wait of over 10 s gives up, and the caller's assertion on the rows tells.
+pub fn gather_next_batch(model: &Arc<Model>, steps: usize) {
+    let model_ref = Arc::downgrade(model);
+    let armed = AtomicBool::new(true);
+    model.observe_batches(move |_| {
+        if !armed.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while let Some(model) = model_ref.upgrade()
+            && model.steps_waiting() < steps
+            && Instant::now() < deadline
+        {
+            drop(model);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
 }

@@ -131,7 +131,7 @@ fn duration_position_and_conversions() {
 /// network looks. Attention alone reaches layers × (window - 1) frames back: 3 × 5 for
 /// gqa-bias, 8 × 71 for the release geometry. The tests:
 /// - context back to the stream start: the continuous decode, within the fixture tolerance
-///   (5× upstream's own float32 error);
+///   (2.4× upstream's own float32 error);
 /// - gqa-bias with the default 25 frames, more than its reach plus the convolutions': relative
 ///   L2 below 1e-4 (9.4e-5 measured, in pull and push mode alike: what remains decays
 ///   geometrically; exact from 40 frames, 1.7e-6);
