@@ -3,7 +3,9 @@
 mod common;
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
 
 use common::{
     FIXTURES, audio_of, buffer, bus_for, code_bytes, codes_caps, decoder, fixture_dir, harness, init,
@@ -395,8 +397,17 @@ fn buffers_arriving_during_a_step_join_the_next_one() {
         fixture.samples_per_frame,
         "the first frame's audio, alone"
     );
-    // A frame per buffer, as fast as the element takes them: far faster than it decodes.
-    for frame in bytes[frame_bytes..].chunks(frame_bytes) {
+    // A frame per buffer. The model's compute is held after the next step (the second frame's,
+    // or several frames' if the step thread is later) while eight more frames arrive: they wait
+    // together, whatever the machine's speed.
+    let model = Model::shared(&fixture.dir, tch::Device::Cpu, Dtype::F32).unwrap();
+    let (release, held) = hold_after_next_batch(&model);
+    let frames: Vec<&[u8]> = bytes[frame_bytes..].chunks(frame_bytes).collect();
+    for frame in &frames[..9] {
+        h.push(buffer(frame, None)).unwrap();
+    }
+    drop(release);
+    for frame in &frames[9..] {
         h.push(buffer(frame, None)).unwrap();
     }
     h.push_event(gst::event::Eos::new());
@@ -411,12 +422,33 @@ fn buffers_arriving_during_a_step_join_the_next_one() {
     );
     audio.extend(audio_of(&buffers));
     fixture.assert_matches(&audio, "one-frame buffers pushed during steps");
+    assert!(
+        held.load(Ordering::SeqCst),
+        "the element's steps ran on another model"
+    );
     let steps = decode_steps(&h);
     assert!(
         steps < fixture.frames as u64,
         "{steps} steps for {} one-frame buffers: none joined a step in flight's successor",
         fixture.frames
     );
+}
+
+/// Holds `model`'s compute thread after its next batch until the sender returned is dropped
+/// (10 s at most: the test's assertions then tell); the flag says whether it held.
+fn hold_after_next_batch(model: &Model) -> (mpsc::Sender<()>, Arc<AtomicBool>) {
+    let (release, released) = mpsc::channel::<()>();
+    let released = Mutex::new(Some(released));
+    let held = Arc::new(AtomicBool::new(false));
+    let flag = held.clone();
+    model.observe_batches(move |_| {
+        let Some(released) = released.lock().unwrap().take() else {
+            return;
+        };
+        flag.store(true, Ordering::SeqCst);
+        let _ = released.recv_timeout(Duration::from_secs(10));
+    });
+    (release, held)
 }
 
 #[test]

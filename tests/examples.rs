@@ -215,8 +215,10 @@ fn rtp_receiver_gets_what_the_sender_decodes() {
         (received_seconds - sent_seconds).abs() <= 0.05,
         "received {received_seconds} s of {sent_seconds} s"
     );
+    // Opus at its default bitrate keeps the loudness: received / sent 0.992 in three runs
+    // (2026-12-02); the bound is twice that difference and a little more.
     assert!(
-        received_rms > 0.5 * sent_rms && received_rms < 2.0 * sent_rms,
+        (received_rms / sent_rms - 1.0).abs() <= 0.02,
         "received RMS {received_rms}, sent {sent_rms}"
     );
 }
