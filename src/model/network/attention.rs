@@ -137,6 +137,63 @@ impl Attention<'_> {
     }
 }
 
+#[cfg(test)]
+impl Attention<'_> {
+    /// [`Self::attend`] written out in float64 head by head, as upstream's formula reads
+    /// (written apart from [`Self::by_ops`]): the window's keys and values then the step's,
+    /// RoPE on the queries and every key at its position, scaled dot products plus the mask,
+    /// softmax, each query head reading the key/value head of its group. `qkv` [B, T, (H + 2
+    /// KV) D]; the window as [`Self::attend`] takes it (not moved here). [B, T, H D], float64.
+    pub fn float64(&self, qkv: &Tensor, keys: &Tensor, values: &Tensor) -> Tensor {
+        use tch::{IndexOp, Kind};
+        let double = |t: &Tensor| t.to_kind(Kind::Double);
+        let Heads {
+            heads,
+            kv_heads,
+            head_dim,
+        } = self.heads;
+        let rotated = |x: &Tensor, cos: &Tensor, sin: &Tensor| {
+            let half = head_dim / 2;
+            let turned = Tensor::cat(&[-x.narrow(1, half, half), x.narrow(1, 0, half)], 1);
+            x * double(cos) + turned * double(sin)
+        };
+        let qkv = double(qkv);
+        let rows: Vec<Tensor> = (0..qkv.size()[0])
+            .map(|row| {
+                let outputs: Vec<Tensor> = (0..heads)
+                    .map(|head| {
+                        let group = head / (heads / kv_heads);
+                        let query = qkv.i((row, .., head * head_dim..(head + 1) * head_dim));
+                        let key_at = (heads + group) * head_dim;
+                        let value_at = (heads + kv_heads + group) * head_dim;
+                        let key = Tensor::cat(
+                            &[
+                                double(&keys.i((row, group))),
+                                qkv.i((row, .., key_at..key_at + head_dim)),
+                            ],
+                            0,
+                        );
+                        let value = Tensor::cat(
+                            &[
+                                double(&values.i((row, group))),
+                                qkv.i((row, .., value_at..value_at + head_dim)),
+                            ],
+                            0,
+                        );
+                        let query = rotated(&query, self.rope.query_cos, self.rope.query_sin);
+                        let key = rotated(&key, self.rope.key_cos, self.rope.key_sin);
+                        let scores = query.matmul(&key.tr()) / (head_dim as f64).sqrt()
+                            + double(&self.mask.i((row, 0)));
+                        scores.softmax(-1, Kind::Double).matmul(&value)
+                    })
+                    .collect();
+                Tensor::cat(&outputs, 1)
+            })
+            .collect();
+        Tensor::stack(&rows, 0)
+    }
+}
+
 fn rotate_half(x: &Tensor) -> TorchResult<Tensor> {
     let half = x.size()[3] / 2;
     let first = x.f_narrow(3, 0, half)?;
@@ -155,8 +212,9 @@ mod tests {
     use super::*;
     use crate::model::network::{Inputs, max_error_and_scale};
 
-    /// The kernel against libtorch's ops on the same inputs: grouped and plain heads, one
-    /// position and several, more positions than the window holds, rows of their own.
+    /// The kernel (this process's path) and libtorch's ops against the formula in float64 on
+    /// the same inputs, the windows moved alike: grouped and plain heads, one position and
+    /// several, more positions than the window holds, rows of their own.
     #[test]
     fn the_kernel_matches_libtorch_and_moves_the_window_alike() {
         let mut random = Inputs::new(11);
@@ -208,12 +266,36 @@ mod tests {
                 .attend(&qkv, &mut kernel_keys, &mut kernel_values)
                 .unwrap();
             let (mut ops_keys, mut ops_values) = (keys.copy(), values.copy());
-            let expected = attention.by_ops(&qkv, &mut ops_keys, &mut ops_values).unwrap();
+            let by_ops = attention.by_ops(&qkv, &mut ops_keys, &mut ops_values).unwrap();
+            let expected = attention.float64(&qkv, &keys, &values);
 
             let case = format!("{heads:?} heads, {slots} slots, {steps} steps, {batch} rows");
             assert_eq!(got.size(), [batch, steps, heads.heads * head_dim], "{case}");
-            let (error, scale) = max_error_and_scale(&got, &expected.to_kind(Kind::Double));
-            assert!(error <= 1e-5 * scale, "{case}: off by {error:e} of {scale:e}");
+            for (path, got) in [("this process's", &got), ("libtorch's ops", &by_ops)] {
+                let (error, scale) = max_error_and_scale(got, &expected);
+                // Measured up to 5.3e-7 (2026-12-02, kernels on, avx2 and off).
+                assert!(
+                    error <= 1e-6 * scale,
+                    "{case}, {path}: off by {error:e} of {scale:e}"
+                );
+            }
+            // The window keeps the last `slots` of its keys and the step's, as they came.
+            let kv_width = kv_heads * head_dim;
+            let step_part = |at: i64| {
+                qkv.narrow(2, at, kv_width)
+                    .view([batch, steps, kv_heads, head_dim])
+                    .transpose(1, 2)
+            };
+            let moved =
+                |window: &Tensor, at: i64| Tensor::cat(&[window, &step_part(at)], 2).narrow(2, steps, slots);
+            assert!(
+                ops_keys.equal(&moved(&keys, heads.heads * head_dim)),
+                "{case}: keys by ops"
+            );
+            assert!(
+                ops_values.equal(&moved(&values, heads.heads * head_dim + kv_width)),
+                "{case}: values by ops"
+            );
             assert!(kernel_keys.equal(&ops_keys), "{case}: keys");
             assert!(kernel_values.equal(&ops_values), "{case}: values");
             assert!(!kernel_keys.equal(&keys), "{case}: the window moved");

@@ -210,6 +210,16 @@ impl Linear {
         }
     }
 
+    /// The weight [out, in] and bias ([out, 1]) as stored, whatever multiplies them; none when
+    /// packed. For a test's formula.
+    #[cfg(test)]
+    pub fn stored_weights(&self) -> Option<(&Tensor, Option<&Tensor>)> {
+        match &self.matrix {
+            Matrix::Plain { weight, bias } | Matrix::F16 { weight, bias } => Some((weight, bias.as_ref())),
+            Matrix::PackedF16 { .. } => None,
+        }
+    }
+
     /// `x`: [B, T, in] -> [B, T, out].
     pub fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
         let (batch, steps) = (x.size()[0], x.size()[1]);
