@@ -16,15 +16,13 @@ fn load(fixture: &Fixture) -> Arc<Model> {
 
 /// Every stream against its solo decode and upstream. Which steps share a batch here is the
 /// machine's timing; that batches of several rows form at all is asserted by count in
-/// `the_graph_path_runs_its_bookkeeping_on_the_cpu`, and here too: eleven streams' steps are
-/// held back for the first batch after the first.
+/// `the_graph_path_runs_its_bookkeeping_on_the_cpu`.
 #[test]
 fn streams_of_every_age_length_and_chunk_size_batched_together_stay_exact() {
     for (name, seed) in [("release-tiny", 1), ("gqa-bias", 2)] {
         let fixture = load_fixture(name);
         let model = load(&fixture);
         let plans = plans(&fixture, 12, seed);
-        gather_next_batch(&model, 11);
         let outcomes = decode_together(&model, &plans, fixture.codebooks);
         let rows: Vec<usize> = outcomes.iter().map(|o| o.max_rows).collect();
         println!("{name}: the most rows each stream's steps ran in: {rows:?}");
