@@ -11,7 +11,7 @@ export QWENCODEC_WERROR := 1
 PLUGIN := target/release/libgstqwencodec.so
 
 .PHONY: setup setup-reference setup-load build install uninstall demo test lint soak fixtures \
-	released-fixture bench profile gpu-bundle serve load
+	released-fixture bench profile gpu-bundle serve load mutants
 
 # make install puts the plugin where GStreamer looks for it: its own plugin folder, or the same
 # layout under PREFIX (e.g. PREFIX=/usr/local), below DESTDIR when staging a package. PLUGINDIR
@@ -78,6 +78,12 @@ test: build lint released-fixture
 SOAK_STREAMS ?= 10000
 soak: build
 	cargo run --release --example soak -- --streams $(SOAK_STREAMS) $(SOAK_ARGS)
+
+# Do the tests notice a broken line? cargo-mutants on the files where a mistake would be
+# silent (not a test: hours on two cores; docs/mutants.md). MUTANTS_FILES="src/model/arena.rs"
+# narrows it.
+mutants: build released-fixture
+	bash tools/mutants.sh
 
 # The WebRTC load generator's packages (aiortc, websockets) in the venv, for tools/webrtc_load.py.
 setup-load: setup

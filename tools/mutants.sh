@@ -1,0 +1,34 @@
+#!/bin/bash
+# The mutation check (not a test; docs/mutants.md): cargo-mutants breaks one line at a time in
+# the files where a mistake would be silent and runs the tests that cover them; a mutant that
+# no test notices is a line no test checks. MUTANTS_FILES narrows it (a list of paths);
+# MUTANTS_OUT says where the reports go.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${MUTANTS_OUT:-target/mutants}
+command -v cargo-mutants >/dev/null || cargo install --locked cargo-mutants
+
+# Each file with the tests that cover it: the model's with the library's, batching and parity
+# tests; the element's with the element's own.
+model_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=batching --cargo-test-arg=--test=model_parity)
+element_tests=(--cargo-test-arg=--test=element --cargo-test-arg=--test=seeking
+  --cargo-test-arg=--test=timestamps --cargo-test-arg=--test=max_errors)
+declare -A tests_of=(
+  [src/model/arena.rs]=model [src/model/engine.rs]=model [src/model/stream.rs]=model
+  [src/qwencodecdec/stream.rs]=element [src/qwencodecdec/flow.rs]=element
+)
+for file in ${MUTANTS_FILES:-${!tests_of[@]}}; do
+  case ${tests_of[$file]:-} in
+    model) tests=("${model_tests[@]}") ;;
+    element) tests=("${element_tests[@]}") ;;
+    *) echo "mutants: no tests listed for $file" >&2; exit 2 ;;
+  esac
+  name=$(basename "$(dirname "$file")")-$(basename "$file" .rs)
+  # The mutants profile (Cargo.toml): release speed, incremental rebuilds.
+  G_DEBUG=fatal_warnings GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-1000} \
+    cargo mutants --profile mutants --no-shuffle -f "$file" --output "$out/$name" "${tests[@]}" || true
+  echo "mutants: $file: $(wc -l < "$out/$name/mutants.out/caught.txt") caught," \
+    "$(wc -l < "$out/$name/mutants.out/missed.txt") missed," \
+    "$(wc -l < "$out/$name/mutants.out/timeout.txt") timed out," \
+    "$(wc -l < "$out/$name/mutants.out/unviable.txt") unviable"
+done
