@@ -185,6 +185,64 @@ fn the_state_arena_shrinks_as_streams_end() {
     fixture.assert_matches(&audio, "a stream through its arena's growth and shrink");
 }
 
+/// The arena shrinks only once the rows in use all lie in its lowest quarter (a row at the
+/// quarter's edge keeps it: a stream ending there would otherwise halve it and the next regrow
+/// it), and never below 4 rows. A stream that ends without a shrink leaves the arena where it
+/// is, and the CUDA graphs recorded on it stay; a shrink moves it, and they go, also when it
+/// grows back before the next step.
+#[test]
+fn the_state_arena_halves_below_a_quarter_and_keeps_four_rows() {
+    let fixture = load_fixture("release-tiny");
+    let model = load(&fixture);
+    model.replay_graphs_eagerly();
+    let open = || StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap();
+    let mut first = open();
+    let mut frames = fixture.codes.chunks(fixture.codebooks);
+    // A step of `first` (through a stand-in graph); the graphs dropped so far.
+    let mut step = |first: &mut StreamDecoder| {
+        first.push(frames.next().unwrap()).unwrap();
+        model.cuda_graphs().dropped
+    };
+    // Rows 2 to 4 beside the first stream's and the scratch row, handed out lowest first.
+    let mut others: Vec<StreamDecoder> = (0..3).map(|_| open()).collect();
+    assert_eq!(model.state_rows(), 8);
+    assert_eq!(
+        others[2].state_bytes(),
+        first.state_bytes(),
+        "a row's bytes, whatever the size of the arena it was taken from"
+    );
+    let dropped = step(&mut first);
+    assert!(model.cuda_graphs().graphs > 0, "{:?}", model.cuda_graphs());
+    others.truncate(1);
+    assert_eq!(
+        model.state_rows(),
+        8,
+        "row 2 in use: at a quarter of 8, not below it"
+    );
+    assert_eq!(
+        step(&mut first),
+        dropped,
+        "streams ended, the arena stayed: its graphs too"
+    );
+    others.clear();
+    assert_eq!(model.state_rows(), 4, "row 1 in use: halved");
+    let dropped = step(&mut first);
+    assert!(dropped > 0, "the arena moved as it shrank: its graphs go");
+
+    others = (0..3).map(|_| open()).collect();
+    let dropped = step(&mut first);
+    others.clear();
+    others = (0..3).map(|_| open()).collect();
+    assert_eq!(model.state_rows(), 8);
+    assert!(
+        step(&mut first) > dropped,
+        "shrunk and grown back between two steps, the arena moved: its graphs go"
+    );
+    drop(others);
+    drop(first);
+    assert_eq!(model.state_rows(), 4, "no stream: the fewest rows");
+}
+
 /// A stream that starts while others decode backlogs gets its first audio after the batch in
 /// flight and its own step: its first step goes ahead of the waiting ones, and no batch computes
 /// more frames than the cap (so the batch in flight is short). Counted in batches, not timed.
