@@ -174,19 +174,8 @@ fn graph_batched_streams_match_eager_solo_decodes() {
         let plans = batching::plans(&fixture, 13, seed);
         let outcomes = batching::decode_together(&model, &plans, fixture.codebooks);
         let most = outcomes.iter().map(|o| o.max_rows).max().unwrap();
-        // Batches of several rows by count, not timing: three streams' steps held back to
-        // run together fill a bucket of four with the scratch row.
-        let three = batching::equal_plans(&fixture, 3, 24, 2);
-        batching::gather_next_batch(&model, 3);
-        let three_outcomes = batching::decode_together(&model, &three, fixture.codebooks);
-        let rows: Vec<usize> = three_outcomes.iter().map(|o| o.max_rows).collect();
-        assert_eq!(
-            rows,
-            [3, 3, 3],
-            "{name}: three streams' steps held back run as one batch"
-        );
-        assert!(three_outcomes.iter().all(|o| o.graph_steps > 0), "{name}");
-        batching::check(&fixture, &model, &three, &three_outcomes);
+        // Batches of several rows by count, not timing.
+        batching::three_streams_in_one_batch(&fixture, &model);
         let graph_steps: u64 = outcomes.iter().map(|o| o.graph_steps).sum();
         assert!(graph_steps > 0, "{name}: no step replayed a graph");
         batching::check(&fixture, &model, &plans, &outcomes);

@@ -182,6 +182,29 @@ pub fn equal_plans(fixture: &Fixture, count: usize, frames: usize, chunk_frames:
     vec![plan; count]
 }
 
+/// Three streams of the same shape whose steps are held back to run together: batches of three
+/// rows by count, not timing (on the graph path a bucket of four padded with the scratch row).
+/// Asserts that every step of theirs ran in one, through a graph, and that each stream is its
+/// solo decode and upstream's.
+pub fn three_streams_in_one_batch(fixture: &Fixture, model: &Arc<Model>) {
+    let three = equal_plans(fixture, 3, 24, 2);
+    gather_next_batch(model, 3);
+    let outcomes = decode_together(model, &three, fixture.codebooks);
+    let rows: Vec<usize> = outcomes.iter().map(|o| o.max_rows).collect();
+    assert_eq!(
+        rows,
+        [3, 3, 3],
+        "{}: three streams' steps held back run as one batch",
+        fixture.name
+    );
+    assert!(
+        outcomes.iter().all(|o| o.graph_steps > 0),
+        "{}: every stream replayed a graph",
+        fixture.name
+    );
+    check(fixture, model, &three, &outcomes);
+}
+
 /// Holds `model`'s next batch back, once, until `steps` steps wait for it, so that it takes them
 /// together whatever the machine's speed: batches of several rows form by count, not by
 /// timing. (The model's observer runs after each batch, with the queue open to new steps.) A
