@@ -141,6 +141,37 @@ fn new_decoder(model: &Arc<Model>, chunk_frames: usize, limits: StepLimits) -> S
     decoder
 }
 
+/// `decode` on a thread per stream, each with its own decoder (chunk-frames `chunk_frames`) and
+/// its own `frames` frames of codes, made before all are released together: their results, in
+/// order, and the seconds from the release until the last one ended.
+fn decode_together<T: Send + 'static>(
+    model: &Arc<Model>,
+    codes: &[i16],
+    streams: usize,
+    frames: usize,
+    chunk_frames: usize,
+    limits: StepLimits,
+    decode: impl Fn(&Model, StreamDecoder, Vec<i16>) -> T + Send + Copy + 'static,
+) -> (Vec<T>, f64) {
+    let codebooks = model.config().num_quantizers;
+    let barrier = Arc::new(Barrier::new(streams + 1));
+    let workers: Vec<_> = (0..streams)
+        .map(|index| {
+            let (model, barrier) = (model.clone(), barrier.clone());
+            let codes = stream_codes(codes, codebooks, index, frames);
+            std::thread::spawn(move || {
+                let decoder = new_decoder(&model, chunk_frames, limits);
+                barrier.wait();
+                decode(&model, decoder, codes)
+            })
+        })
+        .collect();
+    barrier.wait();
+    let started = Instant::now();
+    let results = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    (results, started.elapsed().as_secs_f64())
+}
+
 /// N streams decoding `frames` frames each (rounded up to whole steps) in steps of
 /// `step_frames`, all started together.
 fn throughput(
@@ -157,37 +188,32 @@ fn throughput(
         max_step_frames: step_frames,
         ..mode.limits()
     };
-    let barrier = Arc::new(Barrier::new(streams + 1));
-    let workers: Vec<_> = (0..streams)
-        .map(|index| {
-            let (model, barrier) = (model.clone(), barrier.clone());
-            let codes = stream_codes(codes, codebooks, index, frames);
-            std::thread::spawn(move || {
-                let mut decoder = new_decoder(&model, step_frames, limits);
-                barrier.wait();
-                let started = Instant::now();
-                let mut first_audio = None;
-                let mut step_ms = Vec::with_capacity(frames);
-                for step in codes.chunks(codebooks * step_frames) {
-                    let handed_over = Instant::now();
-                    let audio = decoder.push(step).unwrap();
-                    step_ms.push(handed_over.elapsed().as_secs_f64() * 1e3);
-                    first_audio.get_or_insert_with(|| started.elapsed());
-                    assert_eq!(audio.len(), step_frames * model.samples_per_frame());
-                }
-                let (rows, _) = decoder.batch_rows();
-                (
-                    step_ms,
-                    first_audio.unwrap(),
-                    rows as f64 / decoder.steps() as f64,
-                )
-            })
-        })
-        .collect();
-    barrier.wait();
-    let started = Instant::now();
-    let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
-    let elapsed = started.elapsed().as_secs_f64();
+    let (results, elapsed) = decode_together(
+        model,
+        codes,
+        streams,
+        frames,
+        step_frames,
+        limits,
+        move |model, mut decoder, codes| {
+            let started = Instant::now();
+            let mut first_audio = None;
+            let mut step_ms = Vec::with_capacity(frames);
+            for step in codes.chunks(codebooks * step_frames) {
+                let handed_over = Instant::now();
+                let audio = decoder.push(step).unwrap();
+                step_ms.push(handed_over.elapsed().as_secs_f64() * 1e3);
+                first_audio.get_or_insert_with(|| started.elapsed());
+                assert_eq!(audio.len(), step_frames * model.samples_per_frame());
+            }
+            let (rows, _) = decoder.batch_rows();
+            (
+                step_ms,
+                first_audio.unwrap(),
+                rows as f64 / decoder.steps() as f64,
+            )
+        },
+    );
     let audio_seconds = (streams * frames * model.samples_per_frame()) as f64 / model.sample_rate() as f64;
     let step_ms: Vec<f64> = results
         .iter()
@@ -210,26 +236,21 @@ fn throughput(
 /// N streams whose `frames` frames each come in one push, all started together: each decodes
 /// its backlog in steps that ramp up to max-step-frames, as a file's frames are.
 fn bulk(model: &Arc<Model>, codes: &[i16], streams: usize, frames: usize, limits: StepLimits) -> Value {
-    let codebooks = model.config().num_quantizers;
-    let barrier = Arc::new(Barrier::new(streams + 1));
-    let workers: Vec<_> = (0..streams)
-        .map(|index| {
-            let (model, barrier) = (model.clone(), barrier.clone());
-            let codes = stream_codes(codes, codebooks, index, frames);
-            std::thread::spawn(move || {
-                let mut decoder = new_decoder(&model, 1, limits);
-                barrier.wait();
-                let audio = decoder.push(&codes).unwrap();
-                assert_eq!(audio.len(), frames * model.samples_per_frame());
-                let (rows, _) = decoder.batch_rows();
-                rows as f64 / decoder.steps() as f64
-            })
-        })
-        .collect();
-    barrier.wait();
-    let started = Instant::now();
-    let mean_rows: f64 = workers.into_iter().map(|w| w.join().unwrap()).sum::<f64>() / streams as f64;
-    let elapsed = started.elapsed().as_secs_f64();
+    let (rows, elapsed) = decode_together(
+        model,
+        codes,
+        streams,
+        frames,
+        1,
+        limits,
+        move |model, mut decoder, codes| {
+            let audio = decoder.push(&codes).unwrap();
+            assert_eq!(audio.len(), frames * model.samples_per_frame());
+            let (rows, _) = decoder.batch_rows();
+            rows as f64 / decoder.steps() as f64
+        },
+    );
+    let mean_rows = rows.iter().sum::<f64>() / streams as f64;
     let audio_seconds = (streams * frames * model.samples_per_frame()) as f64 / model.sample_rate() as f64;
     json!({
         "streams": streams,
