@@ -1,13 +1,15 @@
 use std::env;
 use std::path::{Path, PathBuf};
 
-/// The CPU shims' sources, in `SHIM_DIR` beside the headers they share.
-const SHIM_DIR: &str = "src/model/network";
+/// The CPU kernels' sources, in `KERNELS_DIR` beside the headers they share (the op profiler's
+/// shim includes them too).
+const KERNELS_DIR: &str = "src/model/kernels";
 const SHIM_HEADERS: [&str; 4] = ["intrinsics.h", "kernels.h", "shim.h", "widen.h"];
-const CPU_SHIMS: [&str; 9] = [
+const OP_PROFILER: &str = "src/model/op_profiler/op_profiler.cpp";
+const CUDA_GRAPH: &str = "src/model/engine/cuda_graph.cpp";
+const CPU_KERNELS: [&str; 8] = [
     "attention.cpp",
     "direct_conv.cpp",
-    "op_profiler.cpp",
     "overlap_add.cpp",
     "rms_norm.cpp",
     "skinny_gemm.cpp",
@@ -20,9 +22,10 @@ fn main() {
     gst_plugin_version_helper::info();
     println!("cargo::rustc-check-cfg=cfg(cuda_graphs)");
     announce_instruction_sets();
-    println!("cargo::rerun-if-changed=src/model/cuda_graph.cpp");
-    for shim in SHIM_HEADERS.iter().chain(&CPU_SHIMS) {
-        println!("cargo::rerun-if-changed={SHIM_DIR}/{shim}");
+    println!("cargo::rerun-if-changed={CUDA_GRAPH}");
+    println!("cargo::rerun-if-changed={OP_PROFILER}");
+    for file in SHIM_HEADERS.iter().chain(&CPU_KERNELS) {
+        println!("cargo::rerun-if-changed={KERNELS_DIR}/{file}");
     }
 
     // torch-sys tells its dependents where the libtorch it linked lives (and the shims need
@@ -134,7 +137,9 @@ fn build_cpu_shims(lib_dir: &Path) {
     // The libgomp it links resolves to the one libtorch already loaded (one per process).
     torch_shim_build(lib_dir)
         .flag("-fopenmp")
-        .files(CPU_SHIMS.map(|shim| format!("{SHIM_DIR}/{shim}")))
+        .files(CPU_KERNELS.map(|kernel| format!("{KERNELS_DIR}/{kernel}")))
+        .file(OP_PROFILER)
+        .include(KERNELS_DIR)
         .compile("qwencodec_cpu_kernels");
     println!("cargo::rustc-link-lib=gomp");
 }
@@ -142,7 +147,7 @@ fn build_cpu_shims(lib_dir: &Path) {
 /// libtorch's CUDA graphs behind a C interface (tch does not wrap them).
 fn build_graph_shim(lib_dir: &Path, cuda_include: &Path) {
     torch_shim_build(lib_dir)
-        .file("src/model/cuda_graph.cpp")
+        .file(CUDA_GRAPH)
         .include(cuda_include)
         .compile("qwencodec_cuda_graph");
     println!("cargo::rustc-cfg=cuda_graphs");

@@ -14,8 +14,8 @@ model_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=batching --cargo-tes
 element_tests=(--cargo-test-arg=--test=element --cargo-test-arg=--test=seeking
   --cargo-test-arg=--test=timestamps --cargo-test-arg=--test=max_errors)
 declare -A tests_of=(
-  [src/model/arena.rs]=model [src/model/engine.rs]=model [src/model/stream.rs]=model
-  [src/qwencodecdec/stream.rs]=element [src/qwencodecdec/flow.rs]=element
+  [src/model/engine/arena.rs]=model [src/model/engine/mod.rs]=model [src/model/stream_decoder.rs]=model
+  [src/qwencodecdec/step_thread.rs]=element [src/qwencodecdec/flow.rs]=element
 )
 for file in ${MUTANTS_FILES:-${!tests_of[@]}}; do
   case ${tests_of[$file]:-} in

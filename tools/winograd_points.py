@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Which interpolation points give Winograd tiles F(m, taps) the least float32 rounding.
 
-A model of the Winograd kernel's rounding (src/model/network/winograd.cpp): the kernel
+A model of the Winograd kernel's rounding (src/model/kernels/winograd.cpp): the kernel
 transformed in float64 and rounded once, the input transform, one product per point and the
 output transform in float32, on random inputs and weights; its error is the relative L2
 distance from the float64 convolution. Every set of `m + taps - 2` finite points that holds 0

@@ -9,8 +9,8 @@ use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensors};
 use tch::{Device, Kind, Tensor};
 
-use super::ModelError;
-use super::network::Tiles;
+use super::error::ModelError;
+use super::kernels::winograd::Tiles;
 
 /// Prefix of the decoder's tensors in the tokenizer's `model.safetensors`.
 const DECODER_PREFIX: &str = "decoder.";
@@ -214,7 +214,7 @@ impl<'a> Weights<'a> {
     }
 
     /// Outputs per tile of a float32 convolution computed by Winograd's algorithm
-    /// (`network::winograd`) that wants `tiles`: 4, with fewer products, for the vocoder's
+    /// (`kernels::winograd`) that wants `tiles`: 4, with fewer products, for the vocoder's
     /// residual units; 2 for the layers before the blocks in float32. So the released
     /// geometry's float32 decode stays about as close to float64 as upstream's own: with 4 in
     /// the vocoder's input conv too, its error at 12-frame steps was 1.8x upstream's, where it

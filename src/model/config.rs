@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::ModelError;
+use super::error::ModelError;
 
 /// Top level of the tokenizer's `config.json`; only what the decoder needs.
 #[derive(Debug, Deserialize)]

@@ -1,17 +1,16 @@
 //! The Qwen3-TTS 12 Hz tokenizer's decoder, streaming and exact, in libtorch. No GStreamer
 //! here: the element only adapts [`StreamDecoder`] to buffers and caps.
 
-mod arena;
-mod batch_graphs;
 mod checkpoint;
 mod config;
-mod cuda_graph;
 mod engine;
+mod error;
 mod executor;
+mod kernels;
 pub mod log;
 mod network;
 mod op_profiler;
-mod stream;
+mod stream_decoder;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -21,63 +20,17 @@ use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use tch::{Device, Kind};
 
-pub use batch_graphs::MAX_GRAPHS;
 pub use checkpoint::CheckpointFiles;
 pub use config::DecoderConfig;
-pub use cuda_graph::GraphError;
-pub use engine::{BatchRun, GraphReport, REJOIN_GRACE, max_batch_frames};
-pub use network::shim::{CpuKernels, KERNELS_ENV, cpu_kernels, widest_kernels};
+pub use engine::{BatchRun, GraphReport, MAX_GRAPHS, REJOIN_GRACE, max_batch_frames};
+pub use error::{DecodeError, GraphError, ModelError};
+pub use kernels::shim::{CpuKernels, KERNELS_ENV, cpu_kernels, widest_kernels};
 pub use op_profiler::OpProfiler;
-pub use stream::{StepLimits, StreamDecoder, TailStrategy};
+pub use stream_decoder::{StepLimits, StreamDecoder, TailStrategy};
 
 use checkpoint::WeightFile;
 use engine::Engine;
 use network::Network;
-
-/// Problems loading a checkpoint.
-#[derive(Debug, thiserror::Error)]
-pub enum ModelError {
-    #[error("cannot read {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("invalid checkpoint: {0}")]
-    Checkpoint(String),
-    #[error("invalid decoder config: {0}")]
-    Config(String),
-    #[error("tensor {name} is missing from {path}")]
-    MissingTensor { name: String, path: PathBuf },
-    #[error("tensor {name} has shape {found:?}, the config implies {expected:?}")]
-    ShapeMismatch {
-        name: String,
-        expected: Vec<usize>,
-        found: Vec<usize>,
-    },
-    #[error("device {0}")]
-    Device(String),
-    #[error("libtorch: {0}")]
-    Torch(#[from] tch::TchError),
-}
-
-/// Problems decoding codes.
-#[derive(Debug, thiserror::Error)]
-pub enum DecodeError {
-    #[error("got {codes} codes, not a whole number of frames of {codebooks} codes")]
-    PartialFrame { codes: usize, codebooks: usize },
-    #[error("frame {frame}, codebook {codebook}: code {value} is outside 0..{codebook_size}")]
-    InvalidCode {
-        frame: u64,
-        codebook: usize,
-        value: i64,
-        codebook_size: usize,
-    },
-    #[error("the stream was finished; reset it before decoding more frames")]
-    Finished,
-    #[error("an earlier decode step failed; reset the stream")]
-    Broken,
-    #[error("{0}")]
-    Graph(#[from] GraphError),
-    #[error("libtorch: {0}")]
-    Torch(#[from] tch::TchError),
-}
 
 /// Precision the network computes in. Activations, states and element-wise math are float32
 /// in every dtype; the dtypes differ in the weights and the products.

@@ -8,7 +8,7 @@ use gst::subclass::prelude::*;
 use gst_audio::prelude::*;
 
 use super::imp::{CAT, QwenCodecDec};
-use super::stream::{Output, Refused, Stream};
+use super::step_thread::{Output, Refused, Stream};
 use crate::model::DecodeError;
 
 /// The base class's stream lock (`GST_AUDIO_DECODER_STREAM_LOCK`, recursive), which

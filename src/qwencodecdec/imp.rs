@@ -33,7 +33,7 @@ use gst_audio::subclass::prelude::*;
 use super::latency::Latency;
 use super::load::LoadedModel;
 use super::settings::{Settings, Stats};
-use super::stream::{StepThread, Stream};
+use super::step_thread::{StepThread, Stream};
 
 /// Frames that may wait for the decoder before upstream waits: two of its largest steps, so
 /// that the next step is full when one ends, and no more, so that a seek or a stop finds little

@@ -11,7 +11,7 @@ mod latency;
 mod load;
 mod segment;
 mod settings;
-mod stream;
+mod step_thread;
 
 /// The name of the custom downstream event that drains `qwencodecdec`: see [`drain_event`].
 pub const DRAIN_EVENT: &str = "qwencodec-drain";

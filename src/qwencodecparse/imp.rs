@@ -94,8 +94,8 @@ impl State {
     }
 }
 
-/// What to do with the bytes at hand before the layout is known.
-enum Step {
+/// What comes next for the bytes at hand while the layout is not known.
+enum Next {
     /// Wait for more bytes.
     Wait,
     /// Skip this many bytes (the `.npy` header).
@@ -133,9 +133,9 @@ impl QwenCodecParse {
         let layout = match layout {
             Some(layout) => layout,
             None => match self.find_layout(offset, data)? {
-                Step::Wait => return Ok((gst::FlowSuccess::Ok, 0)),
-                Step::Skip(bytes) => return Ok((gst::FlowSuccess::Ok, bytes)),
-                Step::Frames => self
+                Next::Wait => return Ok((gst::FlowSuccess::Ok, 0)),
+                Next::Skip(bytes) => return Ok((gst::FlowSuccess::Ok, bytes)),
+                Next::Frames => self
                     .state()
                     .as_ref()
                     .and_then(|state| state.layout.clone())
@@ -268,7 +268,7 @@ impl QwenCodecParse {
     }
 
     /// Learns the layout from caps or the `.npy` header at the start of the stream.
-    fn find_layout(&self, offset: u64, data: &[u8]) -> Result<Step, gst::FlowError> {
+    fn find_layout(&self, offset: u64, data: &[u8]) -> Result<Next, gst::FlowError> {
         let (mut input, settings) = {
             let guard = self.state();
             let state = guard.as_ref().ok_or(gst::FlowError::Flushing)?;
@@ -322,7 +322,7 @@ impl QwenCodecParse {
                         }
                         gst::debug!(CAT, imp = self, "Waiting for {} bytes of .npy header", needed);
                         self.obj().set_min_frame_size(needed as u32);
-                        return Ok(Step::Wait);
+                        return Ok(Next::Wait);
                     }
                     Err(err) => {
                         let kind = match err {
@@ -358,7 +358,7 @@ impl QwenCodecParse {
             state.input = input;
             state.layout = Some(layout);
         }
-        Ok(skip.map_or(Step::Frames, Step::Skip))
+        Ok(skip.map_or(Next::Frames, Next::Skip))
     }
 
     /// Checks the layout against the input's size and sets up the base class and the caps.

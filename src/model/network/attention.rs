@@ -1,36 +1,12 @@
 //! A transformer layer's sliding-window attention for one step: RoPE on the queries and the
 //! window's keys, masked softmax, the values' weighted sum, and the KV window moved on. On the
-//! CPU one call of `attention.cpp`; on CUDA, where graphs capture it, libtorch's ops.
+//! CPU one call of `kernels/attention.cpp`; on CUDA, where graphs capture it, libtorch's ops.
 
 use tch::{Device, Tensor};
 
-use super::shim::{self, CpuKernels, call};
-use super::{ACTIVATION_KIND, TorchResult};
-
-mod ffi {
-    use std::ffi::c_char;
-
-    use torch_sys::C_tensor;
-
-    // Tensors cross as libtorch's own `at::Tensor*` (tch's `C_tensor`).
-    unsafe extern "C" {
-        pub fn qwencodec_attention(
-            qkv: *const C_tensor,
-            keys: *mut C_tensor,
-            values: *mut C_tensor,
-            query_cos: *const C_tensor,
-            query_sin: *const C_tensor,
-            key_cos: *const C_tensor,
-            key_sin: *const C_tensor,
-            mask: *const C_tensor,
-            heads: i64,
-            kv_heads: i64,
-            out: *mut *mut C_tensor,
-            error: *mut c_char,
-            size: usize,
-        ) -> bool;
-    }
-}
+use super::ACTIVATION_KIND;
+use crate::model::kernels::shim::{self, CpuKernels};
+use crate::model::kernels::{self, TorchResult};
 
 /// RoPE's tables for a step: [T, head_dim] for the step's queries, [slots + T, head_dim] for
 /// the window's keys and the step's.
@@ -68,25 +44,14 @@ impl Attention<'_> {
             return self.by_ops(qkv, keys, values);
         }
         let rope = &self.rope;
-        // SAFETY: the tensors are live for the duration of the call; the window's are
-        // contiguous float32 (the state's own), which the kernel checks before it writes them.
-        call("attention", |out, error, size| unsafe {
-            ffi::qwencodec_attention(
-                qkv.as_ptr(),
-                keys.as_mut_ptr(),
-                values.as_mut_ptr(),
-                rope.query_cos.as_ptr(),
-                rope.query_sin.as_ptr(),
-                rope.key_cos.as_ptr(),
-                rope.key_sin.as_ptr(),
-                self.mask.as_ptr(),
-                self.heads.heads,
-                self.heads.kv_heads,
-                out,
-                error,
-                size,
-            )
-        })
+        let tables = kernels::attention::Tables {
+            query_cos: rope.query_cos,
+            query_sin: rope.query_sin,
+            key_cos: rope.key_cos,
+            key_sin: rope.key_sin,
+            mask: self.mask,
+        };
+        kernels::attention::attention(qkv, keys, values, &tables, self.heads.heads, self.heads.kv_heads)
     }
 
     /// [`Self::attend`] by libtorch's ops, as upstream computes it.
@@ -210,7 +175,7 @@ mod tests {
     use tch::Kind;
 
     use super::*;
-    use crate::model::network::{Inputs, max_error_and_scale};
+    use crate::model::kernels::{Inputs, max_error_and_scale};
 
     /// The kernel (this process's path) and libtorch's ops against the formula in float64 on
     /// the same inputs, the windows moved alike: grouped and plain heads, one position and

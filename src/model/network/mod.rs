@@ -9,25 +9,20 @@
 
 mod attention;
 mod conv;
-mod direct_conv;
 mod ops;
-mod overlap_add;
 mod quantizer;
 mod rms_norm;
-// The model's op profiler calls its shim through it too.
-pub(super) mod shim;
-mod skinny_gemm;
 mod snake_beta;
 mod transformer;
 mod upsampler;
 mod vocoder;
-mod winograd;
 
 use tch::{Device, Kind, Tensor};
 
-use super::ModelError;
+use super::error::ModelError;
 use super::checkpoint::WeightFile;
 use super::config::DecoderConfig;
+use super::kernels::TorchResult;
 use super::op_profiler::Scope;
 use conv::{CausalConv, ConvShape};
 use quantizer::Quantizer;
@@ -36,9 +31,6 @@ use upsampler::UpsampleStage;
 use vocoder::Vocoder;
 
 pub use transformer::StepTables;
-pub(crate) use winograd::Tiles;
-
-type TorchResult<T> = Result<T, tch::TchError>;
 
 /// Activations, states and element-wise math are float32 whatever the dtype asked for; the
 /// weight products run in the weights' kind (bf16/f16 halve the weight traffic), except f16 on
@@ -294,60 +286,5 @@ impl Network {
     /// [`StepTables`]).
     pub fn step_tables(&self, frames: usize) -> TorchResult<StepTables> {
         self.transformer.step_tables(frames)
-    }
-}
-
-/// The largest difference between `got` and `expected` (float64) and the largest magnitude of
-/// `expected`: the kernels' tests bound the first by a fraction of the second.
-#[cfg(test)]
-fn max_error_and_scale(got: &Tensor, expected: &Tensor) -> (f64, f64) {
-    let error = (got.to_kind(Kind::Double) - expected)
-        .abs()
-        .max()
-        .double_value(&[]);
-    (error, expected.abs().max().double_value(&[]))
-}
-
-/// A kernel test's own random inputs, from a generator seeded by the test: tests run on
-/// parallel threads, and libtorch's process-global generator (`tch::manual_seed`) would make a
-/// test's inputs depend on which other tests drew numbers first.
-#[cfg(test)]
-struct Inputs(rand::rngs::StdRng);
-
-#[cfg(test)]
-impl Inputs {
-    fn new(seed: u64) -> Self {
-        use rand::SeedableRng;
-        Self(rand::rngs::StdRng::seed_from_u64(seed))
-    }
-
-    fn tensor(values: Vec<f32>, shape: &[i64], options: (Kind, tch::Device)) -> Tensor {
-        Tensor::from_slice(&values)
-            .reshape(shape)
-            .to_kind(options.0)
-            .to_device(options.1)
-    }
-
-    /// Standard normal values (Box-Muller).
-    fn normal(&mut self, shape: impl AsRef<[i64]>, options: (Kind, tch::Device)) -> Tensor {
-        use rand::Rng;
-        let shape = shape.as_ref();
-        let count = shape.iter().product::<i64>() as usize;
-        let values = (0..count)
-            .map(|_| {
-                let (u, v): (f64, f64) = (self.0.random::<f64>().max(f64::MIN_POSITIVE), self.0.random());
-                ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
-            })
-            .collect();
-        Self::tensor(values, shape, options)
-    }
-
-    /// Values uniform in [0, 1).
-    fn uniform(&mut self, shape: impl AsRef<[i64]>, options: (Kind, tch::Device)) -> Tensor {
-        use rand::Rng;
-        let shape = shape.as_ref();
-        let count = shape.iter().product::<i64>() as usize;
-        let values = (0..count).map(|_| self.0.random::<f32>()).collect();
-        Self::tensor(values, shape, options)
     }
 }

@@ -3,9 +3,10 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::skinny_gemm;
-use super::{ACTIVATION_KIND, TorchResult};
-use crate::model::ModelError;
+use crate::model::kernels::skinny_gemm;
+use super::ACTIVATION_KIND;
+use crate::model::kernels::TorchResult;
+use crate::model::error::ModelError;
 use crate::model::checkpoint::Weights;
 
 /// `op` (a product with weights stored in `weight_kind`) on float32 activations.
@@ -233,7 +234,10 @@ impl Linear {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::network::{Inputs, max_error_and_scale};
+    use crate::model::kernels::skinny_gemm::MAX_ROWS;
+    use crate::model::kernels::skinny_gemm::tests::float64_product;
+    use crate::model::kernels::shim;
+    use crate::model::kernels::{Inputs, max_error_and_scale};
 
     /// Rows that are a transposed view of columns, few and many (where they go to MKL as they
     /// lie), and rows laid out as rows, against a float64 product.
@@ -256,6 +260,57 @@ mod tests {
                     "{rows} rows (contiguous {}): off by {error:e} of {scale:e}",
                     x.is_contiguous()
                 );
+            }
+        }
+    }
+
+    /// A float32 or float16 matrix's product (this kernel where the process runs it, else
+    /// libtorch's) in every tile shape the kernel has (1 to 6 activation rows, whole and partial
+    /// tiles of 4 weight rows, a masked tail of the inputs), and beyond its rows; float16
+    /// weights packed too (whole and partial blocks of outputs, 1 to 12 rows and more), against
+    /// a float64 product of the weight as stored.
+    #[test]
+    fn matches_a_float64_product() {
+        let mut random = Inputs::new(7);
+        for (out, inputs) in [(4, 16), (7, 37), (33, 100), (64, 2048)] {
+            for rows in [1, 2, 3, 5, 6, 7, 11, 13, 40, MAX_ROWS + 1] {
+                let weight = random.normal([out, inputs], (Kind::Float, Device::Cpu));
+                let x = random.normal([rows, inputs], (Kind::Float, Device::Cpu));
+                let bias = random.normal([out], (Kind::Float, Device::Cpu));
+                for (bias, f16, rows_per_frame) in [
+                    (None, false, 1),
+                    (Some(&bias), false, 1),
+                    (None, true, 1),
+                    (Some(&bias), true, 1),
+                    (None, true, 8),
+                    (Some(&bias), true, 8),
+                ] {
+                    let matrix = Matrix::new(
+                        weight.shallow_clone(),
+                        bias.map(Tensor::shallow_clone),
+                        f16,
+                        rows_per_frame,
+                    )
+                    .unwrap();
+                    assert_eq!(
+                        matches!(matrix, Matrix::PackedF16 { .. }),
+                        f16 && rows_per_frame == 8 && shim::avx512()
+                    );
+                    let got = matrix.forward(&x).unwrap().transpose(0, 1);
+                    assert_eq!(got.size(), [out, rows]);
+                    let stored = if f16 {
+                        weight.to_kind(Kind::Half)
+                    } else {
+                        weight.shallow_clone()
+                    };
+                    let (error, scale) = max_error_and_scale(&got, &float64_product(&stored, &x, bias));
+                    assert!(
+                        error <= 1e-5 * scale,
+                        "{out}x{inputs} against {rows} rows (bias {}, float16 {f16}, {rows_per_frame} \
+                         rows per frame): off by {error:e} of {scale:e}",
+                        bias.is_some()
+                    );
+                }
             }
         }
     }

@@ -2,8 +2,9 @@
 
 use tch::{Kind, Tensor};
 
-use super::{ACTIVATION_KIND, TorchResult};
-use crate::model::ModelError;
+use super::ACTIVATION_KIND;
+use crate::model::kernels::TorchResult;
+use crate::model::error::ModelError;
 use crate::model::checkpoint::Weights;
 use crate::model::config::DecoderConfig;
 

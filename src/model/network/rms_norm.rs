@@ -4,28 +4,11 @@
 
 use tch::{Device, Tensor};
 
-use super::shim::{self, CpuKernels, call};
-use super::{ACTIVATION_KIND, TorchResult};
-use crate::model::ModelError;
+use super::ACTIVATION_KIND;
+use crate::model::kernels::shim::{self, CpuKernels};
+use crate::model::kernels::{self, TorchResult};
+use crate::model::error::ModelError;
 use crate::model::checkpoint::Weights;
-
-mod ffi {
-    use std::ffi::c_char;
-
-    use torch_sys::C_tensor;
-
-    // Tensors cross as libtorch's own `at::Tensor*` (tch's `C_tensor`).
-    unsafe extern "C" {
-        pub fn qwencodec_rms_norm(
-            x: *const C_tensor,
-            weight: *const C_tensor,
-            eps: f64,
-            out: *mut *mut C_tensor,
-            error: *mut c_char,
-            size: usize,
-        ) -> bool;
-    }
-}
 
 /// RMSNorm on float32 activations, like everything element-wise here.
 pub struct RmsNorm {
@@ -41,12 +24,9 @@ impl RmsNorm {
         })
     }
 
-    /// The CPU's one-op RMSNorm (plain C++, no vector instruction set of its own).
+    /// The CPU's one-op RMSNorm.
     fn by_kernel(&self, x: &Tensor) -> TorchResult<Tensor> {
-        // SAFETY: the tensors are live for the duration of the call.
-        call("RMSNorm", |out, error, size| unsafe {
-            ffi::qwencodec_rms_norm(x.as_ptr(), self.weight.as_ptr(), self.eps, out, error, size)
-        })
+        kernels::rms_norm::rms_norm(x, &self.weight, self.eps)
     }
 
     /// The per-unit weight (float32) and epsilon, for a kernel that normalizes within it.
@@ -71,7 +51,7 @@ mod tests {
     use tch::Kind;
 
     use super::*;
-    use crate::model::network::{Inputs, max_error_and_scale};
+    use crate::model::kernels::{Inputs, max_error_and_scale};
 
     /// The CPU's one-op RMSNorm against the formula in float64, on single rows and batches,
     /// contiguous or not, with values far from 1 so that the scale matters.

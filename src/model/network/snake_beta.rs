@@ -4,29 +4,11 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::shim::{self, CpuKernels, call};
-use super::{ACTIVATION_KIND, TorchResult};
-use crate::model::ModelError;
+use super::ACTIVATION_KIND;
+use crate::model::kernels::shim::{self, CpuKernels};
+use crate::model::kernels::{self, TorchResult};
+use crate::model::error::ModelError;
 use crate::model::checkpoint::Weights;
-
-mod ffi {
-    use std::ffi::c_char;
-
-    use torch_sys::C_tensor;
-
-    // Tensors cross as libtorch's own `at::Tensor*` (tch's `C_tensor`).
-    unsafe extern "C" {
-        pub fn qwencodec_snake_beta(
-            x: *const C_tensor,
-            frequency: *const C_tensor,
-            inverse_magnitude: *const C_tensor,
-            kernels: i32,
-            out: *mut *mut C_tensor,
-            error: *mut c_char,
-            size: usize,
-        ) -> bool;
-    }
-}
 
 /// SnakeBeta with both factors precomputed.
 pub struct SnakeBeta {
@@ -67,18 +49,7 @@ impl SnakeBeta {
     /// [`Self::forward`] on the CPU by the kernel in the instruction set of `kernels` (AVX2 or
     /// AVX-512), which the CPU must have.
     fn kernel(&self, kernels: CpuKernels, x: &Tensor) -> TorchResult<Tensor> {
-        // SAFETY: the tensors are live for the duration of the call.
-        call("SnakeBeta", |out, error, size| unsafe {
-            ffi::qwencodec_snake_beta(
-                x.as_ptr(),
-                self.frequency.as_ptr(),
-                self.inverse_magnitude.as_ptr(),
-                kernels as i32,
-                out,
-                error,
-                size,
-            )
-        })
+        kernels::snake_beta::snake_beta(x, &self.frequency, &self.inverse_magnitude, kernels)
     }
 
     /// `x` through this process's path ([`Self::forward`]) or, given `kernels`, the kernel in
@@ -96,7 +67,7 @@ impl SnakeBeta {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::network::{Inputs, max_error_and_scale};
+    use crate::model::kernels::{Inputs, max_error_and_scale};
 
     #[test]
     fn this_process_path_matches_the_formula() {

@@ -9,67 +9,13 @@ use tch::{Device, Kind, TchError, Tensor};
 use super::attention::{Attention, Heads, Rope};
 use super::ops::{Linear, LinearWeights};
 use super::rms_norm::RmsNorm;
-use super::shim::{self, call};
-use super::skinny_gemm;
-use super::{ACTIVATION_KIND, State, TorchResult};
-use crate::model::ModelError;
+use crate::model::kernels::shim::{self, call};
+use crate::model::kernels::skinny_gemm;
+use super::{ACTIVATION_KIND, State};
+use crate::model::kernels::TorchResult;
+use crate::model::error::ModelError;
 use crate::model::checkpoint::Weights;
 use crate::model::config::DecoderConfig;
-
-mod ffi {
-    use std::ffi::c_char;
-
-    use torch_sys::C_tensor;
-
-    /// `QwencodecLayerWeights` of `transformer_layer.cpp`; biases may be null.
-    #[repr(C)]
-    pub struct LayerWeights {
-        pub input_norm: *const C_tensor,
-        pub qkv_weight: *const C_tensor,
-        pub qkv_bias: *const C_tensor,
-        pub o_weight: *const C_tensor,
-        pub o_bias: *const C_tensor,
-        pub attention_scale: *const C_tensor,
-        pub post_attention_norm: *const C_tensor,
-        pub gate_up_weight: *const C_tensor,
-        pub gate_up_bias: *const C_tensor,
-        pub down_weight: *const C_tensor,
-        pub down_bias: *const C_tensor,
-        pub mlp_scale: *const C_tensor,
-        pub eps: f64,
-    }
-
-    /// `QwencodecStepAttention` of `transformer_layer.cpp`.
-    #[repr(C)]
-    pub struct StepAttention {
-        pub query_cos: *const C_tensor,
-        pub query_sin: *const C_tensor,
-        pub key_cos: *const C_tensor,
-        pub key_sin: *const C_tensor,
-        pub mask: *const C_tensor,
-        pub heads: i64,
-        pub kv_heads: i64,
-    }
-
-    // Tensors cross as libtorch's own `at::Tensor*` (tch's `C_tensor`).
-    unsafe extern "C" {
-        pub fn qwencodec_transformer_layer(
-            x: *const C_tensor,
-            weights: *const LayerWeights,
-            step: *const StepAttention,
-            keys: *mut C_tensor,
-            values: *mut C_tensor,
-            kernels: i32,
-            out: *mut *mut C_tensor,
-            error: *mut c_char,
-            size: usize,
-        ) -> bool;
-
-        /// The C structs' sizes and offsets, for the test of these mirrors.
-        #[cfg(test)]
-        pub fn qwencodec_transformer_layer_layout(out: *mut usize, capacity: usize) -> usize;
-    }
-}
 
 /// What a step of a given number of frames needs besides codes and state, the same for every
 /// such step of every stream: RoPE tables and the sliding-window mask. Made once per step size
@@ -316,59 +262,43 @@ impl TransformerLayer {
         keys: &mut Tensor,
         values: &mut Tensor,
     ) -> TorchResult<Tensor> {
-        let product = |linear: &Linear| {
+        let product = |linear: &'_ Linear| {
             let (weight, bias) = linear.few_row_weights().ok_or_else(|| {
                 TchError::Torch("transformer layer: a product the few-row kernel does not take".into())
             })?;
-            Ok::<_, TchError>((weight.as_ptr(), bias.map_or(std::ptr::null(), Tensor::as_ptr)))
+            Ok::<_, TchError>(kernels::transformer_layer::Product { weight, bias })
         };
-        let (qkv_weight, qkv_bias) = product(&self.qkv_proj)?;
-        let (o_weight, o_bias) = product(&self.o_proj)?;
-        let (gate_up_weight, gate_up_bias) = product(&self.gate_up_proj)?;
-        let (down_weight, down_bias) = product(&self.down_proj)?;
         let (input_norm, eps) = self.input_norm.parts();
         let (post_attention_norm, _) = self.post_attention_norm.parts();
-        let weights = ffi::LayerWeights {
-            input_norm: input_norm.as_ptr(),
-            qkv_weight,
-            qkv_bias,
-            o_weight,
-            o_bias,
-            attention_scale: self.attention_scale.as_ptr(),
-            post_attention_norm: post_attention_norm.as_ptr(),
-            gate_up_weight,
-            gate_up_bias,
-            down_weight,
-            down_bias,
-            mlp_scale: self.mlp_scale.as_ptr(),
+        let rope = &attention.rope;
+        let tables = kernels::attention::Tables {
+            query_cos: rope.query_cos,
+            query_sin: rope.query_sin,
+            key_cos: rope.key_cos,
+            key_sin: rope.key_sin,
+            mask: attention.mask,
+        };
+        let weights = kernels::transformer_layer::LayerWeights {
+            input_norm,
+            qkv: product(&self.qkv_proj)?,
+            o: product(&self.o_proj)?,
+            post_attention_norm,
+            gate_up: product(&self.gate_up_proj)?,
+            down: product(&self.down_proj)?,
+            attention_scale: &self.attention_scale,
+            mlp_scale: &self.mlp_scale,
             eps,
         };
-        let rope = &attention.rope;
-        let step = ffi::StepAttention {
-            query_cos: rope.query_cos.as_ptr(),
-            query_sin: rope.query_sin.as_ptr(),
-            key_cos: rope.key_cos.as_ptr(),
-            key_sin: rope.key_sin.as_ptr(),
-            mask: attention.mask.as_ptr(),
-            heads: attention.heads.heads,
-            kv_heads: attention.heads.kv_heads,
-        };
-        // SAFETY: the tensors behind every pointer are live for the duration of the call; the
-        // window's are contiguous float32 (the state's own), which the kernel checks before it
-        // writes them.
-        call("transformer layer", |out, error, size| unsafe {
-            ffi::qwencodec_transformer_layer(
-                x.as_ptr(),
-                &weights,
-                &step,
-                keys.as_mut_ptr(),
-                values.as_mut_ptr(),
-                shim::cpu_kernels() as i32,
-                out,
-                error,
-                size,
-            )
-        })
+        kernels::transformer_layer::transformer_layer(
+            x,
+            &weights,
+            &tables,
+            attention.heads.heads,
+            attention.heads.kv_heads,
+            keys,
+            values,
+            shim::cpu_kernels(),
+        )
     }
 
     /// [`Self::forward`] op by op.
@@ -401,42 +331,7 @@ mod tests {
 
     use super::*;
     use crate::model::checkpoint::{CheckpointFiles, WeightFile};
-    use crate::model::network::{Inputs, max_error_and_scale, shim};
-
-    /// The structs mirrored from `transformer_layer.cpp` lie in memory as the C++ compiler lays
-    /// them out: same size, every field at the same offset.
-    #[test]
-    fn layer_structs_match_their_cpp_layout() {
-        use std::mem::{offset_of, size_of};
-        let ours = [
-            size_of::<ffi::LayerWeights>(),
-            offset_of!(ffi::LayerWeights, input_norm),
-            offset_of!(ffi::LayerWeights, qkv_weight),
-            offset_of!(ffi::LayerWeights, qkv_bias),
-            offset_of!(ffi::LayerWeights, o_weight),
-            offset_of!(ffi::LayerWeights, o_bias),
-            offset_of!(ffi::LayerWeights, attention_scale),
-            offset_of!(ffi::LayerWeights, post_attention_norm),
-            offset_of!(ffi::LayerWeights, gate_up_weight),
-            offset_of!(ffi::LayerWeights, gate_up_bias),
-            offset_of!(ffi::LayerWeights, down_weight),
-            offset_of!(ffi::LayerWeights, down_bias),
-            offset_of!(ffi::LayerWeights, mlp_scale),
-            offset_of!(ffi::LayerWeights, eps),
-            size_of::<ffi::StepAttention>(),
-            offset_of!(ffi::StepAttention, query_cos),
-            offset_of!(ffi::StepAttention, query_sin),
-            offset_of!(ffi::StepAttention, key_cos),
-            offset_of!(ffi::StepAttention, key_sin),
-            offset_of!(ffi::StepAttention, mask),
-            offset_of!(ffi::StepAttention, heads),
-            offset_of!(ffi::StepAttention, kv_heads),
-        ];
-        let mut theirs = [0usize; 32];
-        // SAFETY: the function writes at most `capacity` values.
-        let count = unsafe { ffi::qwencodec_transformer_layer_layout(theirs.as_mut_ptr(), theirs.len()) };
-        assert_eq!(&ours[..], &theirs[..count], "sizes then offsets, as in the C++");
-    }
+    use crate::model::kernels::{Inputs, max_error_and_scale, shim};
 
     /// The layer written out in float64 from its own weights (float16 ones as stored), as
     /// upstream's modules compute it: RMSNorm, the q/k/v products, attention (its float64

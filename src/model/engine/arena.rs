@@ -13,8 +13,8 @@
 //! first, so the rows of the streams left gather at the bottom. Growing or shrinking moves
 //! every row, so graphs recorded before are void (see [`Arena::generation`]).
 
-use super::log;
-use super::network::{Network, State};
+use crate::model::log;
+use crate::model::network::{Network, State};
 
 type TorchResult<T> = Result<T, tch::TchError>;
 

@@ -1,4 +1,4 @@
-//! libtorch's op profiler around a device's steps (`network/op_profiler.cpp`): every op the
+//! libtorch's op profiler around a device's steps (`op_profiler.cpp`): every op the
 //! steps dispatch, every kernel of the shims, and the network's stages as named scopes, each
 //! with its start and end. `benches/profile.rs` and `tools/profile_report.py` make the profile
 //! of a step from them.
@@ -10,7 +10,7 @@ use std::path::Path;
 use tch::{Device, TchError};
 
 use super::executor;
-use super::network::shim::checked;
+use super::kernels::shim::checked;
 
 unsafe extern "C" {
     fn qwencodec_op_profiler_start(error: *mut c_char, error_size: usize) -> bool;

@@ -11,10 +11,14 @@
 //! without it, streams stepping together split into two cohorts that take turns, each batch
 //! half as large. A lone stream is its own last batch, back at once: it never waits.
 //!
-//! The streams' states are rows of one arena (see [`super::arena`]): a batched step selects its
+//! The streams' states are rows of one arena (see [`arena`]): a batched step selects its
 //! rows and puts them back, a step of one row runs on its row in place. On CUDA, batched steps
 //! replay graphs that the engine records per bucket of rows and step size (see
-//! [`super::batch_graphs`]).
+//! [`batch_graphs`]).
+
+mod arena;
+mod batch_graphs;
+mod cuda_graph;
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
@@ -23,11 +27,13 @@ use std::time::{Duration, Instant};
 
 use tch::{Kind, Tensor};
 
-use super::arena::{Arena, SCRATCH_ROW};
-use super::batch_graphs::{BatchGraphs, step_rows};
 use super::executor;
 use super::log;
 use super::network::{Network, StepTables};
+use arena::{Arena, SCRATCH_ROW};
+use batch_graphs::{BatchGraphs, step_rows};
+
+pub use batch_graphs::MAX_GRAPHS;
 
 /// One stream's step as the engine runs it.
 pub struct Step {

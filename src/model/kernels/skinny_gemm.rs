@@ -146,71 +146,19 @@ fn product_in(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    use crate::model::network::ops::Matrix;
-    use crate::model::network::{Inputs, max_error_and_scale};
+    use crate::model::kernels::{Inputs, max_error_and_scale};
 
     /// `stored` [out, in] times each row of `x` [R, in], plus `bias`, in float64: [out, R].
-    fn float64_product(stored: &Tensor, x: &Tensor, bias: Option<&Tensor>) -> Tensor {
+    pub(crate) fn float64_product(stored: &Tensor, x: &Tensor, bias: Option<&Tensor>) -> Tensor {
         let product = stored
             .to_kind(Kind::Double)
             .mm(&x.to_kind(Kind::Double).transpose(0, 1));
         match bias {
             Some(bias) => product + bias.to_kind(Kind::Double).view([-1, 1]),
             None => product,
-        }
-    }
-
-    /// A float32 or float16 matrix's product (this kernel where the process runs it, else
-    /// libtorch's) in every tile shape the kernel has (1 to 6 activation rows, whole and partial
-    /// tiles of 4 weight rows, a masked tail of the inputs), and beyond its rows; float16
-    /// weights packed too (whole and partial blocks of outputs, 1 to 12 rows and more), against
-    /// a float64 product of the weight as stored.
-    #[test]
-    fn matches_a_float64_product() {
-        let mut random = Inputs::new(7);
-        for (out, inputs) in [(4, 16), (7, 37), (33, 100), (64, 2048)] {
-            for rows in [1, 2, 3, 5, 6, 7, 11, 13, 40, MAX_ROWS + 1] {
-                let weight = random.normal([out, inputs], (Kind::Float, Device::Cpu));
-                let x = random.normal([rows, inputs], (Kind::Float, Device::Cpu));
-                let bias = random.normal([out], (Kind::Float, Device::Cpu));
-                for (bias, f16, rows_per_frame) in [
-                    (None, false, 1),
-                    (Some(&bias), false, 1),
-                    (None, true, 1),
-                    (Some(&bias), true, 1),
-                    (None, true, 8),
-                    (Some(&bias), true, 8),
-                ] {
-                    let matrix = Matrix::new(
-                        weight.shallow_clone(),
-                        bias.map(Tensor::shallow_clone),
-                        f16,
-                        rows_per_frame,
-                    )
-                    .unwrap();
-                    assert_eq!(
-                        matches!(matrix, Matrix::PackedF16 { .. }),
-                        f16 && rows_per_frame == 8 && shim::avx512()
-                    );
-                    let got = matrix.forward(&x).unwrap().transpose(0, 1);
-                    assert_eq!(got.size(), [out, rows]);
-                    let stored = if f16 {
-                        weight.to_kind(Kind::Half)
-                    } else {
-                        weight.shallow_clone()
-                    };
-                    let (error, scale) = max_error_and_scale(&got, &float64_product(&stored, &x, bias));
-                    assert!(
-                        error <= 1e-5 * scale,
-                        "{out}x{inputs} against {rows} rows (bias {}, float16 {f16}, {rows_per_frame} \
-                         rows per frame): off by {error:e} of {scale:e}",
-                        bias.is_some()
-                    );
-                }
-            }
         }
     }
 

@@ -1,4 +1,4 @@
-// libtorch's CUDA graphs (at::cuda::CUDAGraph) behind a C interface for src/model/cuda_graph.rs:
+// libtorch's CUDA graphs (at::cuda::CUDAGraph) behind a C interface for src/model/engine/cuda_graph.rs:
 // tch does not wrap them. Every function catches what libtorch throws and returns it as a
 // message (NULL on success) for the caller to free with qwencodec_error_free.
 

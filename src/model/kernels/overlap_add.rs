@@ -59,7 +59,7 @@ mod tests {
     use tch::{Device, Kind};
 
     use super::*;
-    use crate::model::network::{Inputs, max_error_and_scale};
+    use crate::model::kernels::{Inputs, max_error_and_scale};
 
     /// Strides the kernel unrolls and one it does not, with and without overlap, several streams
     /// and a single column, taps contiguous or transposed, against the samples laid out by

@@ -5,16 +5,7 @@
 use std::ffi::{CStr, c_char};
 use std::ptr::NonNull;
 
-/// Why a graph could not be captured or replayed.
-#[derive(Debug, thiserror::Error)]
-pub enum GraphError {
-    #[error("this build has no CUDA graphs (its libtorch has no CUDA, or no CUDA headers were found)")]
-    Unavailable,
-    #[error("CUDA graph: {0}")]
-    Cuda(String),
-    #[error("while capturing a CUDA graph: {0}")]
-    Torch(#[from] tch::TchError),
-}
+use crate::model::error::GraphError;
 
 #[cfg(cuda_graphs)]
 mod ffi {

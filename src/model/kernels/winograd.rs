@@ -292,8 +292,8 @@ impl Winograd {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::network::shim::CpuKernels;
-    use crate::model::network::{Inputs, max_error_and_scale};
+    use crate::model::kernels::shim::CpuKernels;
+    use crate::model::kernels::{Inputs, max_error_and_scale};
 
     /// Which convolutions take which tiles.
     #[test]

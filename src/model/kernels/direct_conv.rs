@@ -70,8 +70,8 @@ pub fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::network::shim::CpuKernels;
-    use crate::model::network::{Inputs, max_error_and_scale};
+    use crate::model::kernels::shim::CpuKernels;
+    use crate::model::kernels::{Inputs, max_error_and_scale};
 
     /// (in, out, groups, taps): depthwise convolutions and dense ones of few outputs.
     const SHAPES: [(i64, i64, i64, i64); 4] = [(24, 24, 24, 7), (8, 16, 8, 3), (96, 1, 1, 7), (5, 3, 1, 2)];

@@ -14,9 +14,10 @@ use std::collections::HashMap;
 use tch::{Kind, Tensor};
 
 use super::arena::{Arena, SCRATCH_ROW};
-use super::cuda_graph::{self, CudaGraph, GraphError};
-use super::log;
-use super::network::{Network, StepTables};
+use super::cuda_graph::{self, CudaGraph};
+use crate::model::error::GraphError;
+use crate::model::log;
+use crate::model::network::{Network, StepTables};
 
 /// Rows a graph is recorded for; a batch runs in the smallest that holds it, and eagerly
 /// beyond the largest.
