@@ -2,8 +2,8 @@
 QWENCODEC_CACHE ?= /var/cache/qwencodec
 VENV := $(QWENCODEC_CACHE)/venv
 export QWENCODEC_CACHE
-# tch builds against the libtorch of the venv's torch wheel.
-export LIBTORCH_USE_PYTORCH := 1
+# tch builds against the libtorch of the venv's torch wheel, which set-up names in the
+# git-ignored .cargo/config.toml (so plain cargo finds it too); the venv's python runs the tools.
 export PATH := $(VENV)/bin:$(PATH)
 # Our C++ kernels build with -Wall -Wextra; under make a warning is an error (build.rs).
 export QWENCODEC_WERROR := 1
@@ -65,6 +65,7 @@ test: build lint released-fixture
 	bash tools/check-profile.sh
 	bash tools/fuzz-short.sh
 	cargo build --release --example tts-server
+	bash tools/check-plain-cargo.sh
 	bash tools/check-load.sh
 	G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} cargo test --release
 	for kernels in avx2 off; do \
@@ -80,7 +81,7 @@ soak: build
 	cargo run --release --example soak -- --streams $(SOAK_STREAMS) $(SOAK_ARGS)
 
 # Do the tests notice a broken line? cargo-mutants on the files where a mistake would be
-# silent (not a test: hours on two cores; docs/mutants.md). MUTANTS_FILES="src/model/arena.rs"
+# silent (not a test: hours on two cores; docs/mutants.md). MUTANTS_FILES="src/model/engine/arena.rs"
 # narrows it.
 mutants: build released-fixture
 	bash tools/mutants.sh

@@ -61,3 +61,16 @@ if [ -d "$site_packages/nvidia/cu13/include" ] && [ ! -f "$site_packages/nvidia/
   echo "setup: installing the CUDA runtime's crt headers into $venv"
   "$venv/bin/python" -m pip install -q --no-deps "nvidia-cuda-crt~=13.0.0"
 fi
+
+# Plain cargo (cargo build, cargo test, cargo run --example ...) in any shell finds libtorch as
+# make does: torch-sys reads LIBTORCH from this checkout's git-ignored cargo config.
+config="$(cd "$(dirname "$0")/.." && pwd)/.cargo/config.toml"
+libtorch="$site_packages/torch"
+wanted="# Written by tools/setup.sh: the libtorch of $venv, for torch-sys.
+[env]
+LIBTORCH = \"$libtorch\""
+if [ "$(cat "$config" 2>/dev/null)" != "$wanted" ]; then
+  mkdir -p "$(dirname "$config")"
+  printf '%s\n' "$wanted" > "$config"
+  echo "setup: wrote $config"
+fi
