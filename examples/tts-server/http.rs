@@ -1,4 +1,5 @@
-//! Just enough HTTP/1.1 for the server: one GET per connection, a page or a WebSocket upgrade.
+//! The server's HTTP/1.1: one GET per connection (its head parsed by httparse, its query by
+//! form_urlencoded), answered with a page or upgraded to a WebSocket (tungstenite).
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read as _, Write};
@@ -11,8 +12,9 @@ use tungstenite::protocol::{Role, WebSocket, WebSocketConfig};
 
 use crate::{Server, log};
 
-/// The most a request head may take.
+/// The most a request head may take, and its most header lines.
 const MAX_HEAD_BYTES: usize = 16 * 1024;
+const MAX_HEADERS: usize = 64;
 /// How often a WebSocket handler looks up from reading to do its other work.
 pub const POLL: Duration = Duration::from_millis(20);
 
@@ -27,14 +29,18 @@ pub struct Request {
 }
 
 impl Request {
-    /// Reads a GET request's head; the client has `timeout` to send it.
+    /// Reads a GET request's head (parsed by httparse); the client has `timeout` to send it.
     pub fn read(mut stream: &TcpStream, timeout: Duration) -> Result<Self, String> {
         let deadline = Instant::now() + timeout;
         let mut bytes = Vec::new();
         let mut chunk = [0u8; 4096];
-        let head_end = loop {
-            if let Some(at) = bytes.windows(4).position(|w| w == b"\r\n\r\n") {
-                break at;
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut head = httparse::Request::new(&mut headers);
+            match head.parse(&bytes) {
+                Ok(httparse::Status::Complete(length)) => return Self::from_head(&head, &bytes[length..]),
+                Ok(httparse::Status::Partial) => (),
+                Err(err) => return Err(format!("bad request head: {err}")),
             }
             if bytes.len() > MAX_HEAD_BYTES {
                 return Err(format!("request head over {MAX_HEAD_BYTES} bytes, closed"));
@@ -52,29 +58,26 @@ impl Request {
                 Err(err) if matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => (),
                 Err(err) => return Err(err.to_string()),
             }
-        };
-        let head = std::str::from_utf8(&bytes[..head_end]).map_err(|_| "request head is not UTF-8")?;
-        let mut lines = head.split("\r\n");
-        let request_line = lines.next().unwrap_or_default();
-        let mut parts = request_line.split(' ');
-        let (Some("GET"), Some(target)) = (parts.next(), parts.next()) else {
-            return Err(format!("not a GET request: {request_line:?}"));
+        }
+    }
+
+    fn from_head(head: &httparse::Request, rest: &[u8]) -> Result<Self, String> {
+        let (Some("GET"), Some(target)) = (head.method, head.path) else {
+            return Err(format!("not a GET request: {:?} {:?}", head.method, head.path));
         };
         let (path, query) = target.split_once('?').unwrap_or((target, ""));
-        let query = query
-            .split('&')
-            .filter_map(|pair| pair.split_once('='))
-            .map(|(name, value)| (name.to_string(), value.to_string()))
-            .collect();
-        let headers = lines
-            .filter_map(|line| line.split_once(':'))
-            .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_string()))
-            .collect();
         Ok(Self {
             path: path.to_string(),
-            query,
-            headers,
-            rest: bytes[head_end + 4..].to_vec(),
+            query: form_urlencoded::parse(query.as_bytes()).into_owned().collect(),
+            headers: head
+                .headers
+                .iter()
+                .map(|header| {
+                    let value = String::from_utf8_lossy(header.value).trim().to_string();
+                    (header.name.to_ascii_lowercase(), value)
+                })
+                .collect(),
+            rest: rest.to_vec(),
         })
     }
 
