@@ -56,10 +56,11 @@ lint: setup
 
 # CI (.ci/run) runs this. GLib warnings and criticals abort the tests (G_DEBUG). The tests run
 # several decoding processes at once: short OpenMP spinning keeps them from starving each
-# other (see "Threads" in the README). The library's, parity, batching and element tests run
+# other (see "Threads" in docs/element.md). The library's, parity, batching and element tests run
 # again with our CPU kernels held to AVX2 and then off: the paths of CPUs without AVX-512, and
 # with off libtorch's ops everywhere, the path CUDA takes.
 test: build lint released-fixture
+	python3 tools/check-links.py
 	bash tools/check-inspect.sh
 	bash tools/check-install.sh
 	bash tools/check-profile.sh
@@ -109,7 +110,7 @@ released-fixture: setup-reference
 
 # The benchmark (not a test): upstream Python decoder and ours on the released geometry with
 # random weights, side by side, each decode timed BENCH_REPEATS times after a warm-up; writes
-# bench/results/<date>-<cpu>-<device>-<dtype>.{md,json} and the README's table of every result.
+# bench/results/<date>-<cpu>-<device>-<dtype>.{md,json} and the table of every result in docs/performance.md.
 # BENCH_ARGS: more options of benches/decode/main.rs (--chunks, --dtype, --steady-frames). Then many
 # streams on one model, batched and not (benches/streams.rs, STREAMS_ARGS: --streams, --live, ...),
 # and the time a seek or a stop takes during playback (benches/effect.rs, EFFECT_ARGS: --runs, ...).
@@ -123,7 +124,7 @@ bench: build setup-reference $(BENCH_MODEL)/model.safetensors
 	  --reference bench/cache/reference.f32 --out bench/results --repeats $(BENCH_REPEATS) $(BENCH_ARGS)
 	cargo bench --bench streams -- --model $(BENCH_MODEL) --out bench/results $(STREAMS_ARGS)
 	cargo bench --bench effect -- --model $(BENCH_MODEL) --out bench/results $(EFFECT_ARGS)
-	$(VENV)/bin/python tools/bench_summary.py bench/results --readme README.md
+	$(VENV)/bin/python tools/bench_summary.py bench/results --into docs/performance.md
 
 # The benchmark's checkpoint: the released geometry with random weights and BENCH_FRAMES frames of
 # codes.

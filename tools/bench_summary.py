@@ -4,14 +4,16 @@
 One row per result file (<date>-<cpu>-<device>-<dtype>.json, written by
 benches/decode/main.rs): the CPU, the thread counts, and the headline figures, in
 seconds of compute per second of audio as "best / median" of the timed runs.
-With --readme, the table replaces the block between the bench-summary markers
-of that file (`make bench` does this for README.md); else it is printed.
+With --into, the table replaces the block between the bench-summary markers
+of that file, its links relative to it (`make bench` does this for
+docs/performance.md); else it is printed, its links relative to the repository.
 
-    python tools/bench_summary.py bench/results [--readme README.md]
+    python tools/bench_summary.py bench/results [--into docs/performance.md]
 """
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -40,7 +42,7 @@ def cell(report, method, key, digits):
     return "–" if row is None else best_median(row[key], digits)
 
 
-def summary_row(path, report):
+def summary_row(path, report, links):
     machine = report["machine"]
     avx512 = machine.get("avx512")
     cpu = machine["cpu"]
@@ -60,7 +62,7 @@ def summary_row(path, report):
     growth = ("–" if not steady else
               f"{steady['last_over_first_p50']:.2f}x ({steady['model']})")
     core = "qwencodec core, chunk-frames {}"
-    result = f"[{path.stem}](bench/results/{path.stem}.md)"
+    result = f"[{path.stem}]({links}/{path.stem}.md)"
     if not isinstance(rows[0]["seconds_per_audio_second"], dict):
         result += " (older method: upstream best of 3, ours a single run)"
     return [
@@ -77,7 +79,7 @@ def summary_row(path, report):
     ]
 
 
-def table(results):
+def table(results, links):
     header = [
         "CPU", "device, dtype", "threads (upstream / ours)",
         "upstream full decode", "ours, chunk-frames 1", "ours, chunk-frames 4",
@@ -90,26 +92,26 @@ def table(results):
         if path.stem.endswith(("-streams", "-profile")) or "-time-to-effect" in path.stem:
             continue  # benches/streams.rs, effect.rs and make profile: tabled in their own files
         report = json.loads(path.read_text())
-        lines.append("| " + " | ".join(summary_row(path, report)) + " |")
+        lines.append("| " + " | ".join(summary_row(path, report, links)) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", type=Path)
-    parser.add_argument("--readme", type=Path,
+    parser.add_argument("--into", type=Path,
                         help="file whose bench-summary block to rewrite")
     args = parser.parse_args()
-    text = table(args.results)
-    if args.readme is None:
-        print(text, end="")
+    if args.into is None:
+        print(table(args.results, args.results.as_posix()), end="")
         return
-    readme = args.readme.read_text()
+    text = table(args.results, Path(os.path.relpath(args.results, args.into.parent)).as_posix())
+    readme = args.into.read_text()
     pattern = re.compile(re.escape(BEGIN) + r"\n.*?" + re.escape(END),
                          re.DOTALL)
     if not pattern.search(readme):
-        sys.exit(f"{args.readme}: no bench-summary block ({BEGIN} ... {END})")
-    args.readme.write_text(
+        sys.exit(f"{args.into}: no bench-summary block ({BEGIN} ... {END})")
+    args.into.write_text(
         pattern.sub(lambda _: f"{BEGIN}\n{text}{END}", readme))
 
 

@@ -459,7 +459,7 @@ class ServerProcess:
             "--admission", options.admission,
         ]  # fmt: skip
         env = dict(os.environ)
-        env.setdefault("GOMP_SPINCOUNT", "1000")  # as make serve: short OpenMP spinning (README "Threads")
+        env.setdefault("GOMP_SPINCOUNT", "1000")  # as make serve: short OpenMP spinning (docs/element.md, "Threads")
         proc = await asyncio.create_subprocess_exec(
             *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env
         )

@@ -15,8 +15,8 @@
 //!
 //! One process serves the page (`/`), the browsers' signalling (`/signal`), the codes ingress
 //! (`/codes`) and a status document (`/status`: sessions and live pipelines). Every session's
-//! decoder is an element of its own on the one model the server loaded at start. The README's
-//! "Serving speech to browsers" has the message formats and the refusals.
+//! decoder is an element of its own on the one model the server loaded at start. docs/streaming-server.md
+//! has the message formats and the refusals.
 
 mod admission;
 #[path = "../common/mod.rs"]
@@ -100,7 +100,7 @@ tts-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|cuda:N]
 SIGTERM or SIGINT: new connections are refused, every session ends (its browser and its sender
 told why), and the server exits 0.
 
-The README's \"Serving speech to browsers\" has the protocol and the refusals.
+docs/streaming-server.md has the protocol and the refusals.
 ";
 
 fn run() -> Result<(), Box<dyn Error>> {
