@@ -13,6 +13,7 @@ pub mod snake_beta;
 pub mod transformer_layer;
 pub mod winograd;
 
+#[cfg(test)]
 use tch::{Kind, Tensor};
 
 pub type TorchResult<T> = Result<T, tch::TchError>;

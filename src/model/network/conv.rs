@@ -3,15 +3,15 @@
 
 use tch::{Device, Kind, Tensor};
 
-use crate::model::kernels::direct_conv;
 use super::ops::{Matrix, with_weights};
+use super::{ACTIVATION_KIND, State, StateLayout};
+use crate::model::checkpoint::Weights;
+use crate::model::error::ModelError;
+use crate::model::kernels::TorchResult;
+use crate::model::kernels::direct_conv;
 use crate::model::kernels::overlap_add;
 use crate::model::kernels::shim::{self, CpuKernels};
 use crate::model::kernels::winograd::{Tiles, Winograd};
-use super::{ACTIVATION_KIND, State, StateLayout};
-use crate::model::kernels::TorchResult;
-use crate::model::error::ModelError;
-use crate::model::checkpoint::Weights;
 
 /// The shape of a convolution, as upstream's `Conv1d` takes it.
 #[derive(Clone, Copy)]

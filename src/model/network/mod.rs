@@ -19,9 +19,9 @@ mod vocoder;
 
 use tch::{Device, Kind, Tensor};
 
-use super::error::ModelError;
 use super::checkpoint::WeightFile;
 use super::config::DecoderConfig;
+use super::error::ModelError;
 use super::kernels::TorchResult;
 use super::op_profiler::Scope;
 use conv::{CausalConv, ConvShape};

@@ -3,11 +3,11 @@
 
 use tch::{Device, Kind, Tensor};
 
-use crate::model::kernels::skinny_gemm;
 use super::ACTIVATION_KIND;
-use crate::model::kernels::TorchResult;
-use crate::model::error::ModelError;
 use crate::model::checkpoint::Weights;
+use crate::model::error::ModelError;
+use crate::model::kernels::TorchResult;
+use crate::model::kernels::skinny_gemm;
 
 /// `op` (a product with weights stored in `weight_kind`) on float32 activations.
 pub fn with_weights(
@@ -234,9 +234,9 @@ impl Linear {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::kernels::shim;
     use crate::model::kernels::skinny_gemm::MAX_ROWS;
     use crate::model::kernels::skinny_gemm::tests::float64_product;
-    use crate::model::kernels::shim;
     use crate::model::kernels::{Inputs, max_error_and_scale};
 
     /// Rows that are a transposed view of columns, few and many (where they go to MKL as they

@@ -5,10 +5,10 @@
 use tch::{Device, Kind, Tensor};
 
 use super::ACTIVATION_KIND;
+use crate::model::checkpoint::Weights;
+use crate::model::error::ModelError;
 use crate::model::kernels::shim::{self, CpuKernels};
 use crate::model::kernels::{self, TorchResult};
-use crate::model::error::ModelError;
-use crate::model::checkpoint::Weights;
 
 /// SnakeBeta with both factors precomputed.
 pub struct SnakeBeta {

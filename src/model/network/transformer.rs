@@ -9,13 +9,13 @@ use tch::{Device, Kind, TchError, Tensor};
 use super::attention::{Attention, Heads, Rope};
 use super::ops::{Linear, LinearWeights};
 use super::rms_norm::RmsNorm;
-use crate::model::kernels::shim::{self, call};
-use crate::model::kernels::skinny_gemm;
 use super::{ACTIVATION_KIND, State};
-use crate::model::kernels::TorchResult;
-use crate::model::error::ModelError;
 use crate::model::checkpoint::Weights;
 use crate::model::config::DecoderConfig;
+use crate::model::error::ModelError;
+use crate::model::kernels::shim;
+use crate::model::kernels::skinny_gemm;
+use crate::model::kernels::{self, TorchResult};
 
 /// What a step of a given number of frames needs besides codes and state, the same for every
 /// such step of every stream: RoPE tables and the sliding-window mask. Made once per step size
@@ -262,12 +262,12 @@ impl TransformerLayer {
         keys: &mut Tensor,
         values: &mut Tensor,
     ) -> TorchResult<Tensor> {
-        let product = |linear: &'_ Linear| {
+        fn product(linear: &Linear) -> TorchResult<kernels::transformer_layer::Product<'_>> {
             let (weight, bias) = linear.few_row_weights().ok_or_else(|| {
                 TchError::Torch("transformer layer: a product the few-row kernel does not take".into())
             })?;
-            Ok::<_, TchError>(kernels::transformer_layer::Product { weight, bias })
-        };
+            Ok(kernels::transformer_layer::Product { weight, bias })
+        }
         let (input_norm, eps) = self.input_norm.parts();
         let (post_attention_norm, _) = self.post_attention_norm.parts();
         let rope = &attention.rope;

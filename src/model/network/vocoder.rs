@@ -7,12 +7,12 @@ use tch::Tensor;
 
 use super::conv::{CausalConv, CausalTransConv, ConvShape};
 use super::snake_beta::SnakeBeta;
-use crate::model::kernels::winograd::Tiles;
 use super::{State, StateLayout};
-use crate::model::kernels::TorchResult;
-use crate::model::error::ModelError;
 use crate::model::checkpoint::Weights;
 use crate::model::config::DecoderConfig;
+use crate::model::error::ModelError;
+use crate::model::kernels::TorchResult;
+use crate::model::kernels::winograd::Tiles;
 use crate::model::op_profiler::Scope;
 
 pub struct Vocoder {
