@@ -1,15 +1,19 @@
 //! GStreamer plugin `qwencodec`: decodes Qwen3-TTS speech-codec frames into audio.
 //!
 //! [`model`] is the streaming decoder itself and [`npy`] reads `.npy` files of codes, both free
-//! of GStreamer; the elements and the typefinder adapt them.
+//! of GStreamer; the elements and the typefinder adapt them. `codes_payload` is the RTP payload
+//! format of codes, which the RTP payloader and depayloader share.
 
 use gst::glib;
 
+mod codes_payload;
 pub mod model;
 mod model_log;
 pub mod npy;
 mod qwencodecdec;
 mod qwencodecparse;
+mod rtpqwencodesdepay;
+mod rtpqwencodespay;
 mod typefind;
 
 pub use qwencodecdec::{DRAIN_EVENT, drain_event};
@@ -28,6 +32,8 @@ fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
     model_log::install();
     qwencodecdec::register(plugin)?;
     qwencodecparse::register(plugin)?;
+    rtpqwencodespay::register(plugin)?;
+    rtpqwencodesdepay::register(plugin)?;
     typefind::register(plugin)
 }
 

@@ -1,0 +1,428 @@
+/**
+ * SECTION:element-rtpqwencodespay
+ *
+ * Payloads Qwen3-TTS codec frames (`audio/x-qwen3-tts-codes`, as `qwencodecdec` takes them) into
+ * RTP packets of the private format `X-QWEN3-TTS-CODES`: a byte saying how many frames follow,
+ * then their codes packed at the fewest bits that hold the codebook (11 for the release: 2.2
+ * kbit/s of codes). The RTP clock is the audio's (`clock-rate`, the model's sample rate): a
+ * packet's timestamp advances by the samples of its frames. The marker bit starts a stream and
+ * each utterance (after a DISCONT buffer or a `qwencodec-drain` event), so that the receiver's
+ * decoder starts fresh where the sender's did.
+ *
+ * ```text
+ * gst-launch-1.0 filesrc location=codes.npy ! qwencodecparse ! rtpqwencodespay ! \
+ *   udpsink host=127.0.0.1 port=5004
+ * ```
+ */
+use std::sync::{LazyLock, Mutex};
+
+use gst::glib;
+use gst::prelude::*;
+use gst::subclass::prelude::*;
+use gst_rtp::prelude::*;
+use gst_rtp::subclass::prelude::*;
+
+use crate::codes_payload::{ENCODING_NAME, Layout, MAX_FRAMES};
+
+static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
+    gst::DebugCategory::new(
+        "rtpqwencodespay",
+        gst::DebugColorFlags::empty(),
+        Some("RTP payloader of Qwen3-TTS codec frames"),
+    )
+});
+
+/// The released model's codebook and sample rate.
+const DEFAULT_CODEBOOK_SIZE: u32 = 2048;
+const DEFAULT_CLOCK_RATE: u32 = 24_000;
+/// The RTP header without CSRCs.
+const RTP_HEADER_BYTES: usize = 12;
+
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    frames_per_packet: u32,
+    codebook_size: u32,
+    clock_rate: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            frames_per_packet: 1,
+            codebook_size: DEFAULT_CODEBOOK_SIZE,
+            clock_rate: DEFAULT_CLOCK_RATE,
+        }
+    }
+}
+
+struct State {
+    layout: Layout,
+    frames_per_packet: usize,
+    frame_duration: gst::ClockTime,
+    samples_per_frame: u64,
+    /// Bytes of frames not yet sent: whole frames and the start of the next.
+    pending: Vec<u8>,
+    /// The time of the first pending frame.
+    pending_pts: Option<gst::ClockTime>,
+    /// The next packet starts a stream or an utterance.
+    marker: bool,
+}
+
+impl State {
+    fn frame_bytes(&self) -> usize {
+        self.layout.codebooks * 2
+    }
+
+    fn whole_frames(&self) -> usize {
+        self.pending.len() / self.frame_bytes()
+    }
+}
+
+#[derive(Default)]
+pub struct RtpQwenCodesPay {
+    settings: Mutex<Settings>,
+    state: Mutex<Option<State>>,
+}
+
+#[glib::object_subclass]
+impl ObjectSubclass for RtpQwenCodesPay {
+    const NAME: &'static str = "GstRtpQwenCodesPay";
+    type Type = super::RtpQwenCodesPay;
+    type ParentType = gst_rtp::RTPBasePayload;
+}
+
+impl ObjectImpl for RtpQwenCodesPay {
+    fn properties() -> &'static [glib::ParamSpec] {
+        static PROPERTIES: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
+            vec![
+                glib::ParamSpecUInt::builder("frames-per-packet")
+                    .nick("Frames per packet")
+                    .blurb(
+                        "Frames in a packet (1: the lowest latency); fewer where max-ptime or \
+                         the MTU holds fewer",
+                    )
+                    .minimum(1)
+                    .maximum(MAX_FRAMES as u32)
+                    .default_value(1)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("codebook-size")
+                    .nick("Codebook size")
+                    .blurb("Codes run from 0 to codebook-size - 1 (the model's; 2048 for the release)")
+                    .minimum(2)
+                    .maximum(1 << 15)
+                    .default_value(DEFAULT_CODEBOOK_SIZE)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("clock-rate")
+                    .nick("Clock rate")
+                    .blurb("The RTP clock: the model's sample rate (24000 for the release)")
+                    .minimum(1)
+                    .default_value(DEFAULT_CLOCK_RATE)
+                    .mutable_ready()
+                    .build(),
+            ]
+        });
+        PROPERTIES.as_ref()
+    }
+
+    fn set_property(&self, _id: usize, value: &glib::Value, pspec: &glib::ParamSpec) {
+        let mut settings = self.settings.lock().unwrap();
+        match pspec.name() {
+            "frames-per-packet" => settings.frames_per_packet = value.get().expect("type checked"),
+            "codebook-size" => settings.codebook_size = value.get().expect("type checked"),
+            "clock-rate" => settings.clock_rate = value.get().expect("type checked"),
+            _ => unimplemented!(),
+        }
+    }
+
+    fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
+        let settings = self.settings.lock().unwrap();
+        match pspec.name() {
+            "frames-per-packet" => settings.frames_per_packet.to_value(),
+            "codebook-size" => settings.codebook_size.to_value(),
+            "clock-rate" => settings.clock_rate.to_value(),
+            _ => unimplemented!(),
+        }
+    }
+}
+
+impl GstObjectImpl for RtpQwenCodesPay {}
+
+impl ElementImpl for RtpQwenCodesPay {
+    fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
+        static METADATA: LazyLock<gst::subclass::ElementMetadata> = LazyLock::new(|| {
+            gst::subclass::ElementMetadata::new(
+                "RTP Qwen3-TTS codes payloader",
+                "Codec/Payloader/Network/RTP",
+                "Payloads Qwen3-TTS codec frames into RTP packets (X-QWEN3-TTS-CODES)",
+                "qwencodec developers",
+            )
+        });
+        Some(&*METADATA)
+    }
+
+    fn pad_templates() -> &'static [gst::PadTemplate] {
+        static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
+            let sink_caps = crate::any_codes_caps()
+                .field(
+                    "framerate",
+                    gst::FractionRange::new(gst::Fraction::new(1, i32::MAX), gst::Fraction::new(i32::MAX, 1)),
+                )
+                .build();
+            let src_caps = gst::Caps::builder("application/x-rtp")
+                .field("media", "audio")
+                .field("payload", gst::IntRange::new(96, 127))
+                .field("clock-rate", gst::IntRange::new(1, i32::MAX))
+                .field("encoding-name", ENCODING_NAME)
+                .build();
+            vec![
+                gst::PadTemplate::new(
+                    "sink",
+                    gst::PadDirection::Sink,
+                    gst::PadPresence::Always,
+                    &sink_caps,
+                )
+                .unwrap(),
+                gst::PadTemplate::new("src", gst::PadDirection::Src, gst::PadPresence::Always, &src_caps)
+                    .unwrap(),
+            ]
+        });
+        TEMPLATES.as_ref()
+    }
+
+    fn change_state(
+        &self,
+        transition: gst::StateChange,
+    ) -> Result<gst::StateChangeSuccess, gst::StateChangeError> {
+        let result = self.parent_change_state(transition)?;
+        if transition == gst::StateChange::PausedToReady {
+            *self.state.lock().unwrap() = None;
+        }
+        Ok(result)
+    }
+}
+
+impl RTPBasePayloadImpl for RtpQwenCodesPay {
+    fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
+        let s = caps
+            .structure(0)
+            .ok_or_else(|| gst::loggable_error!(CAT, "Empty caps"))?;
+        let codebooks = s
+            .get::<i32>("codebooks")
+            .map_err(|_| gst::loggable_error!(CAT, "Caps {} have no codebooks", caps))?;
+        let framerate = s.get::<gst::Fraction>("framerate").map_err(|_| {
+            gst::loggable_error!(CAT, "Caps {} have no framerate: the RTP clock needs it", caps)
+        })?;
+        let settings = *self.settings.lock().unwrap();
+        // Samples per frame = clock rate / frame rate, which must be whole: the RTP
+        // timestamps step by it.
+        let (num, den) = (framerate.numer() as u64, framerate.denom() as u64);
+        let scaled = settings.clock_rate as u64 * den;
+        if num == 0 || !scaled.is_multiple_of(num) {
+            gst::element_imp_error!(
+                self,
+                gst::StreamError::Format,
+                [
+                    "A frame rate of {} does not divide the clock rate {}",
+                    framerate,
+                    settings.clock_rate
+                ]
+            );
+            return Err(gst::loggable_error!(CAT, "No whole samples per frame"));
+        }
+        let samples_per_frame = scaled / num;
+        let layout = Layout {
+            codebooks: codebooks as usize,
+            codebook_size: settings.codebook_size,
+        };
+        let obj = self.obj();
+        obj.set_options("audio", true, ENCODING_NAME, settings.clock_rate);
+        // Strings, as SDP's a=fmtp carries them.
+        let fields = gst::Structure::builder("application/x-rtp")
+            .field("codebooks", codebooks.to_string())
+            .field("codebook-size", settings.codebook_size.to_string())
+            .field("samples-per-frame", samples_per_frame.to_string())
+            .build();
+        obj.set_outcaps(Some(&fields))
+            .map_err(|err| gst::loggable_error!(CAT, "Cannot set the RTP caps: {}", err))?;
+        *self.state.lock().unwrap() = Some(State {
+            layout,
+            frames_per_packet: settings.frames_per_packet as usize,
+            frame_duration: gst::ClockTime::SECOND
+                .mul_div_floor(den, num)
+                .expect("a frame lasts less than forever"),
+            samples_per_frame,
+            pending: Vec::new(),
+            pending_pts: None,
+            marker: true,
+        });
+        gst::debug!(
+            CAT,
+            imp = self,
+            "{} codes a frame, {} samples a frame",
+            codebooks,
+            samples_per_frame
+        );
+        Ok(())
+    }
+
+    fn handle_buffer(&self, buffer: gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
+        if buffer.flags().contains(gst::BufferFlags::DISCONT) {
+            // What came before ends its packets; the next packet starts afresh.
+            self.send_pending(true)?;
+        }
+        let mut guard = self.state.lock().unwrap();
+        let Some(state) = guard.as_mut() else {
+            gst::element_imp_error!(self, gst::CoreError::Negotiation, ["Frames before caps"]);
+            return Err(gst::FlowError::NotNegotiated);
+        };
+        let map = buffer.map_readable().map_err(|_| {
+            gst::element_imp_error!(self, gst::CoreError::Failed, ["Cannot map the input buffer"]);
+            gst::FlowError::Error
+        })?;
+        if state.pending.is_empty() {
+            state.pending_pts = buffer.pts();
+        } else if state.pending_pts.is_none() {
+            // The buffer that started the pending frames had no time: count from this one's.
+            let behind = state.frame_duration * (state.pending.len() / state.frame_bytes()) as u64;
+            state.pending_pts = buffer.pts().and_then(|pts| pts.checked_sub(behind));
+        }
+        state.pending.extend_from_slice(&map);
+        drop(map);
+        let per_packet = self.frames_per_packet(state);
+        drop(guard);
+        loop {
+            let mut guard = self.state.lock().unwrap();
+            let state = guard.as_mut().ok_or(gst::FlowError::Flushing)?;
+            if state.whole_frames() < per_packet {
+                return Ok(gst::FlowSuccess::Ok);
+            }
+            let packet = self.take_packet(state, per_packet)?;
+            drop(guard);
+            self.obj().push(packet)?;
+        }
+    }
+
+    fn sink_event(&self, event: gst::Event) -> bool {
+        use gst::EventView;
+        match event.view() {
+            EventView::Eos(_) => {
+                _ = self.send_pending(false);
+            }
+            EventView::CustomDownstream(custom)
+                if custom.structure().is_some_and(|s| s.name() == crate::DRAIN_EVENT) =>
+            {
+                // The end of an utterance: its frames go now, the next starts a packet with the
+                // marker.
+                _ = self.send_pending(true);
+            }
+            EventView::FlushStop(_) | EventView::StreamStart(_) => {
+                if let Some(state) = self.state.lock().unwrap().as_mut() {
+                    state.pending.clear();
+                    state.pending_pts = None;
+                    state.marker = true;
+                }
+            }
+            _ => (),
+        }
+        self.parent_sink_event(event)
+    }
+}
+
+impl RtpQwenCodesPay {
+    /// `frames-per-packet`, or fewer where `max-ptime` or the MTU holds fewer.
+    fn frames_per_packet(&self, state: &State) -> usize {
+        let obj = self.obj();
+        let by_mtu = state
+            .layout
+            .frames_within((obj.mtu() as usize).saturating_sub(RTP_HEADER_BYTES));
+        let by_ptime = match obj.max_ptime() {
+            max_ptime if max_ptime > 0 => (max_ptime as u64 / state.frame_duration.nseconds()) as usize,
+            _ => MAX_FRAMES,
+        };
+        state.frames_per_packet.min(by_mtu).min(by_ptime).max(1)
+    }
+
+    /// A packet of the first `frames` pending frames (at most as many as there are).
+    fn take_packet(&self, state: &mut State, frames: usize) -> Result<gst::Buffer, gst::FlowError> {
+        let frames = frames.min(state.whole_frames());
+        let bytes: Vec<u8> = state.pending.drain(..frames * state.frame_bytes()).collect();
+        let codes: Vec<i16> = bytes
+            .chunks_exact(2)
+            .map(|pair| i16::from_le_bytes([pair[0], pair[1]]))
+            .collect();
+        if let Some((index, code)) = codes
+            .iter()
+            .enumerate()
+            .find(|&(_, &code)| code < 0 || code as u32 >= state.layout.codebook_size)
+        {
+            gst::element_imp_error!(
+                self,
+                gst::StreamError::Format,
+                [
+                    "Code {} (codebook {}) is outside 0..{}: not codes of this codebook-size",
+                    code,
+                    index % state.layout.codebooks,
+                    state.layout.codebook_size
+                ]
+            );
+            return Err(gst::FlowError::Error);
+        }
+        let payload = state.layout.pack(&codes);
+        let mut packet = self.obj().allocate_output_buffer(payload.len() as u32, 0, 0);
+        {
+            let packet = packet.get_mut().expect("a new buffer");
+            packet.set_pts(state.pending_pts);
+            packet.set_duration(state.frame_duration * frames as u64);
+            let mut rtp =
+                gst_rtp::RTPBuffer::from_buffer_writable(packet).map_err(|_| gst::FlowError::Error)?;
+            rtp.payload_mut()
+                .map_err(|_| gst::FlowError::Error)?
+                .copy_from_slice(&payload);
+            rtp.set_marker(std::mem::take(&mut state.marker));
+        }
+        state.pending_pts = state
+            .pending_pts
+            .map(|pts| pts + state.frame_duration * frames as u64);
+        gst::trace!(
+            CAT,
+            imp = self,
+            "{} frames, {} samples",
+            frames,
+            state.samples_per_frame * frames as u64
+        );
+        Ok(packet)
+    }
+
+    /// Sends every whole pending frame (the last packet may be short); a partial frame left is
+    /// dropped, with a warning. `marker`: the packet after these starts an utterance.
+    fn send_pending(&self, marker: bool) -> Result<gst::FlowSuccess, gst::FlowError> {
+        loop {
+            let mut guard = self.state.lock().unwrap();
+            let Some(state) = guard.as_mut() else {
+                return Ok(gst::FlowSuccess::Ok);
+            };
+            if state.whole_frames() == 0 {
+                if !state.pending.is_empty() {
+                    gst::element_imp_warning!(
+                        self,
+                        gst::StreamError::Format,
+                        [
+                            "{} bytes of a partial frame dropped at the end of the stream",
+                            state.pending.len()
+                        ]
+                    );
+                    state.pending.clear();
+                }
+                state.pending_pts = None;
+                state.marker |= marker;
+                return Ok(gst::FlowSuccess::Ok);
+            }
+            let per_packet = self.frames_per_packet(state);
+            let packet = self.take_packet(state, per_packet)?;
+            drop(guard);
+            self.obj().push(packet)?;
+        }
+    }
+}
