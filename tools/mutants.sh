@@ -7,6 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${MUTANTS_OUT:-target/mutants}
 command -v cargo-mutants >/dev/null || cargo install --locked cargo-mutants
+# cargo-mutants builds a copy of the tree without the git-ignored cargo config that names
+# libtorch (tools/setup.sh writes it): torch-sys gets it from the environment instead.
+libtorch="$(sed -n 's/^LIBTORCH = "\(.*\)"$/\1/p' .cargo/config.toml 2>/dev/null)"
+[ -n "$libtorch" ] && export LIBTORCH="$libtorch"
 
 # Each file with the tests that cover it: the model's with the library's, batching and parity
 # tests; the element's with the element's own.
