@@ -15,8 +15,12 @@ libtorch="$(sed -n 's/^LIBTORCH = "\(.*\)"$/\1/p' .cargo/config.toml 2>/dev/null
 # Each file with the tests that cover it: the model's with the library's, batching and parity
 # tests; the element's with the element's own.
 model_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=batching --cargo-test-arg=--test=model_parity)
+# The two element tests that run the built plugin through gst-launch are left out: cargo test
+# builds no cdylib, so they cannot find one in the mutants profile.
 element_tests=(--cargo-test-arg=--test=element --cargo-test-arg=--test=seeking
-  --cargo-test-arg=--test=timestamps --cargo-test-arg=--test=max_errors)
+  --cargo-test-arg=--test=timestamps --cargo-test-arg=--test=max_errors
+  --cargo-test-arg=-- --cargo-test-arg=--skip=gst_launch_decodes_a_file_to_wav
+  --cargo-test-arg=--skip=pipeline_scripts_run)
 declare -A tests_of=(
   [src/model/engine/arena.rs]=model [src/model/engine/mod.rs]=model [src/model/stream_decoder.rs]=model
   [src/qwencodecdec/step_thread.rs]=element [src/qwencodecdec/flow.rs]=element
