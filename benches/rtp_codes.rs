@@ -19,7 +19,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use common::{machine, slug};
+use common::{machine, relative_l2, slug};
 use gst::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -139,15 +139,6 @@ fn timeline(buffers: &[gst::Buffer], samples: usize, rate: u64) -> Vec<f32> {
         }
     }
     audio
-}
-
-fn relative_l2(actual: &[f32], expected: &[f32]) -> f64 {
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for (&a, &e) in actual.iter().zip(expected) {
-        diff += (a as f64 - e as f64).powi(2);
-        norm += (e as f64).powi(2);
-    }
-    (diff / norm).sqrt()
 }
 
 fn main() {

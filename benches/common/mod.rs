@@ -34,6 +34,17 @@ pub fn read_codes(path: &Path) -> Vec<i16> {
         .collect()
 }
 
+/// ||actual - expected|| / ||expected||, in float64, of audio of the same length.
+pub fn relative_l2(actual: &[f32], expected: &[f32]) -> f64 {
+    assert_eq!(actual.len(), expected.len());
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (&a, &e) in actual.iter().zip(expected) {
+        diff += (a as f64 - e as f64).powi(2);
+        norm += (e as f64).powi(2);
+    }
+    (diff / norm).sqrt()
+}
+
 pub fn sorted(values: &[f64]) -> Vec<f64> {
     let mut values = values.to_vec();
     values.sort_by(f64::total_cmp);

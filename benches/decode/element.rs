@@ -7,7 +7,8 @@ use gstqwencodec::model::Model;
 use serde_json::{Value, json};
 
 use crate::common::percentile;
-use crate::{Args, Run, frame_period, relative_l2, row};
+use crate::common::relative_l2;
+use crate::{Args, Run, frame_period, row};
 
 /// One run of the element in a fresh pipeline, fed one frame per buffer as fast as it takes
 /// them: the run, and the element's own mean and longest step (its `stats`).

@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use common::{machine, mean, percentile, read_codes, sorted};
+use common::{machine, mean, percentile, read_codes, relative_l2, sorted};
 use element::ElementBench;
 use gstqwencodec::model::{Dtype, Model, StepLimits, StreamDecoder, TailStrategy, parse_device};
 use report::markdown;
@@ -108,16 +108,6 @@ fn read_f32(path: &Path) -> Vec<f32> {
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
         .collect()
-}
-
-fn relative_l2(actual: &[f32], expected: &[f32]) -> f64 {
-    assert_eq!(actual.len(), expected.len());
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for (&a, &e) in actual.iter().zip(expected) {
-        diff += (a as f64 - e as f64).powi(2);
-        norm += (e as f64).powi(2);
-    }
-    (diff / norm).sqrt()
 }
 
 /// The statistic of every row: the best and the median of the timed runs.

@@ -290,18 +290,8 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
         }
         state.pending.extend_from_slice(&map);
         drop(map);
-        let per_packet = self.frames_per_packet(state);
         drop(guard);
-        loop {
-            let mut guard = self.state.lock().unwrap();
-            let state = guard.as_mut().ok_or(gst::FlowError::Flushing)?;
-            if state.whole_frames() < per_packet {
-                return Ok(gst::FlowSuccess::Ok);
-            }
-            let packet = self.take_packet(state, per_packet)?;
-            drop(guard);
-            self.obj().push(packet)?;
-        }
+        self.push_packets(false)
     }
 
     fn sink_event(&self, event: gst::Event) -> bool {
@@ -395,34 +385,46 @@ impl RtpQwenCodesPay {
         Ok(packet)
     }
 
-    /// Sends every whole pending frame (the last packet may be short); a partial frame left is
-    /// dropped, with a warning. `marker`: the packet after these starts an utterance.
-    fn send_pending(&self, marker: bool) -> Result<gst::FlowSuccess, gst::FlowError> {
+    /// Pushes packets of `frames_per_packet` pending frames while there are that many; with
+    /// `all`, the rest too (the last packet may be short).
+    fn push_packets(&self, all: bool) -> Result<gst::FlowSuccess, gst::FlowError> {
         loop {
             let mut guard = self.state.lock().unwrap();
-            let Some(state) = guard.as_mut() else {
-                return Ok(gst::FlowSuccess::Ok);
-            };
-            if state.whole_frames() == 0 {
-                if !state.pending.is_empty() {
-                    gst::element_imp_warning!(
-                        self,
-                        gst::StreamError::Format,
-                        [
-                            "{} bytes of a partial frame dropped at the end of the stream",
-                            state.pending.len()
-                        ]
-                    );
-                    state.pending.clear();
-                }
-                state.pending_pts = None;
-                state.marker |= marker;
+            let state = guard.as_mut().ok_or(gst::FlowError::Flushing)?;
+            let per_packet = self.frames_per_packet(state);
+            if state.whole_frames() < if all { 1 } else { per_packet } {
                 return Ok(gst::FlowSuccess::Ok);
             }
-            let per_packet = self.frames_per_packet(state);
             let packet = self.take_packet(state, per_packet)?;
             drop(guard);
             self.obj().push(packet)?;
         }
+    }
+
+    /// Sends every whole pending frame (the last packet may be short); a partial frame left is
+    /// dropped, with a warning. `marker`: the packet after these starts an utterance.
+    fn send_pending(&self, marker: bool) -> Result<gst::FlowSuccess, gst::FlowError> {
+        if self.state.lock().unwrap().is_none() {
+            return Ok(gst::FlowSuccess::Ok);
+        }
+        self.push_packets(true)?;
+        let mut guard = self.state.lock().unwrap();
+        let Some(state) = guard.as_mut() else {
+            return Ok(gst::FlowSuccess::Ok);
+        };
+        if !state.pending.is_empty() {
+            gst::element_imp_warning!(
+                self,
+                gst::StreamError::Format,
+                [
+                    "{} bytes of a partial frame dropped at the end of the stream",
+                    state.pending.len()
+                ]
+            );
+            state.pending.clear();
+        }
+        state.pending_pts = None;
+        state.marker |= marker;
+        Ok(gst::FlowSuccess::Ok)
     }
 }
