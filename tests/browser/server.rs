@@ -106,6 +106,9 @@ impl Server {
     pub fn start(options: &[&str]) -> Self {
         let mut process = Command::new(server_binary())
             .args(["--bind", "127.0.0.1:0", "--device", "cpu", "--token", TOKEN])
+            // The tests' own caps, not what the machine measured at start: under load it may
+            // measure one session, and the tests' second tab or session would be refused.
+            .args(["--admission", "off"])
             .arg("--model")
             .arg(root().join("tests/fixtures/release-tiny"))
             .args(options)
