@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! TTS process --ws /codes?session=ID (token)--> ingress --appsrc--> session pipeline --WebRTC--> browser
+//!   (or its frames as RTP packets: /codes?session=ID&transport=rtp names a UDP port, rtp_ingress)
 //! browser --ws /signal (JSON: join, SDP, ICE)--> signalling --> session pipeline
 //!
 //! session pipeline: appsrc ! qwencodecdec ! audioconvert ! audioresample ! clocksync
@@ -26,6 +27,7 @@ mod http;
 mod ingress;
 mod metrics;
 mod protocol;
+mod rtp_ingress;
 mod session;
 mod signalling;
 
@@ -60,6 +62,8 @@ pub struct Server {
     /// Origins besides the server's own whose pages may open `/signal`.
     pub allowed_origins: Vec<String>,
     pub metrics: Arc<Metrics>,
+    /// What a sender's codes over RTP are (`/codes?...&transport=rtp`).
+    pub rtp_format: rtp_ingress::RtpFormat,
     connections: Arc<Connections>,
 }
 
@@ -68,8 +72,9 @@ fn main() -> ExitCode {
 }
 
 const USAGE: &str = "\
-tts-server: a TTS media server. A TTS process sends codec frames over a WebSocket (/codes),
-each browser session (/ , /signal) hears its own speech over WebRTC.
+tts-server: a TTS media server. A TTS process sends codec frames over a WebSocket (/codes), or
+as RTP packets (/codes?session=ID&transport=rtp names the port), each browser session (/ ,
+/signal) hears its own speech over WebRTC.
 
 tts-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|cuda:N]
     [--dtype f32|f16|bf16] [--chunk-frames 1] [--token TOKEN] [--max-sessions 16]
@@ -102,6 +107,25 @@ told why), and the server exits 0.
 
 docs/streaming-server.md has the protocol and the refusals.
 ";
+
+/// With RUST_BACKTRACE set, a GLib warning or critical (the tests make them fatal with
+/// G_DEBUG=fatal_warnings) is logged with the backtrace of the thread that raised it, so that a
+/// rare one says where it came from.
+fn backtrace_glib_warnings() {
+    if std::env::var_os("RUST_BACKTRACE").is_none() {
+        return;
+    }
+    glib::log_set_writer_func(|level, fields| {
+        if matches!(
+            level,
+            glib::LogLevel::Error | glib::LogLevel::Critical | glib::LogLevel::Warning
+        ) {
+            let backtrace = std::backtrace::Backtrace::force_capture();
+            eprintln!("tts-server: a GLib {level:?} raised at:\n{backtrace}");
+        }
+        glib::log_writer_default(level, fields)
+    });
+}
 
 fn run() -> Result<(), Box<dyn Error>> {
     let mut options = common::Options::from_env();
@@ -142,6 +166,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         return Err("--idle-timeout must be above 0".into());
     }
 
+    backtrace_glib_warnings();
     gst::init()?;
     gstqwencodec::plugin_register_static()?;
     let config =
@@ -171,6 +196,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         other => return Err(format!("--admission takes measured or off, not {other:?}").into()),
     };
     let format = CodecFormat::new(&config);
+    let rtp_format = rtp_ingress::RtpFormat::new(&config);
 
     let listener = TcpListener::bind(bind)?;
     let address = listener.local_addr()?;
@@ -194,6 +220,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         idle_timeout: Duration::from_secs_f64(idle_timeout),
         allowed_origins,
         metrics,
+        rtp_format,
         connections: Connections::new(max_connections, max_per_address),
     });
     log!(
