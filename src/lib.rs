@@ -16,6 +16,8 @@ mod rtpqwencodesdepay;
 mod rtpqwencodespay;
 mod typefind;
 
+/// The RTP encoding name of codes over RTP (`rtpqwencodespay`, docs/rtp-codes.md), for an SDP.
+pub use codes_payload::ENCODING_NAME as RTP_CODES_ENCODING_NAME;
 pub use qwencodecdec::{DRAIN_EVENT, drain_event};
 
 /// Media type of codec frames: `codebooks` codes (little-endian int16) per frame.

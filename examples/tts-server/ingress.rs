@@ -5,13 +5,19 @@
 //! `{"type":"end"}` says the speech so far is complete (its last frames play at once, whatever
 //! `--chunk-frames`), `{"type":"cancel"}` drops what is queued and not yet heard (barge-in). One connection feeds a
 //! session at a time, for as many utterances as it likes; it ends when the session does.
+//!
+//! With `&transport=rtp` the frames come as RTP packets instead (`rtp_ingress`): the server's
+//! first message names the port and the SDP, `{"type":"rtp","port":…,"sdp":…}`, and the
+//! connection carries the rest (`end`, `cancel`, the refusals); binary messages are refused.
 
 use std::time::{Duration, Instant};
 
+use serde_json::json;
 use tungstenite::Message;
 
 use crate::http::{self, Received, Request, Socket, close};
 use crate::protocol::{FrameError, FromSender, sender_message};
+use crate::rtp_ingress::RtpIngress;
 use crate::{Server, log};
 
 /// Compares in a time that does not tell how much of the token was right.
@@ -49,6 +55,14 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
     let Some(id) = request.query("session") else {
         return refuse(socket, close::NO_SUCH_SESSION, "no session=ID in the URL".into());
     };
+    let over_rtp = match request.query("transport") {
+        None | Some("websocket") => false,
+        Some("rtp") => true,
+        Some(other) => {
+            let reason = format!("transport takes websocket or rtp, not {other:?}");
+            return refuse(socket, close::BAD_MESSAGE, reason);
+        }
+    };
     let Some(session) = server.sessions.get(id) else {
         return refuse(socket, close::NO_SUCH_SESSION, format!("no session {id}"));
     };
@@ -62,16 +76,54 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
     if !attached {
         return refuse(socket, close::BUSY, format!("session {id} has a sender already"));
     }
-    log!("sender {peer} feeds session {id}");
+    let rtp = if over_rtp {
+        let started = socket
+            .get_ref()
+            .local_addr()
+            .map_err(|err| err.to_string())
+            .and_then(|local| {
+                RtpIngress::start(
+                    session.clone(),
+                    &server.rtp_format,
+                    local.ip(),
+                    server.metrics.clone(),
+                )
+            });
+        match started {
+            Ok(rtp) => {
+                log!("sender {peer} feeds session {id} over RTP, port {}", rtp.port);
+                http::send_text(
+                    &mut socket,
+                    json!({"type": "rtp", "port": rtp.port, "sdp": rtp.sdp}).to_string(),
+                );
+                Some(rtp)
+            }
+            Err(err) => {
+                session.detach_sender();
+                return refuse(socket, close::SERVER_ERROR, format!("cannot receive RTP: {err}"));
+            }
+        }
+    } else {
+        log!("sender {peer} feeds session {id}");
+        None
+    };
     let format = server.sessions.format();
     let connected = Instant::now();
-    let mut spoke = false;
+    // Asking for RTP is speaking: the frames then come elsewhere.
+    let mut spoke = rtp.is_some();
     let mut frames = 0;
     let ending = loop {
         if let Some(why) = session.ended() {
             break Some((close::SESSION_ENDED, format!("session {id} ended: {why}")));
         }
+        if let Some(stopped) = rtp.as_ref().and_then(RtpIngress::stopped) {
+            break Some(stopped);
+        }
         match http::read(&mut socket) {
+            Received::Message(Message::Binary(_)) if rtp.is_some() => {
+                let reason = "this sender's frames come over RTP (transport=rtp), not in messages";
+                break Some((close::BAD_MESSAGE, reason.into()));
+            }
             Received::Message(Message::Binary(bytes)) => {
                 spoke = true;
                 let count = match format.layout.check(&bytes) {
@@ -93,7 +145,11 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
                 spoke = true;
                 match sender_message(&text) {
                     Ok(FromSender::Cancel) => {
+                        if let Some(rtp) = &rtp {
+                            rtp.cancel();
+                        }
                         session.cancel();
+                        let frames = frames + rtp.as_ref().map_or(0, RtpIngress::frames);
                         log!("session {id}: cancelled after {frames} frames in all");
                     }
                     Ok(FromSender::End) => session.end(),
@@ -114,6 +170,9 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
             }
         }
     };
+    frames += rtp.as_ref().map_or(0, RtpIngress::frames);
+    // The port closes before another sender may take the session.
+    drop(rtp);
     session.detach_sender();
     match ending {
         Some((code, reason)) => refuse(socket, code, reason),

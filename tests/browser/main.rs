@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod hardening;
+mod rtp_codes;
 mod scale_out;
 mod server;
 mod webdriver;

@@ -1,0 +1,205 @@
+//! A session's codes over RTP (`/codes?session=ID&transport=rtp`): the sender's WebSocket stays
+//! the control channel (the token, `end`, `cancel`, the refusals), and the frames come as
+//! `X-QWEN3-TTS-CODES` RTP packets (docs/rtp-codes.md) to a UDP port of the session's own.
+//!
+//! ```text
+//! udpsrc ! rtpjitterbuffer ! rtpqwencodesdepay ! appsink  --> Session::push, as WebSocket frames go
+//! ```
+//!
+//! The frames take the WebSocket frames' way into the session (its timeline, pacing, limits and
+//! cancel), so that both transports behave alike. An utterance starts at a marked packet (the
+//! depayloader flags it DISCONT): the speech before it ends there, as `{"type":"end"}` ends it.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use gst::prelude::*;
+use gstqwencodec::model::DecoderConfig;
+
+use crate::metrics::Metrics;
+use crate::session::Session;
+
+/// How long the jitter buffer waits for a late or reordered packet: a frame is 80 ms, and a
+/// packet later than this counts as lost (the depayloader repeats the frame before it).
+const JITTER_BUFFER_MS: u32 = 40;
+const PAYLOAD_TYPE: u32 = 96;
+
+/// What the RTP caps and the SDP say about the codes.
+pub struct RtpFormat {
+    clock_rate: u32,
+    codebooks: usize,
+    codebook_size: usize,
+    samples_per_frame: usize,
+}
+
+impl RtpFormat {
+    pub fn new(config: &DecoderConfig) -> Self {
+        Self {
+            clock_rate: config.sample_rate,
+            codebooks: config.num_quantizers,
+            codebook_size: config.codebook_size,
+            samples_per_frame: config.samples_per_frame(),
+        }
+    }
+
+    fn caps(&self) -> gst::Caps {
+        gst::Caps::builder("application/x-rtp")
+            .field("media", "audio")
+            .field("encoding-name", gstqwencodec::RTP_CODES_ENCODING_NAME)
+            .field("clock-rate", self.clock_rate as i32)
+            .field("payload", PAYLOAD_TYPE as i32)
+            .field("codebooks", self.codebooks.to_string())
+            .field("codebook-size", self.codebook_size.to_string())
+            .field("samples-per-frame", self.samples_per_frame.to_string())
+            .build()
+    }
+
+    /// The SDP a sender needs: where to send and what.
+    fn sdp(&self, address: IpAddr, port: u16) -> String {
+        let family = if address.is_ipv4() { "IP4" } else { "IP6" };
+        format!(
+            "v=0\r\no=- 0 0 IN {family} {address}\r\ns=qwencodec codes\r\nc=IN {family} {address}\r\nt=0 0\r\n\
+             m=audio {port} RTP/AVP {PAYLOAD_TYPE}\r\na=rtpmap:{PAYLOAD_TYPE} {}/{}\r\n\
+             a=fmtp:{PAYLOAD_TYPE} codebooks={};codebook-size={};samples-per-frame={}\r\na=recvonly\r\n",
+            gstqwencodec::RTP_CODES_ENCODING_NAME,
+            self.clock_rate,
+            self.codebooks,
+            self.codebook_size,
+            self.samples_per_frame,
+        )
+    }
+}
+
+/// A session's RTP receiver; it stops when dropped.
+pub struct RtpIngress {
+    pipeline: gst::Pipeline,
+    pub port: u16,
+    pub sdp: String,
+    /// After a cancel, the frames of the utterance cancelled that still come are dropped, up
+    /// to the next marked packet.
+    cancelled: Arc<AtomicBool>,
+    /// Why the frames stopped going into the session (a refusal of `Session::push`).
+    refused: Arc<Mutex<Option<(u16, String)>>>,
+    frames: Arc<Mutex<usize>>,
+}
+
+impl RtpIngress {
+    /// Listens on a free UDP port of `address` and hands what comes to `session`.
+    pub fn start(
+        session: Arc<Session>,
+        format: &RtpFormat,
+        address: IpAddr,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, String> {
+        let pipeline = gst::Pipeline::with_name(&format!("rtp-{}", session.id));
+        let make = |factory: &str| {
+            gst::ElementFactory::make(factory)
+                .build()
+                .map_err(|err| format!("{factory}: {err}"))
+        };
+        let udpsrc = gst::ElementFactory::make("udpsrc")
+            .property("address", address.to_string())
+            .property("port", 0i32)
+            .property("caps", format.caps())
+            .build()
+            .map_err(|err| format!("udpsrc: {err}"))?;
+        let jitterbuffer = gst::ElementFactory::make("rtpjitterbuffer")
+            .property("latency", JITTER_BUFFER_MS)
+            .build()
+            .map_err(|err| format!("rtpjitterbuffer: {err}"))?;
+        let appsink = gst_app::AppSink::builder().sync(false).build();
+        let chain = [
+            &udpsrc,
+            &jitterbuffer,
+            &make("rtpqwencodesdepay")?,
+            appsink.upcast_ref(),
+        ];
+        pipeline.add_many(chain).map_err(|err| err.to_string())?;
+        gst::Element::link_many(chain).map_err(|err| err.to_string())?;
+
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let refused = Arc::new(Mutex::new(None));
+        let frames = Arc::new(Mutex::new(0));
+        let frame_bytes = 2 * format.codebooks;
+        appsink.set_callbacks(
+            gst_app::AppSinkCallbacks::builder()
+                .new_sample({
+                    let (cancelled, refused, frames) = (cancelled.clone(), refused.clone(), frames.clone());
+                    move |appsink| {
+                        let sample = appsink.pull_sample().map_err(|_| gst::FlowError::Eos)?;
+                        let buffer = sample.buffer().ok_or(gst::FlowError::Error)?;
+                        let map = buffer.map_readable().map_err(|_| gst::FlowError::Error)?;
+                        let mut frames = frames.lock().unwrap();
+                        if buffer.flags().contains(gst::BufferFlags::DISCONT) {
+                            cancelled.store(false, Ordering::SeqCst);
+                            if *frames > 0 {
+                                session.end();
+                            }
+                        }
+                        if cancelled.load(Ordering::SeqCst) {
+                            return Ok(gst::FlowSuccess::Ok);
+                        }
+                        let count = map.len() / frame_bytes;
+                        if let Err(refusal) = session.push(&map, count) {
+                            refused.lock().unwrap().get_or_insert(refusal);
+                            return Err(gst::FlowError::Error);
+                        }
+                        *frames += count;
+                        metrics.frames_in.inc_by(count as u64);
+                        Ok(gst::FlowSuccess::Ok)
+                    }
+                })
+                .build(),
+        );
+        pipeline
+            .set_state(gst::State::Playing)
+            .map_err(|_| "the RTP receiver does not start".to_string())?;
+        // Bound now (udpsrc opens its socket on the way to READY), to the port the system chose.
+        let port = udpsrc.property::<i32>("port") as u16;
+        if port == 0 {
+            let _ = pipeline.set_state(gst::State::Null);
+            return Err("udpsrc did not say the port it bound".into());
+        }
+        Ok(Self {
+            pipeline,
+            port,
+            sdp: format.sdp(address, port),
+            cancelled,
+            refused,
+            frames,
+        })
+    }
+
+    /// A cancel: what comes of the utterance cancelled is dropped until the next marked packet.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+    }
+
+    /// The frames handed to the session so far.
+    pub fn frames(&self) -> usize {
+        *self.frames.lock().unwrap()
+    }
+
+    /// Why the receiver stopped, if it has: a refusal of the session, or the pipeline's error
+    /// (caps that disagree with the model are the depayloader's error).
+    pub fn stopped(&self) -> Option<(u16, String)> {
+        if let Some(refusal) = self.refused.lock().unwrap().clone() {
+            return Some(refusal);
+        }
+        let message = self.pipeline.bus()?.pop_filtered(&[gst::MessageType::Error])?;
+        match message.view() {
+            gst::MessageView::Error(err) => Some((
+                crate::http::close::SERVER_ERROR,
+                format!("the RTP receiver failed: {}", err.error()),
+            )),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for RtpIngress {
+    fn drop(&mut self) {
+        let _ = self.pipeline.set_state(gst::State::Null);
+    }
+}

@@ -1,0 +1,198 @@
+//! A session's codes over RTP (`/codes?session=ID&transport=rtp`): the frames go as
+//! `rtpqwencodespay` packets to the port the server names, the browser hears them as it hears
+//! frames sent over the WebSocket, and the WebSocket's cancel still works.
+
+use std::time::{Duration, Instant};
+
+use gst::prelude::*;
+
+use super::common;
+use super::server::{self, Client, Server, TOKEN, epoch_ms};
+use super::webdriver::{self, Browser};
+use super::{CANCEL_MS, Measure, Speech, assert_heard, connect_page, wait_ms, wait_until};
+
+/// A TTS process sending its frames as RTP: `appsrc ! rtpqwencodespay ! udpsink`, on the
+/// loopback interface.
+struct RtpSender {
+    pipeline: gst::Pipeline,
+    appsrc: gst_app::AppSrc,
+    /// The next frame's timestamp: the stream's timeline, continuous across utterances.
+    next_pts: gst::ClockTime,
+    frame: gst::ClockTime,
+}
+
+impl RtpSender {
+    fn start(speech: &Speech, port: u16) -> Self {
+        common::init();
+        let pipeline = gst::parse::launch(&format!(
+            "appsrc name=src is-live=true format=time ! rtpqwencodespay ! udpsink host=127.0.0.1 port={port} sync=false"
+        ))
+        .unwrap()
+        .downcast::<gst::Pipeline>()
+        .unwrap();
+        let appsrc = pipeline
+            .by_name("src")
+            .unwrap()
+            .downcast::<gst_app::AppSrc>()
+            .unwrap();
+        appsrc.set_caps(Some(&speech.fixture.caps()));
+        pipeline.set_state(gst::State::Playing).unwrap();
+        Self {
+            pipeline,
+            appsrc,
+            next_pts: gst::ClockTime::ZERO,
+            frame: gst::ClockTime::from_nseconds((speech.frame_ms * 1e6) as u64),
+        }
+    }
+
+    /// Frame `index` as one packet; the first frame of an utterance is flagged DISCONT, which
+    /// the payloader marks.
+    fn send(&mut self, speech: &Speech, index: usize, utterance_starts: bool) {
+        let mut buffer = gst::Buffer::from_mut_slice(speech.frame(index));
+        {
+            let buffer = buffer.get_mut().unwrap();
+            buffer.set_pts(self.next_pts);
+            buffer.set_duration(self.frame);
+            if utterance_starts {
+                buffer.set_flags(gst::BufferFlags::DISCONT);
+            }
+        }
+        self.next_pts += self.frame;
+        self.appsrc.push_buffer(buffer).unwrap();
+    }
+
+    /// An utterance of `frames` in real time; when its first frame went.
+    fn send_live(&mut self, speech: &Speech, frames: usize) -> f64 {
+        let start = Instant::now();
+        let first = epoch_ms();
+        for index in 0..frames {
+            let due = Duration::from_secs_f64(index as f64 * speech.frame_ms / 1e3);
+            if let Some(wait) = due.checked_sub(start.elapsed()) {
+                std::thread::sleep(wait);
+            }
+            self.send(speech, index, index == 0);
+        }
+        first
+    }
+
+    /// An utterance of `frames` at once, as a TTS faster than real time sends it.
+    fn send_burst(&mut self, speech: &Speech, frames: usize) -> f64 {
+        let at = epoch_ms();
+        for index in 0..frames {
+            self.send(speech, index, index == 0);
+        }
+        at
+    }
+}
+
+impl Drop for RtpSender {
+    fn drop(&mut self) {
+        let _ = self.pipeline.set_state(gst::State::Null);
+    }
+}
+
+/// The control connection of an RTP sender and the port its frames go to.
+fn rtp_sender_of(server: &Server, session: &str) -> (Client, u16) {
+    let mut control = server.connect(&format!("/codes?session={session}&transport=rtp"), Some(TOKEN));
+    let offer = control.receive_json();
+    assert_eq!(offer["type"], "rtp", "{offer}");
+    let port = offer["port"].as_u64().expect("the port of the session's RTP") as u16;
+    let sdp = offer["sdp"].as_str().unwrap();
+    for line in [
+        format!("m=audio {port} RTP/AVP 96"),
+        "a=rtpmap:96 X-QWEN3-TTS-CODES/24000".to_string(),
+        "c=IN IP4 127.0.0.1".to_string(),
+    ] {
+        assert!(sdp.contains(&line), "no {line:?} in the SDP: {sdp}");
+    }
+    (control, port)
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn codes_over_rtp_are_heard_and_cancelled_as_over_the_websocket() {
+    if !server::in_own_network("rtp_codes::codes_over_rtp_are_heard_and_cancelled_as_over_the_websocket") {
+        return;
+    }
+    assert!(
+        webdriver::installed(),
+        "chromium and chromium-driver are missing: run tools/setup.sh"
+    );
+    let speech = Speech::load();
+    let server = Server::start(&[]);
+    let browser = Browser::start();
+    let session = connect_page(&browser, &server, &speech);
+    let (mut control, port) = rtp_sender_of(&server, &session);
+    let mut sender = RtpSender::start(&speech, port);
+
+    // 4 s in real time: heard in full.
+    let frames = 50;
+    let before = Measure::take(&browser);
+    let first_sent = sender.send_live(&speech, frames);
+    wait_until(first_sent, speech.seconds(frames) * 1e3 + 1500.0);
+    let after = Measure::take(&browser);
+    assert_heard(
+        "4 s over RTP in real time",
+        &speech,
+        &before,
+        &after,
+        first_sent,
+        frames,
+    );
+    let first_audio = after.first_change(true, first_sent).unwrap() - first_sent;
+    println!("first audio in the browser {first_audio:.0} ms after the first packet was sent");
+    assert!(first_audio < 1000.0, "first audio after {first_audio:.0} ms");
+
+    // Barge-in: 8 s sent at once, cancelled over the WebSocket 3 s into playback.
+    let sent_at = sender.send_burst(&speech, 100);
+    wait_until(sent_at, 3000.0);
+    let cancelled_at = epoch_ms();
+    control.cancel();
+    wait_ms(2500.0);
+    let after_cancel = Measure::take(&browser);
+    let sound_before_cancel = after_cancel.sound_seconds(cancelled_at - 1000.0, cancelled_at);
+    assert!(
+        sound_before_cancel > 0.8,
+        "{sound_before_cancel:.3} s of sound in the second before the cancel"
+    );
+    let silent_at = after_cancel
+        .first_change(false, cancelled_at)
+        .expect("no silence after the cancel");
+    let cancel_ms = silent_at - cancelled_at;
+    println!("cancel: silence in the browser {cancel_ms:.0} ms after the cancel was sent");
+    assert!(
+        cancel_ms < CANCEL_MS,
+        "silence {cancel_ms:.0} ms after the cancel"
+    );
+    assert_eq!(
+        after_cancel.sound_seconds(silent_at, after_cancel.number("now")),
+        0.0,
+        "the cancelled speech went on"
+    );
+
+    // The next utterance (a marked packet) is heard in full.
+    let frames = 40;
+    let before = Measure::take(&browser);
+    let first_sent = sender.send_live(&speech, frames);
+    wait_until(first_sent, speech.seconds(frames) * 1e3 + 1500.0);
+    assert_heard(
+        "over RTP after the cancel",
+        &speech,
+        &before,
+        &Measure::take(&browser),
+        first_sent,
+        frames,
+    );
+
+    // Frames in a WebSocket message of an RTP sender are refused.
+    control.send_binary(speech.frame(0));
+    let (code, reason) = control.close_reason();
+    assert_eq!(code, 4400, "{reason}");
+    assert!(reason.contains("over RTP"), "{reason}");
+    // Every frame sent went into the session: 50, the 100 cancelled, 40.
+    let metrics = server.get("/metrics").1;
+    assert_eq!(
+        super::hardening::sample(&metrics, "qwencodec_frames_in_total"),
+        190.0
+    );
+}
