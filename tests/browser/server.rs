@@ -109,6 +109,8 @@ impl Server {
             // The tests' own caps, not what the machine measured at start: under load it may
             // measure one session, and the tests' second tab or session would be refused.
             .args(["--admission", "off"])
+            // A GLib warning (fatal under the tests' G_DEBUG) then logs where it came from.
+            .env("RUST_BACKTRACE", "1")
             .arg("--model")
             .arg(root().join("tests/fixtures/release-tiny"))
             .args(options)
