@@ -75,6 +75,9 @@ fn with_max_errors_the_frames_from_a_bad_code_on_are_dropped() {
     );
     fixture.assert_prefix_matches(&audio[..before], 10, "the frames before the bad one");
     fixture.assert_matches(&audio[before..], "the stream after the refused buffer");
+    // The frames taken from the refused buffer (those before its bad one) count as taken.
+    let stats = element.property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("frames-in").unwrap(), 10 + fixture.frames as u64);
 }
 
 /// Buffers that cut frames: `good` holds frames 0-4 and half of frame 5; `refused` completes
