@@ -9,7 +9,10 @@ mod common;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use common::{Fixture, audio_of, buffer, code_bytes, harness, init, load_fixture, pull_all, samples};
+use common::{
+    Fixture, audio_of, buffer, code_bytes, errors_and_warnings, harness, init, load_fixture, pull_all,
+    samples,
+};
 use gst::prelude::*;
 
 /// Frames in the file played: 4.8 s at 12.5 frames a second. Before the decoder paced its
@@ -160,6 +163,15 @@ impl Playback {
     }
 }
 
+impl Playback {
+    /// Neither an error nor a warning on the bus: a seek or a stop is neither.
+    fn assert_nothing_posted(&self) {
+        let (errors, warnings) = errors_and_warnings(&self.pipeline.bus().unwrap());
+        assert_eq!(errors, Vec::<String>::new());
+        assert_eq!(warnings, Vec::<String>::new());
+    }
+}
+
 impl Drop for Playback {
     fn drop(&mut self) {
         let _ = self.pipeline.set_state(gst::State::Null);
@@ -178,6 +190,7 @@ fn a_seek_during_playback_costs_at_most_the_step_in_flight() {
         steps <= 2,
         "{steps} decode steps between the seek and its first audio"
     );
+    playback.assert_nothing_posted();
 }
 
 /// Before: 10 steps (EOS came with the whole file in the first second).
@@ -195,6 +208,7 @@ fn a_seek_after_eos_reached_the_decoder_costs_at_most_the_step_in_flight() {
         steps <= 2,
         "{steps} decode steps between the seek and its first audio"
     );
+    playback.assert_nothing_posted();
 }
 
 /// Before: 8 steps.
@@ -210,6 +224,7 @@ fn a_stop_during_playback_costs_at_most_the_step_in_flight() {
         steps <= 2,
         "{steps} decode steps between PLAYING→NULL and its return"
     );
+    playback.assert_nothing_posted();
 }
 
 /// Upstream waits for the decoder: what the decoder has taken stays within its read-ahead
