@@ -290,3 +290,19 @@ fn a_starting_stream_waits_for_one_batch_at_most() {
         );
     }
 }
+
+/// The warm step time that admission and latency rest on: a step takes time, and each shape is
+/// measured once, so that every stream of the model sees the same figure.
+#[test]
+fn a_warm_step_is_timed_once_per_shape() {
+    let model = load(&load_fixture("release-tiny"));
+    let one = model.warm_step_time(1, 1, false).unwrap();
+    assert!(one > std::time::Duration::ZERO, "a warm step took {one:?}");
+    assert_eq!(model.warm_step_time(1, 1, false).unwrap(), one, "measured again");
+    let two = model.warm_step_time(2, 4, false).unwrap();
+    assert!(
+        two > std::time::Duration::ZERO,
+        "a warm step of 2 rows took {two:?}"
+    );
+    assert_eq!(model.warm_step_time(2, 4, false).unwrap(), two, "measured again");
+}
