@@ -188,8 +188,13 @@ pub fn equal_plans(fixture: &Fixture, count: usize, frames: usize, chunk_frames:
 /// solo decode and upstream's.
 pub fn three_streams_in_one_batch(fixture: &Fixture, model: &Arc<Model>) {
     let three = equal_plans(fixture, 3, 24, 2);
-    gather_next_batch(model, 3);
+    let gathered = gather_next_batch(model, 3);
     let outcomes = decode_together(model, &three, fixture.codebooks);
+    assert!(
+        gathered.load(Ordering::SeqCst),
+        "{}: the model never counted the other two steps waiting",
+        fixture.name
+    );
     let rows: Vec<usize> = outcomes.iter().map(|o| o.max_rows).collect();
     assert_eq!(
         rows,
@@ -205,24 +210,36 @@ pub fn three_streams_in_one_batch(fixture: &Fixture, model: &Arc<Model>) {
     check(fixture, model, &three, &outcomes);
 }
 
-/// Holds `model`'s next batch back, once, until `steps` steps wait for it, so that it takes them
-/// together whatever the machine's speed: batches of several rows form by count, not by
-/// timing. (The model's observer runs after each batch, with the queue open to new steps.) A
-/// wait of over 10 s gives up, and the caller's assertion on the rows tells.
-pub fn gather_next_batch(model: &Arc<Model>, steps: usize) {
+/// Holds `model`'s next batch back, once, until it can take `steps` steps together, whatever
+/// the machine's speed: batches of several rows form by count, not by timing. The model's
+/// observer runs after each batch on the thread that ran it, with the queue open to new steps:
+/// that thread's stream hands over its next step only after the observer, so the wait is for
+/// the other `steps - 1`, and the next batch takes the last within its rejoin grace. (It waited
+/// for `steps`, which never came: 10 s lost per call.) A wait of over 10 s gives up; the flag
+/// returned says whether the model counted the others waiting (its `steps_waiting`, which a
+/// server's metrics report).
+pub fn gather_next_batch(model: &Arc<Model>, steps: usize) -> Arc<AtomicBool> {
     let model_ref = Arc::downgrade(model);
     let armed = AtomicBool::new(true);
-    model.observe_batches(move |_| {
-        if !armed.swap(false, Ordering::SeqCst) {
-            return;
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while let Some(model) = model_ref.upgrade()
-            && model.steps_waiting() < steps
-            && Instant::now() < deadline
-        {
-            drop(model);
-            std::thread::sleep(Duration::from_millis(1));
+    let gathered = Arc::new(AtomicBool::new(false));
+    model.observe_batches({
+        let gathered = gathered.clone();
+        move |_| {
+            if !armed.swap(false, Ordering::SeqCst) {
+                return;
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while let Some(model) = model_ref.upgrade()
+                && Instant::now() < deadline
+            {
+                if model.steps_waiting() == steps - 1 {
+                    gathered.store(true, Ordering::SeqCst);
+                    return;
+                }
+                drop(model);
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
     });
+    gathered
 }
