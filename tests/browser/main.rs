@@ -237,6 +237,32 @@ fn assert_silent(what: &str, speech: &Speech, before: &Measure, after: &Measure,
     );
 }
 
+/// A cancel sent at `cancelled_at` (epoch ms) into playback: sound in the second before it,
+/// silence within [`CANCEL_MS`] after it, and none from then on.
+fn assert_cancel_silences(browser: &Browser, cancelled_at: f64) {
+    wait_ms(2500.0);
+    let after_cancel = Measure::take(browser);
+    let sound_before_cancel = after_cancel.sound_seconds(cancelled_at - 1000.0, cancelled_at);
+    assert!(
+        sound_before_cancel > 0.8,
+        "{sound_before_cancel:.3} s of sound in the second before the cancel"
+    );
+    let silent_at = after_cancel
+        .first_change(false, cancelled_at)
+        .expect("no silence after the cancel");
+    let cancel_ms = silent_at - cancelled_at;
+    println!("cancel: silence in the browser {cancel_ms:.0} ms after the cancel was sent");
+    assert!(
+        cancel_ms < CANCEL_MS,
+        "silence {cancel_ms:.0} ms after the cancel"
+    );
+    assert_eq!(
+        after_cancel.sound_seconds(silent_at, after_cancel.number("now")),
+        0.0,
+        "the cancelled speech went on"
+    );
+}
+
 fn wait_ms(ms: f64) {
     std::thread::sleep(Duration::from_secs_f64(ms.max(0.0) / 1e3));
 }
@@ -301,27 +327,7 @@ fn browser_hears_its_speech_cancels_and_keeps_tabs_apart() {
     wait_until(sent_at, 3000.0);
     let cancelled_at = epoch_ms();
     sender_a.cancel();
-    wait_ms(2500.0);
-    let after_cancel = Measure::take(&browser);
-    let sound_before_cancel = after_cancel.sound_seconds(cancelled_at - 1000.0, cancelled_at);
-    assert!(
-        sound_before_cancel > 0.8,
-        "{sound_before_cancel:.3} s of sound in the second before the cancel"
-    );
-    let silent_at = after_cancel
-        .first_change(false, cancelled_at)
-        .expect("no silence after the cancel");
-    let cancel_ms = silent_at - cancelled_at;
-    println!("cancel: silence in the browser {cancel_ms:.0} ms after the cancel was sent");
-    assert!(
-        cancel_ms < CANCEL_MS,
-        "silence {cancel_ms:.0} ms after the cancel"
-    );
-    assert_eq!(
-        after_cancel.sound_seconds(silent_at, after_cancel.number("now")),
-        0.0,
-        "the cancelled speech went on"
-    );
+    assert_cancel_silences(&browser, cancelled_at);
     // The next utterance is heard in full.
     let frames_next = 40;
     let before = Measure::take(&browser);
