@@ -10,7 +10,7 @@ export QWENCODEC_WERROR := 1
 
 PLUGIN := target/release/libgstqwencodec.so
 
-.PHONY: setup setup-reference setup-load build install uninstall demo test lint soak fixtures \
+.PHONY: setup setup-reference setup-load build install uninstall demo test lint soak kernels-ab fixtures \
 	released-fixture bench profile gpu-bundle serve load mutants
 
 # make install puts the plugin where GStreamer looks for it: its own plugin folder, or the same
@@ -58,7 +58,7 @@ lint: setup
 # several decoding processes at once: short OpenMP spinning keeps them from starving each
 # other (see "Threads" in docs/element.md). The library's, parity, batching and element tests run
 # again with our CPU kernels held to AVX2 and then off: the paths of CPUs without AVX-512, and
-# with off libtorch's ops everywhere, the path CUDA takes.
+# with off libtorch's ops everywhere, the path CUDA takes; then kernels held back by name.
 test: build lint released-fixture
 	python3 tools/check-links.py
 	bash tools/check-inspect.sh
@@ -74,6 +74,8 @@ test: build lint released-fixture
 	    cargo test --release --lib --test model_parity --test released_geometry --test batching \
 	      --test element || exit 1; \
 	done
+	QWENCODEC_CPU_KERNELS=on,-transformer_layer,-snake_beta G_DEBUG=fatal_warnings \
+	  cargo test --release --test model_parity the_cpu_kernels_run_as
 
 # Thousands of streams opened, fed and closed in one process; memory must stay flat
 # (make test runs a short one). SOAK_ARGS: see examples/soak.rs, e.g. --device cuda.
@@ -132,6 +134,14 @@ $(BENCH_MODEL)/model.safetensors:
 	$(MAKE) setup-reference
 	$(VENV)/bin/python tools/make_fixtures.py --preset full-release --frames $(BENCH_FRAMES) \
 	  --no-expected --out bench/cache
+
+# Each CPU kernel of ours with and without it, alternated in processes of their own, on the
+# benchmark's checkpoint (not a test); writes bench/results/<date>-<cpu>-cpu-<dtype>-c<frames>-
+# kernels-ab.{md,json}. KERNELS_AB_ARGS: options of benches/kernels_ab.rs (--dtype, --kernels,
+# --rounds, --chunk-frames). QWENCODEC_CPU_KERNELS=avx2 (with libtorch's libraries held alike,
+# see docs/performance.md) measures the AVX2 kernels.
+kernels-ab: build $(BENCH_MODEL)/model.safetensors
+	cargo bench --bench kernels_ab -- --model $(BENCH_MODEL) --out bench/results $(KERNELS_AB_ARGS)
 
 # Where one stream's steps spend their time on this machine (not a test): per stage, per op,
 # ops per step and time outside them (libtorch's op profiler), per thread and library (perf),

@@ -24,7 +24,7 @@ pub use checkpoint::CheckpointFiles;
 pub use config::DecoderConfig;
 pub use engine::{BatchRun, GraphReport, MAX_GRAPHS, REJOIN_GRACE, max_batch_frames};
 pub use error::{DecodeError, GraphError, ModelError};
-pub use kernels::shim::{CpuKernels, KERNELS_ENV, cpu_kernels, widest_kernels};
+pub use kernels::shim::{Allowed, CpuKernels, KERNELS_ENV, Kernel, cpu_kernels, widest_kernels};
 pub use op_profiler::OpProfiler;
 pub use stream_decoder::{StepLimits, StreamDecoder, TailStrategy};
 

@@ -7,7 +7,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::TorchResult;
-use super::shim::{self, call};
+use super::shim::{self, CpuKernels, Kernel, call};
 
 mod ffi {
     use std::ffi::c_char;
@@ -40,7 +40,7 @@ pub fn applies(weight: &Tensor, groups: i64, device: Device) -> bool {
     device == Device::Cpu
         && weight.kind() == Kind::Float
         && (depthwise || (groups == 1 && out < MAX_DENSE_OUTPUTS))
-        && shim::avx512()
+        && shim::kernel(Kernel::DirectConv) == CpuKernels::Avx512
 }
 
 /// `input` [B, in, reach + T] (the context, then the new columns) -> [B, out, T].
@@ -70,7 +70,6 @@ pub fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::kernels::shim::CpuKernels;
     use crate::model::kernels::{Inputs, max_error_and_scale};
 
     /// (in, out, groups, taps): depthwise convolutions and dense ones of few outputs.
@@ -83,7 +82,10 @@ mod tests {
         let options = (Kind::Float, Device::Cpu);
         for (inputs, outputs, groups, taps) in SHAPES {
             let weight = Tensor::zeros([outputs, inputs / groups, taps], options);
-            assert_eq!(applies(&weight, groups, Device::Cpu), shim::avx512());
+            assert_eq!(
+                applies(&weight, groups, Device::Cpu),
+                shim::kernel(Kernel::DirectConv) == CpuKernels::Avx512
+            );
             assert!(!applies(&weight, groups, Device::Cuda(0)));
             assert!(!applies(&weight.to_kind(Kind::Half), groups, Device::Cpu));
         }

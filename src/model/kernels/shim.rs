@@ -47,32 +47,149 @@ pub enum CpuKernels {
 }
 
 /// The environment variable that holds our CPU kernels back: `off` (libtorch's ops, as on a CPU
-/// they do not run on) or `avx2` (no wider); unset or `on`, the widest the CPU has. To compare,
-/// or to check the path other CPUs take.
+/// they do not run on) or `avx2` (no wider); unset or `on`, the widest the CPU has. Kernels named
+/// after a minus are held back one by one (`on,-winograd,-snake_beta`, or `-winograd` alone): the
+/// alternated A/B of each kernel (`make kernels-ab`) runs with and without it. To compare, or to
+/// check the path other CPUs take.
 pub const KERNELS_ENV: &str = "QWENCODEC_CPU_KERNELS";
 
-/// This process's [`CpuKernels`] (the environment is read once).
-pub fn cpu_kernels() -> CpuKernels {
-    static KERNELS: LazyLock<CpuKernels> = LazyLock::new(|| widest_kernels().min(allowed_kernels()));
-    *KERNELS
+/// Our CPU kernels, by the names [`KERNELS_ENV`] holds them back with (their files' names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    SkinnyGemm,
+    Winograd,
+    DirectConv,
+    OverlapAdd,
+    SnakeBeta,
+    Attention,
+    RmsNorm,
+    /// Runs the few-row product, attention and RMSNorm inside: held back with any of them.
+    TransformerLayer,
 }
 
-/// Whether the AVX-512 kernels run.
-pub fn avx512() -> bool {
-    cpu_kernels() == CpuKernels::Avx512
-}
+impl Kernel {
+    pub const ALL: [Kernel; 8] = [
+        Kernel::SkinnyGemm,
+        Kernel::Winograd,
+        Kernel::DirectConv,
+        Kernel::OverlapAdd,
+        Kernel::SnakeBeta,
+        Kernel::Attention,
+        Kernel::RmsNorm,
+        Kernel::TransformerLayer,
+    ];
 
-fn allowed_kernels() -> CpuKernels {
-    match std::env::var_os(KERNELS_ENV) {
-        None => CpuKernels::Avx512,
-        Some(value) if value == "on" => CpuKernels::Avx512,
-        Some(value) if value == "avx2" => CpuKernels::Avx2,
-        Some(value) if value == "off" => CpuKernels::Off,
-        Some(value) => {
-            eprintln!("{KERNELS_ENV}={value:?} is none of on, avx2 and off: the CPU kernels stay on");
-            CpuKernels::Avx512
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::SkinnyGemm => "skinny_gemm",
+            Kernel::Winograd => "winograd",
+            Kernel::DirectConv => "direct_conv",
+            Kernel::OverlapAdd => "overlap_add",
+            Kernel::SnakeBeta => "snake_beta",
+            Kernel::Attention => "attention",
+            Kernel::RmsNorm => "rms_norm",
+            Kernel::TransformerLayer => "transformer_layer",
         }
     }
+
+    /// The kernels whose holding back holds this one back too.
+    fn parts(self) -> &'static [Kernel] {
+        match self {
+            Kernel::TransformerLayer => &[Kernel::SkinnyGemm, Kernel::Attention, Kernel::RmsNorm],
+            _ => &[],
+        }
+    }
+}
+
+impl std::str::FromStr for Kernel {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        Kernel::ALL
+            .into_iter()
+            .find(|kernel| kernel.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<_> = Kernel::ALL.iter().map(|kernel| kernel.name()).collect();
+                format!("no kernel is called {name:?} (there are {})", names.join(", "))
+            })
+    }
+}
+
+/// What [`KERNELS_ENV`] allows: an instruction set, and kernels held back whatever it is.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Allowed {
+    pub kernels: CpuKernels,
+    pub held_back: Vec<Kernel>,
+}
+
+impl Allowed {
+    /// `value` as [`KERNELS_ENV`] holds it.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        let mut allowed = Allowed {
+            kernels: CpuKernels::Avx512,
+            held_back: Vec::new(),
+        };
+        for (index, part) in value.split(',').map(str::trim).enumerate() {
+            if let Some(name) = part.strip_prefix('-') {
+                allowed.held_back.push(name.parse()?);
+                continue;
+            }
+            allowed.kernels = match part {
+                _ if index > 0 => {
+                    return Err(format!(
+                        "{part:?} after the first part: kernels are held back by -name"
+                    ));
+                }
+                "on" => CpuKernels::Avx512,
+                "avx2" => CpuKernels::Avx2,
+                "off" => CpuKernels::Off,
+                _ => return Err(format!("{part:?} is none of on, avx2 and off")),
+            };
+        }
+        Ok(allowed)
+    }
+
+    /// The instruction set `kernel` runs in on a CPU whose widest is `widest`.
+    pub fn kernel(&self, kernel: Kernel, widest: CpuKernels) -> CpuKernels {
+        let held_back = std::iter::once(&kernel)
+            .chain(kernel.parts())
+            .any(|kernel| self.held_back.contains(kernel));
+        if held_back {
+            CpuKernels::Off
+        } else {
+            widest.min(self.kernels)
+        }
+    }
+}
+
+/// What this process's environment allows (read once; a value that does not parse is reported
+/// and leaves every kernel on).
+fn allowed() -> &'static Allowed {
+    static ALLOWED: LazyLock<Allowed> = LazyLock::new(|| {
+        let all = Allowed {
+            kernels: CpuKernels::Avx512,
+            held_back: Vec::new(),
+        };
+        match std::env::var(KERNELS_ENV) {
+            Err(_) => all,
+            Ok(value) => Allowed::parse(&value).unwrap_or_else(|err| {
+                eprintln!("{KERNELS_ENV}={value:?}: {err}; the CPU kernels stay on");
+                all
+            }),
+        }
+    });
+    &ALLOWED
+}
+
+/// This process's [`CpuKernels`]: the instruction set of the kernels not held back one by one.
+pub fn cpu_kernels() -> CpuKernels {
+    widest_kernels().min(allowed().kernels)
+}
+
+/// The instruction set `kernel` runs in in this process ([`CpuKernels::Off`]: libtorch's ops do
+/// its work).
+pub fn kernel(kernel: Kernel) -> CpuKernels {
+    allowed().kernel(kernel, widest_kernels())
 }
 
 /// `kernels` for a test of the kernel in that instruction set, which the building CPU has
@@ -104,4 +221,56 @@ pub fn widest_kernels() -> CpuKernels {
         }
     }
     CpuKernels::Off
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(value: &str) -> Allowed {
+        Allowed::parse(value).unwrap()
+    }
+
+    #[test]
+    fn the_environment_holds_kernels_back_by_instruction_set_and_by_name() {
+        assert_eq!(parsed("on").kernels, CpuKernels::Avx512);
+        assert_eq!(parsed("avx2").kernels, CpuKernels::Avx2);
+        assert_eq!(parsed("off").kernels, CpuKernels::Off);
+        let some = parsed("avx2,-winograd, -snake_beta");
+        assert_eq!(some.kernels, CpuKernels::Avx2);
+        assert_eq!(some.held_back, [Kernel::Winograd, Kernel::SnakeBeta]);
+        assert_eq!(parsed("-direct_conv").kernels, CpuKernels::Avx512);
+        for bad in ["fast", "-winogard", "-winograd,avx2", "on,off"] {
+            let err = Allowed::parse(bad).unwrap_err();
+            assert!(
+                err.contains(bad.split(',').next_back().unwrap().trim_start_matches('-')),
+                "{bad}: {err}"
+            );
+        }
+
+        let some = parsed("on,-winograd");
+        assert_eq!(some.kernel(Kernel::Winograd, CpuKernels::Avx512), CpuKernels::Off);
+        assert_eq!(
+            some.kernel(Kernel::SnakeBeta, CpuKernels::Avx512),
+            CpuKernels::Avx512
+        );
+        assert_eq!(some.kernel(Kernel::SnakeBeta, CpuKernels::Avx2), CpuKernels::Avx2);
+        assert_eq!(
+            parsed("avx2").kernel(Kernel::SnakeBeta, CpuKernels::Avx512),
+            CpuKernels::Avx2
+        );
+        // The layer in one call runs the product, attention and RMSNorm inside.
+        for part in ["skinny_gemm", "attention", "rms_norm", "transformer_layer"] {
+            let allowed = parsed(&format!("-{part}"));
+            assert_eq!(
+                allowed.kernel(Kernel::TransformerLayer, CpuKernels::Avx512),
+                CpuKernels::Off,
+                "{part}"
+            );
+        }
+        assert_eq!(
+            parsed("-transformer_layer").kernel(Kernel::SkinnyGemm, CpuKernels::Avx512),
+            CpuKernels::Avx512
+        );
+    }
 }

@@ -17,7 +17,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::TorchResult;
-use super::shim::{self, CpuKernels, call};
+use super::shim::{self, CpuKernels, Kernel, call};
 
 mod ffi {
     use std::ffi::c_char;
@@ -60,7 +60,7 @@ const MAX_ROWS_AVX2: i64 = 8;
 /// Most activation rows a product runs here with, in this process's kernels
 /// ([`shim::cpu_kernels`]); none where they do not run.
 pub fn max_rows() -> i64 {
-    match shim::cpu_kernels() {
+    match shim::kernel(Kernel::SkinnyGemm) {
         CpuKernels::Avx512 => MAX_ROWS,
         CpuKernels::Avx2 => MAX_ROWS_AVX2,
         CpuKernels::Off => 0,
@@ -85,7 +85,9 @@ const PACKED_MIN_ROWS_PER_FRAME: usize = 8;
 /// Whether a float16 weight on `device` that sees `rows_per_frame` rows per frame is packed (the
 /// outer products are AVX-512 only).
 pub fn packs(device: Device, rows_per_frame: usize) -> bool {
-    rows_per_frame >= PACKED_MIN_ROWS_PER_FRAME && device == Device::Cpu && shim::avx512()
+    rows_per_frame >= PACKED_MIN_ROWS_PER_FRAME
+        && device == Device::Cpu
+        && shim::kernel(Kernel::SkinnyGemm) == CpuKernels::Avx512
 }
 
 /// `weight` [out, in] as float16 [blocks, in, PACKED_BLOCK]: block k holds outputs
@@ -119,7 +121,7 @@ pub fn packed_product(
 /// `weight` [out, in] times each row of `rows` [R, in], plus `bias` (`out` values): [out, R],
 /// as [`super::ops::project`].
 pub fn product(weight: &Tensor, rows: &Tensor, bias: Option<&Tensor>) -> TorchResult<Tensor> {
-    product_in(shim::cpu_kernels(), weight, rows, bias)
+    product_in(shim::kernel(Kernel::SkinnyGemm), weight, rows, bias)
 }
 
 /// [`product`] in the instruction set of `kernels` (AVX2 or AVX-512), which the CPU must have.

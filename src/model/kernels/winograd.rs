@@ -18,7 +18,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::TorchResult;
-use super::shim::{self, call};
+use super::shim::{self, CpuKernels, Kernel, call};
 
 mod ffi {
     use std::ffi::c_char;
@@ -214,7 +214,7 @@ impl Winograd {
             && taps > 1
             && finite_points(m + taps - 1).is_some()
             && channels >= least
-            && shim::avx512()
+            && shim::kernel(Kernel::Winograd) == CpuKernels::Avx512
     }
 
     /// `weight` [out, in, taps] and `bias` [out], float32. The transformed weights are rounded
@@ -292,15 +292,23 @@ impl Winograd {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::kernels::shim::CpuKernels;
     use crate::model::kernels::{Inputs, max_error_and_scale};
 
     /// Which convolutions take which tiles.
     #[test]
     fn applies_to_many_channels_on_the_cpu() {
-        assert_eq!(Winograd::applies(Device::Cpu, 96, 2, 7), shim::avx512());
-        assert_eq!(Winograd::applies(Device::Cpu, 96, 4, 7), shim::avx512());
-        assert_eq!(Winograd::applies(Device::Cpu, 96, 6, 7), shim::avx512());
+        assert_eq!(
+            Winograd::applies(Device::Cpu, 96, 2, 7),
+            shim::kernel(Kernel::Winograd) == CpuKernels::Avx512
+        );
+        assert_eq!(
+            Winograd::applies(Device::Cpu, 96, 4, 7),
+            shim::kernel(Kernel::Winograd) == CpuKernels::Avx512
+        );
+        assert_eq!(
+            Winograd::applies(Device::Cpu, 96, 6, 7),
+            shim::kernel(Kernel::Winograd) == CpuKernels::Avx512
+        );
         assert!(!Winograd::applies(Device::Cpu, 64, 4, 7));
         assert!(!Winograd::applies(Device::Cpu, 64, 2, 7));
         assert!(

@@ -5,7 +5,7 @@
 use tch::{Device, Tensor};
 
 use super::ACTIVATION_KIND;
-use crate::model::kernels::shim::{self, CpuKernels};
+use crate::model::kernels::shim::{self, CpuKernels, Kernel};
 use crate::model::kernels::{self, TorchResult};
 
 /// RoPE's tables for a step: [T, head_dim] for the step's queries, [slots + T, head_dim] for
@@ -40,7 +40,7 @@ impl Attention<'_> {
     /// moved on by T positions in place. Returns [B, T, heads head_dim].
     pub fn attend(&self, qkv: &Tensor, keys: &mut Tensor, values: &mut Tensor) -> TorchResult<Tensor> {
         // libtorch's ops on CUDA, and on the CPU where our kernels are off (CUDA's path, run here).
-        if qkv.device() != Device::Cpu || shim::cpu_kernels() == CpuKernels::Off {
+        if qkv.device() != Device::Cpu || shim::kernel(Kernel::Attention) == CpuKernels::Off {
             return self.by_ops(qkv, keys, values);
         }
         let rope = &self.rope;

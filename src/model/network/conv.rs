@@ -10,7 +10,7 @@ use crate::model::error::ModelError;
 use crate::model::kernels::TorchResult;
 use crate::model::kernels::direct_conv;
 use crate::model::kernels::overlap_add;
-use crate::model::kernels::shim::{self, CpuKernels};
+use crate::model::kernels::shim::{self, CpuKernels, Kernel};
 use crate::model::kernels::winograd::{Tiles, Winograd};
 
 /// The shape of a convolution, as upstream's `Conv1d` takes it.
@@ -266,7 +266,7 @@ impl CausalTransConv {
             .forward(&x.f_transpose(1, 2)?.f_flatten(0, 1)?)?
             .f_transpose(0, 1)?;
         // Our kernel on the CPU unless our kernels are off (then CUDA's path, run here).
-        if x.device() == Device::Cpu && shim::cpu_kernels() != CpuKernels::Off {
+        if x.device() == Device::Cpu && shim::kernel(Kernel::OverlapAdd) != CpuKernels::Off {
             let carry = self.slot.map(|slot| &mut state.contexts[slot]);
             return overlap_add::forward(&taps, carry, &self.bias, self.stride, batch);
         }

@@ -294,7 +294,8 @@ mod tests {
                     .unwrap();
                     assert_eq!(
                         matches!(matrix, Matrix::PackedF16 { .. }),
-                        f16 && rows_per_frame == 8 && shim::avx512()
+                        f16 && rows_per_frame == 8
+                            && shim::kernel(shim::Kernel::SkinnyGemm) == shim::CpuKernels::Avx512
                     );
                     let got = matrix.forward(&x).unwrap().transpose(0, 1);
                     assert_eq!(got.size(), [out, rows]);

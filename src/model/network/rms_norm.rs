@@ -7,7 +7,7 @@ use tch::{Device, Tensor};
 use super::ACTIVATION_KIND;
 use crate::model::checkpoint::Weights;
 use crate::model::error::ModelError;
-use crate::model::kernels::shim::{self, CpuKernels};
+use crate::model::kernels::shim::{self, CpuKernels, Kernel};
 use crate::model::kernels::{self, TorchResult};
 
 /// RMSNorm on float32 activations, like everything element-wise here.
@@ -37,7 +37,7 @@ impl RmsNorm {
     /// `x`: [..., size] float32.
     pub fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
         // Our kernel on the CPU unless our kernels are off (then CUDA's path, run here).
-        if x.device() == Device::Cpu && shim::cpu_kernels() != CpuKernels::Off {
+        if x.device() == Device::Cpu && shim::kernel(Kernel::RmsNorm) != CpuKernels::Off {
             return self.by_kernel(x);
         }
         let variance = x.f_square()?.f_mean_dim(-1, true, ACTIVATION_KIND)?;

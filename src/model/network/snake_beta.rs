@@ -7,7 +7,7 @@ use tch::{Device, Kind, Tensor};
 use super::ACTIVATION_KIND;
 use crate::model::checkpoint::Weights;
 use crate::model::error::ModelError;
-use crate::model::kernels::shim::{self, CpuKernels};
+use crate::model::kernels::shim::{self, CpuKernels, Kernel};
 use crate::model::kernels::{self, TorchResult};
 
 /// SnakeBeta with both factors precomputed.
@@ -35,7 +35,7 @@ impl SnakeBeta {
 
     /// `x`: [B, channels, T] float32.
     pub fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
-        let kernels = shim::cpu_kernels();
+        let kernels = shim::kernel(Kernel::SnakeBeta);
         if x.device() == Device::Cpu && kernels >= CpuKernels::Avx2 {
             return self.kernel(kernels, x);
         }

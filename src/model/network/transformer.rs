@@ -13,7 +13,7 @@ use super::{ACTIVATION_KIND, State};
 use crate::model::checkpoint::Weights;
 use crate::model::config::DecoderConfig;
 use crate::model::error::ModelError;
-use crate::model::kernels::shim;
+use crate::model::kernels::shim::{self, CpuKernels, Kernel};
 use crate::model::kernels::skinny_gemm;
 use crate::model::kernels::{self, TorchResult};
 
@@ -228,14 +228,15 @@ impl TransformerLayer {
                 .get_as("scale", &[hidden], Kind::Float)?,
             in_one_call: false,
         };
-        layer.in_one_call = [
-            &layer.qkv_proj,
-            &layer.o_proj,
-            &layer.gate_up_proj,
-            &layer.down_proj,
-        ]
-        .iter()
-        .all(|linear| linear.few_row_weights().is_some());
+        layer.in_one_call = shim::kernel(Kernel::TransformerLayer) >= CpuKernels::Avx2
+            && [
+                &layer.qkv_proj,
+                &layer.o_proj,
+                &layer.gate_up_proj,
+                &layer.down_proj,
+            ]
+            .iter()
+            .all(|linear| linear.few_row_weights().is_some());
         Ok(layer)
     }
 
@@ -297,7 +298,7 @@ impl TransformerLayer {
             attention.heads.kv_heads,
             keys,
             values,
-            shim::cpu_kernels(),
+            shim::kernel(Kernel::TransformerLayer),
         )
     }
 
@@ -393,7 +394,7 @@ mod tests {
                 let layer = &transformer.layers[0];
                 assert_eq!(
                     layer.in_one_call,
-                    shim::cpu_kernels() >= shim::CpuKernels::Avx2,
+                    shim::kernel(Kernel::TransformerLayer) >= CpuKernels::Avx2,
                     "{fixture}, f16 {f16}"
                 );
                 for (batch, frames) in [(1, 1), (3, 1), (2, 4)] {
