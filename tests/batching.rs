@@ -233,8 +233,10 @@ fn the_state_arena_halves_below_a_quarter_and_keeps_four_rows() {
 }
 
 /// A stream that starts while others decode backlogs gets its first audio after the batch in
-/// flight and its own step: its first step goes ahead of the waiting ones, and no batch computes
-/// more frames than the cap (so the batch in flight is short). Counted in batches, not timed.
+/// flight and its own step, counted from its start: it takes a free row without waiting for the
+/// compute thread (its first step clears the row there), its first step goes ahead of the
+/// waiting ones, and no batch computes more frames than the cap (so the batch in flight is
+/// short). Counted in batches, not timed.
 #[test]
 fn a_starting_stream_waits_for_one_batch_at_most() {
     use std::sync::Mutex;
@@ -262,10 +264,10 @@ fn a_starting_stream_waits_for_one_batch_at_most() {
         .collect();
     std::thread::sleep(std::time::Duration::from_millis(300));
     for probe in 0..5 {
-        let mut decoder = StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap();
-        // From the first frame's hand-over (the stream exists before, as an element's does from
-        // READY→PAUSED on).
+        // From the stream's start. Each probe takes the row the last one left (8 streams and the
+        // scratch row in 16 rows): its first step must clear it.
         let before = batches.lock().unwrap().len();
+        let mut decoder = StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap();
         let audio = decoder.push(fixture.prefix_codes(1)).unwrap();
         let ran = batches.lock().unwrap().len() - before;
         assert!(

@@ -66,6 +66,8 @@ pub struct StreamDecoder {
     limits: StepLimits,
     /// This stream's row of the model's state arena, and its size.
     row: i64,
+    /// Whether the next step clears the row first: a new stream's, or one reset.
+    clear_row: bool,
     row_bytes: usize,
     /// Codes of the frames waiting for a full step, frame-major.
     pending: Vec<i16>,
@@ -93,6 +95,7 @@ impl StreamDecoder {
             tail,
             limits: StepLimits::default(),
             row,
+            clear_row: true,
             row_bytes,
             pending: Vec::new(),
             frames_in: 0,
@@ -251,7 +254,7 @@ impl StreamDecoder {
 
     /// Starts a new stream: the next frame decodes as on a fresh decoder.
     pub fn reset(&mut self) -> Result<(), DecodeError> {
-        self.model.engine().clear_row(self.model.network(), self.row)?;
+        self.clear_row = true;
         self.pending.clear();
         self.frames_in = 0;
         self.steps = 0;
@@ -286,8 +289,11 @@ impl StreamDecoder {
             max_rows: self.limits.max_batch,
             cuda_graphs: self.limits.cuda_graphs,
             first: self.steps == 0,
+            clear: self.clear_row,
         };
         let done = self.model.engine().run(self.model.network(), step);
+        // Cleared or not (a failed step leaves the stream broken until a reset clears it).
+        self.clear_row = false;
         let result = done.audio.map_err(DecodeError::from);
         let rows = done.rows;
         self.graph_steps += u64::from(done.graph);

@@ -4,6 +4,11 @@
 //! them back (one `index_copy_` each). A CUDA graph records that selection with the rows as a
 //! device tensor of indices, so any cohort of streams replays the same graph.
 //!
+//! The rows no stream owns are a list of their own (behind its own lock, see [`FreeRows`]): a new
+//! stream takes one without waiting for the compute thread, which may be running a batch for
+//! hundreds of milliseconds; its first step clears it there. Only growing, releasing and
+//! shrinking need the compute thread.
+//!
 //! Row 0 belongs to no stream: it is the scratch row that pads a batch up to a graph's size and
 //! that graphs warm up on. Nobody reads it.
 //!
@@ -12,6 +17,8 @@
 //! the streams open, with room to double before growing again. Rows are handed out lowest
 //! first, so the rows of the streams left gather at the bottom. Growing or shrinking moves
 //! every row, so graphs recorded before are void (see [`Arena::generation`]).
+
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::model::log;
 use crate::model::network::{Network, State};
@@ -24,56 +31,76 @@ pub const SCRATCH_ROW: i64 = 0;
 /// The rows of a new arena, and the fewest it shrinks to.
 const MIN_ROWS: i64 = 4;
 
+/// Rows no stream owns, the lowest last; shared by the arena (on the compute thread, which
+/// holds this lock while it grows, releases or shrinks) and whoever hands rows to new streams.
+#[derive(Clone, Default)]
+pub struct FreeRows(Arc<Mutex<Vec<i64>>>);
+
+impl FreeRows {
+    fn lock(&self) -> MutexGuard<'_, Vec<i64>> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The lowest free row, if there is one: a new stream's, which its first step clears
+    /// (whatever an ended stream left in it).
+    pub fn take(&self) -> Option<i64> {
+        self.lock().pop()
+    }
+}
+
 #[derive(Default)]
 pub struct Arena {
     /// None until the first stream starts.
     state: Option<State>,
-    /// Rows no stream owns, the lowest last.
-    free: Vec<i64>,
+    free: FreeRows,
     generation: u64,
 }
 
 impl Arena {
-    /// A fresh row for a new stream (silence in its contexts, an empty KV window). On the
-    /// device's compute thread.
-    pub fn allocate(&mut self, network: &Network) -> TorchResult<i64> {
-        if self.free.is_empty() {
-            self.grow(network)?;
-        }
-        let row = self.free.pop().expect("rows after growing");
-        if let Err(err) = self.state().row(row).and_then(|mut state| state.clear()) {
-            self.free.push(row);
-            return Err(err);
-        }
-        Ok(row)
+    /// The free rows, for taking one without the compute thread.
+    pub fn free_rows(&self) -> FreeRows {
+        self.free.clone()
     }
 
-    /// Gives `row` back, for a later stream (which clears it first), and shrinks the rows when
-    /// those in use all lie in the lowest quarter. On the device's compute thread.
+    /// A row for a new stream, growing the rows if none is free; its first step clears it. On
+    /// the device's compute thread.
+    pub fn allocate(&mut self, network: &Network) -> TorchResult<i64> {
+        let free = self.free.clone();
+        let mut free = free.lock();
+        if free.is_empty() {
+            self.grow(network, &mut free)?;
+        }
+        Ok(free.pop().expect("rows after growing"))
+    }
+
+    /// Gives `row` back, for a later stream, and shrinks the rows when those in use all lie in
+    /// the lowest quarter. On the device's compute thread.
     pub fn release(&mut self, row: i64) -> TorchResult<()> {
+        let free = self.free.clone();
+        let mut free = free.lock();
         debug_assert!(
-            row != SCRATCH_ROW && !self.free.contains(&row),
+            row != SCRATCH_ROW && !free.contains(&row),
             "row {row} released twice"
         );
-        self.free.push(row);
+        free.push(row);
         // Lowest last, so that the streams of a quiet model keep to the first rows.
-        self.free.sort_unstable_by(|a, b| b.cmp(a));
+        free.sort_unstable_by(|a, b| b.cmp(a));
         let mut rows = self.rows();
-        while rows > MIN_ROWS && self.highest_in_use() < rows / 4 {
+        while rows > MIN_ROWS && self.highest_in_use(&free) < rows / 4 {
             rows /= 2;
         }
         if rows < self.rows() {
-            self.shrink(rows)?;
+            self.shrink(rows, &mut free)?;
         }
         Ok(())
     }
 
     /// The highest row a stream owns (the scratch row when none).
-    fn highest_in_use(&self) -> i64 {
+    fn highest_in_use(&self, free: &[i64]) -> i64 {
         // `free` is sorted from the highest down: the rows above the first gap in it from the
         // top are free.
         let mut highest = self.rows() - 1;
-        for &row in &self.free {
+        for &row in free {
             if row != highest {
                 break;
             }
@@ -82,11 +109,11 @@ impl Arena {
         highest
     }
 
-    fn shrink(&mut self, rows: i64) -> TorchResult<()> {
+    fn shrink(&mut self, rows: i64, free: &mut Vec<i64>) -> TorchResult<()> {
         let shrunk = self.state().shrunk(rows)?;
         let before = self.state().bytes();
         self.state = Some(shrunk);
-        self.free.retain(|&row| row < rows);
+        free.retain(|&row| row < rows);
         self.generation += 1;
         give_back_freed_memory();
         log::debug(format_args!(
@@ -97,7 +124,7 @@ impl Arena {
         Ok(())
     }
 
-    fn grow(&mut self, network: &Network) -> TorchResult<()> {
+    fn grow(&mut self, network: &Network, free: &mut Vec<i64>) -> TorchResult<()> {
         let rows = self.rows();
         let grown_rows = (rows * 2).max(MIN_ROWS);
         let grown = match &self.state {
@@ -105,7 +132,7 @@ impl Arena {
             None => network.new_state(grown_rows)?,
         };
         self.state = Some(grown);
-        self.free.extend((rows.max(SCRATCH_ROW + 1)..grown_rows).rev());
+        free.extend((rows.max(SCRATCH_ROW + 1)..grown_rows).rev());
         self.generation += 1;
         log::debug(format_args!(
             "state arena grown to {grown_rows} rows ({} MB)",

@@ -22,6 +22,7 @@ mod cuda_graph;
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -30,7 +31,7 @@ use tch::{Kind, Tensor};
 use super::executor;
 use super::log;
 use super::network::{Network, StepTables};
-use arena::{Arena, SCRATCH_ROW};
+use arena::{Arena, FreeRows, SCRATCH_ROW};
 use batch_graphs::{BatchGraphs, step_rows};
 
 pub use batch_graphs::MAX_GRAPHS;
@@ -49,6 +50,10 @@ pub struct Step {
     /// The stream's first step since it started: it goes ahead of the others, so that a new
     /// stream's first audio does not wait for other streams' backlog.
     pub first: bool,
+    /// Whether the row is cleared first (silence in its contexts, an empty KV window): a new
+    /// stream's row, or one reset, cleared on the compute thread as part of the step rather
+    /// than in a wait of its own for the batch in flight.
+    pub clear: bool,
 }
 
 /// What a step gives back: its audio, how many rows its batch had, and whether the batch
@@ -112,6 +117,10 @@ pub struct Engine {
     batch_done: Condvar,
     /// What steps compute with; used on the compute thread only.
     rows: Mutex<Rows>,
+    /// The arena's free rows, which new streams take without the compute thread.
+    free_rows: FreeRows,
+    /// Bytes of one stream's row, once the arena has rows.
+    row_bytes: AtomicUsize,
     /// Warm step times measured, by (rows, frames, whether graphs may replay).
     step_times: Mutex<HashMap<(usize, usize, bool), Duration>>,
     /// Told of every batch run (a server's metrics).
@@ -144,12 +153,15 @@ struct Job {
 
 impl Engine {
     pub fn new(device: tch::Device) -> Self {
+        let arena = Arena::default();
         Self {
             queue: Mutex::default(),
             step_arrived: Condvar::new(),
             batch_done: Condvar::new(),
+            free_rows: arena.free_rows(),
+            row_bytes: AtomicUsize::new(0),
             rows: Mutex::new(Rows {
-                arena: Arena::default(),
+                arena,
                 tables: HashMap::new(),
                 graphs: match device {
                     tch::Device::Cuda(index) => Some(BatchGraphs::new(index)),
@@ -216,6 +228,7 @@ impl Engine {
                     max_rows: rows,
                     cuda_graphs,
                     first: false,
+                    clear: false,
                 },
             })
             .collect();
@@ -249,14 +262,19 @@ impl Engine {
         self.rows.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// A fresh arena row for a new stream.
+    /// An arena row for a new stream, whose first step clears it ([`Step::clear`]). A free row
+    /// is taken at once; only when none is free does the arena grow, on the compute thread
+    /// (after the batch in flight).
     pub fn new_row(&self, network: &Network) -> Result<i64, tch::TchError> {
-        executor::run(network.device(), || self.rows().arena.allocate(network))
-    }
-
-    /// Back to a fresh stream's state, in place.
-    pub fn clear_row(&self, network: &Network, row: i64) -> Result<(), tch::TchError> {
-        executor::run(network.device(), || self.rows().arena.state().row(row)?.clear())
+        if let Some(row) = self.free_rows.take() {
+            return Ok(row);
+        }
+        executor::run(network.device(), || {
+            let mut rows = self.rows();
+            let row = rows.arena.allocate(network)?;
+            self.row_bytes.store(rows.arena.row_bytes(), Ordering::Relaxed);
+            Ok(row)
+        })
     }
 
     /// Gives a stream's row back when the stream ends (the arena may shrink).
@@ -271,9 +289,9 @@ impl Engine {
         self.rows().arena.rows() as usize
     }
 
-    /// Bytes of one stream's row.
+    /// Bytes of one stream's row (without waiting for the compute thread).
     pub fn row_bytes(&self) -> usize {
-        self.rows().arena.row_bytes()
+        self.row_bytes.load(Ordering::Relaxed)
     }
 
     pub fn graph_report(&self) -> GraphReport {
@@ -392,6 +410,9 @@ impl Engine {
             tables,
             graphs,
         } = &mut *guard;
+        for job in batch.iter().filter(|job| job.step.clear) {
+            arena.state().row(job.step.row)?.clear()?;
+        }
         let tables = match tables.entry(frames) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::hash_map::Entry::Vacant(entry) => entry.insert(network.step_tables(frames)?),
