@@ -16,13 +16,15 @@
 //!   to max-step-frames; aggregate audio seconds per second against one stream's, the better of
 //!   two alternated runs.
 //! - **First audio into load**: N streams decoding backlogs; new streams start one by one and
-//!   hand over a frame: the time to their first audio, p50/p95/max.
+//!   hand over a frame: the time from their start to their first audio, p50/p95/max.
 //! - **Live**: streams that each push 12.5 frames a second in real time, started 300 ms apart
 //!   (`--live-spacing-ms`),
 //!   each decoded as the element decodes: one step at a time, taking the frames that fell due
 //!   while the last step ran (as many as the next step takes: `frames_for_next_step`). Per
 //!   frame: the time from when it fell due to its audio. The largest N whose p95 stays under
-//!   400 ms is the number of live streams served.
+//!   400 ms is the number of live streams served. Where the time went: the share of the run
+//!   the model spent computing batches, a frame's cost in them, and the compute the streams'
+//!   frames need at that cost (past 1, no schedule serves them: the machine is too slow).
 //!
 //! Each measurement runs twice, the two modes alternating, and the better run counts: the speed
 //! of these shared machines drifts by 15% and more within minutes. Batching off is measured up
@@ -35,6 +37,7 @@
 mod common;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -261,7 +264,8 @@ fn bulk(model: &Arc<Model>, codes: &[i16], streams: usize, frames: usize, limits
 }
 
 /// The first audio of streams that start while `load` streams decode backlogs: `probes` new
-/// streams, 300 ms apart, each handing over one frame; from the hand-over to its audio.
+/// streams, 300 ms apart, each handing over one frame; from the stream's start (its decoder
+/// made, as an element makes it when its stream starts) to its audio.
 fn first_audio_into_load(
     model: &Arc<Model>,
     codes: &[i16],
@@ -270,14 +274,14 @@ fn first_audio_into_load(
     limits: StepLimits,
 ) -> Value {
     let codebooks = model.config().num_quantizers;
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..load)
         .map(|index| {
             let (model, stop) = (model.clone(), stop.clone());
             let codes = stream_codes(codes, codebooks, index, 8);
             std::thread::spawn(move || {
                 let mut decoder = new_decoder(&model, 1, limits);
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                while !stop.load(Ordering::Relaxed) {
                     decoder.push(&codes).unwrap();
                 }
             })
@@ -287,15 +291,15 @@ fn first_audio_into_load(
     std::thread::sleep(Duration::from_secs(2));
     let mut first_audio_ms = Vec::with_capacity(probes);
     for probe in 0..probes {
-        let mut decoder = new_decoder(model, 1, limits);
         let frame = stream_codes(codes, codebooks, load + probe, 1);
-        let handed_over = Instant::now();
+        let started = Instant::now();
+        let mut decoder = new_decoder(model, 1, limits);
         decoder.push(&frame).unwrap();
-        first_audio_ms.push(handed_over.elapsed().as_secs_f64() * 1e3);
+        first_audio_ms.push(started.elapsed().as_secs_f64() * 1e3);
         drop(decoder);
         std::thread::sleep(Duration::from_millis(300));
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
     for worker in workers {
         worker.join().unwrap();
     }
@@ -308,9 +312,42 @@ fn first_audio_into_load(
     })
 }
 
-/// N live streams, each `seconds` long, started `spacing` apart.
+/// The model's batches, added up as they run (one observer for the whole benchmark: a model keeps
+/// its observers).
+#[derive(Default)]
+struct ComputeTotals {
+    busy_ns: AtomicU64,
+    batches: AtomicU64,
+    frame_rows: AtomicU64,
+}
+
+impl ComputeTotals {
+    fn observe(model: &Model) -> Arc<Self> {
+        let totals = Arc::new(Self::default());
+        let observed = totals.clone();
+        model.observe_batches(move |run| {
+            observed
+                .busy_ns
+                .fetch_add(run.time.as_nanos() as u64, Ordering::Relaxed);
+            observed.batches.fetch_add(1, Ordering::Relaxed);
+            observed
+                .frame_rows
+                .fetch_add((run.rows * run.frames) as u64, Ordering::Relaxed);
+        });
+        totals
+    }
+
+    /// (busy ns, batches, frame-rows) so far.
+    fn now(&self) -> [u64; 3] {
+        [&self.busy_ns, &self.batches, &self.frame_rows].map(|total| total.load(Ordering::Relaxed))
+    }
+}
+
+/// N live streams, each `seconds` long, started `spacing` apart. Where the time went: the share
+/// of the run's wall time that the model computed batches, and what a frame cost in them.
 fn live(
     model: &Arc<Model>,
+    totals: &ComputeTotals,
     codes: &[i16],
     streams: usize,
     seconds: f64,
@@ -322,6 +359,7 @@ fn live(
     let period = Duration::from_secs_f64(den as f64 / num as f64);
     let frames = (seconds / period.as_secs_f64()).round() as usize;
     let limits = mode.limits();
+    let before = totals.now();
     let start = Instant::now() + Duration::from_millis(50);
     let workers: Vec<_> = (0..streams)
         .map(|index| {
@@ -357,6 +395,11 @@ fn live(
         })
         .collect();
     let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let wall = start.elapsed();
+    let [busy_ns, batches, frame_rows] = {
+        let after = totals.now();
+        [0, 1, 2].map(|index| after[index] - before[index])
+    };
     let latencies: Vec<f64> = results.iter().flat_map(|(l, _)| l.iter().copied()).collect();
     let max_rows = results.iter().map(|(_, most)| *most).max().unwrap();
     json!({
@@ -366,6 +409,11 @@ fn live(
         "latency_ms_p95": percentile(&latencies, 0.95),
         "latency_ms_p99": percentile(&latencies, 0.99),
         "max_batch_rows": max_rows,
+        "compute_busy": busy_ns as f64 / wall.as_nanos() as f64,
+        "ms_per_frame_row": busy_ns as f64 / 1e6 / frame_rows.max(1) as f64,
+        "mean_batch_frame_rows": frame_rows as f64 / batches.max(1) as f64,
+        // The share of a second's compute that the streams' frames need at that cost.
+        "compute_needed": streams as f64 * num as f64 / den as f64 * busy_ns as f64 / 1e9 / frame_rows.max(1) as f64,
     })
 }
 
@@ -469,7 +517,7 @@ fn markdown(report: &Value) -> String {
         );
     }
     md += "\n## First audio of a stream that starts into load: N streams decoding backlogs (8-frame steps), a new \
-           stream hands over one frame; from the hand-over to its audio\n\n| load streams | probes | p50 ms | p95 ms | \
+           stream hands over one frame; from its start (its decoder made) to its audio\n\n| load streams | probes | p50 ms | p95 ms | \
            max ms |\n| ---: | ---: | ---: | ---: | ---: |\n";
     for row in report["first_audio"].as_array().unwrap() {
         md += &format!(
@@ -483,19 +531,25 @@ fn markdown(report: &Value) -> String {
     }
     md += &format!(
         "\n## Live: streams pushing 12.5 frames a second, started {} ms apart, {} s each; per frame, from when \
-         it fell due to its audio\n\n| streams | mode | p50 ms | p95 ms | p99 ms | largest batch |\n| ---: | --- \
-         | ---: | ---: | ---: | ---: |\n",
+         it fell due to its audio. Where the time went: the share of the run the model spent computing batches, \
+         what a frame cost in them, and the compute the streams' frames need at that cost (past 1, no schedule \
+         keeps up)\n\n| streams | mode | p50 ms | p95 ms | p99 ms | largest batch | compute busy | ms per frame | \
+         frames per batch | compute needed |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         report["live_spacing_ms"], report["live_seconds"]
     );
     for row in report["live"].as_array().unwrap() {
         md += &format!(
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {} |\n",
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {:.0} % | {:.1} | {:.2} | {:.2} |\n",
             row["streams"],
             row["mode"].as_str().unwrap(),
             row["latency_ms_p50"].as_f64().unwrap(),
             row["latency_ms_p95"].as_f64().unwrap(),
             row["latency_ms_p99"].as_f64().unwrap(),
             row["max_batch_rows"],
+            row["compute_busy"].as_f64().unwrap() * 100.0,
+            row["ms_per_frame_row"].as_f64().unwrap(),
+            row["mean_batch_frame_rows"].as_f64().unwrap(),
+            row["compute_needed"].as_f64().unwrap(),
         );
     }
     md += &format!(
@@ -510,6 +564,7 @@ fn main() {
     let device = parse_device(&args.device).unwrap();
     let model = Model::shared(&args.model, device, args.dtype).unwrap();
     let codes = read_codes(&args.model.join("codes.raw"));
+    let totals = ComputeTotals::observe(&model);
     // Warm-up: the first steps of each size and batch pay one-off costs.
     throughput(&model, &codes, 2, 1, 4, modes(&args, 1)[0]);
 
@@ -557,6 +612,7 @@ fn main() {
             |mode| {
                 live(
                     &model,
+                    &totals,
                     &codes,
                     streams,
                     args.live_seconds,
