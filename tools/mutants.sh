@@ -2,7 +2,8 @@
 # The mutation check (not a test; docs/mutants.md): cargo-mutants breaks one line at a time in
 # the files where a mistake would be silent and runs the tests that cover them; a mutant that
 # no test notices is a line no test checks. MUTANTS_FILES narrows it (a list of paths);
-# MUTANTS_OUT says where the reports go.
+# MUTANTS_OUT says where the reports go; MUTANTS_ARGS passes more options to cargo-mutants (e.g.
+# --re 'fn_name' to run only the mutants whose names match).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${MUTANTS_OUT:-target/mutants}
@@ -23,8 +24,10 @@ element_tests=(--cargo-test-arg=--test=element --cargo-test-arg=--test=seeking
   --cargo-test-arg=--skip=pipeline_scripts_run)
 declare -A tests_of=(
   [src/model/engine/arena.rs]=model [src/model/engine/mod.rs]=model [src/model/stream_decoder.rs]=model
+  [src/model/kernels/shim.rs]=model
   [src/qwencodecdec/step_thread.rs]=element [src/qwencodecdec/flow.rs]=element
 )
+read -ra extra <<< "${MUTANTS_ARGS:-}"
 for file in ${MUTANTS_FILES:-${!tests_of[@]}}; do
   case ${tests_of[$file]:-} in
     model) tests=("${model_tests[@]}") ;;
@@ -34,7 +37,7 @@ for file in ${MUTANTS_FILES:-${!tests_of[@]}}; do
   name=$(basename "$(dirname "$file")")-$(basename "$file" .rs)
   # The mutants profile (Cargo.toml): release speed, incremental rebuilds.
   G_DEBUG=fatal_warnings GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-1000} \
-    cargo mutants --profile mutants --no-shuffle -f "$file" --output "$out/$name" "${tests[@]}" || true
+    cargo mutants --profile mutants --no-shuffle -f "$file" --output "$out/$name" "${extra[@]}" "${tests[@]}" || true
   echo "mutants: $file: $(wc -l < "$out/$name/mutants.out/caught.txt") caught," \
     "$(wc -l < "$out/$name/mutants.out/missed.txt") missed," \
     "$(wc -l < "$out/$name/mutants.out/timeout.txt") timed out," \
