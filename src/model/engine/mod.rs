@@ -371,11 +371,22 @@ impl Engine {
             let rows = batch.len();
             queue.last_rows = rows;
             queue.arrived_since = 0;
+            // Audio for every row, or the error for every row: a panic here, with the queue
+            // locked, would leave the other streams waiting for this batch for ever.
+            let outcome = outcome.and_then(|(audio, graph)| {
+                if audio.len() == rows {
+                    Ok((audio, graph))
+                } else {
+                    Err(tch::TchError::Torch(format!(
+                        "a batch of {rows} rows gave audio for {}",
+                        audio.len()
+                    )))
+                }
+            });
             let (audio, graph): (Vec<Result<Vec<f32>, tch::TchError>>, bool) = match outcome {
                 Ok((audio, graph)) => (audio.into_iter().map(Ok).collect(), graph),
                 Err(err) => (batch.iter().map(|_| Err(copy_error(&err))).collect(), false),
             };
-            assert_eq!(audio.len(), rows, "audio for every row");
             for (job, audio) in batch.into_iter().zip(audio) {
                 queue.done.insert(job.id, StepDone { audio, rows, graph });
             }
@@ -472,4 +483,63 @@ fn take_batch(waiting: &mut VecDeque<Job>, max_frames: usize) -> Vec<Job> {
 /// tch's errors are not Clone: the same text for every row of a failed batch.
 fn copy_error(err: &tch::TchError) -> tch::TchError {
     tch::TchError::Torch(err.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: u64, frames: usize, max_rows: usize, first: bool) -> Job {
+        Job {
+            id,
+            step: Step {
+                row: id as i64 + 1,
+                codes: Vec::new(),
+                frames,
+                max_rows,
+                cuda_graphs: false,
+                first,
+                clear: false,
+            },
+        }
+    }
+
+    fn ids<'a>(jobs: impl IntoIterator<Item = &'a Job>) -> Vec<u64> {
+        jobs.into_iter().map(|job| job.id).collect()
+    }
+
+    #[test]
+    fn a_batch_is_the_leading_step_and_every_later_one_of_its_size_within_the_caps() {
+        // A stream's first step leads, whatever waits before it; steps of another size are passed
+        // over, not stopped at.
+        let mut waiting = VecDeque::from([
+            job(0, 1, 16, false),
+            job(1, 2, 16, false),
+            job(2, 1, 16, true),
+            job(3, 1, 16, false),
+            job(4, 2, 16, false),
+        ]);
+        assert_eq!(ids(&take_batch(&mut waiting, 8)), [2, 0, 3]);
+        assert_eq!(ids(&waiting), [1, 4]);
+        // Then the oldest.
+        assert_eq!(ids(&take_batch(&mut waiting, 8)), [1, 4]);
+        assert!(waiting.is_empty());
+
+        // At most `max_frames` frames in all, and a step of more alone.
+        let mut waiting = VecDeque::from([job(0, 4, 16, false), job(1, 4, 16, false), job(2, 4, 16, false)]);
+        assert_eq!(ids(&take_batch(&mut waiting, 8)), [0, 1]);
+        assert_eq!(ids(&take_batch(&mut waiting, 2)), [2]);
+
+        // At most the smallest max_rows among the batch's steps, the lead's or a later one's.
+        let mut waiting = VecDeque::from([job(0, 1, 2, false), job(1, 1, 16, false), job(2, 1, 16, false)]);
+        assert_eq!(ids(&take_batch(&mut waiting, 8)), [0, 1]);
+        let mut waiting = VecDeque::from([
+            job(0, 1, 16, false),
+            job(1, 1, 2, false),
+            job(2, 1, 16, false),
+            job(3, 1, 16, false),
+        ]);
+        assert_eq!(ids(&take_batch(&mut waiting, 8)), [0, 1]);
+        assert_eq!(ids(&waiting), [2, 3]);
+    }
 }
