@@ -293,6 +293,77 @@ fn a_starting_stream_waits_for_one_batch_at_most() {
     }
 }
 
+/// Limits below the least count as the least: a batch of one, steps of the stream's chunk.
+#[test]
+fn limits_below_the_least_count_as_the_least() {
+    let model = load(&load_fixture("release-tiny"));
+    let mut decoder = StreamDecoder::new(model, 3, TailStrategy::Eager).unwrap();
+    decoder.set_limits(StepLimits {
+        max_batch: 0,
+        max_step_frames: 2,
+        cuda_graphs: false,
+    });
+    assert_eq!(
+        decoder.limits(),
+        StepLimits {
+            max_batch: 1,
+            max_step_frames: 3,
+            cuda_graphs: false,
+        }
+    );
+    decoder.set_limits(StepLimits {
+        max_batch: 5,
+        max_step_frames: 12,
+        cuda_graphs: true,
+    });
+    assert_eq!(
+        decoder.limits(),
+        StepLimits {
+            max_batch: 5,
+            max_step_frames: 12,
+            cuda_graphs: true,
+        }
+    );
+}
+
+/// What a stream reports of itself (the element's statistics and backlog read it): frames
+/// waiting for a full step, the steps run and their times, the batches' rows, CUDA graph steps.
+#[test]
+fn a_stream_counts_its_waiting_frames_steps_and_times() {
+    let fixture = load_fixture("release-tiny");
+    let mut decoder = StreamDecoder::new(load(&fixture), 3, TailStrategy::Eager).unwrap();
+    decoder.set_limits(StepLimits {
+        max_batch: 1,
+        max_step_frames: 3,
+        cuda_graphs: false,
+    });
+    let state_bytes = decoder.state_bytes();
+    assert!(state_bytes > 0, "a stream holds its row");
+    assert!(decoder.push(fixture.prefix_codes(2)).unwrap().is_empty());
+    assert_eq!((decoder.pending_frames(), decoder.steps()), (2, 0));
+    assert_eq!(
+        decoder.state_bytes(),
+        state_bytes + 2 * fixture.codebooks * 2,
+        "and the waiting codes"
+    );
+    assert_eq!(decoder.step_times(), Default::default());
+    let audio = decoder
+        .push(&fixture.codes[2 * fixture.codebooks..7 * fixture.codebooks])
+        .unwrap();
+    assert_eq!(audio.len(), 6 * fixture.samples_per_frame);
+    assert_eq!(
+        (decoder.pending_frames(), decoder.steps(), decoder.frames_in()),
+        (1, 2, 7)
+    );
+    let (total, longest) = decoder.step_times();
+    assert!(
+        longest > std::time::Duration::ZERO && longest <= total,
+        "{total:?}, {longest:?}"
+    );
+    assert_eq!(decoder.batch_rows(), (2, 1));
+    assert_eq!(decoder.graph_steps(), 0, "no graph on the CPU");
+}
+
 /// The warm step time that admission and latency rest on: a step takes time, and each shape is
 /// measured once, so that every stream of the model sees the same figure.
 #[test]

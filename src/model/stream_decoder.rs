@@ -313,3 +313,16 @@ impl Drop for StreamDecoder {
         self.model.engine().release_row(self.model.network(), self.row);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tail_strategy_reads_from_its_name() {
+        assert_eq!("eager".parse::<TailStrategy>(), Ok(TailStrategy::Eager));
+        assert_eq!("pad".parse::<TailStrategy>(), Ok(TailStrategy::Pad));
+        let err = "padded".parse::<TailStrategy>().unwrap_err();
+        assert!(err.contains("\"padded\""), "{err}");
+    }
+}
