@@ -21,9 +21,8 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Instant;
 
-use common::{machine, percentile, read_codes, slug};
+use common::{machine, percentile, read_codes, run_steps, slug};
 use gstqwencodec::model::{
     Allowed, CpuKernels, Dtype, KERNELS_ENV, Kernel, Model, StreamDecoder, TailStrategy, widest_kernels,
 };
@@ -64,22 +63,10 @@ fn parse_args() -> Args {
 fn time_steps(args: &Args) -> f64 {
     let model = Arc::new(Model::load(&args.model, tch::Device::Cpu, args.dtype).unwrap());
     let codes = read_codes(&args.model.join("codes.raw"));
-    let step_codes = model.config().num_quantizers * args.chunk_frames;
-    let mut steps = codes
-        .chunks(step_codes)
-        .filter(|step| step.len() == step_codes)
-        .cycle();
+    let codebooks = model.config().num_quantizers;
     let mut decoder = StreamDecoder::new(model, args.chunk_frames, TailStrategy::Eager).unwrap();
-    let mut step_ms = Vec::with_capacity(args.steps);
-    for step in 0..WARM_UP_STEPS + args.steps {
-        let started = Instant::now();
-        let audio = decoder.push(steps.next().unwrap()).unwrap();
-        assert!(!audio.is_empty(), "a step gives audio");
-        if step >= WARM_UP_STEPS {
-            step_ms.push(started.elapsed().as_secs_f64() * 1e3);
-        }
-    }
-    percentile(&step_ms, 0.5)
+    run_steps(&mut decoder, &codes, codebooks, WARM_UP_STEPS);
+    percentile(&run_steps(&mut decoder, &codes, codebooks, args.steps), 0.5)
 }
 
 /// A child run with `kernels` as [`KERNELS_ENV`]: its median step in ms.
@@ -150,7 +137,7 @@ fn kernel_ab(args: &Args, base: &str, kernel: Kernel) -> Value {
 fn markdown(report: &Value) -> String {
     let machine = &report["machine"];
     let mut text = format!(
-        "# qwencodec, each CPU kernel A/B, {}\n\nCPU: {}, {} cores, {} torch threads; code {}; limits: {}; dtype {}; \
+        "# qwencodec, each CPU kernel A/B, {}\n\nCPU: {} ({}), {} cores, {} torch threads; code {}; dtype {}; \
          {} of the released geometry with random weights; one stream, steps of {} frames ({} timed after {} \
          warm-up steps per process), {} rounds per kernel, the order of the two runs swapped each round.\n\n\
          A ratio under 1 means the step is faster with the kernel; the ratio is taken within each round.\n\n\
@@ -158,17 +145,10 @@ fn markdown(report: &Value) -> String {
          | --- | --- | ---: | ---: | ---: | --- |\n",
         report["date"].as_str().unwrap(),
         machine["cpu"].as_str().unwrap_or("?"),
+        common::flags(machine),
         machine["cores"],
         machine["torch_threads"],
-        machine["code"].as_str().unwrap_or("?"),
-        match machine["limits"].as_array() {
-            Some(limits) if !limits.is_empty() => limits
-                .iter()
-                .filter_map(Value::as_str)
-                .collect::<Vec<_>>()
-                .join(", "),
-            _ => "none".into(),
-        },
+        common::code(machine),
         report["dtype"].as_str().unwrap(),
         report["model"].as_str().unwrap(),
         report["chunk_frames"],

@@ -15,9 +15,8 @@ mod common;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
-use common::{machine, read_codes, slug};
+use common::{machine, read_codes, run_steps, slug};
 use gstqwencodec::model::{Dtype, Model, OpProfiler, StreamDecoder, TailStrategy, parse_device};
 use serde_json::json;
 
@@ -41,24 +40,6 @@ fn monotonic_ns() -> u64 {
     // SAFETY: `time` is a valid timespec for the call to fill.
     assert_eq!(unsafe { clock_gettime(CLOCK_MONOTONIC, &mut time) }, 0);
     time.seconds as u64 * 1_000_000_000 + time.nanoseconds as u64
-}
-
-/// `steps` steps of `chunk_frames` frames of the checkpoint's codes (repeated as needed),
-/// each step's wall time in ms.
-fn run_steps(decoder: &mut StreamDecoder, codes: &[i16], codebooks: usize, steps: usize) -> Vec<f64> {
-    let step_codes = codebooks * decoder.chunk_frames();
-    let mut frames = codes
-        .chunks(step_codes)
-        .filter(|step| step.len() == step_codes)
-        .cycle();
-    (0..steps)
-        .map(|_| {
-            let started = Instant::now();
-            let audio = decoder.push(frames.next().unwrap()).unwrap();
-            assert!(!audio.is_empty(), "a step gives audio");
-            started.elapsed().as_secs_f64() * 1e3
-        })
-        .collect()
 }
 
 fn main() {

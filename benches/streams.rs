@@ -24,9 +24,9 @@
 //!   frame: the time from when it fell due to its audio. The largest N whose p95 stays under
 //!   400 ms, and whose compute needed (below) is at most 1, is the number of live streams
 //!   served (f16, 6 streams: p95 302 ms over 10 s needing 1.06, 2.7 s over 60 s). Where the
-//!   time went: the share of the run
-//!   the model spent computing batches, a frame's cost in them, and the compute the streams'
-//!   frames need at that cost (past 1, no schedule serves them: the machine is too slow).
+//!   time went: the share of the run the model spent computing batches, a frame's cost in them,
+//!   and the compute the streams' frames need at that cost (past 1, no schedule serves them: the
+//!   machine is too slow).
 //!
 //! Each measurement runs twice, the two modes alternating, and the better run counts: the speed
 //! of these shared machines drifts by 15% and more within minutes. Batching off is measured up

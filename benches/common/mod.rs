@@ -2,6 +2,9 @@
 #![allow(dead_code)] // each benchmark uses a different part
 
 use std::path::Path;
+use std::time::Instant;
+
+use gstqwencodec::model::StreamDecoder;
 
 use serde_json::{Value, json};
 
@@ -31,6 +34,24 @@ pub fn read_codes(path: &Path) -> Vec<i16> {
         .unwrap_or_else(|err| panic!("{}: {err}", path.display()))
         .chunks_exact(2)
         .map(|b| i16::from_le_bytes([b[0], b[1]]))
+        .collect()
+}
+
+/// `steps` steps of the decoder's `chunk_frames` frames of the checkpoint's codes (repeated as needed),
+/// each step's wall time in ms.
+pub fn run_steps(decoder: &mut StreamDecoder, codes: &[i16], codebooks: usize, steps: usize) -> Vec<f64> {
+    let step_codes = codebooks * decoder.chunk_frames();
+    let mut frames = codes
+        .chunks(step_codes)
+        .filter(|step| step.len() == step_codes)
+        .cycle();
+    (0..steps)
+        .map(|_| {
+            let started = Instant::now();
+            let audio = decoder.push(frames.next().unwrap()).unwrap();
+            assert!(!audio.is_empty(), "a step gives audio");
+            started.elapsed().as_secs_f64() * 1e3
+        })
         .collect()
 }
 

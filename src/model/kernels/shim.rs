@@ -123,12 +123,15 @@ pub struct Allowed {
 }
 
 impl Allowed {
+    /// Every kernel, in the widest instruction set the CPU has.
+    pub const ALL: Allowed = Allowed {
+        kernels: CpuKernels::Avx512,
+        held_back: Vec::new(),
+    };
+
     /// `value` as [`KERNELS_ENV`] holds it.
     pub fn parse(value: &str) -> Result<Self, String> {
-        let mut allowed = Allowed {
-            kernels: CpuKernels::Avx512,
-            held_back: Vec::new(),
-        };
+        let mut allowed = Allowed::ALL;
         for (index, part) in value.split(',').map(str::trim).enumerate() {
             if let Some(name) = part.strip_prefix('-') {
                 allowed.held_back.push(name.parse()?);
@@ -162,34 +165,36 @@ impl Allowed {
     }
 }
 
-/// What this process's environment allows (read once; a value that does not parse is reported
-/// and leaves every kernel on).
-fn allowed() -> &'static Allowed {
-    static ALLOWED: LazyLock<Allowed> = LazyLock::new(|| {
-        let all = Allowed {
-            kernels: CpuKernels::Avx512,
-            held_back: Vec::new(),
-        };
-        match std::env::var(KERNELS_ENV) {
-            Err(_) => all,
+/// This process's instruction sets, by kernel in [`Kernel::ALL`]'s order, then that of the kernels
+/// not held back by name: the environment read once (a value that does not parse is reported and
+/// leaves every kernel on), for the layers that ask on every step.
+fn process_kernels() -> &'static ([CpuKernels; Kernel::ALL.len()], CpuKernels) {
+    static KERNELS: LazyLock<([CpuKernels; Kernel::ALL.len()], CpuKernels)> = LazyLock::new(|| {
+        let allowed = match std::env::var(KERNELS_ENV) {
+            Err(_) => Allowed::ALL,
             Ok(value) => Allowed::parse(&value).unwrap_or_else(|err| {
                 eprintln!("{KERNELS_ENV}={value:?}: {err}; the CPU kernels stay on");
-                all
+                Allowed::ALL
             }),
-        }
+        };
+        let widest = widest_kernels();
+        (
+            Kernel::ALL.map(|kernel| allowed.kernel(kernel, widest)),
+            widest.min(allowed.kernels),
+        )
     });
-    &ALLOWED
+    &KERNELS
 }
 
 /// This process's [`CpuKernels`]: the instruction set of the kernels not held back one by one.
 pub fn cpu_kernels() -> CpuKernels {
-    widest_kernels().min(allowed().kernels)
+    process_kernels().1
 }
 
 /// The instruction set `kernel` runs in in this process ([`CpuKernels::Off`]: libtorch's ops do
 /// its work).
 pub fn kernel(kernel: Kernel) -> CpuKernels {
-    allowed().kernel(kernel, widest_kernels())
+    process_kernels().0[kernel as usize]
 }
 
 /// `kernels` for a test of the kernel in that instruction set, which the building CPU has
@@ -272,5 +277,9 @@ mod tests {
             parsed("-transformer_layer").kernel(Kernel::SkinnyGemm, CpuKernels::Avx512),
             CpuKernels::Avx512
         );
+        // The process's table is indexed by the kernels' order in ALL.
+        for (index, kernel) in Kernel::ALL.into_iter().enumerate() {
+            assert_eq!(kernel as usize, index, "{kernel:?}");
+        }
     }
 }
