@@ -379,3 +379,42 @@ fn a_warm_step_is_timed_once_per_shape() {
     );
     assert_eq!(model.warm_step_time(2, 4, false).unwrap(), two, "measured again");
 }
+
+/// A thread that panics while it leads a batch (here in an observer, the one place a panic is
+/// not caught) fails its own step and leaves the engine to the others: a stream that steps next
+/// gets upstream's audio rather than waiting for ever on a batch that never ends. The wait for
+/// it is bounded only to fail rather than hang.
+#[test]
+fn a_panic_while_leading_a_batch_leaves_the_engine_to_the_others() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let fixture = load_fixture("release-tiny");
+    let model = load(&fixture);
+    let armed = AtomicBool::new(true);
+    model.observe_batches(move |_| {
+        if armed.swap(false, Ordering::SeqCst) {
+            panic!("an observer's panic");
+        }
+    });
+    let mut first = StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap();
+    let codes = fixture.prefix_codes(1).to_vec();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| first.push(&codes)));
+    assert!(
+        panicked.is_err(),
+        "the observer's panic reaches the stream that led the batch"
+    );
+    drop(first);
+
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn({
+        let model = model.clone();
+        move || {
+            let mut next = StreamDecoder::new(model, 1, TailStrategy::Eager).unwrap();
+            sender.send(next.push(&codes).unwrap()).unwrap();
+        }
+    });
+    let audio = receiver
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the next stream's step never ran: the engine stayed taken by the panicked batch");
+    fixture.assert_prefix_matches(&audio, 1, "the stream after a panicked batch");
+}

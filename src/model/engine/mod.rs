@@ -341,6 +341,14 @@ impl Engine {
             let batch = take_batch(&mut queue.waiting, max_batch_frames(network.device()));
             let left_waiting = queue.waiting.len();
             drop(queue);
+            let leading = Leading {
+                engine: self,
+                others: batch
+                    .iter()
+                    .map(|job| job.id)
+                    .filter(|&other| other != id)
+                    .collect(),
+            };
             let started = Instant::now();
             let outcome = executor::run(network.device(), || {
                 std::panic::catch_unwind(AssertUnwindSafe(|| self.compute(network, &batch)))
@@ -366,6 +374,8 @@ impl Engine {
             for observer in self.observers.lock().unwrap_or_else(|p| p.into_inner()).iter() {
                 observer(&run);
             }
+            // Disarmed before the lock: a guard that unwound with the queue locked would deadlock.
+            drop(leading);
             queue = self.lock();
             queue.running = false;
             let rows = batch.len();
@@ -478,6 +488,42 @@ fn take_batch(waiting: &mut VecDeque<Job>, max_frames: usize) -> Vec<Job> {
         }
     }
     batch
+}
+
+/// The thread that leads a batch, while it runs the batch with the queue unlocked. Should it
+/// unwind there (an observer's panic: the compute's own are caught), the batch's other steps
+/// get an error and another thread may lead; else `running` stayed set and every other stream
+/// waited for ever.
+struct Leading<'a> {
+    engine: &'a Engine,
+    /// The ids of the batch's steps but the leader's own (which no one would collect).
+    others: Vec<u64>,
+}
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let mut queue = self.engine.lock();
+        queue.running = false;
+        queue.last_rows = 0;
+        let rows = self.others.len() + 1;
+        for id in self.others.drain(..) {
+            let audio = Err(tch::TchError::Torch(
+                "the thread running this batch panicked".into(),
+            ));
+            queue.done.insert(
+                id,
+                StepDone {
+                    audio,
+                    rows,
+                    graph: false,
+                },
+            );
+        }
+        self.engine.batch_done.notify_all();
+    }
 }
 
 /// tch's errors are not Clone: the same text for every row of a failed batch.
