@@ -89,8 +89,8 @@ def table(results, links):
     lines = ["| " + " | ".join(header) + " |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for path in sorted(results.glob("*.json")):
-        if path.stem.endswith(("-streams", "-profile", "-kernels-ab")) or "-time-to-effect" in path.stem:
-            continue  # benches/streams.rs, effect.rs, kernels_ab.rs and make profile: tabled in their own files
+        if path.stem.endswith(("-streams", "-profile", "-kernels-ab", "-rtp-codes")) or "-time-to-effect" in path.stem:
+            continue  # benches/streams.rs, effect.rs, kernels_ab.rs, rtp_codes.rs and make profile: tabled in their own files
         report = json.loads(path.read_text())
         lines.append("| " + " | ".join(summary_row(path, report, links)) + " |")
     return "\n".join(lines) + "\n"

@@ -35,6 +35,8 @@ for file in ${MUTANTS_FILES:-${!tests_of[@]}}; do
     *) echo "mutants: no tests listed for $file" >&2; exit 2 ;;
   esac
   name=$(basename "$(dirname "$file")")-$(basename "$file" .rs)
+  # cargo-mutants makes its output folder but not the folder above it.
+  mkdir -p "$out/$name"
   # The mutants profile (Cargo.toml): release speed, incremental rebuilds.
   G_DEBUG=fatal_warnings GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-1000} \
     cargo mutants --profile mutants --no-shuffle -f "$file" --output "$out/$name" "${extra[@]}" "${tests[@]}" || true

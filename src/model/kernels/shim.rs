@@ -35,8 +35,8 @@ pub fn checked(what: &str, f: impl FnOnce(*mut c_char, usize) -> bool) -> TorchR
 
 /// The instruction set our CPU kernels run in: the widest this CPU has, unless the environment
 /// variable [`KERNELS_ENV`] holds them back. The few-row product (and with it the transformer
-/// layer in one call) and SnakeBeta come in AVX2 and AVX-512, the other kernels in AVX-512 only;
-/// where they do not run, libtorch's ops do their work.
+/// layer in one call), SnakeBeta and the Winograd tiles come in AVX2 and AVX-512, the direct
+/// convolutions in AVX-512 only; where they do not run, libtorch's ops do their work.
 #[repr(i32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum CpuKernels {

@@ -1,6 +1,8 @@
 // A convolution by Winograd tiles (winograd.rs) on float32 activations on the CPU: the inputs
 // into tiles of the transform domain, one product per point with the transformed weights, and
-// the products back into outputs. AVX-512 only (shim.rs checks the CPU). Errors as in shim.h.
+// the products back into outputs. In AVX-512 or AVX2 (as `kernels` says; shim.rs checks the CPU):
+// the two share the layout and the work's split and differ in the few functions that hold
+// registers (`Avx512` and `Avx2` below). Errors as in shim.h.
 //
 // A tile holds `m` outputs `dilation` columns apart and the `points` inputs they read: tile k of
 // phase r (r < dilation) has outputs k * m * dilation + r + i * dilation, i < m.
@@ -21,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels.h"
 #include "shim.h"
 #include "widen.h"
 
@@ -40,11 +43,9 @@ constexpr int64_t kMinPieceTiles = 256;
 // channels (`bench/results/2026-12-01-intel-xeon-avx512-direct-convs.md`).
 constexpr int64_t kMinThreadPieceTiles = 48;
 
-// Output vectors of 16 channels and tiles per block of a point's product: 3 x 8 accumulators,
-// 3 weight vectors and a broadcast tile value fill AVX-512's 32 registers (9 tiles take 31).
-constexpr int kOutputVectors = 3;
-constexpr int kBlockTiles = 8;
-constexpr int64_t kBlockOutputs = 16 * kOutputVectors;
+// Output channels per block of the transformed weights (winograd.rs's BLOCK_OUTPUTS): three
+// vectors of 16 in AVX-512, two units of three vectors of 8 in AVX2 (see products).
+constexpr int64_t kBlockOutputs = 48;
 
 // 16 rows of 16 floats (row r at src + r * src_stride) into 16 rows of 16 (dst + j * dst_stride
 // gets column j): pairs, then fours, then 128-bit lanes interleaved.
@@ -133,12 +134,13 @@ struct Piece {
 };
 
 // The tiles of one group of 16 channels from their columns side by side (`columns[column * 16 +
-// lane]`): all P points' sums at once, each input read once, so that the sums are independent
-// chains. P known when compiling keeps the inputs and sums in registers; the coefficients are
-// all multiplied, zeros included, which costs less than branching on them.
+// lane]`, the first `lanes` used): all P points' sums at once, each input read once, so that the
+// sums are independent chains. P known when compiling keeps the inputs and sums in registers;
+// the coefficients are all multiplied, zeros included, which costs less than branching on them.
 template <int P>
 __attribute__((target("avx512f"))) void group_tiles(const Convolution& c, const Piece& piece, const float* columns,
-                                                    float* v, int64_t c0, __mmask16 mask) {
+                                                    float* v, int64_t c0, int64_t lanes) {
+  const __mmask16 mask = qwencodec::tail_mask(lanes);
   const int64_t count = piece.count(c);
   const int64_t tiles = piece.k1 - piece.k0;
   const float* bt = c.bt;
@@ -161,68 +163,6 @@ __attribute__((target("avx512f"))) void group_tiles(const Convolution& c, const 
   }
 }
 
-// `f(std::integral_constant<int, P>)` for P the convolution's number of points (1 to
-// kMaxPoints, checked on entry): the transforms' loops over points known when compiling.
-template <int P = 1, typename F>
-void with_points(const Convolution& c, F&& f) {
-  if constexpr (P < kMaxPoints) {
-    if (c.points != P) return with_points<P + 1>(c, f);
-  }
-  f(std::integral_constant<int, P>{});
-}
-
-// The piece's tiles of one group of 16 input channels (group_tiles) from its columns.
-void tiles_of_group(const Convolution& c, const Piece& piece, const float* columns, float* v, int64_t c0,
-                    __mmask16 mask) {
-  with_points(c, [&](auto points) { group_tiles<decltype(points)::value>(c, piece, columns, v, c0, mask); });
-}
-
-// Groups `begin..end` of 16 channels of the piece's inputs into its tiles [points, count, in].
-__attribute__((target("avx512f"))) void input_groups(const Convolution& c, const Piece& piece, float* v,
-                                                     int64_t begin, int64_t end) {
-  // Input column j is context column j below the reach, else new column j - reach.
-  const int64_t first = piece.k0 * c.block();
-  // The columns the piece reads: its outputs' and the kernel's reach past the last of them.
-  const int64_t span = (piece.k1 - piece.k0) * c.block() + (c.points - 1) * c.dilation;
-  // Those of them the input has; the rest, past its end, are zeros.
-  const int64_t stored = std::clamp<int64_t>(c.reach + c.columns - first, 0, span);
-  const int64_t from_context = std::clamp<int64_t>(c.reach - first, 0, stored);
-  float* columns = qwencodec::thread_buffer<ColumnsBuffer>(static_cast<size_t>(span * 16));
-  for (int64_t group = begin; group < end; ++group) {
-    const int64_t c0 = group * 16;
-    const int64_t lanes = std::min<int64_t>(16, c.in - c0);
-    const int64_t row = piece.b * c.in + c0;
-    if (lanes == 16) {
-      if (from_context > 0) rows_to_columns(c.context + row * c.reach + first, c.reach, from_context, columns);
-      if (stored > from_context) {
-        rows_to_columns(c.x + row * c.columns + first + from_context - c.reach, c.columns, stored - from_context,
-                        columns + from_context * 16);
-      }
-      std::fill(columns + stored * 16, columns + span * 16, 0.0f);
-      tiles_of_group(c, piece, columns, v, c0, qwencodec::tail_mask(lanes));
-      continue;
-    }
-    std::fill(columns, columns + span * 16, 0.0f);
-    for (int64_t lane = 0; lane < lanes; ++lane) {
-      const float* context = c.context + (row + lane) * c.reach;
-      const float* x = c.x + (row + lane) * c.columns;
-      for (int64_t column = 0; column < from_context; ++column) {
-        columns[column * 16 + lane] = context[first + column];
-      }
-      for (int64_t column = from_context; column < stored; ++column) {
-        columns[column * 16 + lane] = x[first + column - c.reach];
-      }
-      for (int64_t column = stored; column < span; ++column) columns[column * 16 + lane] = 0.0f;
-    }
-    tiles_of_group(c, piece, columns, v, c0, qwencodec::tail_mask(lanes));
-  }
-}
-
-void input_transform(const Convolution& c, const Piece& piece, float* v) {
-  at::parallel_for(0, (c.in + 15) / 16, 1,
-                   [&](int64_t begin, int64_t end) { input_groups(c, piece, v, begin, end); });
-}
-
 // How far ahead of the row they multiply the products prefetch their weight block: a small
 // step's products read each block once, from memory, and waited on it without; a few rows
 // ahead were too close (`bench/results/2026-12-01-intel-xeon-avx512-direct-convs.md`).
@@ -232,18 +172,19 @@ constexpr int64_t kPrefetchBytes = 6144;
 // (up to 1536) rounded the float32 decode to 3.1e-5 from float64, where this keeps 1.9e-5.
 constexpr int64_t kSumInputs = 64;
 
-// R tiles [R, in] (rows `in` apart) against a block of the weight [in, kBlockOutputs] (float32,
-// or int16 whose sums `scale` multiplies, one per output), whose first 16 * V columns are used
-// (the last vector's stores masked by `last`; the block's padding is zeros, so its loads are
-// whole), into results (rows `out` apart): result[r][o] = sum over i of tiles[r][i] *
-// weight[i][o]. Each tile value is broadcast against whole vectors of outputs, so no sum is
-// reduced across lanes, and the block stays in the core's cache while the piece's tiles pass.
-// Its first pass reads it from memory, ahead of use (kPrefetchBytes). The sums go in chains of
-// kSumInputs. The loops are unrolled by pragma: without, GCC kept the accumulators in an array
-// on the stack and stored them on every step.
+// R tiles [R, in] (rows `in` apart) against a unit of the weight block [in, kBlockOutputs]
+// (float32, or int16 whose sums `scale` multiplies, one per output), whose first V vectors are
+// used (the last one's first `last` lanes; the block's padding is zeros, so its loads are whole),
+// into results (rows `out` apart): result[r][o] = sum over i of tiles[r][i] * weight[i][o]. Each
+// tile value is broadcast against whole vectors of outputs, so no sum is reduced across lanes,
+// and the block stays in the core's cache while the piece's tiles pass. Its first pass reads it
+// from memory, ahead of use (kPrefetchBytes). The sums go in chains of kSumInputs. The loops are
+// unrolled by pragma: without, GCC kept the accumulators in an array on the stack and stored
+// them on every step.
 template <int V, int R, typename W>
 __attribute__((target("avx512f"))) void product_block(const float* tiles, const W* weight, const float* scale,
-                                                      float* result, int64_t in, int64_t out, __mmask16 last) {
+                                                      float* result, int64_t in, int64_t out, int64_t last) {
+  const __mmask16 last_mask = qwencodec::tail_mask(last);
   __m512 scales[V];
   if constexpr (std::is_same_v<W, int16_t>) {
 #pragma GCC unroll 4
@@ -278,7 +219,7 @@ __attribute__((target("avx512f"))) void product_block(const float* tiles, const 
       float* row = result + r * out;
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v) {
-        const __mmask16 mask = v + 1 < V ? static_cast<__mmask16>(0xffff) : last;
+        const __mmask16 mask = v + 1 < V ? static_cast<__mmask16>(0xffff) : last_mask;
         __m512 sum = sums[r][v];
         if constexpr (std::is_same_v<W, int16_t>) sum = _mm512_mul_ps(sum, scales[v]);
         if (i0 > 0) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(mask, row + 16 * v));
@@ -288,74 +229,14 @@ __attribute__((target("avx512f"))) void product_block(const float* tiles, const 
   }
 }
 
-// Every tile of the piece against the weight block of outputs `o0..o0 + 16 * V` (see
-// product_block), in passes of 8 tiles, and one of 9 where that saves a pass: a pass costs its
-// weight loads whatever its tiles, and a one-frame step's first block has 8 or 9 tiles, whose
-// ninth took a pass of its own. (Passes of 9 throughout were slower in the late blocks, whose
-// inputs come in short chains: the accumulators leave the registers at the end of each.)
-template <int V, typename W>
-void product_blocks(const Convolution& c, int64_t count, const float* tiles, const W* weight, const float* scale,
-                    float* result, int64_t o0, __mmask16 last) {
-  result += o0;
-  int64_t passes = (count + kBlockTiles - 1) / kBlockTiles;
-  if (count > kBlockTiles && count % kBlockTiles == 1) --passes;
-  for (int64_t pass = 0, n0 = 0; pass < passes; ++pass) {
-    const int64_t n = (count - n0) / (passes - pass);
-    const float* first = tiles + n0 * c.in;
-    float* results = result + n0 * c.out;
-    switch (n) {
-      case 1: product_block<V, 1>(first, weight, scale, results, c.in, c.out, last); break;
-      case 2: product_block<V, 2>(first, weight, scale, results, c.in, c.out, last); break;
-      case 3: product_block<V, 3>(first, weight, scale, results, c.in, c.out, last); break;
-      case 4: product_block<V, 4>(first, weight, scale, results, c.in, c.out, last); break;
-      case 5: product_block<V, 5>(first, weight, scale, results, c.in, c.out, last); break;
-      case 6: product_block<V, 6>(first, weight, scale, results, c.in, c.out, last); break;
-      case 7: product_block<V, 7>(first, weight, scale, results, c.in, c.out, last); break;
-      case 8: product_block<V, 8>(first, weight, scale, results, c.in, c.out, last); break;
-      default: product_block<V, kBlockTiles + 1>(first, weight, scale, results, c.in, c.out, last); break;
-    }
-    n0 += n;
-  }
-}
-
-// Each point's weight against the piece's tiles [count, in]: products [points, count, out], in
-// units of one point and up to kBlockOutputs outputs, spread across the threads. A unit's
-// weights are one block [in, kBlockOutputs] of consecutive bytes: read as columns of the whole
-// [in, out] matrix, rows kilobytes apart, they came from memory at a fraction of its speed on
-// the Xeon, whose prefetchers do not follow strides across pages.
-template <typename W>
-void products(const Convolution& c, const Piece& piece, const float* v, float* products) {
-  const int64_t count = piece.count(c);
-  const int64_t output_blocks = (c.out + kBlockOutputs - 1) / kBlockOutputs;
-  at::parallel_for(0, c.points * output_blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t unit = begin; unit < end; ++unit) {
-      const int64_t p = unit / output_blocks;
-      const int64_t o0 = unit % output_blocks * kBlockOutputs;
-      const int64_t outputs = std::min(kBlockOutputs, c.out - o0);
-      const int64_t vectors = (outputs + 15) / 16;
-      const __mmask16 last = qwencodec::tail_mask(outputs - 16 * (vectors - 1));
-      const float* tiles = v + p * count * c.in;
-      const W* weight =
-          static_cast<const W*>(c.weights) + (p * output_blocks + o0 / kBlockOutputs) * c.in * kBlockOutputs;
-      // The block's scales (unused for float32 weights).
-      const float* scale = c.scales ? c.scales + p * output_blocks * kBlockOutputs + o0 : nullptr;
-      float* result = products + p * count * c.out;
-      switch (vectors) {
-        case 1: product_blocks<1>(c, count, tiles, weight, scale, result, o0, last); break;
-        case 2: product_blocks<2>(c, count, tiles, weight, scale, result, o0, last); break;
-        default: product_blocks<3>(c, count, tiles, weight, scale, result, o0, last); break;
-      }
-    }
-  });
-}
-
-// One group of 16 output channels (from c0) of the piece's tiles from their products, plus the
-// bias, into outputs[column * 16 + lane]: each tile's P products read once, then its outputs.
-// P known when compiling keeps them in registers; the coefficients are all multiplied, zeros
-// included (adding a zero product leaves a sum as it is).
+// One group of 16 output channels (from c0, the first `lanes` used) of the piece's tiles from
+// their products, plus the bias, into outputs[column * 16 + lane]: each tile's P products read
+// once, then its outputs. P known when compiling keeps them in registers; the coefficients are
+// all multiplied, zeros included (adding a zero product leaves a sum as it is).
 template <int P>
 __attribute__((target("avx512f"))) void group_outputs(const Convolution& c, const Piece& piece, const float* products,
-                                                      int64_t columns, int64_t c0, __mmask16 mask, float* outputs) {
+                                                      int64_t columns, int64_t c0, int64_t lanes, float* outputs) {
+  const __mmask16 mask = qwencodec::tail_mask(lanes);
   const int64_t count = piece.count(c);
   const int64_t tiles = piece.k1 - piece.k0;
   const __m512 bias = _mm512_maskz_loadu_ps(mask, c.bias + c0);
@@ -378,9 +259,370 @@ __attribute__((target("avx512f"))) void group_outputs(const Convolution& c, cons
   }
 }
 
+// The same in AVX2: 8 lanes and 16 registers. The layout stays the AVX-512 one (groups of 16
+// channels side by side), each group taken as two halves of 8.
+
+// The first `lanes` of 8 (none for 0 or fewer, all for 8 or more), as AVX2's masked loads and
+// stores take them: a lane's top bit.
+__attribute__((target("avx2,fma"))) inline __m256i tail_mask8(int64_t lanes) {
+  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(lanes, 0, 8))), index);
+}
+
+// 8 rows of 8 floats (row r at src + r * src_stride) into 8 rows of 8 (dst + j * dst_stride gets
+// column j): pairs, then fours, then the 128-bit halves.
+__attribute__((target("avx2,fma"))) void transpose8(const float* src, int64_t src_stride, float* dst,
+                                                   int64_t dst_stride) {
+  __m256 rows[8], pairs[8], fours[8];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r) rows[r] = _mm256_loadu_ps(src + r * src_stride);
+#pragma GCC unroll 4
+  for (int r = 0; r < 8; r += 2) {
+    pairs[r] = _mm256_unpacklo_ps(rows[r], rows[r + 1]);
+    pairs[r + 1] = _mm256_unpackhi_ps(rows[r], rows[r + 1]);
+  }
+  // fours[4g + k]: in 128-bit half l, column 4l + k of rows 4g..4g + 3.
+#pragma GCC unroll 2
+  for (int g = 0; g < 8; g += 4) {
+    fours[g] = _mm256_shuffle_ps(pairs[g], pairs[g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    fours[g + 1] = _mm256_shuffle_ps(pairs[g], pairs[g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    fours[g + 2] = _mm256_shuffle_ps(pairs[g + 1], pairs[g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    fours[g + 3] = _mm256_shuffle_ps(pairs[g + 1], pairs[g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    _mm256_storeu_ps(dst + k * dst_stride, _mm256_permute2f128_ps(fours[k], fours[4 + k], 0x20));
+    _mm256_storeu_ps(dst + (4 + k) * dst_stride, _mm256_permute2f128_ps(fours[k], fours[4 + k], 0x31));
+  }
+}
+
+__attribute__((target("avx2,fma"))) void rows_to_columns8(const float* rows, int64_t stride, int64_t count,
+                                                         float* columns) {
+  int64_t j = 0;
+  for (; j + 8 <= count; j += 8) {
+    transpose8(rows + j, stride, columns + j * 16, 16);
+    transpose8(rows + 8 * stride + j, stride, columns + j * 16 + 8, 16);
+  }
+  for (; j < count; ++j) {
+    for (int64_t r = 0; r < 16; ++r) columns[j * 16 + r] = rows[r * stride + j];
+  }
+}
+
+__attribute__((target("avx2,fma"))) void columns_to_rows8(const float* columns, int64_t count, float* rows,
+                                                         int64_t stride) {
+  int64_t j = 0;
+  for (; j + 8 <= count; j += 8) {
+    transpose8(columns + j * 16, 16, rows + j, stride);
+    transpose8(columns + j * 16 + 8, 16, rows + 8 * stride + j, stride);
+  }
+  for (; j < count; ++j) {
+    for (int64_t r = 0; r < 16; ++r) rows[r * stride + j] = columns[j * 16 + r];
+  }
+}
+
+template <int P>
+__attribute__((target("avx2,fma"))) void group_tiles8(const Convolution& c, const Piece& piece, const float* columns,
+                                                     float* v, int64_t c0, int64_t lanes) {
+  const int64_t count = piece.count(c);
+  const int64_t tiles = piece.k1 - piece.k0;
+  const float* bt = c.bt;
+  for (int64_t half = 0; half * 8 < lanes; ++half) {
+    const __m256i mask = tail_mask8(lanes - half * 8);
+    for (int64_t r = 0; r < c.dilation; ++r) {
+      for (int64_t k = 0; k < tiles; ++k) {
+        const float* inputs = columns + (k * c.block() + r) * 16 + half * 8;
+        __m256 sums[P];
+#pragma GCC unroll 16
+        for (int p = 0; p < P; ++p) sums[p] = _mm256_setzero_ps();
+#pragma GCC unroll 16
+        for (int j = 0; j < P; ++j) {
+          const __m256 input = _mm256_loadu_ps(inputs + j * c.dilation * 16);
+#pragma GCC unroll 16
+          for (int p = 0; p < P; ++p) sums[p] = _mm256_fmadd_ps(_mm256_set1_ps(bt[p * P + j]), input, sums[p]);
+        }
+        float* tile = v + (r * tiles + k) * c.in + c0 + half * 8;
+#pragma GCC unroll 16
+        for (int p = 0; p < P; ++p) _mm256_maskstore_ps(tile + p * count * c.in, mask, sums[p]);
+      }
+    }
+  }
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 widen8(const float* w) { return _mm256_loadu_ps(w); }
+
+__attribute__((target("avx2,fma"))) inline __m256 widen8(const int16_t* w) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
+}
+
+// product_block in AVX2: units of up to 3 vectors of 8 outputs and 4 tiles, whose 12
+// accumulators, 3 weight vectors and broadcast tile value fill its 16 registers.
+template <int V, int R, typename W>
+__attribute__((target("avx2,fma"))) void product_block8(const float* tiles, const W* weight, const float* scale,
+                                                       float* result, int64_t in, int64_t out, int64_t last) {
+  const __m256i last_mask = tail_mask8(last);
+  for (int64_t i0 = 0; i0 < in; i0 += kSumInputs) {
+    const int64_t i1 = std::min(in, i0 + kSumInputs);
+    __m256 sums[R][V];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 3
+      for (int v = 0; v < V; ++v) sums[r][v] = _mm256_setzero_ps();
+    }
+    for (int64_t i = i0; i < i1; ++i) {
+      const W* w = weight + i * kBlockOutputs;
+#pragma GCC unroll 3
+      for (int v = 0; v < V; ++v) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + 8 * v) + kPrefetchBytes, _MM_HINT_T0);
+      }
+      __m256 weights[V];
+#pragma GCC unroll 3
+      for (int v = 0; v < V; ++v) weights[v] = widen8(w + 8 * v);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m256 x = _mm256_set1_ps(tiles[r * in + i]);
+#pragma GCC unroll 3
+        for (int v = 0; v < V; ++v) sums[r][v] = _mm256_fmadd_ps(weights[v], x, sums[r][v]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      float* row = result + r * out;
+#pragma GCC unroll 3
+      for (int v = 0; v < V; ++v) {
+        const __m256i mask = v + 1 < V ? _mm256_set1_epi32(-1) : last_mask;
+        __m256 sum = sums[r][v];
+        if constexpr (std::is_same_v<W, int16_t>) sum = _mm256_mul_ps(sum, _mm256_loadu_ps(scale + 8 * v));
+        if (i0 > 0) sum = _mm256_add_ps(sum, _mm256_maskload_ps(row + 8 * v, mask));
+        _mm256_maskstore_ps(row + 8 * v, mask, sum);
+      }
+    }
+  }
+}
+
+template <int P>
+__attribute__((target("avx2,fma"))) void group_outputs8(const Convolution& c, const Piece& piece, const float* products,
+                                                       int64_t columns, int64_t c0, int64_t lanes, float* outputs) {
+  const int64_t count = piece.count(c);
+  const int64_t tiles = piece.k1 - piece.k0;
+  for (int64_t half = 0; half * 8 < lanes; ++half) {
+    const __m256i mask = tail_mask8(lanes - half * 8);
+    const int64_t h0 = c0 + half * 8;
+    const __m256 bias = _mm256_maskload_ps(c.bias + h0, mask);
+    for (int64_t r = 0; r < c.dilation; ++r) {
+      for (int64_t k = 0; k < tiles; ++k) {
+        const int64_t tile = r * tiles + k;
+        __m256 values[P];
+#pragma GCC unroll 16
+        for (int p = 0; p < P; ++p) values[p] = _mm256_maskload_ps(products + (p * count + tile) * c.out + h0, mask);
+        const int64_t start = k * c.block() + r;
+        for (int64_t i = 0; i < c.m; ++i) {
+          const int64_t column = start + i * c.dilation;
+          if (column >= columns) break;
+          __m256 sum = bias;
+#pragma GCC unroll 16
+          for (int p = 0; p < P; ++p) sum = _mm256_fmadd_ps(_mm256_set1_ps(c.at[i * P + p]), values[p], sum);
+          _mm256_storeu_ps(outputs + column * 16 + half * 8, sum);
+        }
+      }
+    }
+  }
+}
+
+// The instruction sets: what holds registers, for the parts below, which are the same in both.
+// A unit of a product is up to three vectors of outputs of a block of the weights; a pass of it
+// takes up to kBlockTiles tiles.
+struct Avx512 {
+  static constexpr int64_t kUnitOutputs = 48;
+  static constexpr int64_t kLanes = 16;
+  // 3 x 8 accumulators, 3 weight vectors and a broadcast tile value fill AVX-512's 32 registers
+  // (9 tiles take 31: see product_blocks).
+  static constexpr int kBlockTiles = 8;
+  static constexpr bool kNineTiles = true;
+  static void rows_to_columns(const float* rows, int64_t stride, int64_t count, float* columns) {
+    ::rows_to_columns(rows, stride, count, columns);
+  }
+  static void columns_to_rows(const float* columns, int64_t count, float* rows, int64_t stride) {
+    ::columns_to_rows(columns, count, rows, stride);
+  }
+  template <int P>
+  static void tiles(const Convolution& c, const Piece& piece, const float* columns, float* v, int64_t c0,
+                    int64_t lanes) {
+    group_tiles<P>(c, piece, columns, v, c0, lanes);
+  }
+  template <int V, int R, typename W>
+  static void block(const float* tiles, const W* weight, const float* scale, float* result, int64_t in, int64_t out,
+                    int64_t last) {
+    product_block<V, R>(tiles, weight, scale, result, in, out, last);
+  }
+  template <int P>
+  static void outputs(const Convolution& c, const Piece& piece, const float* products, int64_t columns, int64_t c0,
+                      int64_t lanes, float* outputs) {
+    group_outputs<P>(c, piece, products, columns, c0, lanes, outputs);
+  }
+};
+
+struct Avx2 {
+  static constexpr int64_t kUnitOutputs = 24;
+  static constexpr int64_t kLanes = 8;
+  static constexpr int kBlockTiles = 4;
+  static constexpr bool kNineTiles = false;
+  static void rows_to_columns(const float* rows, int64_t stride, int64_t count, float* columns) {
+    rows_to_columns8(rows, stride, count, columns);
+  }
+  static void columns_to_rows(const float* columns, int64_t count, float* rows, int64_t stride) {
+    columns_to_rows8(columns, count, rows, stride);
+  }
+  template <int P>
+  static void tiles(const Convolution& c, const Piece& piece, const float* columns, float* v, int64_t c0,
+                    int64_t lanes) {
+    group_tiles8<P>(c, piece, columns, v, c0, lanes);
+  }
+  template <int V, int R, typename W>
+  static void block(const float* tiles, const W* weight, const float* scale, float* result, int64_t in, int64_t out,
+                    int64_t last) {
+    product_block8<V, R>(tiles, weight, scale, result, in, out, last);
+  }
+  template <int P>
+  static void outputs(const Convolution& c, const Piece& piece, const float* products, int64_t columns, int64_t c0,
+                      int64_t lanes, float* outputs) {
+    group_outputs8<P>(c, piece, products, columns, c0, lanes, outputs);
+  }
+};
+
+// `f(std::integral_constant<int, P>)` for P the convolution's number of points (1 to
+// kMaxPoints, checked on entry): the transforms' loops over points known when compiling.
+template <int P = 1, typename F>
+void with_points(const Convolution& c, F&& f) {
+  if constexpr (P < kMaxPoints) {
+    if (c.points != P) return with_points<P + 1>(c, f);
+  }
+  f(std::integral_constant<int, P>{});
+}
+
+// Groups `begin..end` of 16 channels of the piece's inputs into its tiles [points, count, in].
+template <typename Isa>
+void input_groups(const Convolution& c, const Piece& piece, float* v, int64_t begin, int64_t end) {
+  // Input column j is context column j below the reach, else new column j - reach.
+  const int64_t first = piece.k0 * c.block();
+  // The columns the piece reads: its outputs' and the kernel's reach past the last of them.
+  const int64_t span = (piece.k1 - piece.k0) * c.block() + (c.points - 1) * c.dilation;
+  // Those of them the input has; the rest, past its end, are zeros.
+  const int64_t stored = std::clamp<int64_t>(c.reach + c.columns - first, 0, span);
+  const int64_t from_context = std::clamp<int64_t>(c.reach - first, 0, stored);
+  float* columns = qwencodec::thread_buffer<ColumnsBuffer>(static_cast<size_t>(span * 16));
+  for (int64_t group = begin; group < end; ++group) {
+    const int64_t c0 = group * 16;
+    const int64_t lanes = std::min<int64_t>(16, c.in - c0);
+    const int64_t row = piece.b * c.in + c0;
+    if (lanes == 16) {
+      if (from_context > 0) Isa::rows_to_columns(c.context + row * c.reach + first, c.reach, from_context, columns);
+      if (stored > from_context) {
+        Isa::rows_to_columns(c.x + row * c.columns + first + from_context - c.reach, c.columns,
+                             stored - from_context, columns + from_context * 16);
+      }
+      std::fill(columns + stored * 16, columns + span * 16, 0.0f);
+    } else {
+      std::fill(columns, columns + span * 16, 0.0f);
+      for (int64_t lane = 0; lane < lanes; ++lane) {
+        const float* context = c.context + (row + lane) * c.reach;
+        const float* x = c.x + (row + lane) * c.columns;
+        for (int64_t column = 0; column < from_context; ++column) {
+          columns[column * 16 + lane] = context[first + column];
+        }
+        for (int64_t column = from_context; column < stored; ++column) {
+          columns[column * 16 + lane] = x[first + column - c.reach];
+        }
+      }
+    }
+    with_points(c, [&](auto points) {
+      Isa::template tiles<decltype(points)::value>(c, piece, columns, v, c0, lanes);
+    });
+  }
+}
+
+template <typename Isa>
+void input_transform(const Convolution& c, const Piece& piece, float* v) {
+  at::parallel_for(0, (c.in + 15) / 16, 1,
+                   [&](int64_t begin, int64_t end) { input_groups<Isa>(c, piece, v, begin, end); });
+}
+
+// Every tile of the piece against a unit of the weight block (see the instruction sets) whose
+// outputs start at o0, in passes of kBlockTiles tiles; in AVX-512 one of 9 where that saves a
+// pass: a pass costs its weight loads whatever its tiles, and a one-frame step's first block has
+// 8 or 9 tiles, whose ninth took a pass of its own. (Passes of 9 throughout were slower in the
+// late blocks, whose inputs come in short chains: the accumulators leave the registers at the
+// end of each.)
+template <typename Isa, int V, typename W>
+void product_blocks(const Convolution& c, int64_t count, const float* tiles, const W* weight, const float* scale,
+                    float* result, int64_t o0, int64_t last) {
+  constexpr int kTiles = Isa::kBlockTiles;
+  result += o0;
+  int64_t passes = (count + kTiles - 1) / kTiles;
+  if (Isa::kNineTiles && count > kTiles && count % kTiles == 1) --passes;
+  for (int64_t pass = 0, n0 = 0; pass < passes; ++pass) {
+    const int64_t n = (count - n0) / (passes - pass);
+    const float* first = tiles + n0 * c.in;
+    float* results = result + n0 * c.out;
+    switch (n) {
+      case 1: Isa::template block<V, 1>(first, weight, scale, results, c.in, c.out, last); break;
+      case 2: Isa::template block<V, 2>(first, weight, scale, results, c.in, c.out, last); break;
+      case 3: Isa::template block<V, 3>(first, weight, scale, results, c.in, c.out, last); break;
+      case 4: Isa::template block<V, 4>(first, weight, scale, results, c.in, c.out, last); break;
+      default:
+        if constexpr (kTiles == 8) {
+          switch (n) {
+            case 5: Isa::template block<V, 5>(first, weight, scale, results, c.in, c.out, last); break;
+            case 6: Isa::template block<V, 6>(first, weight, scale, results, c.in, c.out, last); break;
+            case 7: Isa::template block<V, 7>(first, weight, scale, results, c.in, c.out, last); break;
+            case 8: Isa::template block<V, 8>(first, weight, scale, results, c.in, c.out, last); break;
+            default: Isa::template block<V, 9>(first, weight, scale, results, c.in, c.out, last); break;
+          }
+        }
+        break;
+    }
+    n0 += n;
+  }
+}
+
+// Each point's weight against the piece's tiles [count, in]: products [points, count, out], in
+// units of one point and up to kBlockOutputs outputs, spread across the threads. A unit's
+// weights are one block [in, kBlockOutputs] of consecutive bytes: read as columns of the whole
+// [in, out] matrix, rows kilobytes apart, they came from memory at a fraction of its speed on
+// the Xeon, whose prefetchers do not follow strides across pages. AVX2 takes a block in two
+// passes of half its outputs each.
+template <typename Isa, typename W>
+void products(const Convolution& c, const Piece& piece, const float* v, float* products) {
+  const int64_t count = piece.count(c);
+  const int64_t output_blocks = (c.out + kBlockOutputs - 1) / kBlockOutputs;
+  at::parallel_for(0, c.points * output_blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t p = unit / output_blocks;
+      const int64_t block = unit % output_blocks;
+      const float* tiles = v + p * count * c.in;
+      const W* weight = static_cast<const W*>(c.weights) + (p * output_blocks + block) * c.in * kBlockOutputs;
+      // The block's scales (unused for float32 weights).
+      const float* scale = c.scales ? c.scales + (p * output_blocks + block) * kBlockOutputs : nullptr;
+      float* result = products + p * count * c.out;
+      for (int64_t part = 0; part < kBlockOutputs; part += Isa::kUnitOutputs) {
+        const int64_t o0 = block * kBlockOutputs + part;
+        const int64_t outputs = std::min(Isa::kUnitOutputs, c.out - o0);
+        if (outputs <= 0) break;
+        const int64_t vectors = (outputs + Isa::kLanes - 1) / Isa::kLanes;
+        const int64_t last = outputs - Isa::kLanes * (vectors - 1);
+        const float* unit_scale = scale ? scale + part : nullptr;
+        switch (vectors) {
+          case 1: product_blocks<Isa, 1>(c, count, tiles, weight + part, unit_scale, result, o0, last); break;
+          case 2: product_blocks<Isa, 2>(c, count, tiles, weight + part, unit_scale, result, o0, last); break;
+          default: product_blocks<Isa, 3>(c, count, tiles, weight + part, unit_scale, result, o0, last); break;
+        }
+      }
+    }
+  });
+}
+
 // Groups `begin..end` of 16 output channels of the piece from its products, plus the bias.
-__attribute__((target("avx512f"))) void output_groups(const Convolution& c, const Piece& piece,
-                                                      const float* products, int64_t begin, int64_t end) {
+template <typename Isa>
+void output_groups(const Convolution& c, const Piece& piece, const float* products, int64_t begin, int64_t end) {
   const int64_t first = piece.k0 * c.block();
   const int64_t columns = std::min((piece.k1 - piece.k0) * c.block(), c.columns - first);
   // The outputs of 16 channels side by side: outputs[column * 16 + lane].
@@ -388,13 +630,12 @@ __attribute__((target("avx512f"))) void output_groups(const Convolution& c, cons
   for (int64_t group = begin; group < end; ++group) {
     const int64_t c0 = group * 16;
     const int64_t lanes = std::min<int64_t>(16, c.out - c0);
-    const __mmask16 mask = qwencodec::tail_mask(lanes);
     with_points(c, [&](auto points) {
-      group_outputs<decltype(points)::value>(c, piece, products, columns, c0, mask, outputs);
+      Isa::template outputs<decltype(points)::value>(c, piece, products, columns, c0, lanes, outputs);
     });
     float* rows = c.y + (piece.b * c.out + c0) * c.columns + first;
     if (lanes == 16) {
-      columns_to_rows(outputs, columns, rows, c.columns);
+      Isa::columns_to_rows(outputs, columns, rows, c.columns);
       continue;
     }
     for (int64_t lane = 0; lane < lanes; ++lane) {
@@ -403,23 +644,25 @@ __attribute__((target("avx512f"))) void output_groups(const Convolution& c, cons
   }
 }
 
+template <typename Isa>
 void output_transform(const Convolution& c, const Piece& piece, const float* products) {
   at::parallel_for(0, (c.out + 15) / 16, 1,
-                   [&](int64_t begin, int64_t end) { output_groups(c, piece, products, begin, end); });
+                   [&](int64_t begin, int64_t end) { output_groups<Isa>(c, piece, products, begin, end); });
 }
 
+template <typename Isa>
 void run_piece(const Convolution& c, const Piece& piece) {
   const int64_t count = piece.count(c);
   // The tiles, then the products; every value is written before it is read.
   const size_t tiles = static_cast<size_t>(c.points * count * c.in);
   float* v = qwencodec::thread_buffer<PieceBuffer>(tiles + static_cast<size_t>(c.points * count * c.out));
-  input_transform(c, piece, v);
+  input_transform<Isa>(c, piece, v);
   if (c.scales) {
-    products<int16_t>(c, piece, v, v + tiles);
+    products<Isa, int16_t>(c, piece, v, v + tiles);
   } else {
-    products<float>(c, piece, v, v + tiles);
+    products<Isa, float>(c, piece, v, v + tiles);
   }
-  output_transform(c, piece, v + tiles);
+  output_transform<Isa>(c, piece, v + tiles);
 }
 
 // The context moves on to the last `reach` columns of the input (context, then new columns),
@@ -450,12 +693,14 @@ extern "C" {
 // channels in blocks of 48 (the last padded with zeros): float32, or int16 with `scales`
 // [points, blocks * 48] (else null), output channel o of point p being scales[p][o] times
 // weights[p][o / 48][.][o % 48]; `bias`: `out` values; `bt`: [points, points] and `at`: [m,
-// points], the input and output transforms; all float32 unless said, and contiguous. `*out`: [B, out, T].
+// points], the input and output transforms; all float32 unless said, and contiguous; `kernels`:
+// the instruction set (qwencodec::CpuKernels, AVX2 or AVX-512). `*out`: [B, out, T].
 bool qwencodec_winograd_conv(at::Tensor* context, const at::Tensor* x, const at::Tensor* weights,
                              const at::Tensor* scales, const at::Tensor* bias, const at::Tensor* bt, const at::Tensor* at_matrix,
-                             int64_t dilation, at::Tensor** out, char* error, size_t error_size) {
+                             int64_t dilation, int32_t kernels, at::Tensor** out, char* error, size_t error_size) {
   RECORD_FUNCTION("qwencodec::winograd_conv", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
+    const qwencodec::CpuKernels isa = qwencodec::vector_kernels(kernels, "a Winograd convolution");
     TORCH_CHECK(x->dim() == 3 && x->scalar_type() == at::kFloat && x->is_contiguous() && x->size(2) >= 1,
                 "a Winograd input is contiguous float32 [B, channels, T]");
     const int64_t out_channels = bias->numel();
@@ -520,13 +765,21 @@ bool qwencodec_winograd_conv(at::Tensor* context, const at::Tensor* x, const at:
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t k0 = 0; k0 < c.tiles; k0 += per_piece) pieces.push_back({b, k0, std::min(c.tiles, k0 + per_piece)});
     }
-    if (pieces.size() == 1) {
-      // Not from inside a parallel_for, which would run the piece's own parallel parts serially.
-      run_piece(c, pieces[0]);
+    const auto run_pieces = [&](auto isa) {
+      using Isa = decltype(isa);
+      if (pieces.size() == 1) {
+        // Not from inside a parallel_for, which would run the piece's own parallel parts serially.
+        run_piece<Isa>(c, pieces[0]);
+      } else {
+        at::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) run_piece<Isa>(c, pieces[i]);
+        });
+      }
+    };
+    if (isa == qwencodec::CpuKernels::kAvx512) {
+      run_pieces(Avx512{});
     } else {
-      at::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) run_piece(c, pieces[i]);
-      });
+      run_pieces(Avx2{});
     }
     advance_context(c, context->data_ptr<float>(), x->size(0) * x->size(1));
     *out = new at::Tensor(std::move(result));

@@ -12,8 +12,8 @@
 //! `bench/results/2026-12-01-amd-epyc-avx512-winograd-points.md`), and keeps the transformed
 //! weights of the convolutions bound by their bytes in 16-bit integers ([`INT16_STEPS`]).
 //!
-//! The convolution is C++ (`winograd.cpp`, AVX-512): the transforms and, between them, a product
-//! per point with its transformed weight, in pieces that keep the tiles in the caches.
+//! The convolution is C++ (`winograd.cpp`, AVX-512 or AVX2): the transforms and, between them, a
+//! product per point with its transformed weight, in pieces that keep the tiles in the caches.
 
 use tch::{Device, Kind, Tensor};
 
@@ -36,6 +36,7 @@ mod ffi {
             bt: *const C_tensor,
             at: *const C_tensor,
             dilation: i64,
+            kernels: i32,
             out: *mut *mut C_tensor,
             error: *mut c_char,
             size: usize,
@@ -199,12 +200,14 @@ pub struct Winograd {
     input_transform: Tensor,
     output_transform: Tensor,
     dilation: i64,
+    /// The instruction set it runs in.
+    kernels: CpuKernels,
 }
 
 impl Winograd {
     /// Whether tiles of `m` outputs pay for a convolution of `channels` (in and out, the fewer)
-    /// on this machine: AVX-512 CPUs, with at least [`MIN_CHANNELS`] for the tile size, and
-    /// points chosen for it and the kernel's size.
+    /// on this machine: where the kernel runs (AVX-512 or AVX2), with at least [`MIN_CHANNELS`]
+    /// for the tile size, and points chosen for it and the kernel's size.
     pub fn applies(device: Device, channels: usize, m: usize, taps: usize) -> bool {
         let least = MIN_CHANNELS
             .iter()
@@ -214,12 +217,25 @@ impl Winograd {
             && taps > 1
             && finite_points(m + taps - 1).is_some()
             && channels >= least
-            && shim::kernel(Kernel::Winograd) == CpuKernels::Avx512
+            && shim::kernel(Kernel::Winograd) != CpuKernels::Off
     }
 
-    /// `weight` [out, in, taps] and `bias` [out], float32. The transformed weights are rounded
-    /// once, to float32, or with `int16` to integers (half the bytes, for dtype f16).
+    /// `weight` [out, in, taps] and `bias` [out], float32, in this process's instruction set for
+    /// the kernel. The transformed weights are rounded once, to float32, or with `int16` to
+    /// integers (half the bytes, for dtype f16).
     pub fn new(weight: &Tensor, bias: &Tensor, dilation: usize, m: usize, int16: bool) -> TorchResult<Self> {
+        Self::in_kernels(weight, bias, dilation, m, int16, shim::kernel(Kernel::Winograd))
+    }
+
+    /// [`Winograd::new`] in `kernels` (AVX2 or AVX-512), which the CPU must have.
+    fn in_kernels(
+        weight: &Tensor,
+        bias: &Tensor,
+        dilation: usize,
+        m: usize,
+        int16: bool,
+        kernels: CpuKernels,
+    ) -> TorchResult<Self> {
         let taps = weight.size()[2] as usize;
         let transforms = Transforms::new(m, taps);
         let (out, inputs) = (weight.size()[0], weight.size()[1]);
@@ -259,6 +275,7 @@ impl Winograd {
             input_transform: matrix(&transforms.input, Kind::Float)?,
             output_transform: matrix(&transforms.output, Kind::Float)?,
             dilation: dilation as i64,
+            kernels,
         })
     }
 
@@ -281,6 +298,7 @@ impl Winograd {
                 self.input_transform.as_ptr(),
                 self.output_transform.as_ptr(),
                 self.dilation,
+                self.kernels as i32,
                 out,
                 error,
                 size,
@@ -297,18 +315,12 @@ mod tests {
     /// Which convolutions take which tiles.
     #[test]
     fn applies_to_many_channels_on_the_cpu() {
-        assert_eq!(
-            Winograd::applies(Device::Cpu, 96, 2, 7),
-            shim::kernel(Kernel::Winograd) == CpuKernels::Avx512
-        );
-        assert_eq!(
-            Winograd::applies(Device::Cpu, 96, 4, 7),
-            shim::kernel(Kernel::Winograd) == CpuKernels::Avx512
-        );
-        assert_eq!(
-            Winograd::applies(Device::Cpu, 96, 6, 7),
-            shim::kernel(Kernel::Winograd) == CpuKernels::Avx512
-        );
+        for m in [2, 4, 6] {
+            assert_eq!(
+                Winograd::applies(Device::Cpu, 96, m, 7),
+                shim::kernel(Kernel::Winograd) != CpuKernels::Off
+            );
+        }
         assert!(!Winograd::applies(Device::Cpu, 64, 4, 7));
         assert!(!Winograd::applies(Device::Cpu, 64, 2, 7));
         assert!(
@@ -353,21 +365,37 @@ mod tests {
 
     /// Against libtorch's convolution in float64: float32 and int16 weights, dilations, tile
     /// sizes and column counts that leave partial tiles or take several pieces, one and two
-    /// streams. The kernel runs whenever the CPU has AVX-512, whatever the process runs.
+    /// streams. In each instruction set whenever the CPU has it, whatever the process runs.
     #[test]
     #[cfg_attr(not(host_avx512), ignore = "this CPU has no AVX-512: the kernel cannot run")]
-    fn matches_a_float64_convolution() {
-        shim::tested(CpuKernels::Avx512);
+    fn matches_a_float64_convolution_in_avx512() {
+        matches_a_float64_convolution(shim::tested(CpuKernels::Avx512));
+    }
+
+    #[test]
+    #[cfg_attr(not(host_avx2), ignore = "this CPU has no AVX2: the kernel cannot run")]
+    fn matches_a_float64_convolution_in_avx2() {
+        matches_a_float64_convolution(shim::tested(CpuKernels::Avx2));
+    }
+
+    fn matches_a_float64_convolution(kernels: CpuKernels) {
         let mut random = Inputs::new(5);
-        // More inputs than one chain of sums takes (64), and outputs in partial vectors.
-        for (channels_in, channels_out) in [(40, 160), (136, 40)] {
+        // More inputs than one chain of sums takes (64), and outputs in partial vectors (of 16
+        // and of 8, and a block's second half partly used in AVX2: 40 = 24 + 16).
+        for (channels_in, channels_out) in [(40, 160), (136, 40), (21, 45)] {
             for taps in [3, 7] {
-                check_kernel(&mut random, channels_in, channels_out, taps);
+                check_kernel(&mut random, channels_in, channels_out, taps, kernels);
             }
         }
     }
 
-    fn check_kernel(random: &mut Inputs, channels_in: i64, channels_out: i64, taps: i64) {
+    fn check_kernel(
+        random: &mut Inputs,
+        channels_in: i64,
+        channels_out: i64,
+        taps: i64,
+        kernels: CpuKernels,
+    ) {
         let options = (Kind::Float, Device::Cpu);
         let weight = random.normal([channels_out, channels_in, taps], options) / 17.0;
         let bias = random.normal([channels_out], options);
@@ -376,7 +404,7 @@ mod tests {
         for (int16, bound) in [(false, 2e-5), (true, 2e-3)] {
             for m in [2, 4, 6] {
                 for dilation in [1, 3, 9] {
-                    check_tiles(random, &weight, &bias, m, dilation, int16, bound);
+                    check_tiles(random, &weight, &bias, m, dilation, int16, bound, kernels);
                 }
             }
         }
@@ -390,10 +418,11 @@ mod tests {
         dilation: usize,
         int16: bool,
         bound: f64,
+        kernels: CpuKernels,
     ) {
         let options = (Kind::Float, Device::Cpu);
         let (channels_in, channels_out, taps) = (weight.size()[1], weight.size()[0], weight.size()[2]);
-        let conv = Winograd::new(weight, bias, dilation, m, int16).unwrap();
+        let conv = Winograd::in_kernels(weight, bias, dilation, m, int16, kernels).unwrap();
         // One stream (its tiles split among the threads, where enough), and two.
         for (streams, columns) in [1, 2]
             .into_iter()
@@ -422,8 +451,8 @@ mod tests {
             let (error, scale) = max_error_and_scale(&got, &expected);
             assert!(
                 error <= bound * scale,
-                "{channels_in} -> {channels_out} channels, F({m}, {taps}), dilation {dilation}, int16 \
-                 {int16}, {streams} x {columns} columns: off by {error:e} of {scale:e}"
+                "{kernels:?}: {channels_in} -> {channels_out} channels, F({m}, {taps}), dilation \
+                 {dilation}, int16 {int16}, {streams} x {columns} columns: off by {error:e} of {scale:e}"
             );
         }
     }
