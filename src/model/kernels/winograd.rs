@@ -404,25 +404,29 @@ mod tests {
         for (int16, bound) in [(false, 2e-5), (true, 2e-3)] {
             for m in [2, 4, 6] {
                 for dilation in [1, 3, 9] {
-                    check_tiles(random, &weight, &bias, m, dilation, int16, bound, kernels);
+                    let conv = Winograd::in_kernels(&weight, &bias, dilation, m, int16, kernels).unwrap();
+                    let what = format!(
+                        "{kernels:?}: {channels_in} -> {channels_out} channels, F({m}, {taps}), \
+                         dilation {dilation}, int16 {int16}"
+                    );
+                    check_tiles(random, &conv, &weight, &bias, dilation, bound, &what);
                 }
             }
         }
     }
 
+    /// `conv` (of `weight` and `bias` at `dilation`, `what`) within `bound` of float64.
     fn check_tiles(
         random: &mut Inputs,
+        conv: &Winograd,
         weight: &Tensor,
         bias: &Tensor,
-        m: usize,
         dilation: usize,
-        int16: bool,
         bound: f64,
-        kernels: CpuKernels,
+        what: &str,
     ) {
         let options = (Kind::Float, Device::Cpu);
-        let (channels_in, channels_out, taps) = (weight.size()[1], weight.size()[0], weight.size()[2]);
-        let conv = Winograd::in_kernels(weight, bias, dilation, m, int16, kernels).unwrap();
+        let (channels_in, taps) = (weight.size()[1], weight.size()[2]);
         // One stream (its tiles split among the threads, where enough), and two.
         for (streams, columns) in [1, 2]
             .into_iter()
@@ -436,8 +440,7 @@ mod tests {
                 .unwrap();
             assert!(
                 context.equal(&input.narrow(2, columns, reach)),
-                "F({m}, {taps}), dilation {dilation}, {columns} columns: the context moves on to the \
-                 input's last {reach} columns"
+                "{what}, {columns} columns: the context moves on to the input's last {reach} columns"
             );
             let expected = input.to_kind(Kind::Double).conv1d(
                 &weight.to_kind(Kind::Double),
@@ -451,8 +454,7 @@ mod tests {
             let (error, scale) = max_error_and_scale(&got, &expected);
             assert!(
                 error <= bound * scale,
-                "{kernels:?}: {channels_in} -> {channels_out} channels, F({m}, {taps}), dilation \
-                 {dilation}, int16 {int16}, {streams} x {columns} columns: off by {error:e} of {scale:e}"
+                "{what}, {streams} x {columns} columns: off by {error:e} of {scale:e}"
             );
         }
     }
