@@ -418,3 +418,47 @@ fn a_panic_while_leading_a_batch_leaves_the_engine_to_the_others() {
         .expect("the next stream's step never ran: the engine stayed taken by the panicked batch");
     fixture.assert_prefix_matches(&audio, 1, "the stream after a panicked batch");
 }
+
+/// The next batch waits, up to the rejoin grace, for the streams of the batch before to hand over
+/// their next steps, so that a batch stays whole instead of splitting into the first stream's
+/// step alone and the rest. Counted, not timed: with a grace of a second, three streams held
+/// back once into one batch run every later step in batches of three, none started by the grace
+/// running out, but for the last (the stream that was a step ahead has ended: its two
+/// companions wait out the grace). Without the wait, the first stream to hand over a step runs
+/// it at once, alone.
+#[test]
+fn the_streams_of_a_batch_rejoin_it_within_the_grace() {
+    use std::sync::Mutex;
+
+    let fixture = load_fixture("release-tiny");
+    let model = load(&fixture);
+    model.set_rejoin_grace(std::time::Duration::from_secs(1));
+    let batches = Arc::new(Mutex::new(Vec::new()));
+    model.observe_batches({
+        let batches = batches.clone();
+        move |run| batches.lock().unwrap().push(*run)
+    });
+    let three = equal_plans(&fixture, 3, 24, 2);
+    let gathered = common::batching::gather_next_batch(&model, 3);
+    let outcomes = decode_together(&model, &three, fixture.codebooks);
+    assert!(gathered.load(std::sync::atomic::Ordering::SeqCst));
+    // The three streams' batches, before `check`'s solo decodes add theirs.
+    let batches = batches.lock().unwrap().clone();
+    check(&fixture, &model, &three, &outcomes);
+    let first = batches
+        .iter()
+        .position(|run| run.rows == 3)
+        .unwrap_or_else(|| panic!("no batch of three: {batches:?}"));
+    let (last, whole) = batches[first..].split_last().unwrap();
+    assert!(
+        whole.len() >= 10 && whole.iter().all(|run| run.rows == 3 && !run.grace_ran_out),
+        "after the held-back batch, every batch but the last has the three streams, none \
+         started by the grace running out: {:?}",
+        &batches[first..]
+    );
+    assert_eq!(
+        (last.rows, last.grace_ran_out),
+        (2, true),
+        "the last: the two streams a step behind, after the grace"
+    );
+}

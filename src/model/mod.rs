@@ -230,6 +230,14 @@ impl Model {
         self.engine.replay_graphs_eagerly();
     }
 
+    /// How long the next batch waits for the streams of the batch before to hand over their
+    /// next steps, in place of [`REJOIN_GRACE`]: for tests where batches must stay whole by
+    /// count, whatever the machine's timing.
+    #[doc(hidden)]
+    pub fn set_rejoin_grace(&self, grace: std::time::Duration) {
+        self.engine.set_rejoin_grace(grace);
+    }
+
     /// Steps of this model's streams handed over and not yet run.
     pub fn steps_waiting(&self) -> usize {
         self.engine.steps_waiting()

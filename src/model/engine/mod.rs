@@ -22,7 +22,7 @@ mod cuda_graph;
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -73,6 +73,9 @@ pub struct BatchRun {
     pub time: Duration,
     /// Steps that waited for the next batch when this one started.
     pub waiting: usize,
+    /// Whether it started when the rejoin grace ran out, before every stream of the batch
+    /// before had handed over its next step (one had ended, or was late).
+    pub grace_ran_out: bool,
 }
 
 type Observer = Box<dyn Fn(&BatchRun) + Send + Sync>;
@@ -121,6 +124,8 @@ pub struct Engine {
     free_rows: FreeRows,
     /// Bytes of one stream's row, once the arena has rows.
     row_bytes: AtomicUsize,
+    /// The rejoin grace in nanoseconds: [`REJOIN_GRACE`] unless a test sets it.
+    rejoin_grace: AtomicU64,
     /// Warm step times measured, by (rows, frames, whether graphs may replay).
     step_times: Mutex<HashMap<(usize, usize, bool), Duration>>,
     /// Told of every batch run (a server's metrics).
@@ -160,6 +165,7 @@ impl Engine {
             batch_done: Condvar::new(),
             free_rows: arena.free_rows(),
             row_bytes: AtomicUsize::new(0),
+            rejoin_grace: AtomicU64::new(REJOIN_GRACE.as_nanos() as u64),
             rows: Mutex::new(Rows {
                 arena,
                 tables: HashMap::new(),
@@ -177,6 +183,13 @@ impl Engine {
     /// eagerly, on any device (see `BatchGraphs::eager`): for tests on a machine without a GPU.
     pub fn replay_graphs_eagerly(&self) {
         self.rows().graphs = Some(BatchGraphs::eager());
+    }
+
+    /// The rejoin grace from now on, in place of [`REJOIN_GRACE`]: for tests that need batches
+    /// to stay whole by count, whatever the machine's timing.
+    pub fn set_rejoin_grace(&self, grace: Duration) {
+        self.rejoin_grace
+            .store(grace.as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Calls `observer` after every batch from now on, on the thread that ran it.
@@ -327,9 +340,11 @@ impl Engine {
                 continue;
             }
             queue.running = true;
-            let deadline = Instant::now() + REJOIN_GRACE;
+            let deadline = Instant::now() + Duration::from_nanos(self.rejoin_grace.load(Ordering::Relaxed));
+            let mut grace_ran_out = false;
             while queue.arrived_since < queue.last_rows {
                 let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                    grace_ran_out = true;
                     break;
                 };
                 queue = self
@@ -359,6 +374,7 @@ impl Engine {
                 frames: batch[0].step.frames,
                 time: started.elapsed(),
                 waiting: left_waiting,
+                grace_ran_out,
             };
             log::debug(format_args!(
                 "batch of {} rows of {} frames in {:.1} ms{} ({left_waiting} steps waiting)",
