@@ -260,6 +260,42 @@ fn flush_starts_a_fresh_stream() {
     fixture.assert_matches(&audio_of(&pull_all(&mut h)), "after a flush");
 }
 
+/// A flush with every input buffer finished (its frames' audio all out): the base class's count
+/// of audio pushed for its oldest input buffer is reset by finishing all of its queued buffers,
+/// none here, without the "more decoded frames than provided" warning that finishing one of an
+/// empty queue posts. Then the same for a stop after EOS.
+#[test]
+fn a_flush_or_a_stop_with_every_input_buffer_finished_posts_no_warning() {
+    init();
+    let fixture = load_fixture("gqa-bias");
+    let element = decoder(&fixture.dir, &[("chunk-frames", &1u32)]);
+    let bus = bus_for(&element);
+    let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
+    h.set_src_caps(fixture.caps());
+    h.play();
+    let bytes = code_bytes(&fixture.codes);
+    h.push(buffer(&bytes, None)).unwrap();
+    let mut audio = Vec::new();
+    while audio.len() < fixture.frames * fixture.samples_per_frame {
+        audio.extend(samples(&h.pull().unwrap()));
+    }
+    fixture.assert_matches(&audio, "the stream before the flush");
+    h.push_event(gst::event::FlushStart::new());
+    h.push_event(gst::event::FlushStop::new(true));
+    let warnings = messages(&bus, gst::MessageType::Warning);
+    assert!(warnings.is_empty(), "the flush: {warnings:?}");
+
+    h.push_event(gst::event::Segment::new(
+        &gst::FormattedSegment::<gst::ClockTime>::new(),
+    ));
+    h.push(buffer(&bytes, None)).unwrap();
+    h.push_event(gst::event::Eos::new());
+    fixture.assert_matches(&audio_of(&pull_all(&mut h)), "the stream after the flush");
+    element.set_state(gst::State::Ready).unwrap();
+    let warnings = messages(&bus, gst::MessageType::Warning);
+    assert!(warnings.is_empty(), "the stop: {warnings:?}");
+}
+
 #[test]
 fn invalid_codes_are_an_error_naming_them_after_the_good_audio() {
     init();
