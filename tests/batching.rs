@@ -462,3 +462,49 @@ fn the_streams_of_a_batch_rejoin_it_within_the_grace() {
         "the last: the two streams a step behind, after the grace"
     );
 }
+
+/// What the element asks before it hands waiting frames over: how many of them the next step
+/// would take, none while they do not complete a chunk. Handing over just that many runs one
+/// step that takes every pending frame, whatever the chunk size, the frames pending before and
+/// the frames waiting (the steps growing with them).
+#[test]
+fn the_frames_a_stream_names_for_its_next_step_run_as_one_step() {
+    let fixture = load_fixture("release-tiny");
+    let model = load(&fixture);
+    let codebooks = fixture.codebooks;
+    for chunk_frames in [1, 2, 3] {
+        let mut decoder = StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
+        let mut at = 0;
+        let mut push = |decoder: &mut StreamDecoder, frames: usize| {
+            decoder
+                .push(&fixture.codes[at * codebooks..(at + frames) * codebooks])
+                .unwrap();
+            at += frames;
+        };
+        // A frame short of a chunk pending.
+        push(&mut decoder, chunk_frames - 1);
+        assert_eq!(
+            decoder.frames_for_next_step(0),
+            None,
+            "chunk {chunk_frames}: nothing waits"
+        );
+        for waiting in [1, 2, 5, 8, 13] {
+            let pending = decoder.pending_frames();
+            let named = decoder.frames_for_next_step(waiting);
+            let what = format!("chunk {chunk_frames}, {pending} pending, {waiting} waiting");
+            if pending + waiting < chunk_frames {
+                assert_eq!(named, None, "{what}: no chunk completes");
+                continue;
+            }
+            let frames = named.unwrap_or_else(|| panic!("{what}: a chunk completes"));
+            assert!((1..=waiting).contains(&frames), "{what}: {frames} frames");
+            let steps = decoder.steps();
+            push(&mut decoder, frames);
+            assert_eq!(
+                (decoder.steps(), decoder.pending_frames()),
+                (steps + 1, 0),
+                "{what}: the {frames} frames named run one step that takes every pending frame"
+            );
+        }
+    }
+}
