@@ -13,9 +13,10 @@ command -v cargo-mutants >/dev/null || cargo install --locked cargo-mutants
 libtorch="$(sed -n 's/^LIBTORCH = "\(.*\)"$/\1/p' .cargo/config.toml 2>/dev/null)"
 [ -n "$libtorch" ] && export LIBTORCH="$libtorch"
 
-# Each file with the tests that cover it: the model's with the library's, batching and parity
-# tests; the element's with the element's own.
-model_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=batching --cargo-test-arg=--test=model_parity)
+# Each file with the tests that cover it: the model's with the library's, batching, parity and
+# error tests; the element's with the element's own.
+model_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=batching --cargo-test-arg=--test=model_parity
+  --cargo-test-arg=--test=model_errors)
 # The two element tests that run the built plugin through gst-launch are left out: cargo test
 # builds no cdylib, so they cannot find one in the mutants profile.
 element_tests=(--cargo-test-arg=--test=element --cargo-test-arg=--test=seeking
