@@ -7,10 +7,11 @@
 // A tile holds `m` outputs `dilation` columns apart and the `points` inputs they read: tile k of
 // phase r (r < dilation) has outputs k * m * dilation + r + i * dilation, i < m.
 //
-// The work goes in pieces, each a range of tiles of every phase of one stream, so that a
-// piece's tiles and products stay in a core's caches: whole, they can take tens of megabytes,
-// and the products then wait on memory. With several pieces each thread runs whole pieces; a
-// single piece (a small step) spreads each of its parts across the threads instead.
+// The work goes in pieces, each a range of tiles of every phase of one stream, or the whole of
+// several streams' small steps, so that a piece's tiles and products stay in a core's caches:
+// whole, they can take tens of megabytes, and the products then wait on memory. With several
+// pieces each thread runs whole pieces; a single piece (a small step) spreads each of its parts
+// across the threads instead. Every piece reads every transformed weight once.
 
 #include "intrinsics.h"  // first: see there
 
@@ -127,10 +128,14 @@ struct Convolution {
   int64_t block() const { return m * dilation; }
 };
 
-// Tiles k0..k1 of every phase of stream b. Tile t = r * (k1 - k0) + (k - k0) of the piece.
+// Tiles k0..k1 of every phase of streams b0..b1. Tile t = base(b) + r * (k1 - k0) + (k - k0) of
+// the piece.
 struct Piece {
-  int64_t b, k0, k1;
-  int64_t count(const Convolution& c) const { return c.dilation * (k1 - k0); }
+  int64_t b0, b1, k0, k1;
+  int64_t stream_count(const Convolution& c) const { return c.dilation * (k1 - k0); }
+  int64_t count(const Convolution& c) const { return (b1 - b0) * stream_count(c); }
+  // The first tile of stream b.
+  int64_t base(const Convolution& c, int64_t b) const { return (b - b0) * stream_count(c); }
 };
 
 // The tiles of one group of 16 channels from their columns side by side (`columns[column * 16 +
@@ -139,7 +144,7 @@ struct Piece {
 // the coefficients are all multiplied, zeros included, which costs less than branching on them.
 template <int P>
 __attribute__((target("avx512f"))) void group_tiles(const Convolution& c, const Piece& piece, const float* columns,
-                                                    float* v, int64_t c0, int64_t lanes) {
+                                                    float* v, int64_t base, int64_t c0, int64_t lanes) {
   const __mmask16 mask = qwencodec::tail_mask(lanes);
   const int64_t count = piece.count(c);
   const int64_t tiles = piece.k1 - piece.k0;
@@ -156,7 +161,7 @@ __attribute__((target("avx512f"))) void group_tiles(const Convolution& c, const 
 #pragma GCC unroll 16
         for (int p = 0; p < P; ++p) sums[p] = _mm512_fmadd_ps(_mm512_set1_ps(bt[p * P + j]), input, sums[p]);
       }
-      float* tile = v + (r * tiles + k) * c.in + c0;
+      float* tile = v + (base + r * tiles + k) * c.in + c0;
 #pragma GCC unroll 16
       for (int p = 0; p < P; ++p) _mm512_mask_storeu_ps(tile + p * count * c.in, mask, sums[p]);
     }
@@ -235,14 +240,15 @@ __attribute__((target("avx512f"))) void product_block(const float* tiles, const 
 // all multiplied, zeros included (adding a zero product leaves a sum as it is).
 template <int P>
 __attribute__((target("avx512f"))) void group_outputs(const Convolution& c, const Piece& piece, const float* products,
-                                                      int64_t columns, int64_t c0, int64_t lanes, float* outputs) {
+                                                      int64_t base, int64_t columns, int64_t c0, int64_t lanes,
+                                                      float* outputs) {
   const __mmask16 mask = qwencodec::tail_mask(lanes);
   const int64_t count = piece.count(c);
   const int64_t tiles = piece.k1 - piece.k0;
   const __m512 bias = _mm512_maskz_loadu_ps(mask, c.bias + c0);
   for (int64_t r = 0; r < c.dilation; ++r) {
     for (int64_t k = 0; k < tiles; ++k) {
-      const int64_t tile = r * tiles + k;
+      const int64_t tile = base + r * tiles + k;
       __m512 values[P];
 #pragma GCC unroll 16
       for (int p = 0; p < P; ++p) values[p] = _mm512_maskz_loadu_ps(mask, products + (p * count + tile) * c.out + c0);
@@ -322,7 +328,7 @@ __attribute__((target("avx2,fma"))) void columns_to_rows8(const float* columns, 
 
 template <int P>
 __attribute__((target("avx2,fma"))) void group_tiles8(const Convolution& c, const Piece& piece, const float* columns,
-                                                     float* v, int64_t c0, int64_t lanes) {
+                                                     float* v, int64_t base, int64_t c0, int64_t lanes) {
   const int64_t count = piece.count(c);
   const int64_t tiles = piece.k1 - piece.k0;
   const float* bt = c.bt;
@@ -340,7 +346,7 @@ __attribute__((target("avx2,fma"))) void group_tiles8(const Convolution& c, cons
 #pragma GCC unroll 16
           for (int p = 0; p < P; ++p) sums[p] = _mm256_fmadd_ps(_mm256_set1_ps(bt[p * P + j]), input, sums[p]);
         }
-        float* tile = v + (r * tiles + k) * c.in + c0 + half * 8;
+        float* tile = v + (base + r * tiles + k) * c.in + c0 + half * 8;
 #pragma GCC unroll 16
         for (int p = 0; p < P; ++p) _mm256_maskstore_ps(tile + p * count * c.in, mask, sums[p]);
       }
@@ -401,7 +407,8 @@ __attribute__((target("avx2,fma"))) void product_block8(const float* tiles, cons
 
 template <int P>
 __attribute__((target("avx2,fma"))) void group_outputs8(const Convolution& c, const Piece& piece, const float* products,
-                                                       int64_t columns, int64_t c0, int64_t lanes, float* outputs) {
+                                                       int64_t base, int64_t columns, int64_t c0, int64_t lanes,
+                                                       float* outputs) {
   const int64_t count = piece.count(c);
   const int64_t tiles = piece.k1 - piece.k0;
   for (int64_t half = 0; half * 8 < lanes; ++half) {
@@ -410,7 +417,7 @@ __attribute__((target("avx2,fma"))) void group_outputs8(const Convolution& c, co
     const __m256 bias = _mm256_maskload_ps(c.bias + h0, mask);
     for (int64_t r = 0; r < c.dilation; ++r) {
       for (int64_t k = 0; k < tiles; ++k) {
-        const int64_t tile = r * tiles + k;
+        const int64_t tile = base + r * tiles + k;
         __m256 values[P];
 #pragma GCC unroll 16
         for (int p = 0; p < P; ++p) values[p] = _mm256_maskload_ps(products + (p * count + tile) * c.out + h0, mask);
@@ -445,9 +452,9 @@ struct Avx512 {
     ::columns_to_rows(columns, count, rows, stride);
   }
   template <int P>
-  static void tiles(const Convolution& c, const Piece& piece, const float* columns, float* v, int64_t c0,
-                    int64_t lanes) {
-    group_tiles<P>(c, piece, columns, v, c0, lanes);
+  static void tiles(const Convolution& c, const Piece& piece, const float* columns, float* v, int64_t base,
+                    int64_t c0, int64_t lanes) {
+    group_tiles<P>(c, piece, columns, v, base, c0, lanes);
   }
   template <int V, int R, typename W>
   static void block(const float* tiles, const W* weight, const float* scale, float* result, int64_t in, int64_t out,
@@ -455,9 +462,9 @@ struct Avx512 {
     product_block<V, R>(tiles, weight, scale, result, in, out, last);
   }
   template <int P>
-  static void outputs(const Convolution& c, const Piece& piece, const float* products, int64_t columns, int64_t c0,
-                      int64_t lanes, float* outputs) {
-    group_outputs<P>(c, piece, products, columns, c0, lanes, outputs);
+  static void outputs(const Convolution& c, const Piece& piece, const float* products, int64_t base, int64_t columns,
+                      int64_t c0, int64_t lanes, float* outputs) {
+    group_outputs<P>(c, piece, products, base, columns, c0, lanes, outputs);
   }
 };
 
@@ -473,9 +480,9 @@ struct Avx2 {
     columns_to_rows8(columns, count, rows, stride);
   }
   template <int P>
-  static void tiles(const Convolution& c, const Piece& piece, const float* columns, float* v, int64_t c0,
-                    int64_t lanes) {
-    group_tiles8<P>(c, piece, columns, v, c0, lanes);
+  static void tiles(const Convolution& c, const Piece& piece, const float* columns, float* v, int64_t base,
+                    int64_t c0, int64_t lanes) {
+    group_tiles8<P>(c, piece, columns, v, base, c0, lanes);
   }
   template <int V, int R, typename W>
   static void block(const float* tiles, const W* weight, const float* scale, float* result, int64_t in, int64_t out,
@@ -483,9 +490,9 @@ struct Avx2 {
     product_block8<V, R>(tiles, weight, scale, result, in, out, last);
   }
   template <int P>
-  static void outputs(const Convolution& c, const Piece& piece, const float* products, int64_t columns, int64_t c0,
-                      int64_t lanes, float* outputs) {
-    group_outputs8<P>(c, piece, products, columns, c0, lanes, outputs);
+  static void outputs(const Convolution& c, const Piece& piece, const float* products, int64_t base, int64_t columns,
+                      int64_t c0, int64_t lanes, float* outputs) {
+    group_outputs8<P>(c, piece, products, base, columns, c0, lanes, outputs);
   }
 };
 
@@ -513,30 +520,32 @@ void input_groups(const Convolution& c, const Piece& piece, float* v, int64_t be
   for (int64_t group = begin; group < end; ++group) {
     const int64_t c0 = group * 16;
     const int64_t lanes = std::min<int64_t>(16, c.in - c0);
-    const int64_t row = piece.b * c.in + c0;
-    if (lanes == 16) {
-      if (from_context > 0) Isa::rows_to_columns(c.context + row * c.reach + first, c.reach, from_context, columns);
-      if (stored > from_context) {
-        Isa::rows_to_columns(c.x + row * c.columns + first + from_context - c.reach, c.columns,
-                             stored - from_context, columns + from_context * 16);
-      }
-      std::fill(columns + stored * 16, columns + span * 16, 0.0f);
-    } else {
-      std::fill(columns, columns + span * 16, 0.0f);
-      for (int64_t lane = 0; lane < lanes; ++lane) {
-        const float* context = c.context + (row + lane) * c.reach;
-        const float* x = c.x + (row + lane) * c.columns;
-        for (int64_t column = 0; column < from_context; ++column) {
-          columns[column * 16 + lane] = context[first + column];
+    for (int64_t b = piece.b0; b < piece.b1; ++b) {
+      const int64_t row = b * c.in + c0;
+      if (lanes == 16) {
+        if (from_context > 0) Isa::rows_to_columns(c.context + row * c.reach + first, c.reach, from_context, columns);
+        if (stored > from_context) {
+          Isa::rows_to_columns(c.x + row * c.columns + first + from_context - c.reach, c.columns,
+                               stored - from_context, columns + from_context * 16);
         }
-        for (int64_t column = from_context; column < stored; ++column) {
-          columns[column * 16 + lane] = x[first + column - c.reach];
+        std::fill(columns + stored * 16, columns + span * 16, 0.0f);
+      } else {
+        std::fill(columns, columns + span * 16, 0.0f);
+        for (int64_t lane = 0; lane < lanes; ++lane) {
+          const float* context = c.context + (row + lane) * c.reach;
+          const float* x = c.x + (row + lane) * c.columns;
+          for (int64_t column = 0; column < from_context; ++column) {
+            columns[column * 16 + lane] = context[first + column];
+          }
+          for (int64_t column = from_context; column < stored; ++column) {
+            columns[column * 16 + lane] = x[first + column - c.reach];
+          }
         }
       }
+      with_points(c, [&](auto points) {
+        Isa::template tiles<decltype(points)::value>(c, piece, columns, v, piece.base(c, b), c0, lanes);
+      });
     }
-    with_points(c, [&](auto points) {
-      Isa::template tiles<decltype(points)::value>(c, piece, columns, v, c0, lanes);
-    });
   }
 }
 
@@ -630,16 +639,21 @@ void output_groups(const Convolution& c, const Piece& piece, const float* produc
   for (int64_t group = begin; group < end; ++group) {
     const int64_t c0 = group * 16;
     const int64_t lanes = std::min<int64_t>(16, c.out - c0);
-    with_points(c, [&](auto points) {
-      Isa::template outputs<decltype(points)::value>(c, piece, products, columns, c0, lanes, outputs);
-    });
-    float* rows = c.y + (piece.b * c.out + c0) * c.columns + first;
-    if (lanes == 16) {
-      Isa::columns_to_rows(outputs, columns, rows, c.columns);
-      continue;
-    }
-    for (int64_t lane = 0; lane < lanes; ++lane) {
-      for (int64_t column = 0; column < columns; ++column) rows[lane * c.columns + column] = outputs[column * 16 + lane];
+    for (int64_t b = piece.b0; b < piece.b1; ++b) {
+      with_points(c, [&](auto points) {
+        Isa::template outputs<decltype(points)::value>(c, piece, products, piece.base(c, b), columns, c0, lanes,
+                                                       outputs);
+      });
+      float* rows = c.y + (b * c.out + c0) * c.columns + first;
+      if (lanes == 16) {
+        Isa::columns_to_rows(outputs, columns, rows, c.columns);
+        continue;
+      }
+      for (int64_t lane = 0; lane < lanes; ++lane) {
+        for (int64_t column = 0; column < columns; ++column) {
+          rows[lane * c.columns + column] = outputs[column * 16 + lane];
+        }
+      }
     }
   }
 }
@@ -752,18 +766,31 @@ bool qwencodec_winograd_conv(at::Tensor* context, const at::Tensor* x, const at:
     const int64_t per_tile = 4 * points * std::max(c.in, c.out);
     const int64_t budget = std::max(kMinPieceTiles, kPieceBytes / per_tile);
     const int64_t batch = x->size(0);
-    int64_t pieces_per_stream = std::max<int64_t>(1, (dilation * c.tiles) / budget);
+    const int64_t stream_tiles = dilation * c.tiles;
     const int64_t threads = at::get_num_threads();
-    if (batch * pieces_per_stream < threads && dilation * c.tiles >= threads * kMinThreadPieceTiles) {
-      pieces_per_stream = (threads + batch - 1) / batch;
-    }
-    if (batch * pieces_per_stream > 1 && (batch * pieces_per_stream) % threads != 0) {
-      pieces_per_stream = std::min(c.tiles, (batch * pieces_per_stream + threads - 1) / threads * threads / batch);
-    }
-    const int64_t per_piece = (c.tiles + pieces_per_stream - 1) / pieces_per_stream;
+    const auto whole = [&](int64_t pieces) { return pieces > 1 ? (pieces + threads - 1) / threads * threads : 1; };
     std::vector<Piece> pieces;
-    for (int64_t b = 0; b < batch; ++b) {
-      for (int64_t k0 = 0; k0 < c.tiles; k0 += per_piece) pieces.push_back({b, k0, std::min(c.tiles, k0 + per_piece)});
+    if (batch > 1 && stream_tiles * 2 <= budget) {
+      // Several streams' small steps (a batch of one-frame steps): their tiles together, as many
+      // streams a piece as its budget takes, so that a piece reads each weight for all of them
+      // (a piece a stream read block 1's weights once a row).
+      const int64_t count = std::min(batch, whole((batch * stream_tiles + budget - 1) / budget));
+      const int64_t per_piece = (batch + count - 1) / count;
+      for (int64_t b0 = 0; b0 < batch; b0 += per_piece) pieces.push_back({b0, std::min(batch, b0 + per_piece), 0, c.tiles});
+    } else {
+      int64_t pieces_per_stream = std::max<int64_t>(1, stream_tiles / budget);
+      if (batch * pieces_per_stream < threads && stream_tiles >= threads * kMinThreadPieceTiles) {
+        pieces_per_stream = (threads + batch - 1) / batch;
+      }
+      if (batch * pieces_per_stream > 1 && (batch * pieces_per_stream) % threads != 0) {
+        pieces_per_stream = std::min(c.tiles, whole(batch * pieces_per_stream) / batch);
+      }
+      const int64_t per_piece = (c.tiles + pieces_per_stream - 1) / pieces_per_stream;
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t k0 = 0; k0 < c.tiles; k0 += per_piece) {
+          pieces.push_back({b, b + 1, k0, std::min(c.tiles, k0 + per_piece)});
+        }
+      }
     }
     const auto run_pieces = [&](auto isa) {
       using Isa = decltype(isa);

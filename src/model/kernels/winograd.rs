@@ -427,8 +427,9 @@ mod tests {
     ) {
         let options = (Kind::Float, Device::Cpu);
         let (channels_in, taps) = (weight.size()[1], weight.size()[2]);
-        // One stream (its tiles split among the threads, where enough), and two.
-        for (streams, columns) in [1, 2]
+        // One stream (its tiles split among the threads, where enough), and two and three (their
+        // small steps' tiles in one piece, their large ones' in pieces of their own).
+        for (streams, columns) in [1, 2, 3]
             .into_iter()
             .flat_map(|s| [1, 5, 17, 64, 301, 3001].map(|c| (s, c)))
         {
