@@ -296,6 +296,37 @@ fn a_flush_or_a_stop_with_every_input_buffer_finished_posts_no_warning() {
     assert!(warnings.is_empty(), "the stop: {warnings:?}");
 }
 
+/// At EOS every input buffer is closed, that of a cut frame too: the base class counts none
+/// still waiting for audio (its `delay`), where its drain would otherwise drop them unclosed.
+#[test]
+fn every_input_buffer_is_closed_by_eos() {
+    use gst_audio::prelude::AudioDecoderExt;
+
+    init();
+    let fixture = load_fixture("gqa-bias");
+    let element = decoder(&fixture.dir, &[("chunk-frames", &4u32)]);
+    let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
+    h.set_src_caps(fixture.caps());
+    h.play();
+    // 10 frames in buffers of 3: two steps of 4, then a tail of 2, the last buffer ending in
+    // 4 bytes of a cut frame, which the EOS drops.
+    let frames = 10;
+    let bytes = code_bytes(&fixture.codes[..(frames + 1) * fixture.codebooks]);
+    let frame_bytes = 2 * fixture.codebooks;
+    for first in (0..frames).step_by(3) {
+        let end = if first + 3 >= frames {
+            frames * frame_bytes + 4
+        } else {
+            (first + 3) * frame_bytes
+        };
+        h.push(buffer(&bytes[first * frame_bytes..end], None)).unwrap();
+    }
+    h.push_event(gst::event::Eos::new());
+    fixture.assert_prefix_matches(&audio_of(&pull_all(&mut h)), frames, "ten frames and EOS");
+    let decoder = element.downcast_ref::<gst_audio::AudioDecoder>().unwrap();
+    assert_eq!(decoder.delay(), 0, "input buffers left unclosed at EOS");
+}
+
 #[test]
 fn invalid_codes_are_an_error_naming_them_after_the_good_audio() {
     init();
