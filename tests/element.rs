@@ -266,13 +266,10 @@ fn flush_starts_a_fresh_stream() {
 /// empty queue posts. Then the same for a stop after EOS.
 #[test]
 fn a_flush_or_a_stop_with_every_input_buffer_finished_posts_no_warning() {
-    init();
     let fixture = load_fixture("gqa-bias");
-    let element = decoder(&fixture.dir, &[("chunk-frames", &1u32)]);
+    let mut h = harness(&fixture, &[("chunk-frames", &1u32)]);
+    let element = h.element().unwrap();
     let bus = bus_for(&element);
-    let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
-    h.set_src_caps(fixture.caps());
-    h.play();
     let bytes = code_bytes(&fixture.codes);
     h.push(buffer(&bytes, None)).unwrap();
     let mut audio = Vec::new();
@@ -302,12 +299,8 @@ fn a_flush_or_a_stop_with_every_input_buffer_finished_posts_no_warning() {
 fn every_input_buffer_is_closed_by_eos() {
     use gst_audio::prelude::AudioDecoderExt;
 
-    init();
     let fixture = load_fixture("gqa-bias");
-    let element = decoder(&fixture.dir, &[("chunk-frames", &4u32)]);
-    let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
-    h.set_src_caps(fixture.caps());
-    h.play();
+    let mut h = harness(&fixture, &[("chunk-frames", &4u32)]);
     // 10 frames in buffers of 3: two steps of 4, then a tail of 2, the last buffer ending in
     // 4 bytes of a cut frame, which the EOS drops.
     let frames = 10;
@@ -323,6 +316,7 @@ fn every_input_buffer_is_closed_by_eos() {
     }
     h.push_event(gst::event::Eos::new());
     fixture.assert_prefix_matches(&audio_of(&pull_all(&mut h)), frames, "ten frames and EOS");
+    let element = h.element().unwrap();
     let decoder = element.downcast_ref::<gst_audio::AudioDecoder>().unwrap();
     assert_eq!(decoder.delay(), 0, "input buffers left unclosed at EOS");
 }

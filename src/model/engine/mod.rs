@@ -358,6 +358,7 @@ impl Engine {
             drop(queue);
             let leading = Leading {
                 engine: self,
+                rows: batch.len(),
                 others: batch
                     .iter()
                     .map(|job| job.id)
@@ -512,6 +513,7 @@ fn take_batch(waiting: &mut VecDeque<Job>, max_frames: usize) -> Vec<Job> {
 /// waited for ever.
 struct Leading<'a> {
     engine: &'a Engine,
+    rows: usize,
     /// The ids of the batch's steps but the leader's own (which no one would collect).
     others: Vec<u64>,
 }
@@ -524,7 +526,7 @@ impl Drop for Leading<'_> {
         let mut queue = self.engine.lock();
         queue.running = false;
         queue.last_rows = 0;
-        let rows = self.others.len() + 1;
+        let rows = self.rows;
         for id in self.others.drain(..) {
             let audio = Err(tch::TchError::Torch(
                 "the thread running this batch panicked".into(),
