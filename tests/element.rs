@@ -495,6 +495,45 @@ fn buffers_arriving_during_a_step_join_the_next_one() {
     );
 }
 
+/// Once a push has failed (downstream returned EOS), no step starts: the waiting frames' audio
+/// would go nowhere, and the streaming thread returns the flow with its next buffer. Counted:
+/// one buffer of ten frames, the first step's audio refused; a while after that step is
+/// counted, the count has not moved on.
+#[test]
+fn no_step_starts_after_a_push_failed() {
+    let fixture = load_fixture("release-tiny");
+    let mut h = harness(&fixture, &[]);
+    let src = h.element().unwrap().static_pad("src").unwrap();
+    src.add_probe(gst::PadProbeType::BUFFER, |_, info| {
+        // Handled, not dropped: a dropped buffer's push returns Ok.
+        info.flow_res = Err(gst::FlowError::Eos);
+        gst::PadProbeReturn::Handled
+    });
+    let frame_bytes = 2 * fixture.codebooks;
+    let bytes = code_bytes(&fixture.codes);
+    // Taken whatever its flow (the step's push may have failed before it returns).
+    let _ = h.push(buffer(&bytes[..10 * frame_bytes], None));
+    let waited = std::time::Instant::now();
+    while decode_steps(&h) < 1 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "the first step never ran"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Long enough for a step begun after it to end (a step of release-tiny takes milliseconds).
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        decode_steps(&h),
+        1,
+        "steps went on after downstream refused the audio"
+    );
+    assert_eq!(
+        h.push(buffer(&bytes[10 * frame_bytes..11 * frame_bytes], None)),
+        Err(gst::FlowError::Eos)
+    );
+}
+
 /// Holds `model`'s compute thread after its next batch until the sender returned is dropped
 /// (10 s at most: the test's assertions then tell); the flag says whether it held.
 fn hold_after_next_batch(model: &Model) -> (mpsc::Sender<()>, Arc<AtomicBool>) {
