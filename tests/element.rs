@@ -293,6 +293,40 @@ fn a_flush_or_a_stop_with_every_input_buffer_finished_posts_no_warning() {
     assert!(warnings.is_empty(), "the stop: {warnings:?}");
 }
 
+/// An input buffer is closed as soon as the audio of every frame that starts in it is out, a
+/// frame cut by a buffer boundary counting as its first buffer's: two buffers of a frame and a
+/// half each hold frames 0-1 and 2, and once the three frames' audio is out (no EOS) the base
+/// class holds neither (its `delay`).
+#[test]
+fn input_buffers_are_closed_as_their_frames_audio_is_out() {
+    use gst_audio::prelude::AudioDecoderExt;
+
+    let fixture = load_fixture("gqa-bias");
+    let mut h = harness(&fixture, &[("chunk-frames", &1u32)]);
+    let frame_bytes = 2 * fixture.codebooks;
+    let bytes = code_bytes(&fixture.codes[..3 * fixture.codebooks]);
+    let half = frame_bytes + frame_bytes / 2;
+    h.push(buffer(&bytes[..half], None)).unwrap();
+    h.push(buffer(&bytes[half..], None)).unwrap();
+    let mut audio = Vec::new();
+    while audio.len() < 3 * fixture.samples_per_frame {
+        audio.extend(samples(&h.pull().unwrap()));
+    }
+    fixture.assert_prefix_matches(&audio, 3, "three frames in two buffers");
+    let element = h.element().unwrap();
+    let decoder = element.downcast_ref::<gst_audio::AudioDecoder>().unwrap();
+    // The second buffer is closed just after its frame's audio goes out.
+    let waited = std::time::Instant::now();
+    while decoder.delay() > 0 && waited.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        decoder.delay(),
+        0,
+        "input buffers left unclosed with their audio out"
+    );
+}
+
 /// At EOS every input buffer is closed, that of a cut frame too: the base class counts none
 /// still waiting for audio (its `delay`), where its drain would otherwise drop them unclosed.
 #[test]
