@@ -173,3 +173,28 @@ fn a_buffer_taken_resets_the_count_and_cut_frames_stay_aligned() {
     fixture.assert_prefix_matches(&audio[..six], 6, "the stream before the refused buffers");
     fixture.assert_prefix_matches(&audio[six..], 6, "the stream after them");
 }
+
+/// The start of a frame that a refused buffer left (its bytes after its last whole frame) is
+/// completed by the next buffer, which counts that frame as its own: its audio goes out with
+/// that buffer's, none of it dropped as belonging to no buffer.
+#[test]
+fn a_cut_frame_left_by_a_refused_buffer_counts_as_the_next_buffers() {
+    use gst_audio::prelude::AudioDecoderExt;
+
+    init();
+    let fixture = load_fixture("release-tiny");
+    let element = decoder(&fixture.dir, &[("max-errors", &1i32)]);
+    let (_bus, mut h) = playing(&element, &fixture);
+    let cut = CutBuffers::new(&fixture);
+    for data in [&cut.good, &cut.refused, &cut.good_after] {
+        assert_eq!(h.push(buffer(data, None)), Ok(gst::FlowSuccess::Ok));
+    }
+    h.push_event(gst::event::Eos::new());
+    let audio = audio_of(&pull_all(&mut h));
+    let six = 6 * fixture.samples_per_frame;
+    assert_eq!(audio.len(), 2 * six, "frames 0-5, then frames 0-5 again");
+    fixture.assert_prefix_matches(&audio[..six], 6, "the stream before the refused buffer");
+    fixture.assert_prefix_matches(&audio[six..], 6, "the stream after it");
+    let decoder = element.downcast_ref::<gst_audio::AudioDecoder>().unwrap();
+    assert_eq!(decoder.delay(), 0, "input buffers left unclosed at EOS");
+}
