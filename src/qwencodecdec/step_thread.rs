@@ -371,11 +371,11 @@ impl Inner {
     }
 
     /// Takes the whole frames of a refused buffer that come before its bad code, as the last
-    /// of the stream; returns how many, and counts the buffer as refused.
+    /// of the stream; returns how many, and counts the buffer as refused. (They are not added
+    /// to `frames_accepted`: the drain that follows resets it.)
     pub(super) fn accept_before_bad_code(&mut self, valid: Vec<i16>) -> u64 {
         let frames = (valid.len() / (self.frame_bytes() / 2)) as u64;
         self.codes.extend(valid);
-        self.frames_accepted += frames;
         self.refused_in_a_row += 1;
         frames
     }
