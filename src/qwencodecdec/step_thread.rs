@@ -71,10 +71,10 @@ pub(super) struct Inner {
     /// it have no audio out yet. A buffer is finished as soon as the last of them is out, so
     /// the next audio pushed starts at the next buffer's first frame and takes its timestamp.
     frames_per_input: VecDeque<usize>,
-    /// Audio and finished input buffers, oldest first, waiting to be pushed.
+    /// Audio and finished input buffers, oldest first, waiting to be pushed. A reset (which
+    /// waits for the step in flight) clears it: audio of a step begun before a flush never
+    /// follows it.
     outbox: VecDeque<Output>,
-    /// Bumped by every reset: the audio of a step begun before it is dropped.
-    generation: u64,
     /// The streaming thread decodes the rest itself: no new step starts.
     draining: bool,
     /// A flush-start or a stop is under way: no step starts, and the streaming thread stops
@@ -116,7 +116,6 @@ impl Stream {
                 partial_frame: Vec::new(),
                 frames_per_input: VecDeque::new(),
                 outbox: VecDeque::new(),
-                generation: 0,
                 draining: false,
                 flushing: false,
                 read_ahead,
@@ -167,7 +166,7 @@ impl Stream {
     /// step, its audio queued; None when no full step waits. No lock is held during the step,
     /// so that a flush-start is seen meanwhile.
     pub(super) fn step_here(&self) -> Option<Result<(), DecodeError>> {
-        let (mut decoder, codes, _) = self.lock().take_step()?;
+        let (mut decoder, codes) = self.lock().take_step()?;
         let result = decoder.push(&codes);
         let mut inner = self.give_back(decoder);
         Some(result.map(|audio| inner.queue_audio(audio)))
@@ -230,7 +229,7 @@ impl Stream {
                 }
                 inner = self.wait(inner);
             };
-            let (mut decoder, codes, generation) = step;
+            let (mut decoder, codes) = step;
             drop(inner);
             // The backlog shrank: a streaming thread waiting for room may go on.
             self.changed.notify_all();
@@ -245,16 +244,14 @@ impl Stream {
             let mut inner = self.lock();
             inner.decoder = Some(decoder);
             let mut failed = None;
-            if inner.generation == generation {
-                match result {
-                    Ok(audio) => inner.queue_audio(audio),
-                    Err(err) => {
-                        inner.flow = Err(gst::FlowError::Error);
-                        failed = Some(err);
-                    }
+            match result {
+                Ok(audio) => inner.queue_audio(audio),
+                Err(err) => {
+                    inner.flow = Err(gst::FlowError::Error);
+                    failed = Some(err);
                 }
-                inner.count(&mut imp.stats());
             }
+            inner.count(&mut imp.stats());
             self.changed.notify_all();
             drop(inner);
             if let Some(err) = failed {
@@ -293,25 +290,24 @@ impl Inner {
         }
     }
 
-    /// The decoder, the codes of the next step and the generation it belongs to, when a full
-    /// step waits and nothing else has the decoder, nor is the stream draining, flushing or
-    /// failed.
-    fn next_step(&mut self) -> Option<(StreamDecoder, Vec<i16>, u64)> {
+    /// The decoder and the codes of the next step, when a full step waits and nothing else has
+    /// the decoder, nor is the stream draining, flushing or failed.
+    fn next_step(&mut self) -> Option<(StreamDecoder, Vec<i16>)> {
         if self.draining || self.flushing || self.flow.is_err() {
             return None;
         }
         self.take_step()
     }
 
-    /// The decoder and the codes of the next full step, with the generation they belong to.
-    fn take_step(&mut self) -> Option<(StreamDecoder, Vec<i16>, u64)> {
+    /// The decoder and the codes of the next full step.
+    fn take_step(&mut self) -> Option<(StreamDecoder, Vec<i16>)> {
         let codebooks = self.model.config().num_quantizers;
         let take = self
             .decoder
             .as_ref()?
             .frames_for_next_step(self.codes.len() / codebooks)?;
         let codes = self.take_codes(take * codebooks);
-        Some((self.decoder.take()?, codes, self.generation))
+        Some((self.decoder.take()?, codes))
     }
 
     /// Takes one input buffer's bytes: its whole frames wait for the step thread. A buffer with
@@ -435,7 +431,6 @@ impl Inner {
     /// Forgets the stream, the decoder idle: the next frame decodes as on a fresh decoder.
     pub(super) fn reset(&mut self, stats: &mut Stats) -> Result<(), DecodeError> {
         self.count(stats);
-        self.generation += 1;
         self.codes.clear();
         self.frames_accepted = 0;
         self.partial_frame.clear();
