@@ -198,3 +198,29 @@ fn a_cut_frame_left_by_a_refused_buffer_counts_as_the_next_buffers() {
     let decoder = element.downcast_ref::<gst_audio::AudioDecoder>().unwrap();
     assert_eq!(decoder.delay(), 0, "input buffers left unclosed at EOS");
 }
+
+/// A flush forgets the refused buffers counted, as the base class forgets its errors: with
+/// `max-errors` 1, a refused buffer, a flush, and another refused buffer are two warnings of one
+/// in a row each, no error.
+#[test]
+fn a_flush_forgets_the_refused_buffers_counted() {
+    init();
+    let fixture = load_fixture("release-tiny");
+    let element = decoder(&fixture.dir, &[("max-errors", &1i32)]);
+    let (bus, mut h) = playing(&element, &fixture);
+    let cut = CutBuffers::new(&fixture);
+    assert_eq!(h.push(buffer(&cut.bad_frame, None)), Ok(gst::FlowSuccess::Ok));
+    h.push_event(gst::event::FlushStart::new());
+    h.push_event(gst::event::FlushStop::new(true));
+    h.push_event(gst::event::Segment::new(
+        &gst::FormattedSegment::<gst::ClockTime>::new(),
+    ));
+    assert_eq!(h.push(buffer(&cut.bad_frame, None)), Ok(gst::FlowSuccess::Ok));
+    let (errors, warnings) = errors_and_warnings(&bus);
+    assert_eq!(errors, Vec::<String>::new());
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(
+        warnings.iter().all(|warning| warning.contains("1 in a row")),
+        "{warnings:?}"
+    );
+}
