@@ -42,7 +42,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
@@ -321,15 +321,13 @@ fn first_audio_into_load(
     })
 }
 
-/// The model's batches, added up as they run (one observer for the whole benchmark: a model keeps
-/// its observers).
+/// The model's batches, added up as they run, by (rows, frames a row): how many, their time in
+/// ns (one observer for the whole benchmark: a model keeps its observers).
+type Shapes = BTreeMap<(usize, usize), (u64, u64)>;
+
 #[derive(Default)]
 struct ComputeTotals {
-    busy_ns: AtomicU64,
-    batches: AtomicU64,
-    frame_rows: AtomicU64,
-    /// Batches by (rows, frames a row): how many, their time in ns.
-    shapes: Mutex<BTreeMap<(usize, usize), (u64, u64)>>,
+    shapes: Mutex<Shapes>,
 }
 
 impl ComputeTotals {
@@ -337,13 +335,6 @@ impl ComputeTotals {
         let totals = Arc::new(Self::default());
         let observed = totals.clone();
         model.observe_batches(move |run| {
-            observed
-                .busy_ns
-                .fetch_add(run.time.as_nanos() as u64, Ordering::Relaxed);
-            observed.batches.fetch_add(1, Ordering::Relaxed);
-            observed
-                .frame_rows
-                .fetch_add((run.rows * run.frames) as u64, Ordering::Relaxed);
             let mut shapes = observed.shapes.lock().unwrap();
             let shape = shapes.entry((run.rows, run.frames)).or_default();
             shape.0 += 1;
@@ -352,35 +343,48 @@ impl ComputeTotals {
         totals
     }
 
-    /// The batches of each shape since `before` (an earlier [`Self::shapes`]), the most common
-    /// first: rows, frames, how many, ms each on average.
-    fn shapes_since(&self, before: &BTreeMap<(usize, usize), (u64, u64)>) -> Value {
-        let mut shapes: Vec<_> = self
-            .shapes()
-            .into_iter()
-            .map(|(shape, (count, ns))| {
-                let (count_before, ns_before) = before.get(&shape).copied().unwrap_or_default();
-                (shape, count - count_before, ns - ns_before)
-            })
-            .filter(|&(_, count, _)| count > 0)
-            .collect();
-        shapes.sort_by_key(|&(_, count, _)| std::cmp::Reverse(count));
-        shapes
-            .into_iter()
-            .map(|((rows, frames), count, ns)| {
-                json!({"rows": rows, "frames": frames, "batches": count, "ms": ns as f64 / 1e6 / count as f64})
-            })
-            .collect()
-    }
-
-    fn shapes(&self) -> BTreeMap<(usize, usize), (u64, u64)> {
+    /// So far.
+    fn now(&self) -> Shapes {
         self.shapes.lock().unwrap().clone()
     }
 
-    /// (busy ns, batches, frame-rows) so far.
-    fn now(&self) -> [u64; 3] {
-        [&self.busy_ns, &self.batches, &self.frame_rows].map(|total| total.load(Ordering::Relaxed))
+    /// The batches of each shape since `before` (an earlier [`Self::now`]).
+    fn since(&self, before: &Shapes) -> Shapes {
+        self.now()
+            .into_iter()
+            .map(|(shape, (count, ns))| {
+                let (count_before, ns_before) = before.get(&shape).copied().unwrap_or_default();
+                (shape, (count - count_before, ns - ns_before))
+            })
+            .filter(|&(_, (count, _))| count > 0)
+            .collect()
     }
+}
+
+/// (busy ns, batches, frame-rows) of `shapes`.
+fn compute_of(shapes: &Shapes) -> [u64; 3] {
+    shapes.iter().fold(
+        [0; 3],
+        |[busy_ns, batches, frame_rows], (&(rows, frames), &(count, ns))| {
+            [
+                busy_ns + ns,
+                batches + count,
+                frame_rows + (rows * frames) as u64 * count,
+            ]
+        },
+    )
+}
+
+/// `shapes`, the most common first: rows, frames, how many, ms each on average.
+fn shapes_json(shapes: &Shapes) -> Value {
+    let mut shapes: Vec<_> = shapes.iter().collect();
+    shapes.sort_by_key(|&(_, &(count, _))| std::cmp::Reverse(count));
+    shapes
+        .into_iter()
+        .map(|(&(rows, frames), &(count, ns))| {
+            json!({"rows": rows, "frames": frames, "batches": count, "ms": ns as f64 / 1e6 / count as f64})
+        })
+        .collect()
 }
 
 /// N live streams, each `seconds` long, started `spacing` apart. Where the time went: the share
@@ -400,7 +404,6 @@ fn live(
     let frames = (seconds / period.as_secs_f64()).round() as usize;
     let limits = mode.limits();
     let before = totals.now();
-    let shapes_before = totals.shapes();
     let start = Instant::now() + Duration::from_millis(50);
     let workers: Vec<_> = (0..streams)
         .map(|index| {
@@ -437,10 +440,8 @@ fn live(
         .collect();
     let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
     let wall = start.elapsed();
-    let [busy_ns, batches, frame_rows] = {
-        let after = totals.now();
-        [0, 1, 2].map(|index| after[index] - before[index])
-    };
+    let shapes = totals.since(&before);
+    let [busy_ns, batches, frame_rows] = compute_of(&shapes);
     let latencies: Vec<f64> = results.iter().flat_map(|(l, _)| l.iter().copied()).collect();
     let max_rows = results.iter().map(|(_, most)| *most).max().unwrap();
     json!({
@@ -455,7 +456,7 @@ fn live(
         "mean_batch_frame_rows": frame_rows as f64 / batches.max(1) as f64,
         // The share of a second's compute that the streams' frames need at that cost.
         "compute_needed": streams as f64 * num as f64 / den as f64 * busy_ns as f64 / 1e9 / frame_rows.max(1) as f64,
-        "batch_shapes": totals.shapes_since(&shapes_before),
+        "batch_shapes": shapes_json(&shapes),
     })
 }
 
