@@ -137,7 +137,7 @@ $(BENCH_MODEL)/model.safetensors:
 
 # Each CPU kernel of ours with and without it, alternated in processes of their own, on the
 # benchmark's checkpoint (not a test); writes bench/results/<date>-<cpu>-cpu-<dtype>-c<frames>-
-# kernels-ab.{md,json}. KERNELS_AB_ARGS: options of benches/kernels_ab.rs (--dtype, --kernels,
+# kernels-ab.{md,json}. KERNELS_AB_ARGS: options of benches/kernels_ab.rs (--dtype, --kernels, --streams,
 # --rounds, --chunk-frames). QWENCODEC_CPU_KERNELS=avx2 (with libtorch's libraries held alike,
 # see docs/performance.md) measures the AVX2 kernels.
 kernels-ab: build $(BENCH_MODEL)/model.safetensors
