@@ -7,14 +7,13 @@ const KERNELS_DIR: &str = "src/model/kernels";
 const SHIM_HEADERS: [&str; 4] = ["intrinsics.h", "kernels.h", "shim.h", "widen.h"];
 const OP_PROFILER: &str = "src/model/op_profiler/op_profiler.cpp";
 const CUDA_GRAPH: &str = "src/model/engine/cuda_graph.cpp";
-const CPU_KERNELS: [&str; 8] = [
+const CPU_KERNELS: [&str; 7] = [
     "attention.cpp",
     "direct_conv.cpp",
     "overlap_add.cpp",
     "rms_norm.cpp",
     "skinny_gemm.cpp",
     "snake_beta.cpp",
-    "transformer_layer.cpp",
     "winograd.cpp",
 ];
 

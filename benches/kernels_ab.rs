@@ -15,9 +15,7 @@
 //! The rounds repeat this with fresh processes (the weights land elsewhere in memory). The runs
 //! start from `QWENCODEC_CPU_KERNELS` as this program finds it (`avx2` to measure the AVX2
 //! kernels; hold libtorch's libraries to AVX2 alike, as `make bench` documents), and hold the
-//! kernel back by name (`,-winograd`). Attention and RMSNorm run as kernels of their own only
-//! where the transformer layer is not one call: they are measured with it held back in both runs.
-//! A kernel that does not run here (an AVX-512 one held to AVX2) is listed as such.
+//! kernel back by name (`,-winograd`). A kernel that does not run here (an AVX-512 one held to AVX2) is listed as such.
 //!
 //! The first row is an A/A: the same kernels on both sides, to show how far a ratio strays by
 //! chance.
@@ -218,16 +216,12 @@ impl Side {
 
 /// One kernel's A/B: steps from `base` with it and without it, in turns.
 fn kernel_ab(args: &Args, base: &str, kernel: Kernel) -> Value {
-    let with = match kernel {
-        Kernel::Attention | Kernel::RmsNorm => format!("{base},-transformer_layer"),
-        _ => base.to_owned(),
-    };
-    let without = format!("{with},-{}", kernel.name());
-    let allowed = Allowed::parse(&with).expect("the kernels' environment");
+    let without = format!("{base},-{}", kernel.name());
+    let allowed = Allowed::parse(base).expect("the kernels' environment");
     if allowed.kernel(kernel, widest_kernels()) == CpuKernels::Off {
-        return json!({ "kernel": kernel.name(), "with": with, "runs_here": false });
+        return json!({ "kernel": kernel.name(), "with": base, "runs_here": false });
     }
-    ab(args, kernel.name(), &with, &without)
+    ab(args, kernel.name(), base, &without)
 }
 
 /// The steps of `with` and `without` in turns, round after round; `name` labels them.

@@ -337,21 +337,12 @@ fn the_cpu_kernels_run_as_the_cpu_and_environment_allow() {
             "kernels of ours ran with {KERNELS_ENV}=off: {ours:?}"
         );
     }
-    // The layer in one call runs the product, attention and RMSNorm inside.
-    let layer_parts = ["transformer_layer", "skinny_gemm", "attention", "rms_norm"];
-    let layer_in_one_call = !held_back.iter().any(|kernel| layer_parts.contains(kernel));
     for (kernel, runs) in [
-        (
-            "transformer_layer",
-            expected >= CpuKernels::Avx2 && layer_in_one_call,
-        ),
         ("snake_beta", expected >= CpuKernels::Avx2),
         ("direct_conv", expected == CpuKernels::Avx512),
         ("overlap_add", expected >= CpuKernels::Avx2),
         ("skinny_gemm", expected >= CpuKernels::Avx2),
-        // By parts only (a one-frame step of release-tiny is one call where it can be).
-        ("attention", expected >= CpuKernels::Avx2 && !layer_in_one_call),
-        // The transformer's last norm, after its layers.
+        ("attention", expected >= CpuKernels::Avx2),
         ("rms_norm", expected >= CpuKernels::Avx2),
     ] {
         let runs = runs && !held_back.contains(&kernel);

@@ -16,7 +16,6 @@
 #include <limits>
 #include <vector>
 
-#include "kernels.h"
 #include "shim.h"
 
 namespace {
@@ -106,10 +105,6 @@ void check_float(const at::Tensor& t, int64_t dim, const char* what) {
               " must be float32 on the CPU with ", dim, " dimensions");
 }
 
-}  // namespace
-
-namespace qwencodec {
-
 at::Tensor attention(const at::Tensor& qkv, at::Tensor& keys, at::Tensor& values, const at::Tensor& query_cos,
                      const at::Tensor& query_sin, const at::Tensor& key_cos, const at::Tensor& key_sin,
                      const at::Tensor& mask, int64_t heads, int64_t kv_heads) {
@@ -146,7 +141,7 @@ at::Tensor attention(const at::Tensor& qkv, at::Tensor& keys, at::Tensor& values
   return result;
 }
 
-}  // namespace qwencodec
+}  // namespace
 
 extern "C" {
 
@@ -160,7 +155,7 @@ bool qwencodec_attention(const at::Tensor* qkv, at::Tensor* keys, at::Tensor* va
                          size_t error_size) {
   RECORD_FUNCTION("qwencodec::attention", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
-    *out = new at::Tensor(qwencodec::attention(*qkv, *keys, *values, *query_cos, *query_sin, *key_cos, *key_sin,
+    *out = new at::Tensor(attention(*qkv, *keys, *values, *query_cos, *query_sin, *key_cos, *key_sin,
                                                *mask, heads, kv_heads));
   });
 }

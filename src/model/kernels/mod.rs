@@ -10,7 +10,6 @@ pub mod rms_norm;
 pub mod shim;
 pub mod skinny_gemm;
 pub mod snake_beta;
-pub mod transformer_layer;
 pub mod winograd;
 
 #[cfg(test)]

@@ -13,7 +13,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels.h"
 #include "shim.h"
 
 namespace {
@@ -33,11 +32,7 @@ void normalize_rows(const float* x, const float* weight, float* y, int64_t width
   }
 }
 
-}  // namespace
-
-namespace qwencodec {
-
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor normalized(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
               "RMSNorm takes float32 rows on the CPU");
   const int64_t width = x.size(-1);
@@ -54,7 +49,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return result;
 }
 
-}  // namespace qwencodec
+}  // namespace
 
 extern "C" {
 
@@ -63,7 +58,7 @@ extern "C" {
 bool qwencodec_rms_norm(const at::Tensor* x, const at::Tensor* weight, double eps, at::Tensor** out, char* error,
                         size_t error_size) {
   RECORD_FUNCTION("qwencodec::rms_norm", c10::ArrayRef<const c10::IValue>{});
-  return qwencodec::guarded(error, error_size, [&] { *out = new at::Tensor(qwencodec::rms_norm(*x, *weight, eps)); });
+  return qwencodec::guarded(error, error_size, [&] { *out = new at::Tensor(normalized(*x, *weight, eps)); });
 }
 
 }  // extern "C"

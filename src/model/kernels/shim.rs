@@ -34,9 +34,9 @@ pub fn checked(what: &str, f: impl FnOnce(*mut c_char, usize) -> bool) -> TorchR
 }
 
 /// The instruction set our CPU kernels run in: the widest this CPU has, unless the environment
-/// variable [`KERNELS_ENV`] holds them back. The few-row product (and with it the transformer
-/// layer in one call), SnakeBeta and the Winograd tiles come in AVX2 and AVX-512, the direct
-/// convolutions in AVX-512 only; where they do not run, libtorch's ops do their work.
+/// variable [`KERNELS_ENV`] holds them back. The few-row product, SnakeBeta and the Winograd tiles
+/// come in AVX2 and AVX-512, the direct convolutions in AVX-512 only; where they do not run,
+/// libtorch's ops do their work.
 #[repr(i32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum CpuKernels {
@@ -63,12 +63,10 @@ pub enum Kernel {
     SnakeBeta,
     Attention,
     RmsNorm,
-    /// Runs the few-row product, attention and RMSNorm inside: held back with any of them.
-    TransformerLayer,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 8] = [
+    pub const ALL: [Kernel; 7] = [
         Kernel::SkinnyGemm,
         Kernel::Winograd,
         Kernel::DirectConv,
@@ -76,7 +74,6 @@ impl Kernel {
         Kernel::SnakeBeta,
         Kernel::Attention,
         Kernel::RmsNorm,
-        Kernel::TransformerLayer,
     ];
 
     pub fn name(self) -> &'static str {
@@ -88,15 +85,6 @@ impl Kernel {
             Kernel::SnakeBeta => "snake_beta",
             Kernel::Attention => "attention",
             Kernel::RmsNorm => "rms_norm",
-            Kernel::TransformerLayer => "transformer_layer",
-        }
-    }
-
-    /// The kernels whose holding back holds this one back too.
-    fn parts(self) -> &'static [Kernel] {
-        match self {
-            Kernel::TransformerLayer => &[Kernel::SkinnyGemm, Kernel::Attention, Kernel::RmsNorm],
-            _ => &[],
         }
     }
 }
@@ -154,10 +142,7 @@ impl Allowed {
 
     /// The instruction set `kernel` runs in on a CPU whose widest is `widest`.
     pub fn kernel(&self, kernel: Kernel, widest: CpuKernels) -> CpuKernels {
-        let held_back = std::iter::once(&kernel)
-            .chain(kernel.parts())
-            .any(|kernel| self.held_back.contains(kernel));
-        if held_back {
+        if self.held_back.contains(&kernel) {
             CpuKernels::Off
         } else {
             widest.min(self.kernels)
@@ -263,19 +248,6 @@ mod tests {
         assert_eq!(
             parsed("avx2").kernel(Kernel::SnakeBeta, CpuKernels::Avx512),
             CpuKernels::Avx2
-        );
-        // The layer in one call runs the product, attention and RMSNorm inside.
-        for part in ["skinny_gemm", "attention", "rms_norm", "transformer_layer"] {
-            let allowed = parsed(&format!("-{part}"));
-            assert_eq!(
-                allowed.kernel(Kernel::TransformerLayer, CpuKernels::Avx512),
-                CpuKernels::Off,
-                "{part}"
-            );
-        }
-        assert_eq!(
-            parsed("-transformer_layer").kernel(Kernel::SkinnyGemm, CpuKernels::Avx512),
-            CpuKernels::Avx512
         );
         // The process's table is indexed by the kernels' order in ALL.
         for (index, kernel) in Kernel::ALL.into_iter().enumerate() {

@@ -47,9 +47,7 @@ struct Product {
   const W* weight;    // [out, in]
   const float* rows;  // [n, in]
   const float* bias;  // [out] or null
-  // Output o of row r at result[o * out_stride + r * row_stride]: [out, n] or [n, out].
-  float* result;
-  int64_t out_stride, row_stride;
+  float* result;       // [out, n]
   int64_t in;
   int64_t out;
   int64_t n;
@@ -92,8 +90,8 @@ __attribute__((target("avx512f"))) void tile_avx512(const Product<W>& p, int64_t
   }
   for (int o = 0; o < O; ++o) {
     const float bias = p.bias ? p.bias[first + o] : 0.0f;
-    float* result = p.result + (first + o) * p.out_stride + row * p.row_stride;
-    for (int r = 0; r < R; ++r) result[r * p.row_stride] = _mm512_reduce_add_ps(sums[o][r]) + bias;
+    float* result = p.result + (first + o) * p.n + row;
+    for (int r = 0; r < R; ++r) result[r] = _mm512_reduce_add_ps(sums[o][r]) + bias;
   }
 }
 
@@ -147,8 +145,8 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Product<W>& p, int
   }
   for (int o = 0; o < O; ++o) {
     const float bias = p.bias ? p.bias[first + o] : 0.0f;
-    float* result = p.result + (first + o) * p.out_stride + row * p.row_stride;
-    for (int r = 0; r < R; ++r) result[r * p.row_stride] = sum8(sums[o][r]) + bias;
+    float* result = p.result + (first + o) * p.n + row;
+    for (int r = 0; r < R; ++r) result[r] = sum8(sums[o][r]) + bias;
   }
 }
 
@@ -266,12 +264,8 @@ void multiply_packed(const PackedProduct& p) {
   });
 }
 
-}  // namespace
-
-namespace qwencodec {
-
 at::Tensor few_row_product(const at::Tensor& weight, const at::Tensor& rows, const at::Tensor* bias,
-                           bool rows_first, CpuKernels kernels) {
+                           qwencodec::CpuKernels kernels) {
   const auto kind = weight.scalar_type();
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && (kind == at::kFloat || kind == at::kHalf),
               "the weight must be a contiguous float32 or float16 matrix");
@@ -281,22 +275,21 @@ at::Tensor few_row_product(const at::Tensor& weight, const at::Tensor& rows, con
               "the bias must be float32, one per output");
   const at::Tensor input = rows.contiguous();
   const int64_t out = weight.size(0), n = input.size(0);
-  at::Tensor result = rows_first ? at::empty({n, out}, input.options()) : at::empty({out, n}, input.options());
+  at::Tensor result = at::empty({out, n}, input.options());
   const float* bias_data = bias ? bias->data_ptr<float>() : nullptr;
-  const int64_t out_stride = rows_first ? 1 : n, row_stride = rows_first ? out : 1;
   if (kind == at::kHalf) {
     multiply(Product<at::Half>{weight.data_ptr<at::Half>(), input.data_ptr<float>(), bias_data, result.data_ptr<float>(),
-                               out_stride, row_stride, weight.size(1), out, n},
+                               weight.size(1), out, n},
              kernels);
   } else {
     multiply(Product<float>{weight.data_ptr<float>(), input.data_ptr<float>(), bias_data, result.data_ptr<float>(),
-                            out_stride, row_stride, weight.size(1), out, n},
+                            weight.size(1), out, n},
              kernels);
   }
   return result;
 }
 
-}  // namespace qwencodec
+}  // namespace
 
 extern "C" {
 
@@ -309,7 +302,7 @@ bool qwencodec_skinny_gemm(const at::Tensor* weight, const at::Tensor* rows, con
   RECORD_FUNCTION("qwencodec::skinny_gemm", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
     const auto isa = qwencodec::vector_kernels(kernels, "the few-row product");
-    *out = new at::Tensor(qwencodec::few_row_product(*weight, *rows, bias, false, isa));
+    *out = new at::Tensor(few_row_product(*weight, *rows, bias, isa));
   });
 }
 

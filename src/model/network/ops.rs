@@ -197,20 +197,6 @@ impl Linear {
         )?)?)
     }
 
-    /// The weight and bias ([out, 1]) as the few-row kernel multiplies them, where it does (a
-    /// float32 or float16 weight on a CPU with AVX2 or AVX-512): for a kernel of ours that calls
-    /// it.
-    pub fn few_row_weights(&self) -> Option<(&Tensor, Option<&Tensor>)> {
-        match &self.matrix {
-            Matrix::Plain { weight, bias } | Matrix::F16 { weight, bias }
-                if skinny_gemm::applies(weight, 1) =>
-            {
-                Some((weight, bias.as_ref()))
-            }
-            _ => None,
-        }
-    }
-
     /// The weight [out, in] and bias ([out, 1]) as stored, whatever multiplies them; none when
     /// packed. For a test's formula.
     #[cfg(test)]

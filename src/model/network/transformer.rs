@@ -1,10 +1,8 @@
 //! The pre-transformer: sliding-window causal attention with RoPE, whose window of keys and
-//! values each stream keeps from step to step. On a CPU with AVX2 or AVX-512 a layer of a step of
-//! up to [`skinny_gemm::max_rows`] rows is one call of `transformer_layer.cpp`; elsewhere (CUDA,
-//! where graphs capture the ops, other CPUs, large steps) libtorch's ops and our kernels one by
-//! one.
+//! values each stream keeps from step to step. Op by op: libtorch's, and on the CPU our kernels
+//! for the few-row products, attention and RMSNorm where they run.
 
-use tch::{Device, Kind, TchError, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::attention::{Attention, Heads, Rope};
 use super::ops::{Linear, LinearWeights};
@@ -13,9 +11,7 @@ use super::{ACTIVATION_KIND, State};
 use crate::model::checkpoint::Weights;
 use crate::model::config::DecoderConfig;
 use crate::model::error::ModelError;
-use crate::model::kernels::shim::{self, CpuKernels, Kernel};
-use crate::model::kernels::skinny_gemm;
-use crate::model::kernels::{self, TorchResult};
+use crate::model::kernels::TorchResult;
 
 /// What a step of a given number of frames needs besides codes and state, the same for every
 /// such step of every stream: RoPE tables and the sliding-window mask. Made once per step size
@@ -192,8 +188,6 @@ struct TransformerLayer {
     gate_up_proj: Linear,
     down_proj: Linear,
     mlp_scale: Tensor,
-    /// Whether every product runs on the few-row kernel, so that the layer can be one call.
-    in_one_call: bool,
 }
 
 impl TransformerLayer {
@@ -206,7 +200,7 @@ impl TransformerLayer {
         let eps = config.rms_norm_eps;
         let attention = weights.at("self_attn");
         let mlp = weights.at("mlp");
-        let mut layer = Self {
+        let layer = Self {
             input_norm: RmsNorm::load(&weights.at("input_layernorm"), hidden, eps)?,
             qkv_proj: Linear::new(LinearWeights::stacked(&[
                 LinearWeights::load(&attention.at("q_proj"), hidden, q_width, bias)?,
@@ -226,84 +220,13 @@ impl TransformerLayer {
             mlp_scale: weights
                 .at("mlp_layer_scale")
                 .get_as("scale", &[hidden], Kind::Float)?,
-            in_one_call: false,
         };
-        layer.in_one_call = shim::kernel(Kernel::TransformerLayer) >= CpuKernels::Avx2
-            && [
-                &layer.qkv_proj,
-                &layer.o_proj,
-                &layer.gate_up_proj,
-                &layer.down_proj,
-            ]
-            .iter()
-            .all(|linear| linear.few_row_weights().is_some());
         Ok(layer)
     }
 
     /// `x`: [B, T, hidden]. Updates this layer's KV window in `keys`/`values` ([B, kv heads,
     /// slots, head_dim]).
     fn forward(
-        &self,
-        x: &Tensor,
-        attention: &Attention,
-        keys: &mut Tensor,
-        values: &mut Tensor,
-    ) -> TorchResult<Tensor> {
-        if self.in_one_call && x.size()[0] * x.size()[1] <= skinny_gemm::max_rows() {
-            return self.forward_in_one_call(x, attention, keys, values);
-        }
-        self.forward_by_parts(x, attention, keys, values)
-    }
-
-    /// [`Self::forward`] in one call of `transformer_layer.cpp`.
-    fn forward_in_one_call(
-        &self,
-        x: &Tensor,
-        attention: &Attention,
-        keys: &mut Tensor,
-        values: &mut Tensor,
-    ) -> TorchResult<Tensor> {
-        fn product(linear: &Linear) -> TorchResult<kernels::transformer_layer::Product<'_>> {
-            let (weight, bias) = linear.few_row_weights().ok_or_else(|| {
-                TchError::Torch("transformer layer: a product the few-row kernel does not take".into())
-            })?;
-            Ok(kernels::transformer_layer::Product { weight, bias })
-        }
-        let (input_norm, eps) = self.input_norm.parts();
-        let (post_attention_norm, _) = self.post_attention_norm.parts();
-        let rope = &attention.rope;
-        let tables = kernels::attention::Tables {
-            query_cos: rope.query_cos,
-            query_sin: rope.query_sin,
-            key_cos: rope.key_cos,
-            key_sin: rope.key_sin,
-            mask: attention.mask,
-        };
-        let weights = kernels::transformer_layer::LayerWeights {
-            input_norm,
-            qkv: product(&self.qkv_proj)?,
-            o: product(&self.o_proj)?,
-            post_attention_norm,
-            gate_up: product(&self.gate_up_proj)?,
-            down: product(&self.down_proj)?,
-            attention_scale: &self.attention_scale,
-            mlp_scale: &self.mlp_scale,
-            eps,
-        };
-        kernels::transformer_layer::transformer_layer(
-            x,
-            &weights,
-            &tables,
-            attention.heads.heads,
-            attention.heads.kv_heads,
-            keys,
-            values,
-            shim::kernel(Kernel::TransformerLayer),
-        )
-    }
-
-    /// [`Self::forward`] op by op.
-    fn forward_by_parts(
         &self,
         x: &Tensor,
         attention: &Attention,
@@ -332,7 +255,7 @@ mod tests {
 
     use super::*;
     use crate::model::checkpoint::{CheckpointFiles, WeightFile};
-    use crate::model::kernels::{Inputs, max_error_and_scale, shim};
+    use crate::model::kernels::{Inputs, max_error_and_scale};
 
     /// The layer written out in float64 from its own weights (float16 ones as stored), as
     /// upstream's modules compute it: RMSNorm, the q/k/v products, attention (its float64
@@ -370,14 +293,13 @@ mod tests {
         &x + product(&gated, &layer.down_proj) * double(&layer.mlp_scale)
     }
 
-    /// A layer in one call and the same layer op by op against the layer's formula in float64,
-    /// on the fixtures' geometries (grouped heads with biases; the release's), with float32 and
-    /// float16 weights, one row and several, one position and several, windows partly empty:
-    /// what the layer adds to its input close, the windows moved alike. Where the few-row
-    /// kernel does not run (a CPU without AVX2, or the kernels turned off), the layer runs by
-    /// parts only, which is checked alone.
+    /// A layer against its formula in float64, on the fixtures' geometries (grouped heads with
+    /// biases; the release's), with float32 and float16 weights, one row and several, one
+    /// position and several, windows partly empty: what the layer adds to its input close, the
+    /// window moved. With the kernels this CPU and the environment allow (`make test` runs it
+    /// under `avx2` and `off` too).
     #[test]
-    fn a_layer_in_one_call_and_by_parts_match_its_formula_in_float64() {
+    fn a_layer_matches_its_formula_in_float64() {
         let mut random = Inputs::new(7);
         let options = (Kind::Float, Device::Cpu);
         for fixture in ["gqa-bias", "release-tiny"] {
@@ -392,11 +314,6 @@ mod tests {
                 let file = WeightFile::open(&files.weights, Device::Cpu, Kind::Float, f16).unwrap();
                 let transformer = Transformer::load(&file.root().at("pre_transformer"), &config).unwrap();
                 let layer = &transformer.layers[0];
-                assert_eq!(
-                    layer.in_one_call,
-                    shim::kernel(Kernel::TransformerLayer) >= CpuKernels::Avx2,
-                    "{fixture}, f16 {f16}"
-                );
                 for (batch, frames) in [(1, 1), (3, 1), (2, 4)] {
                     let case = format!("{fixture}, f16 {f16}, {batch} rows of {frames} frames");
                     let tables = transformer.step_tables(frames as usize).unwrap();
@@ -425,34 +342,21 @@ mod tests {
                     let mut window = || random.normal([batch, kv_heads, slots, head_dim], options);
                     let (keys, values) = (window(), window());
 
-                    let (mut parts_keys, mut parts_values) = (keys.copy(), values.copy());
-                    let by_parts = layer
-                        .forward_by_parts(&x, &attention, &mut parts_keys, &mut parts_values)
+                    let (mut moved_keys, mut moved_values) = (keys.copy(), values.copy());
+                    let got = layer
+                        .forward(&x, &attention, &mut moved_keys, &mut moved_values)
                         .unwrap();
                     let added =
                         float64_layer(layer, &x, &attention, &keys, &values) - x.to_kind(Kind::Double);
-                    let check = |path: &str, got: &Tensor| {
-                        assert_eq!(got.size(), x.size(), "{case}, {path}");
-                        let (error, scale) = max_error_and_scale(&(got - &x), &added);
-                        // Measured up to 4.8e-7 (2026-12-02, kernels on, avx2 and off).
-                        assert!(
-                            scale > 0.0 && error <= 1e-6 * scale,
-                            "{case}, {path}: off by {error:e} of {scale:e}"
-                        );
-                    };
-                    check("by parts", &by_parts);
-                    assert!(!parts_keys.equal(&keys), "{case}: the window moved");
-                    if !layer.in_one_call {
-                        continue;
-                    }
-                    let (mut one_call_keys, mut one_call_values) = (keys.copy(), values.copy());
-                    let one_call = layer
-                        .forward_in_one_call(&x, &attention, &mut one_call_keys, &mut one_call_values)
-                        .unwrap();
-                    check("in one call", &one_call);
-                    assert!(one_call_keys.equal(&parts_keys), "{case}: keys");
-                    assert!(one_call_values.equal(&parts_values), "{case}: values");
-                    assert!(!one_call_keys.equal(&keys), "{case}: the window moved");
+                    assert_eq!(got.size(), x.size(), "{case}");
+                    let (error, scale) = max_error_and_scale(&(got - &x), &added);
+                    // Measured up to 4.8e-7 (2026-12-02, kernels on, avx2 and off).
+                    assert!(
+                        scale > 0.0 && error <= 1e-6 * scale,
+                        "{case}: off by {error:e} of {scale:e}"
+                    );
+                    assert!(!moved_keys.equal(&keys), "{case}: the window moved");
+                    assert!(!moved_values.equal(&values), "{case}: the window moved");
                 }
             }
         }
