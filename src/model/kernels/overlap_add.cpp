@@ -20,6 +20,10 @@ namespace {
 // Output samples per thread below which a split costs more than it saves.
 constexpr int64_t kGrain = 1 << 14;
 
+// Columns per piece of work where the taps come column by column: the piece's samples (out
+// channels x kColumns x stride) stay in cache while they are written.
+constexpr int64_t kColumns = 16;
+
 // A row's taps summed, before they are interleaved (qwencodec::thread_buffer).
 struct SumsBuffer;
 
@@ -49,6 +53,47 @@ void interleave(const float* sums, int64_t rows, int64_t columns, float* samples
 template <int Rows>
 void interleave(const float* sums, int64_t columns, float* samples) {
   interleave(sums, Rows, columns, samples);
+}
+
+// The taps as a product's transposed output (each column's taps consecutive: column_step apart,
+// tap o * kernel + j at offset o * kernel + j), read column by column. Row by row, each row would
+// read one float per cache line, and in large steps (8 frames' late blocks) the lines fell out of
+// cache before the next rows read them: 5% of the step.
+void by_columns(const float* taps, int64_t column_step, const float* biases, float* carried, float* y, int64_t batch,
+                int64_t out_channels, int64_t kernel, int64_t stride, int64_t columns) {
+  const int64_t overlap = kernel - stride;
+  const int64_t blocks = (columns + kColumns - 1) / kColumns;
+  const int64_t grain = std::max<int64_t>(1, kGrain / (kColumns * out_channels * stride));
+  at::parallel_for(0, batch * blocks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t piece = begin; piece < end; ++piece) {
+      const int64_t b = piece / blocks, first_column = piece % blocks * kColumns;
+      const int64_t last_column = std::min(columns, first_column + kColumns);
+      for (int64_t t = first_column; t < last_column; ++t) {
+        const float* column = taps + (b * columns + t) * column_step;
+        // The previous column's later taps (tap stride + j), or the carried overlap for t = 0.
+        const float* earlier = column - column_step + stride;
+        for (int64_t o = 0; o < out_channels; ++o) {
+          const float* own = column + o * kernel;
+          const float level = biases[o];
+          float* samples = y + ((b * out_channels + o) * columns + t) * stride;
+          if (overlap == 0) {
+            for (int64_t j = 0; j < stride; ++j) samples[j] = own[j] + level;
+            continue;
+          }
+          const float* second = t > 0 ? earlier + o * kernel : carried + (b * out_channels + o) * overlap;
+          for (int64_t j = 0; j < stride; ++j) samples[j] = own[j] + second[j] + level;
+        }
+      }
+    }
+  });
+  if (overlap == 0) return;
+  // The last column's later taps are the next step's carry, once every piece has read the old one.
+  for (int64_t b = 0; b < batch; ++b) {
+    const float* last = taps + (b * columns + columns - 1) * column_step + stride;
+    for (int64_t o = 0; o < out_channels; ++o) {
+      std::copy(last + o * kernel, last + o * kernel + overlap, carried + (b * out_channels + o) * overlap);
+    }
+  }
 }
 
 }  // namespace
@@ -91,6 +136,11 @@ bool qwencodec_overlap_add(const at::Tensor* taps, at::Tensor* carry, const at::
     float* carried = carry == nullptr ? nullptr : carry->data_ptr<float>();
     float* y = result.data_ptr<float>();
     const int64_t row_step = taps->stride(0), column_step = taps->stride(1);
+    if (row_step == 1 && column_step != 1) {
+      by_columns(all_taps, column_step, biases, carried, y, batch, out_channels, kernel, stride, columns);
+      *out = new at::Tensor(std::move(result));
+      return;
+    }
     const int64_t rows = batch * out_channels;
     at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, columns * stride)),
                      [&](int64_t begin, int64_t end) {

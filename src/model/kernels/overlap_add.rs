@@ -69,7 +69,14 @@ mod tests {
         let mut random = Inputs::new(5);
         let options = (Kind::Float, Device::Cpu);
         for (stride, kernel) in [(3, 6), (8, 16), (7, 14), (4, 4)] {
-            for (batch, columns, transposed) in [(1, 1, false), (1, 20, false), (3, 9, false), (3, 9, true)] {
+            // Transposed taps go column by column, in pieces of 16 columns: one and several.
+            for (batch, columns, transposed) in [
+                (1, 1, false),
+                (1, 20, false),
+                (3, 9, false),
+                (3, 9, true),
+                (2, 37, true),
+            ] {
                 let out = 5;
                 // As a product's output, or its transposed view.
                 let taps = if transposed {
