@@ -35,7 +35,7 @@ use std::time::Instant;
 
 use common::{machine, percentile, read_codes, slug};
 use gstqwencodec::model::{
-    Allowed, CpuKernels, Dtype, KERNELS_ENV, Kernel, Model, StreamDecoder, TailStrategy, widest_kernels,
+    Allowed, Dtype, KERNELS_ENV, Kernel, Model, StreamDecoder, TailStrategy, widest_kernels,
 };
 use serde_json::{Value, json};
 
@@ -218,7 +218,7 @@ impl Side {
 fn kernel_ab(args: &Args, base: &str, kernel: Kernel) -> Value {
     let without = format!("{base},-{}", kernel.name());
     let allowed = Allowed::parse(base).expect("the kernels' environment");
-    if allowed.kernel(kernel, widest_kernels()) == CpuKernels::Off {
+    if !kernel.runs_in(allowed.kernel(kernel, widest_kernels())) {
         return json!({ "kernel": kernel.name(), "with": base, "runs_here": false });
     }
     ab(args, kernel.name(), base, &without)

@@ -7,7 +7,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::TorchResult;
-use super::shim::{self, CpuKernels, Kernel, call};
+use super::shim::{self, Kernel, call};
 
 mod ffi {
     use std::ffi::c_char;
@@ -40,7 +40,7 @@ pub fn applies(weight: &Tensor, groups: i64, device: Device) -> bool {
     device == Device::Cpu
         && weight.kind() == Kind::Float
         && (depthwise || (groups == 1 && out < MAX_DENSE_OUTPUTS))
-        && shim::kernel(Kernel::DirectConv) == CpuKernels::Avx512
+        && Kernel::DirectConv.runs_in(shim::kernel(Kernel::DirectConv))
 }
 
 /// `input` [B, in, reach + T] (the context, then the new columns) -> [B, out, T].
@@ -70,6 +70,7 @@ pub fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::kernels::shim::CpuKernels;
     use crate::model::kernels::{Inputs, max_error_and_scale};
 
     /// (in, out, groups, taps): depthwise convolutions and dense ones of few outputs.
