@@ -15,7 +15,8 @@
 //! The rounds repeat this with fresh processes (the weights land elsewhere in memory). The runs
 //! start from `QWENCODEC_CPU_KERNELS` as this program finds it (`avx2` to measure the AVX2
 //! kernels; hold libtorch's libraries to AVX2 alike, as `make bench` documents), and hold the
-//! kernel back by name (`,-winograd`). A kernel that does not run here (an AVX-512 one held to AVX2) is listed as such.
+//! kernel back by name (`,-winograd`). A kernel that does not run here (an AVX-512 one held to
+//! AVX2) is listed as such.
 //!
 //! The first row is an A/A: the same kernels on both sides, to show how far a ratio strays by
 //! chance.
@@ -77,7 +78,8 @@ fn parse_args() -> Args {
 
 /// `--streams` decoders on one model, stepping together: one batch per step.
 struct Streams {
-    /// One per stream's thread: the go for a step, then its end.
+    /// Every stream's thread and this one meet at `start` to begin a step and at `done` when
+    /// every stream has its audio.
     start: Arc<Barrier>,
     done: Arc<Barrier>,
     threads: Vec<std::thread::JoinHandle<f64>>,
