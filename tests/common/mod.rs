@@ -113,6 +113,14 @@ pub fn audio_of(buffers: &[gst::Buffer]) -> Vec<f32> {
     buffers.iter().flat_map(|b| samples(b)).collect()
 }
 
+/// The input buffers the decoder's base class still holds, waiting for their audio (its
+/// `delay`).
+pub fn unclosed_input_buffers(element: &gst::Element) -> i32 {
+    use gst::prelude::*;
+    use gst_audio::prelude::AudioDecoderExt;
+    element.downcast_ref::<gst_audio::AudioDecoder>().unwrap().delay()
+}
+
 /// Collects the element's messages on a bus of its own.
 pub fn bus_for(element: &gst::Element) -> gst::Bus {
     use gst::prelude::*;
