@@ -88,18 +88,14 @@ impl Kernel {
         }
     }
 
-    /// The narrowest instruction set the kernel runs in: the direct convolutions need AVX-512,
-    /// the others AVX2 (the plain C++ ones too, held back with the vector kernels on other CPUs).
-    pub fn least(self) -> CpuKernels {
-        match self {
+    /// Whether the kernel runs in `kernels`: the direct convolutions need AVX-512, the others
+    /// AVX2 (the plain C++ ones too, held back with the vector kernels on other CPUs).
+    pub fn runs_in(self, kernels: CpuKernels) -> bool {
+        let least = match self {
             Kernel::DirectConv => CpuKernels::Avx512,
             _ => CpuKernels::Avx2,
-        }
-    }
-
-    /// Whether the kernel runs in `kernels`.
-    pub fn runs_in(self, kernels: CpuKernels) -> bool {
-        kernels >= self.least()
+        };
+        kernels >= least
     }
 }
 
