@@ -56,11 +56,12 @@ void interleave(const float* sums, int64_t columns, float* samples) {
 }
 
 // The taps as a product's transposed output (each column's taps consecutive: column_step apart,
-// tap o * kernel + j at offset o * kernel + j), read column by column. Row by row, each row would
-// read one float per cache line, and in large steps (8 frames' late blocks) the lines fell out of
-// cache before the next rows read them: 5% of the step.
-void by_columns(const float* taps, int64_t column_step, const float* biases, float* carried, float* y, int64_t batch,
-                int64_t out_channels, int64_t kernel, int64_t stride, int64_t columns) {
+// tap o * kernel + j at offset o * kernel + j; stream b's from b * stream_step), read column by
+// column. Row by row, each row would read one float per cache line, and in large steps (8
+// frames' late blocks) the lines fell out of cache before the next rows read them: 5% of the
+// step.
+void by_columns(const float* taps, int64_t stream_step, int64_t column_step, const float* biases, float* carried,
+                float* y, int64_t batch, int64_t out_channels, int64_t kernel, int64_t stride, int64_t columns) {
   const int64_t overlap = kernel - stride;
   const int64_t blocks = (columns + kColumns - 1) / kColumns;
   const int64_t grain = std::max<int64_t>(1, kGrain / (kColumns * out_channels * stride));
@@ -69,7 +70,7 @@ void by_columns(const float* taps, int64_t column_step, const float* biases, flo
       const int64_t b = piece / blocks, first_column = piece % blocks * kColumns;
       const int64_t last_column = std::min(columns, first_column + kColumns);
       for (int64_t t = first_column; t < last_column; ++t) {
-        const float* column = taps + (b * columns + t) * column_step;
+        const float* column = taps + b * stream_step + t * column_step;
         // The previous column's later taps (tap stride + j), or the carried overlap for t = 0.
         const float* earlier = column - column_step + stride;
         for (int64_t o = 0; o < out_channels; ++o) {
@@ -89,7 +90,7 @@ void by_columns(const float* taps, int64_t column_step, const float* biases, flo
   if (overlap == 0) return;
   // The last column's later taps are the next step's carry, once every piece has read the old one.
   for (int64_t b = 0; b < batch; ++b) {
-    const float* last = taps + (b * columns + columns - 1) * column_step + stride;
+    const float* last = taps + b * stream_step + (columns - 1) * column_step + stride;
     for (int64_t o = 0; o < out_channels; ++o) {
       std::copy(last + o * kernel, last + o * kernel + overlap, carried + (b * out_channels + o) * overlap);
     }
@@ -100,26 +101,26 @@ void by_columns(const float* taps, int64_t column_step, const float* biases, flo
 
 extern "C" {
 
-// `taps`: [out * kernel, B * T] float32, row o * kernel + j holding output channel o's tap j of
-// every input column (stream by stream), in any strides (a product's transposed output too);
+// `taps`: [B, out * kernel, T] float32, row o * kernel + j holding output channel o's tap j of
+// each input column, in any strides (a product's transposed output, a convolution's output);
 // `kernel` is `stride` or twice it. `carry`: [B, out, kernel - stride], the previous step's
 // overlap, overwritten with this step's (null where kernel is `stride`). `bias`: `out` values,
 // contiguous. `*out`: [B, out, T * stride], sample t * stride + j of channel o
 // being tap j of column t plus tap stride + j of column t - 1 (of the carry for t = 0) plus the
 // bias.
 bool qwencodec_overlap_add(const at::Tensor* taps, at::Tensor* carry, const at::Tensor* bias, int64_t stride,
-                           int64_t batch, at::Tensor** out, char* error, size_t error_size) {
+                           at::Tensor** out, char* error, size_t error_size) {
   RECORD_FUNCTION("qwencodec::overlap_add", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
     const int64_t out_channels = bias->numel();
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous(),
                 "a transposed convolution's bias is contiguous float32");
-    TORCH_CHECK(stride >= 1 && batch >= 1, "a transposed convolution of stride ", stride, " over ", batch,
-                " streams");
-    TORCH_CHECK(taps->dim() == 2 && taps->scalar_type() == at::kFloat && taps->size(1) % batch == 0 &&
-                    out_channels > 0 && taps->size(0) % out_channels == 0,
-                "a transposed convolution's taps are float32 [out * kernel, B * T]");
-    const int64_t kernel = taps->size(0) / out_channels;
+    TORCH_CHECK(stride >= 1, "a transposed convolution of stride ", stride);
+    TORCH_CHECK(taps->dim() == 3 && taps->scalar_type() == at::kFloat && out_channels > 0 &&
+                    taps->size(1) % out_channels == 0,
+                "a transposed convolution's taps are float32 [B, out * kernel, T]");
+    const int64_t batch = taps->size(0);
+    const int64_t kernel = taps->size(1) / out_channels;
     const int64_t overlap = kernel - stride;
     TORCH_CHECK(overlap == 0 || overlap == stride, "a transposed convolution's kernel is its stride or twice it, not ",
                 kernel, " at stride ", stride);
@@ -129,15 +130,15 @@ bool qwencodec_overlap_add(const at::Tensor* taps, at::Tensor* carry, const at::
                       carry->sizes() == at::IntArrayRef({batch, out_channels, overlap}))),
                 "a transposed convolution's carried overlap is contiguous float32 [", batch, ", ", out_channels, ", ",
                 overlap, "]");
-    const int64_t columns = taps->size(1) / batch;
+    const int64_t columns = taps->size(2);
     at::Tensor result = at::empty({batch, out_channels, columns * stride}, taps->options());
     const float* all_taps = taps->data_ptr<float>();
     const float* biases = bias->data_ptr<float>();
     float* carried = carry == nullptr ? nullptr : carry->data_ptr<float>();
     float* y = result.data_ptr<float>();
-    const int64_t row_step = taps->stride(0), column_step = taps->stride(1);
+    const int64_t stream_step = taps->stride(0), row_step = taps->stride(1), column_step = taps->stride(2);
     if (row_step == 1 && column_step != 1) {
-      by_columns(all_taps, column_step, biases, carried, y, batch, out_channels, kernel, stride, columns);
+      by_columns(all_taps, stream_step, column_step, biases, carried, y, batch, out_channels, kernel, stride, columns);
       *out = new at::Tensor(std::move(result));
       return;
     }
@@ -146,8 +147,8 @@ bool qwencodec_overlap_add(const at::Tensor* taps, at::Tensor* carry, const at::
                      [&](int64_t begin, int64_t end) {
                        for (int64_t row = begin; row < end; ++row) {
                          const int64_t b = row / out_channels, o = row % out_channels;
-                         // Tap j of stream b's columns: taps row o * kernel + j, from column b * T.
-                         const float* own = all_taps + o * kernel * row_step + b * columns * column_step;
+                         // Tap j of stream b's columns: its taps' row o * kernel + j.
+                         const float* own = all_taps + b * stream_step + o * kernel * row_step;
                          float* samples = y + row * columns * stride;
                          const float level = biases[o];
                          // Each tap's samples summed along its row (vectorized where the row is

@@ -259,33 +259,36 @@ impl CausalTransConv {
     /// `x`: [B, in, T] -> [B, out, T * stride].
     pub fn forward(&self, x: &Tensor, state: &mut State) -> TorchResult<Tensor> {
         let (batch, columns) = (x.size()[0], x.size()[2]);
-        // [out * kernel, B * T]: what each new input column contributes to each output tap. The
-        // product comes as a transposed view of it (see `Matrix::forward`), so this is a view.
+        // [B, out * kernel, T]: what each new input column contributes to each output tap. The
+        // product comes as a transposed view of [out * kernel, B * T] (see `Matrix::forward`),
+        // so this is a view.
         let taps = self
             .matrix
             .forward(&x.f_transpose(1, 2)?.f_flatten(0, 1)?)?
-            .f_transpose(0, 1)?;
+            .f_transpose(0, 1)?
+            .f_unflatten(1, [batch, columns])?
+            .f_permute([1, 0, 2])?;
         // Our kernel on the CPU unless our kernels are off (then CUDA's path, run here).
         if x.device() == Device::Cpu && shim::kernel(Kernel::OverlapAdd) != CpuKernels::Off {
             let carry = self.slot.map(|slot| &mut state.contexts[slot]);
-            return overlap_add::forward(&taps, carry, &self.bias, self.stride, batch);
+            return overlap_add::forward(&taps, carry, &self.bias, self.stride);
         }
-        // [out, kernel, B, T]
-        let taps = taps.f_reshape([self.out_channels, self.kernel, batch, columns])?;
-        let mut blocks = taps.f_narrow(1, 0, self.stride)?;
+        // [B, out, kernel, T]
+        let taps = taps.f_reshape([batch, self.out_channels, self.kernel, columns])?;
+        let mut blocks = taps.f_narrow(2, 0, self.stride)?;
         if let Some(slot) = self.slot {
             // Block t also gets the second half of column t - 1's taps; the first block gets
-            // the carry of the previous step. The state row [B, out, s] seen as [out, s, B, 1].
-            let mut carry = state.contexts[slot].f_permute([1, 2, 0])?.f_unsqueeze(3)?;
-            let overlap = taps.f_narrow(1, self.stride, self.stride)?;
+            // the carry of the previous step ([B, out, s] as [B, out, s, 1]).
+            let mut carry = state.contexts[slot].f_unsqueeze(3)?;
+            let overlap = taps.f_narrow(2, self.stride, self.stride)?;
             let earlier = Tensor::f_cat(&[&carry, &overlap.f_narrow(3, 0, columns - 1)?], 3)?;
             carry.f_copy_(&overlap.f_narrow(3, columns - 1, 1)?)?;
             blocks = blocks.f_add(&earlier)?;
         }
-        // [out, s, B, T] -> [B, out, T * s]
+        // [B, out, s, T] -> [B, out, T * s]
         let mut output =
             blocks
-                .f_permute([2, 0, 3, 1])?
+                .f_permute([0, 1, 3, 2])?
                 .f_reshape([batch, self.out_channels, columns * self.stride])?;
         output.f_add_(&self.bias)
     }
