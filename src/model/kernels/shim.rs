@@ -53,7 +53,9 @@ pub enum CpuKernels {
 /// check the path other CPUs take.
 pub const KERNELS_ENV: &str = "QWENCODEC_CPU_KERNELS";
 
-/// Our CPU kernels, by the names [`KERNELS_ENV`] holds them back with (their files' names).
+/// Our CPU kernels, by the names [`KERNELS_ENV`] holds them back with (their files' names); and
+/// one choice of libtorch's ops, `onednn_taps` (see `CausalTransConv` in `network/conv.rs`), held
+/// back and measured the same way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
     SkinnyGemm,
@@ -63,10 +65,11 @@ pub enum Kernel {
     SnakeBeta,
     Attention,
     RmsNorm,
+    OnednnTaps,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 7] = [
+    pub const ALL: [Kernel; 8] = [
         Kernel::SkinnyGemm,
         Kernel::Winograd,
         Kernel::DirectConv,
@@ -74,6 +77,7 @@ impl Kernel {
         Kernel::SnakeBeta,
         Kernel::Attention,
         Kernel::RmsNorm,
+        Kernel::OnednnTaps,
     ];
 
     pub fn name(self) -> &'static str {
@@ -85,14 +89,18 @@ impl Kernel {
             Kernel::SnakeBeta => "snake_beta",
             Kernel::Attention => "attention",
             Kernel::RmsNorm => "rms_norm",
+            Kernel::OnednnTaps => "onednn_taps",
         }
     }
 
     /// Whether the kernel runs in `kernels`: the direct convolutions need AVX-512, the others
-    /// AVX2 (the plain C++ ones too, held back with the vector kernels on other CPUs).
+    /// AVX2 (the plain C++ ones too, held back with the vector kernels on other CPUs); oneDNN's
+    /// taps need AVX-512, on a CPU where MKL's products do without it.
     pub fn runs_in(self, kernels: CpuKernels) -> bool {
         let least = match self {
             Kernel::DirectConv => CpuKernels::Avx512,
+            Kernel::OnednnTaps if mkl_runs_avx512() => return false,
+            Kernel::OnednnTaps => CpuKernels::Avx512,
             _ => CpuKernels::Avx2,
         };
         kernels >= least
@@ -221,6 +229,27 @@ pub fn widest_kernels() -> CpuKernels {
         }
     }
     CpuKernels::Off
+}
+
+/// Whether MKL's float32 products run its AVX-512 code here: on Intel CPUs only. Elsewhere it
+/// takes its generic code, AVX2 at most (`mkl_blas_def_sgemm_kernel_0_zen` in the AMD EPYC's
+/// profiles, `mkl_blas_avx512_sgemm_kernel_0` in the Intel Xeon's), while oneDNN's kernels use
+/// AVX-512 on any CPU that has it.
+fn mkl_runs_avx512() -> bool {
+    static INTEL: LazyLock<bool> = LazyLock::new(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let vendor = std::arch::x86_64::__cpuid(0);
+            let name: Vec<u8> = [vendor.ebx, vendor.edx, vendor.ecx]
+                .iter()
+                .flat_map(|word| word.to_le_bytes())
+                .collect();
+            name == b"GenuineIntel"
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    });
+    *INTEL
 }
 
 #[cfg(test)]

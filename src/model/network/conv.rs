@@ -11,6 +11,7 @@ use crate::model::kernels::TorchResult;
 use crate::model::kernels::direct_conv;
 use crate::model::kernels::overlap_add;
 use crate::model::kernels::shim::{self, CpuKernels, Kernel};
+use crate::model::kernels::skinny_gemm;
 use crate::model::kernels::winograd::{Tiles, Winograd};
 
 /// The shape of a convolution, as upstream's `Conv1d` takes it.
@@ -53,6 +54,25 @@ const MATRIX_MAX_ROWS: i64 = 16;
 /// at four frames (75 million and more) less
 /// (`bench/results/2026-12-01-amd-epyc-avx512-pointwise-conv.md`).
 const POINTWISE_MAX_MULTIPLY_ADDS: i64 = 32 << 20;
+
+/// Most weight elements (input channels times outputs times taps) of a transposed convolution
+/// whose product runs as oneDNN's 1x1 convolution where [`onednn_taps`] applies. Beyond the
+/// few-row kernel's rows, oneDNN's AVX-512 kernels took 0.5-0.7x the time of MKL's products
+/// (AVX2 on AMD CPUs) for the vocoder's blocks 2-4 (at most 3 million elements); block 1's
+/// 19 million (75 MB) took 1.1-4x as long at 16-256 rows, its weight packed beforehand or not
+/// (`bench/results/2026-12-03-amd-epyc-avx512-onednn-taps.md`).
+const ONEDNN_TAPS_MAX_WEIGHT: i64 = 4 << 20;
+
+/// Whether a transposed convolution's product of float32 `weight` [out * kernel, in] with `rows`
+/// input columns runs as oneDNN's 1x1 convolution instead of MKL's product: on CPUs where MKL
+/// runs without AVX-512 and oneDNN with it ([`Kernel::OnednnTaps`]), beyond the rows of the
+/// few-row kernel, for weights up to [`ONEDNN_TAPS_MAX_WEIGHT`].
+fn onednn_taps(weight: &Tensor, rows: i64) -> bool {
+    rows > skinny_gemm::MAX_ROWS
+        && weight.kind() == Kind::Float
+        && weight.numel() as i64 <= ONEDNN_TAPS_MAX_WEIGHT
+        && Kernel::OnednnTaps.runs_in(shim::kernel(Kernel::OnednnTaps))
+}
 
 /// A 1-D convolution padded causally: `(kernel - 1) * dilation` columns of the past on the left.
 pub struct CausalConv {
@@ -259,15 +279,22 @@ impl CausalTransConv {
     /// `x`: [B, in, T] -> [B, out, T * stride].
     pub fn forward(&self, x: &Tensor, state: &mut State) -> TorchResult<Tensor> {
         let (batch, columns) = (x.size()[0], x.size()[2]);
-        // [B, out * kernel, T]: what each new input column contributes to each output tap. The
-        // product comes as a transposed view of [out * kernel, B * T] (see `Matrix::forward`),
-        // so this is a view.
-        let taps = self
-            .matrix
-            .forward(&x.f_transpose(1, 2)?.f_flatten(0, 1)?)?
-            .f_transpose(0, 1)?
-            .f_unflatten(1, [batch, columns])?
-            .f_permute([1, 0, 2])?;
+        // [B, out * kernel, T]: what each new input column contributes to each output tap.
+        let taps = match &self.matrix {
+            Matrix::Plain { weight, .. }
+                if x.device() == Device::Cpu && onednn_taps(weight, batch * columns) =>
+            {
+                x.f_conv1d(&weight.f_unsqueeze(2)?, None::<&Tensor>, [1], [0], [1], 1)?
+            }
+            // The product comes as a transposed view of [out * kernel, B * T] (see
+            // `Matrix::forward`), so this is a view.
+            _ => self
+                .matrix
+                .forward(&x.f_transpose(1, 2)?.f_flatten(0, 1)?)?
+                .f_transpose(0, 1)?
+                .f_unflatten(1, [batch, columns])?
+                .f_permute([1, 0, 2])?,
+        };
         // Our kernel on the CPU unless our kernels are off (then CUDA's path, run here).
         if x.device() == Device::Cpu && shim::kernel(Kernel::OverlapAdd) != CpuKernels::Off {
             let carry = self.slot.map(|slot| &mut state.contexts[slot]);
