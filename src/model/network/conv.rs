@@ -57,10 +57,10 @@ const POINTWISE_MAX_MULTIPLY_ADDS: i64 = 32 << 20;
 
 /// Most weight elements (input channels times outputs times taps) of a transposed convolution
 /// whose product runs as oneDNN's 1x1 convolution where [`onednn_taps`] applies. Beyond the
-/// few-row kernel's rows, oneDNN's AVX-512 kernels took 0.5-0.7x the time of MKL's products
-/// (AVX2 on AMD CPUs) for the vocoder's blocks 2-4 (at most 3 million elements); block 1's
-/// 19 million (75 MB) took 1.1-4x as long at 16-256 rows, its weight packed beforehand or not
-/// (`bench/results/2026-12-03-amd-epyc-avx512-onednn-taps.md`).
+/// few-row kernel's rows, oneDNN's AVX-512 kernels took 0.47-0.64x the time of MKL's products
+/// (AVX2 on AMD CPUs) for the upsampler's and the vocoder's blocks 2-4 (at most 3 million
+/// elements); block 1's 19 million (75 MB) took 1.2-4x as long at 16-256 rows, its weight
+/// packed beforehand or not (`bench/results/2026-12-03-amd-epyc-avx512-onednn-taps.md`).
 const ONEDNN_TAPS_MAX_WEIGHT: i64 = 4 << 20;
 
 /// Whether a transposed convolution's product of float32 `weight` [out * kernel, in] with `rows`
