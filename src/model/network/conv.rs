@@ -63,15 +63,22 @@ const POINTWISE_MAX_MULTIPLY_ADDS: i64 = 32 << 20;
 /// packed beforehand or not (`bench/results/2026-12-03-amd-epyc-avx512-onednn-taps.md`).
 const ONEDNN_TAPS_MAX_WEIGHT: i64 = 4 << 20;
 
-/// Whether a transposed convolution's product of float32 `weight` [out * kernel, in] with `rows`
-/// input columns runs as oneDNN's 1x1 convolution instead of MKL's product: on CPUs where MKL
-/// runs without AVX-512 and oneDNN with it ([`Kernel::OnednnTaps`]), beyond the rows of the
-/// few-row kernel, for weights up to [`ONEDNN_TAPS_MAX_WEIGHT`].
-fn onednn_taps(weight: &Tensor, rows: i64) -> bool {
-    rows > skinny_gemm::MAX_ROWS
-        && weight.kind() == Kind::Float
-        && weight.numel() as i64 <= ONEDNN_TAPS_MAX_WEIGHT
-        && Kernel::OnednnTaps.runs_in(shim::kernel(Kernel::OnednnTaps))
+/// Whether a transposed convolution with `matrix` (its weight [out * kernel, in]) runs its
+/// products beyond the few-row kernel's rows as oneDNN's 1x1 convolution instead of MKL's
+/// product: float32 weights on the CPU up to [`ONEDNN_TAPS_MAX_WEIGHT`], on CPUs where MKL runs
+/// without AVX-512 and oneDNN with it ([`Kernel::OnednnTaps`]).
+fn onednn_taps(matrix: &Matrix) -> Option<&Tensor> {
+    match matrix {
+        Matrix::Plain { weight, .. }
+            if weight.device() == Device::Cpu
+                && weight.kind() == Kind::Float
+                && weight.numel() as i64 <= ONEDNN_TAPS_MAX_WEIGHT
+                && Kernel::OnednnTaps.runs_in(shim::kernel(Kernel::OnednnTaps)) =>
+        {
+            Some(weight)
+        }
+        _ => None,
+    }
 }
 
 /// A 1-D convolution padded causally: `(kernel - 1) * dilation` columns of the past on the left.
@@ -232,6 +239,9 @@ impl CausalConv {
 pub struct CausalTransConv {
     /// [out * kernel, in]: row `o * kernel + j` is output channel `o`'s tap `j`.
     matrix: Matrix,
+    /// The same weight as [out * kernel, in, 1] (a view) where [`onednn_taps`] applies, for
+    /// steps of more rows than the few-row kernel takes.
+    onednn_weight: Option<Tensor>,
     /// [1, out, 1], float32.
     bias: Tensor,
     out_channels: i64,
@@ -253,16 +263,20 @@ impl CausalTransConv {
         debug_assert!(kernel == stride || kernel == 2 * stride);
         let weights = weights.at("conv");
         let weight = weights.get("weight", &[in_channels, out_channels, kernel])?;
+        let matrix = Matrix::new(
+            weight
+                .f_reshape([in_channels as i64, -1])?
+                .f_transpose(0, 1)?
+                .f_contiguous()?,
+            None,
+            weights.f16_weights(in_channels),
+            weights.columns_per_frame(),
+        )?;
         Ok(Self {
-            matrix: Matrix::new(
-                weight
-                    .f_reshape([in_channels as i64, -1])?
-                    .f_transpose(0, 1)?
-                    .f_contiguous()?,
-                None,
-                weights.f16_weights(in_channels),
-                weights.columns_per_frame(),
-            )?,
+            onednn_weight: onednn_taps(&matrix)
+                .map(|weight| weight.f_unsqueeze(2))
+                .transpose()?,
+            matrix,
             // Float32 as the activations: a sum with a 16-bit one would be widened anyway.
             bias: weights
                 .get("bias", &[out_channels])?
@@ -280,15 +294,15 @@ impl CausalTransConv {
     pub fn forward(&self, x: &Tensor, state: &mut State) -> TorchResult<Tensor> {
         let (batch, columns) = (x.size()[0], x.size()[2]);
         // [B, out * kernel, T]: what each new input column contributes to each output tap.
-        let taps = match &self.matrix {
-            Matrix::Plain { weight, .. }
-                if x.device() == Device::Cpu && onednn_taps(weight, batch * columns) =>
-            {
-                x.f_conv1d(&weight.f_unsqueeze(2)?, None::<&Tensor>, [1], [0], [1], 1)?
-            }
+        let onednn_weight = self
+            .onednn_weight
+            .as_ref()
+            .filter(|_| batch * columns > skinny_gemm::MAX_ROWS);
+        let taps = match onednn_weight {
+            Some(weight) => x.f_conv1d(weight, None::<&Tensor>, [1], [0], [1], 1)?,
             // The product comes as a transposed view of [out * kernel, B * T] (see
             // `Matrix::forward`), so this is a view.
-            _ => self
+            None => self
                 .matrix
                 .forward(&x.f_transpose(1, 2)?.f_flatten(0, 1)?)?
                 .f_transpose(0, 1)?
