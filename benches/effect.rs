@@ -205,12 +205,15 @@ fn main() {
     });
     let md = markdown(&report);
     std::fs::create_dir_all(&args.out).unwrap();
-    let stem = format!(
-        "{date}-{}-{}-{}-time-to-effect-context-{}",
-        slug(&machine),
-        args.device,
-        args.dtype,
-        args.seek_context_frames
+    let stem = common::result_stem(
+        &args.out,
+        &format!(
+            "{}-{}-{}-time-to-effect-context-{}",
+            slug(&machine),
+            args.device,
+            args.dtype,
+            args.seek_context_frames
+        ),
     );
     std::fs::write(args.out.join(format!("{stem}.md")), &md).unwrap();
     std::fs::write(

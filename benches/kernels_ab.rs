@@ -342,16 +342,19 @@ fn main() {
         .collect();
     let machine = machine();
     let date = common::today();
-    let stem = format!(
-        "{date}-{}-cpu-{}-c{}{}-kernels-ab",
-        slug(&machine),
-        args.dtype,
-        args.chunk_frames,
-        if args.streams > 1 {
-            format!("-s{}", args.streams)
-        } else {
-            String::new()
-        },
+    let stem = common::result_stem(
+        &args.out,
+        &format!(
+            "{}-cpu-{}-c{}{}-kernels-ab",
+            slug(&machine),
+            args.dtype,
+            args.chunk_frames,
+            if args.streams > 1 {
+                format!("-s{}", args.streams)
+            } else {
+                String::new()
+            },
+        ),
     );
     let report = json!({
         "date": date,

@@ -725,7 +725,10 @@ fn main() {
         "live_served": served,
     });
     std::fs::create_dir_all(&args.out).unwrap();
-    let stem = format!("{date}-{}-{}-{}-streams", slug(&machine), args.device, args.dtype);
+    let stem = common::result_stem(
+        &args.out,
+        &format!("{}-{}-{}-streams", slug(&machine), args.device, args.dtype),
+    );
     let md = markdown(&report);
     std::fs::write(args.out.join(format!("{stem}.md")), &md).unwrap();
     std::fs::write(

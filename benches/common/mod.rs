@@ -226,6 +226,26 @@ pub fn slug(machine: &Value) -> String {
     words.join("-")
 }
 
+/// The name of a new result in `dir`: `{today}-{kind}`, or `{today}-{n}-{kind}` (n = 2, 3, ...)
+/// where a run of the same day and kind already wrote that name, so that a second run never
+/// overwrites a committed result.
+pub fn result_stem(dir: &Path, kind: &str) -> String {
+    let date = today();
+    let taken = |stem: &str| {
+        ["json", "md"]
+            .iter()
+            .any(|ext| dir.join(format!("{stem}.{ext}")).exists())
+    };
+    let first = format!("{date}-{kind}");
+    if !taken(&first) {
+        return first;
+    }
+    (2..)
+        .map(|n| format!("{date}-{n}-{kind}"))
+        .find(|stem| !taken(stem))
+        .unwrap()
+}
+
 /// Today's date, YYYY-MM-DD, as `date` gives it.
 pub fn today() -> String {
     let output = std::process::Command::new("date")

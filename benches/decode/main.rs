@@ -452,11 +452,14 @@ fn main() {
         "steady": steady,
     });
     std::fs::create_dir_all(&args.out).unwrap();
-    let stem = format!(
-        "{date}-{}-{}-{}",
-        common::slug(&machine),
-        args.device.replace(':', ""),
-        args.dtype
+    let stem = common::result_stem(
+        &args.out,
+        &format!(
+            "{}-{}-{}",
+            common::slug(&machine),
+            args.device.replace(':', ""),
+            args.dtype
+        ),
     );
     std::fs::write(
         args.out.join(format!("{stem}.json")),
