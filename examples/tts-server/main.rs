@@ -6,8 +6,8 @@
 //!   (or its frames as RTP packets: /codes?session=ID&transport=rtp names a UDP port, rtp_ingress)
 //! browser --ws /signal (JSON: join, SDP, ICE)--> signalling --> session pipeline
 //!
-//! session pipeline: appsrc ! qwencodecdec ! audioconvert ! audioresample ! clocksync
-//!                     ! opusenc ! rtpopuspay ! webrtcbin
+//! session pipeline: appsrc ! qwencodecdec ! audioconvert ! audioresample ! opusenc
+//!                     ! rtpopuspay ! clocksync ! webrtcbin
 //!
 //! cargo run --release --example tts-server -- [--bind 127.0.0.1:8080] [--model DIR]
 //!     [--device auto|cpu|cuda] [--dtype f32|f16|bf16] [--chunk-frames N] [--token TOKEN]
