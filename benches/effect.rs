@@ -207,6 +207,7 @@ fn main() {
     std::fs::create_dir_all(&args.out).unwrap();
     let stem = common::result_stem(
         &args.out,
+        &date,
         &format!(
             "{}-{}-{}-time-to-effect-context-{}",
             slug(&machine),

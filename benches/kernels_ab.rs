@@ -344,6 +344,7 @@ fn main() {
     let date = common::today();
     let stem = common::result_stem(
         &args.out,
+        &date,
         &format!(
             "{}-cpu-{}-c{}{}-kernels-ab",
             slug(&machine),

@@ -247,7 +247,11 @@ fn main() {
     let report = json!({"machine": machine, "model": args.model.display().to_string(), "frames": frames,
         "bitrate": rates, "loss": losses});
     std::fs::create_dir_all(&args.out).unwrap();
-    let name = common::result_stem(&args.out, &format!("{}-rtp-codes", slug(&machine)));
+    let name = common::result_stem(
+        &args.out,
+        &common::today(),
+        &format!("{}-rtp-codes", slug(&machine)),
+    );
     std::fs::write(
         args.out.join(format!("{name}.json")),
         serde_json::to_string_pretty(&report).unwrap(),

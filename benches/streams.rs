@@ -727,6 +727,7 @@ fn main() {
     std::fs::create_dir_all(&args.out).unwrap();
     let stem = common::result_stem(
         &args.out,
+        &date,
         &format!("{}-{}-{}-streams", slug(&machine), args.device, args.dtype),
     );
     let md = markdown(&report);

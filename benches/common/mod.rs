@@ -226,11 +226,10 @@ pub fn slug(machine: &Value) -> String {
     words.join("-")
 }
 
-/// The name of a new result in `dir`: `{today}-{kind}`, or `{today}-{n}-{kind}` (n = 2, 3, ...)
+/// The name of a new result in `dir`: `{date}-{kind}`, or `{date}-{n}-{kind}` (n = 2, 3, ...)
 /// where a run of the same day and kind already wrote that name, so that a second run never
-/// overwrites a committed result.
-pub fn result_stem(dir: &Path, kind: &str) -> String {
-    let date = today();
+/// overwrites a committed result. `date` is the one the report records.
+pub fn result_stem(dir: &Path, date: &str, kind: &str) -> String {
     let taken = |stem: &str| {
         ["json", "md"]
             .iter()
