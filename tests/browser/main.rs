@@ -232,6 +232,21 @@ fn assert_heard(what: &str, speech: &Speech, before: &Measure, after: &Measure, 
     );
 }
 
+/// Sends `frames` frames live, then `end`, and waits until their audio has played: the page's
+/// figures before and after, and when the first frame was sent.
+fn speak_and_end(
+    browser: &Browser,
+    sender: &mut Client,
+    speech: &Speech,
+    frames: usize,
+) -> (Measure, f64, Measure) {
+    let before = Measure::take(browser);
+    let first_sent = speech.send_live(sender, frames);
+    sender.send_text(r#"{"type":"end"}"#);
+    wait_until(first_sent, speech.seconds(frames) * 1e3 + 1500.0);
+    (before, first_sent, Measure::take(browser))
+}
+
 /// A new connection's first speech, `frames` frames at chunk-frames 4 that ended, sent from
 /// `from`: the server's lead-in of silence goes first, and takes what the browser loses of a
 /// new connection's first audio; every packet comes, none before its time.
@@ -779,12 +794,8 @@ fn speech_after_pauses_starts_at_once_and_ended_speech_plays_in_full() {
     let mut sender = server.sender(&session);
     let frames = 6;
     for utterance in 1..=3 {
-        let before = Measure::take(&browser);
-        let first_sent = speech.send_live(&mut sender, frames);
-        sender.send_text(r#"{"type":"end"}"#);
-        wait_until(first_sent, speech.seconds(frames) * 1e3 + 1500.0);
+        let (before, first_sent, after) = speak_and_end(&browser, &mut sender, &speech, frames);
         let what = format!("an ended utterance of 6 frames at chunk-frames 4, {utterance} of 3");
-        let after = Measure::take(&browser);
         if utterance == 1 {
             assert_first_speech(&what, &speech, &before, &after, first_sent, frames);
         } else {
@@ -811,11 +822,7 @@ fn new_connections_lose_only_the_lead_in() {
         }
         let session = connect_page(&browser, &server, &speech);
         let mut sender = server.sender(&session);
-        let before = Measure::take(&browser);
-        let first_sent = speech.send_live(&mut sender, frames);
-        sender.send_text(r#"{"type":"end"}"#);
-        wait_until(first_sent, speech.seconds(frames) * 1e3 + 1500.0);
-        let after = Measure::take(&browser);
+        let (before, first_sent, after) = speak_and_end(&browser, &mut sender, &speech, frames);
         let what = format!("the first speech of connection {connection} of 10");
         assert_first_speech(&what, &speech, &before, &after, first_sent, frames);
     }
