@@ -44,15 +44,16 @@ uninstall:
 demo: build
 	@bash tools/demo.sh
 
-# The TTS media server (examples/tts-server) with the bundled test checkpoint; it prints the
-# page's URL and the codes ingress's token. SERVE_ARGS: more options, e.g. --bind 0.0.0.0:8080.
+# The TTS media server (server/, the binary qwencodec-server) with the bundled test checkpoint; it
+# prints the page's URL and the codes ingress's token. SERVE_ARGS: more options, e.g. --bind
+# 0.0.0.0:8080.
 serve: setup
-	cargo build --release --example tts-server
-	GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} target/release/examples/tts-server $(SERVE_ARGS)
+	cargo build --release -p qwencodec-server
+	GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} target/release/qwencodec-server $(SERVE_ARGS)
 
 lint: setup
 	cargo fmt --all -- --check
-	cargo clippy --release --all-targets -- -D warnings
+	cargo clippy --release --workspace --all-targets -- -D warnings
 
 # CI (.ci/run) runs this. GLib warnings and criticals abort the tests (G_DEBUG). The tests run
 # several decoding processes at once: short OpenMP spinning keeps them from starving each
@@ -65,10 +66,10 @@ test: build lint released-fixture
 	bash tools/check-install.sh
 	bash tools/check-profile.sh
 	bash tools/fuzz-short.sh
-	cargo build --release --example tts-server
+	cargo build --release -p qwencodec-server
 	bash tools/check-plain-cargo.sh
 	bash tools/check-load.sh
-	G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} cargo test --release
+	G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} cargo test --release --workspace
 	for kernels in avx2 off; do \
 	  QWENCODEC_CPU_KERNELS=$$kernels G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} \
 	    cargo test --release --lib --test model_parity --test released_geometry --test batching \
@@ -93,12 +94,12 @@ mutants: build released-fixture
 setup-load: setup
 	@bash tools/setup-load.sh
 
-# A load test of examples/tts-server with real WebRTC peers (not a test; docs/load-test.md).
+# A load test of the server (qwencodec-server) with real WebRTC peers (not a test; docs/load-test.md).
 # LOAD_ARGS: options of tools/webrtc_load.py, e.g. --find-capacity --model
 # $(QWENCODEC_CACHE)/fixtures/full-release-80 --dtype f16 --seconds 10 --json capacity.json.
 LOAD_ARGS ?= --sessions 4
 load: setup-load
-	cargo build --release --example tts-server
+	cargo build --release -p qwencodec-server
 	GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} $(VENV)/bin/python tools/webrtc_load.py $(LOAD_ARGS)
 
 fixtures: setup-reference

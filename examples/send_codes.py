@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Pushes a codes file to a session of examples/tts-server in real time, as a TTS model would:
+"""Pushes a codes file to a session of the server (qwencodec-server) in real time, as a TTS model would:
 12.5 frames a second (the model's frame rate), a few frames per WebSocket message.
 
     /usr/bin/python3 examples/send_codes.py --session ID --token TOKEN [--server ws://127.0.0.1:8080]

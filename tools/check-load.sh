@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A short WebRTC load run for make test: examples/tts-server (built already, by cargo build
-# --release --example tts-server) on the bundled release-tiny checkpoint, two aiortc peers at once
+# A short WebRTC load run for make test: the server (built already, by cargo build
+# --release -p qwencodec-server) on the bundled release-tiny checkpoint, two aiortc peers at once
 # with 3 s of speech each. Fails when a session does not connect, underruns, receives under 90 % of
 # the audio sent, hears its first audio later than 400 ms, or the server keeps a session or a
 # pipeline after they closed (tools/webrtc_load.py --expect-clean; docs/load-test.md).
@@ -9,14 +9,14 @@ cd "$(dirname "$0")/.."
 
 cache="${QWENCODEC_CACHE:-/var/cache/qwencodec}"
 python="$cache/venv/bin/python"
-server="${CARGO_TARGET_DIR:-target}/release/examples/tts-server"
+server="${CARGO_TARGET_DIR:-target}/release/qwencodec-server"
 
 fail() {
   echo "check-load: $*" >&2
   exit 1
 }
 
-[ -x "$server" ] || fail "no $server: build it first (cargo build --release --example tts-server)"
+[ -x "$server" ] || fail "no $server: build it first (cargo build --release -p qwencodec-server)"
 bash tools/setup-load.sh
 
 scratch="$(mktemp -d)"

@@ -13,17 +13,17 @@ plain() {
 
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
-if ! plain cargo build --release --example tts-server >"$scratch/log" 2>&1; then
+if ! plain cargo build --release --workspace >"$scratch/log" 2>&1; then
   cat "$scratch/log" >&2
-  echo "check-plain-cargo: cargo build --release --example tts-server fails in a plain shell" >&2
+  echo "check-plain-cargo: cargo build --release --workspace fails in a plain shell" >&2
   exit 1
 fi
-# The example runs, finding libtorch by the rpath alone.
-if ! plain cargo run --release --example tts-server -- --help >"$scratch/help" 2>&1; then
+# The server runs, finding libtorch by the rpath alone.
+if ! plain cargo run --release -p qwencodec-server -- --help >"$scratch/help" 2>&1; then
   cat "$scratch/help" >&2
-  echo "check-plain-cargo: cargo run --release --example tts-server -- --help fails in a plain shell" >&2
+  echo "check-plain-cargo: cargo run --release -p qwencodec-server -- --help fails in a plain shell" >&2
   exit 1
 fi
 grep -q -- "--bind" "$scratch/help" ||
-  { cat "$scratch/help" >&2; echo "check-plain-cargo: tts-server --help printed no usage" >&2; exit 1; }
+  { cat "$scratch/help" >&2; echo "check-plain-cargo: qwencodec-server --help printed no usage" >&2; exit 1; }
 echo "check-plain-cargo: cargo build and cargo run work in a plain shell"

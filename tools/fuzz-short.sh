@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A short run of each fuzz target (fuzz/), as CI does: the .npy header reader (FUZZ_SECONDS, 30
-# by default) and examples/tts-server's signalling and codes messages (FUZZ_MESSAGE_SECONDS, 15
+# by default) and the server's signalling and codes messages (FUZZ_MESSAGE_SECONDS, 15
 # each). cargo-fuzz is installed once per machine into the cache folder. Its sanitizer flags
 # need a nightly rustc: RUSTC_BOOTSTRAP lets the stable one take them.
 set -euo pipefail

@@ -26,7 +26,7 @@ apt_packages=(
   gir1.2-gst-plugins-base-1.0
   # gst-play-1.0, which the .npy tests run as users would.
   gstreamer1.0-plugins-base-apps
-  # examples/tts_server's browser test: a real headless Chromium driven over WebDriver, in a
+  # the server's browser test: a real headless Chromium driven over WebDriver, in a
   # network namespace of its own (unshare, ip); examples/send_codes.py's WebSocket client.
   chromium
   chromium-driver

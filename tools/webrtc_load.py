@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Load test of examples/tts-server with real WebRTC peers (aiortc), all in one asyncio process.
+"""Load test of the server (qwencodec-server) with real WebRTC peers (aiortc), all in one asyncio process.
 
 Each session joins over /signal, answers the server's offer with an aiortc peer that receives the
 audio track, and gets its speech from a sender on /codes that pushes a codes file's frames one per
@@ -48,7 +48,7 @@ from aiortc.sdp import candidate_from_sdp
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / "tests/fixtures/release-tiny"
-DEFAULT_BINARY = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "release/examples/tts-server"
+DEFAULT_BINARY = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "release/qwencodec-server"
 
 OPUS_RATE = 48000  # RTP clock rate of Opus, whatever the audio's rate
 UNDERRUN_LATENESS_S = 0.200  # a listener's buffer of this much runs dry when a packet is later
@@ -456,7 +456,7 @@ class ServerProcess:
             str(options.server_binary), "--bind", "127.0.0.1:0", "--model", str(options.model),
             "--dtype", options.dtype, "--chunk-frames", str(options.chunk_frames),
             "--max-sessions", str(options.max_sessions), "--device", options.device, "--token", token,
-            "--admission", options.admission,
+            "--admission", options.admission, "--ice-address", "127.0.0.1",
         ]  # fmt: skip
         env = dict(os.environ)
         env.setdefault("GOMP_SPINCOUNT", "1000")  # as make serve: short OpenMP spinning (docs/element.md, "Threads")
@@ -854,7 +854,7 @@ def markdown_header(report: dict) -> list[str]:
     external = " (external server)" if server["external"] else ""
     pauses = f", {options['pause_s']:g} s apart" if options["utterances"] > 1 else ""
     return [
-        f"# tts-server WebRTC load test: {report['mode']}",
+        f"# qwencodec-server WebRTC load test: {report['mode']}",
         "",
         f"- machine: {machine['cpu']} ({machine['cores']} cores), commit {commit}, {report['started']}",
         f"- server: model `{server['model']}`, dtype {server['dtype']}, "

@@ -1,4 +1,5 @@
-//! What the WebRTC examples share: the Opus RTP caps, a `webrtcbin` whose ICE stays on 127.0.0.1,
+//! What the WebRTC example and the server share: the Opus RTP caps, a `webrtcbin` whose ICE
+//! gathers on the addresses it is given (127.0.0.1 alone for the example),
 //! and SDP text to and from webrtcbin's session descriptions.
 //!
 //! Both go through a few C calls: libnice has no property for the addresses it gathers on, and
@@ -27,14 +28,23 @@ pub fn opus_rtp_caps() -> gst::Caps {
 /// A `webrtcbin` that bundles its media and gathers ICE candidates on 127.0.0.1 only, with no
 /// STUN or TURN server and no UPnP: nothing it sends leaves the machine.
 pub fn loopback_webrtcbin(name: &str) -> Result<gst::Element, Box<dyn std::error::Error>> {
+    Ok(webrtcbin_on(name, &[std::net::Ipv4Addr::LOCALHOST.into()])?)
+}
+
+/// A `webrtcbin` that bundles its media and gathers host candidates on `addresses` only (on
+/// every interface but loopback when empty, libnice's choice), with no UPnP.
+pub fn webrtcbin_on(name: &str, addresses: &[std::net::IpAddr]) -> Result<gst::Element, String> {
     let webrtcbin = gst::ElementFactory::make("webrtcbin")
         .name(name)
         .property_from_str("bundle-policy", "max-bundle")
-        .build()?;
+        .build()
+        .map_err(|err| err.to_string())?;
     let ice = webrtcbin.property::<glib::Object>("ice-agent");
     let agent = ice.property::<glib::Object>("agent");
     agent.set_property("upnp", false);
-    restrict_to_loopback(&agent)?;
+    for address in addresses {
+        gather_on(&agent, *address)?;
+    }
     Ok(webrtcbin)
 }
 
@@ -110,21 +120,23 @@ unsafe extern "C" {
     fn nice_agent_add_local_address(agent: *mut glib::gobject_ffi::GObject, address: *const c_void) -> c_int;
 }
 
-/// Makes the NiceAgent `agent` gather host candidates on 127.0.0.1 only.
-fn restrict_to_loopback(agent: &glib::Object) -> Result<(), String> {
+/// Adds `address` to those the NiceAgent `agent` gathers host candidates on (once any is added,
+/// libnice gathers on those alone).
+fn gather_on(agent: &glib::Object, address: std::net::IpAddr) -> Result<(), String> {
+    let text = CString::new(address.to_string()).expect("an address has no NUL");
     // SAFETY: `agent` is a live NiceAgent (the type of GstWebRTCNice's `agent` property);
     // the address is allocated, set, copied by the agent and freed here.
     let added = unsafe {
-        let address = nice_address_new();
-        let set = nice_address_set_from_string(address, c"127.0.0.1".as_ptr());
-        let added = set != 0 && nice_agent_add_local_address(agent.to_glib_none().0, address) != 0;
-        nice_address_free(address);
+        let nice_address = nice_address_new();
+        let set = nice_address_set_from_string(nice_address, text.as_ptr());
+        let added = set != 0 && nice_agent_add_local_address(agent.to_glib_none().0, nice_address) != 0;
+        nice_address_free(nice_address);
         added
     };
     if added {
         Ok(())
     } else {
-        Err("cannot restrict ICE to 127.0.0.1".into())
+        Err(format!("cannot gather ICE candidates on {address}"))
     }
 }
 

@@ -1,11 +1,11 @@
-//! examples/tts-server's `/codes` messages: text ones parse to a message or an error; binary
+//! the server (server/)'s `/codes` messages: text ones parse to a message or an error; binary
 //! ones are whole frames of codes inside the codebook or an error that says which code where,
 //! never a panic. The first byte chooses which (and, for frames, the codebook count).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
-#[path = "../../examples/tts-server/protocol.rs"]
+#[path = "../../server/src/protocol.rs"]
 #[allow(dead_code)]
 mod protocol;
 

@@ -1,10 +1,10 @@
-//! examples/tts-server's `/signal` messages: any text parses to a message or an error, never a
+//! the server (server/)'s `/signal` messages: any text parses to a message or an error, never a
 //! panic, and an error says what was wrong.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
-#[path = "../../examples/tts-server/protocol.rs"]
+#[path = "../../server/src/protocol.rs"]
 #[allow(dead_code)]
 mod protocol;
 

@@ -166,10 +166,17 @@ pub struct Fixture {
 pub const FIXTURES: [&str; 4] = ["release-tiny", "gqa-bias", "bf16-weights", "f16-weights"];
 
 /// The folder of the committed fixtures: `QWENCODEC_FIXTURES` when set (a test binary run from
-/// a bundle unpacked elsewhere, as scripts/gpu-check.sh does), else the source tree's.
+/// a bundle unpacked elsewhere, as scripts/gpu-check.sh does), else the source tree's (the
+/// server crate, which includes this file in its tests, is a folder below the repository's root).
 pub fn fixtures_root() -> PathBuf {
     std::env::var_os("QWENCODEC_FIXTURES").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"),
+        || {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .ancestors()
+                .map(|dir| dir.join("tests/fixtures"))
+                .find(|dir| dir.is_dir())
+                .expect("the repository's tests/fixtures")
+        },
         PathBuf::from,
     )
 }

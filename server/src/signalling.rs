@@ -2,7 +2,8 @@
 //!
 //! browser → server: `{"type":"join"}` first (a session and its pipeline start), then
 //! `{"type":"answer","sdp":…}` and `{"type":"ice","candidate":…,"sdpMLineIndex":…}`.
-//! server → browser: `{"type":"session","id":…}`, `{"type":"offer","sdp":…}`, `{"type":"ice",…}`.
+//! server → browser: `{"type":"session","id":…,"iceServers":[…]}` (the `RTCIceServer`s for its
+//! peer connection), `{"type":"offer","sdp":…}`, `{"type":"ice",…}`.
 //! The session ends when this connection does.
 
 use std::sync::mpsc;
@@ -71,7 +72,7 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: &str) {
         server.sessions.count()
     );
     let mut ending = None;
-    if !http::send_text(&mut socket, json!({"type": "session", "id": id}).to_string()) {
+    if !http::send_text(&mut socket, json!({"type": "session", "id": id, "iceServers": server.browser_ice_servers}).to_string()) {
         ending = Some("its connection failed".to_string());
     }
 

@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -79,23 +79,10 @@ pub fn epoch_ms() -> f64 {
         * 1e3
 }
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+/// The server binary, which cargo builds for this crate's tests.
+const SERVER: &str = env!("CARGO_BIN_EXE_qwencodec-server");
 
-/// The built server, from its folder, its page and the examples' common code.
-fn server_binary() -> PathBuf {
-    super::common::built_example(
-        "tts-server",
-        &[
-            "examples/tts-server",
-            "examples/tts-server/page",
-            "examples/common",
-        ],
-    )
-}
-
-/// A running `tts-server` with the bundled test checkpoint; its log is kept.
+/// A running `qwencodec-server` with the bundled test checkpoint; its log is kept.
 pub struct Server {
     process: Child,
     pub address: String,
@@ -104,15 +91,17 @@ pub struct Server {
 
 impl Server {
     pub fn start(options: &[&str]) -> Self {
-        let mut process = Command::new(server_binary())
+        let mut process = Command::new(SERVER)
             .args(["--bind", "127.0.0.1:0", "--device", "cpu", "--token", TOKEN])
             // The tests' own caps, not what the machine measured at start: under load it may
             // measure one session, and the tests' second tab or session would be refused.
             .args(["--admission", "off"])
+            // Server and browser share the namespace's loopback (the two-host tests override it).
+            .args(["--ice-address", "127.0.0.1"])
             // A GLib warning (fatal under the tests' G_DEBUG) then logs where it came from.
             .env("RUST_BACKTRACE", "1")
             .arg("--model")
-            .arg(root().join("tests/fixtures/release-tiny"))
+            .arg(super::common::fixture_dir("release-tiny"))
             .args(options)
             .stdout(Stdio::piped())
             .spawn()

@@ -9,9 +9,8 @@
 //! session pipeline: appsrc ! qwencodecdec ! audioconvert ! audioresample ! opusenc
 //!                     ! rtpopuspay ! clocksync ! webrtcbin
 //!
-//! cargo run --release --example tts-server -- [--bind 127.0.0.1:8080] [--model DIR]
-//!     [--device auto|cpu|cuda] [--dtype f32|f16|bf16] [--chunk-frames N] [--token TOKEN]
-//!     [--max-sessions N] [--max-message-bytes N] [--idle-timeout SECONDS]
+//! qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda]
+//!     [--dtype f32|f16|bf16] [--chunk-frames N] ... (--help lists them all)
 //! ```
 //!
 //! One process serves the page (`/`), the browsers' signalling (`/signal`), the codes ingress
@@ -20,20 +19,26 @@
 //! has the message formats and the refusals.
 
 mod admission;
-#[path = "../common/mod.rs"]
-mod common;
 mod connections;
 mod http;
+mod ice;
 mod ingress;
 mod metrics;
+// The command-line parser and the WebRTC helpers that the plugin's examples use too.
+#[path = "../../examples/common/options.rs"]
+#[allow(dead_code)]
+mod options;
 mod protocol;
 mod rtp_ingress;
 mod session;
 mod signalling;
+#[path = "../../examples/common/webrtc.rs"]
+#[allow(dead_code)]
+mod webrtc;
 
 use std::error::Error;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,7 +54,7 @@ use session::{CodecFormat, Sessions};
 /// A line in the server's log.
 #[macro_export]
 macro_rules! log {
-    ($($arg:tt)*) => { println!("tts-server: {}", format!($($arg)*)) };
+    ($($arg:tt)*) => { println!("qwencodec-server: {}", format!($($arg)*)) };
 }
 
 /// What every connection handler needs.
@@ -64,23 +69,38 @@ pub struct Server {
     pub metrics: Arc<Metrics>,
     /// What a sender's codes over RTP are (`/codes?...&transport=rtp`).
     pub rtp_format: rtp_ingress::RtpFormat,
+    /// The STUN and TURN servers the page's peer connection is given (`RTCIceServer`s).
+    pub browser_ice_servers: serde_json::Value,
     connections: Arc<Connections>,
 }
 
 fn main() -> ExitCode {
-    common::exit_status("tts-server", run())
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("qwencodec-server: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The bundled test checkpoint (random weights: noise, but every part of the server is real).
+fn default_model() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/release-tiny")
 }
 
 const USAGE: &str = "\
-tts-server: a TTS media server. A TTS process sends codec frames over a WebSocket (/codes), or
+qwencodec-server: a TTS media server. A TTS process sends codec frames over a WebSocket (/codes), or
 as RTP packets (/codes?session=ID&transport=rtp names the port), each browser session (/ ,
 /signal) hears its own speech over WebRTC.
 
-tts-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|cuda:N]
+qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|cuda:N]
     [--dtype f32|f16|bf16] [--chunk-frames 1] [--token TOKEN] [--max-sessions 16]
     [--max-message-bytes 65536] [--idle-timeout 10] [--allow-origin ORIGIN,...]
     [--max-connections 256] [--max-connections-per-address 32] [--instance NAME]
-    [--admission measured|off]
+    [--admission measured|off] [--ice-address ADDRESS,...] [--ice-interfaces NAME,...]
+    [--public-address ADDRESS] [--stun stun://HOST:PORT] [--turn turn://HOST:PORT,...]
+    [--turn-credentials FILE]
 
   --bind               address and port to serve on (127.0.0.1:8080)
   --model              decoder checkpoint folder (the bundled test checkpoint)
@@ -99,6 +119,17 @@ tts-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|cuda:N]
   --max-connections    connections open at once; more are answered 503 (256)
   --max-connections-per-address
                        connections open at once from one client address (32)
+  --ice-address        gather ICE host candidates on these addresses alone (every interface but
+                       loopback: a browser on another host reaches them); 127.0.0.1 for a
+                       server and browser on one machine
+  --ice-interfaces     gather on these interfaces' addresses alone (read at start)
+  --public-address     behind a 1:1 NAT (a cloud VM): the public address, announced to browsers
+                       in place of the host candidates' own
+  --stun               a STUN server (stun://HOST:PORT), for webrtcbin and the page
+  --turn               TURN servers (turn://HOST:PORT, turn://HOST:PORT?transport=tcp,
+                       turns://HOST:PORT), for webrtcbin and the page
+  --turn-credentials   a file holding the TURN servers' username:password (else the environment's
+                       QWENCODEC_TURN_CREDENTIALS); the page is given them too
   --instance           letters and digits before every session id (NAME-...), for a router
                        in front of several servers to send /codes where the session is
 
@@ -121,14 +152,14 @@ fn backtrace_glib_warnings() {
             glib::LogLevel::Error | glib::LogLevel::Critical | glib::LogLevel::Warning
         ) {
             let backtrace = std::backtrace::Backtrace::force_capture();
-            eprintln!("tts-server: a GLib {level:?} raised at:\n{backtrace}");
+            eprintln!("qwencodec-server: a GLib {level:?} raised at:\n{backtrace}");
         }
         glib::log_writer_default(level, fields)
     });
 }
 
 fn run() -> Result<(), Box<dyn Error>> {
-    let mut options = common::Options::from_env();
+    let mut options = options::Options::from_env();
     if options.take_help() {
         print!("{USAGE}");
         return Ok(());
@@ -136,7 +167,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let bind: SocketAddr = options.take_parsed("--bind", "127.0.0.1:8080".parse()?)?;
     let model_path = options
         .take("--model")?
-        .map_or_else(common::default_model, PathBuf::from);
+        .map_or_else(default_model, PathBuf::from);
     let device = options.take("--device")?.unwrap_or_else(|| "auto".into());
     let dtype: Dtype = options.take_parsed("--dtype", Dtype::F32)?;
     let chunk_frames: u32 = options.take_parsed("--chunk-frames", 1)?;
@@ -156,6 +187,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let max_per_address: usize = options.take_parsed("--max-connections-per-address", 32)?;
     let instance = options.take("--instance")?;
     let admission = options.take("--admission")?.unwrap_or_else(|| "measured".into());
+    let ice = Arc::new(ice::Ice::from_options(&mut options)?);
     if let Some(instance) = &instance
         && (instance.is_empty() || !instance.chars().all(|c| c.is_ascii_alphanumeric()))
     {
@@ -208,7 +240,8 @@ fn run() -> Result<(), Box<dyn Error>> {
                 dtype,
                 chunk_frames,
                 format,
-                certificate: Arc::new(common::webrtc::DtlsCertificate::generate()?),
+                certificate: Arc::new(webrtc::DtlsCertificate::generate()?),
+                ice: ice.clone(),
                 metrics: metrics.clone(),
                 instance,
                 _model: model,
@@ -221,12 +254,14 @@ fn run() -> Result<(), Box<dyn Error>> {
         allowed_origins,
         metrics,
         rtp_format,
+        browser_ice_servers: ice.browser_servers(),
         connections: Connections::new(max_connections, max_per_address),
     });
     log!(
         "model {} on {device} ({dtype}), chunk-frames {chunk_frames}, at most {max_sessions} sessions",
         model_path.display()
     );
+    log!("{}", ice.describe());
     log!(
         "codes ingress: ws://{address}/codes?session=ID with the header \"Authorization: Bearer {}\"",
         server.token
@@ -328,13 +363,13 @@ fn serve(server: &Server, stream: TcpStream) {
             stream,
             "200 OK",
             "text/html; charset=utf-8",
-            include_str!("page/index.html"),
+            include_str!("../page/index.html"),
         ),
         ("/app.js", false) => http::respond(
             stream,
             "200 OK",
             "text/javascript; charset=utf-8",
-            include_str!("page/app.js"),
+            include_str!("../page/app.js"),
         ),
         ("/metrics", false) => {
             let text = server

@@ -35,10 +35,13 @@ function show(state) {
 
 function connect() {
   document.getElementById("connect").disabled = true;
-  const socket = new WebSocket(`ws://${location.host}/signal`);
-  const pc = new RTCPeerConnection({ iceServers: [] });
-  speech.pc = pc;
+  // wss on an https page (behind a TLS proxy): a browser refuses ws from a secure page.
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  const socket = new WebSocket(`${scheme}://${location.host}/signal`);
   const send = (message) => socket.send(JSON.stringify(message));
+  // Made once the session message names the STUN and TURN servers; the offer and the server's
+  // candidates come after it.
+  let pc = null;
 
   socket.onopen = () => { show("joining"); send({ type: "join" }); };
   socket.onclose = (event) => show(`closed: ${event.code} ${event.reason}`);
@@ -46,6 +49,7 @@ function connect() {
     const message = JSON.parse(event.data);
     if (message.type === "session") {
       speech.session = message.id;
+      pc = peerConnection(message.iceServers || [], send);
       show("negotiating");
     } else if (message.type === "offer") {
       await pc.setRemoteDescription({ type: "offer", sdp: message.sdp });
@@ -56,6 +60,13 @@ function connect() {
       await pc.addIceCandidate({ candidate: message.candidate, sdpMLineIndex: message.sdpMLineIndex });
     }
   };
+}
+
+// The session's peer connection, with the server's STUN and TURN servers: its candidates go to
+// the server, its track to the <audio> element and the meter.
+function peerConnection(iceServers, send) {
+  const pc = new RTCPeerConnection({ iceServers });
+  speech.pc = pc;
   pc.onicecandidate = (event) => {
     if (event.candidate && event.candidate.candidate) {
       send({ type: "ice", candidate: event.candidate.candidate, sdpMLineIndex: event.candidate.sdpMLineIndex });
@@ -71,6 +82,7 @@ function connect() {
     audio.play().catch(() => {});
     analyse(stream);
   };
+  return pc;
 }
 
 // The meter: the RMS of the analyser's window, every 10 ms, and each change between silence

@@ -1,10 +1,10 @@
-//! examples/tts-server heard by a real headless Chromium (Debian's `chromium`, driven over
+//! The server (`qwencodec-server`) heard by a real headless Chromium (Debian's `chromium`, driven over
 //! WebDriver by `chromium-driver`), each test in a network namespace of its own with only `lo`:
 //! what the page measures (its analyser, `getStats()`'s inbound RTP) is asserted on.
 //!
 //! Thresholds come from the speech sent: the fixture's reference decode of those codes.
 
-#[path = "../common/mod.rs"]
+#[path = "../../../tests/common/mod.rs"]
 mod common;
 mod hardening;
 mod rtp_codes;

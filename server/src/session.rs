@@ -13,9 +13,10 @@ use gst::prelude::*;
 use gstqwencodec::model::{DecoderConfig, Dtype, Model};
 use serde_json::json;
 
-use crate::common::webrtc::{
-    DtlsCertificate, SdpKind, description_from_sdp, loopback_webrtcbin, opus_rtp_caps, sdp_of,
+use crate::webrtc::{
+    DtlsCertificate, SdpKind, description_from_sdp, opus_rtp_caps, sdp_of,
 };
+use crate::ice::Ice;
 use crate::log;
 use crate::metrics::Metrics;
 use crate::protocol::FrameLayout;
@@ -75,6 +76,8 @@ pub struct PipelineSettings {
     pub instance: Option<String>,
     /// The DTLS certificate every session presents (see `DtlsCertificate`).
     pub certificate: Arc<DtlsCertificate>,
+    /// Where the candidates are gathered, what the browser is told of them.
+    pub ice: Arc<Ice>,
     /// Held so that the model stays loaded while no session runs.
     pub _model: Arc<Model>,
 }
@@ -165,7 +168,7 @@ impl Session {
             .property("caps", &rtp_caps)
             .build()
             .map_err(|err| err.to_string())?;
-        let webrtcbin = loopback_webrtcbin("webrtc").map_err(|err| err.to_string())?;
+        let webrtcbin = settings.ice.webrtcbin("webrtc")?;
         settings.certificate.install(&webrtcbin);
         reset_encoder_at_new_speech(&opusenc.static_pad("sink").unwrap());
         // After the decoder, whose audio the metrics count.
@@ -196,7 +199,12 @@ impl Session {
         let transceiver = sink.property::<glib::Object>("transceiver");
         transceiver.set_property("codec-preferences", &rtp_caps);
         transceiver.set_property_from_str("direction", "sendonly");
-        connect_signalling(&webrtcbin, settings.certificate.clone(), to_browser);
+        connect_signalling(
+            &webrtcbin,
+            settings.certificate.clone(),
+            settings.ice.clone(),
+            to_browser,
+        );
 
         PIPELINES.lock().unwrap().push(pipeline.downgrade());
         let session = Self {
@@ -525,6 +533,7 @@ fn lead_in_silence(pad: &gst::Pad) {
 fn connect_signalling(
     webrtcbin: &gst::Element,
     certificate: Arc<DtlsCertificate>,
+    ice: Arc<Ice>,
     to_browser: Sender<serde_json::Value>,
 ) {
     let offers = to_browser.clone();
@@ -556,7 +565,7 @@ fn connect_signalling(
     });
     webrtcbin.connect("on-ice-candidate", false, move |values| {
         let mline_index = values[1].get::<u32>().unwrap();
-        let candidate = values[2].get::<String>().unwrap();
+        let candidate = ice.announced(&values[2].get::<String>().unwrap());
         let _ = to_browser.send(json!({"type": "ice", "sdpMLineIndex": mline_index, "candidate": candidate}));
         None
     });

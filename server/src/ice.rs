@@ -1,0 +1,317 @@
+//! How a browser on another host reaches a session: the addresses its host candidates are
+//! gathered on, a 1:1 NAT's public address announced for them, and the STUN and TURN servers
+//! that webrtcbin and the page both use.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use gst::prelude::*;
+use serde_json::{Value, json};
+
+use crate::options::Options;
+use crate::webrtc::webrtcbin_on;
+
+/// The environment variable that may hold the TURN credentials, `username:password`.
+pub const TURN_CREDENTIALS_VARIABLE: &str = "QWENCODEC_TURN_CREDENTIALS";
+
+/// A STUN or TURN server as the command line names it: `stun://host:port`, `turn://host:port`,
+/// `turns://host:port`, with `?transport=udp|tcp` for TURN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IceServer {
+    /// `stun`, `turn` or `turns`.
+    scheme: String,
+    /// `host:port` (an IPv6 host in brackets).
+    authority: String,
+    /// `?transport=...` or nothing.
+    query: String,
+}
+
+impl IceServer {
+    pub fn parse(url: &str, schemes: &[&str]) -> Result<Self, String> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .or_else(|| url.split_once(':'))
+            .ok_or_else(|| format!("{url:?} is not a URL ({}://host:port)", schemes[0]))?;
+        if !schemes.contains(&scheme) {
+            return Err(format!("{url:?}: the scheme is not one of {}", schemes.join(", ")));
+        }
+        let (authority, query) = match rest.split_once('?') {
+            Some((authority, query)) => (authority, format!("?{query}")),
+            None => (rest, String::new()),
+        };
+        if authority.contains('@') {
+            return Err(format!(
+                "{url:?}: credentials go in --turn-credentials FILE or ${TURN_CREDENTIALS_VARIABLE}, not on the command line"
+            ));
+        }
+        let port = authority.rsplit_once(':').map(|(_, port)| port);
+        if authority.is_empty() || !port.is_some_and(|port| port.parse::<u16>().is_ok()) {
+            return Err(format!("{url:?}: give host:port"));
+        }
+        if !matches!(query.as_str(), "" | "?transport=udp" | "?transport=tcp") {
+            return Err(format!("{url:?}: the one query taken is ?transport=udp or ?transport=tcp"));
+        }
+        Ok(Self {
+            scheme: scheme.to_owned(),
+            authority: authority.to_owned(),
+            query,
+        })
+    }
+
+    /// The URL as webrtcbin takes it, with `credentials` when given.
+    fn for_webrtcbin(&self, credentials: Option<&Credentials>) -> String {
+        let userinfo = credentials.map_or_else(String::new, |credentials| {
+            format!(
+                "{}:{}@",
+                percent_encoded(&credentials.username),
+                percent_encoded(&credentials.password)
+            )
+        });
+        format!("{}://{userinfo}{}{}", self.scheme, self.authority, self.query)
+    }
+
+    /// The URL as a browser's `RTCIceServer` takes it (`turn:host:port?transport=tcp`).
+    fn for_browser(&self) -> String {
+        format!("{}:{}{}", self.scheme, self.authority, self.query)
+    }
+}
+
+/// TURN's long-term credentials.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    username: String,
+    password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Credentials({}, …)", self.username)
+    }
+}
+
+impl Credentials {
+    /// `username:password`, surrounding white space (a file's newline) left out.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text.trim().split_once(':') {
+            Some((username, password)) if !username.is_empty() && !password.is_empty() => Ok(Self {
+                username: username.to_owned(),
+                password: password.to_owned(),
+            }),
+            _ => Err("TURN credentials are username:password".into()),
+        }
+    }
+
+    /// From `file` when given, else from the environment's `QWENCODEC_TURN_CREDENTIALS`.
+    fn read(file: Option<&Path>) -> Result<Option<Self>, String> {
+        if let Some(file) = file {
+            let text = std::fs::read_to_string(file).map_err(|err| format!("{}: {err}", file.display()))?;
+            return Self::parse(&text)
+                .map(Some)
+                .map_err(|err| format!("{}: {err}", file.display()));
+        }
+        match std::env::var(TURN_CREDENTIALS_VARIABLE) {
+            Ok(text) => Self::parse(&text)
+                .map(Some)
+                .map_err(|err| format!("${TURN_CREDENTIALS_VARIABLE}: {err}")),
+            Err(_) => Ok(None),
+        }
+    }
+}
+
+/// `text` with every byte but RFC 3986's unreserved ones percent-encoded, for a URL's userinfo.
+fn percent_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|byte| {
+            if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+                (byte as char).to_string()
+            } else {
+                format!("%{byte:02X}")
+            }
+        })
+        .collect()
+}
+
+/// The ICE settings every session's webrtcbin is made with.
+#[derive(Debug, Default)]
+pub struct Ice {
+    /// Host candidates on these addresses alone; empty: on every interface's (but loopback).
+    addresses: Vec<IpAddr>,
+    /// A 1:1 NAT's public address, announced in place of the host candidates of its family.
+    public_address: Option<IpAddr>,
+    stun: Option<IceServer>,
+    turn: Vec<IceServer>,
+    turn_credentials: Option<Credentials>,
+}
+
+impl Ice {
+    /// `--ice-address`, `--ice-interfaces`, `--public-address`, `--stun`, `--turn` and
+    /// `--turn-credentials` (or the environment's TURN credentials).
+    pub fn from_options(options: &mut Options) -> Result<Self, String> {
+        let mut addresses: Vec<IpAddr> = options.take_list("--ice-address", &[])?;
+        let interfaces: Vec<String> = options.take_list("--ice-interfaces", &[])?;
+        if !interfaces.is_empty() {
+            addresses.extend(interface_addresses(&interfaces)?);
+        }
+        let public_address = options.take_optional("--public-address")?;
+        let stun = options
+            .take("--stun")?
+            .map(|url| IceServer::parse(&url, &["stun"]))
+            .transpose()?;
+        let turn = options
+            .take_list::<String>("--turn", &[])?
+            .iter()
+            .map(|url| IceServer::parse(url, &["turn", "turns"]))
+            .collect::<Result<Vec<_>, _>>()?;
+        let credentials_file = options.take("--turn-credentials")?;
+        let turn_credentials = Credentials::read(credentials_file.as_deref().map(Path::new))?;
+        if !turn.is_empty() && turn_credentials.is_none() {
+            return Err(format!(
+                "--turn needs credentials: --turn-credentials FILE or ${TURN_CREDENTIALS_VARIABLE}"
+            ));
+        }
+        Ok(Self {
+            addresses,
+            public_address,
+            stun,
+            turn,
+            turn_credentials,
+        })
+    }
+
+    /// A session's `webrtcbin`, gathering as these settings say.
+    pub fn webrtcbin(&self, name: &str) -> Result<gst::Element, String> {
+        let webrtcbin = webrtcbin_on(name, &self.addresses)?;
+        if let Some(stun) = &self.stun {
+            webrtcbin.set_property("stun-server", stun.for_webrtcbin(None));
+        }
+        for turn in &self.turn {
+            let url = turn.for_webrtcbin(self.turn_credentials.as_ref());
+            if !webrtcbin.emit_by_name::<bool>("add-turn-server", &[&url]) {
+                return Err(format!("webrtcbin refused the TURN server {}", turn.for_browser()));
+            }
+        }
+        Ok(webrtcbin)
+    }
+
+    /// The page's `RTCPeerConnection` `iceServers`: the same STUN and TURN servers.
+    pub fn browser_servers(&self) -> Value {
+        let mut servers = Vec::new();
+        if let Some(stun) = &self.stun {
+            servers.push(json!({"urls": stun.for_browser()}));
+        }
+        for turn in &self.turn {
+            let mut server = json!({"urls": turn.for_browser()});
+            if let Some(credentials) = &self.turn_credentials {
+                server["username"] = credentials.username.clone().into();
+                server["credential"] = credentials.password.clone().into();
+            }
+            servers.push(server);
+        }
+        Value::Array(servers)
+    }
+
+    /// `candidate` (an `a=candidate` value of ours) as the browser is told it: a host candidate's
+    /// address replaced by the public one of its family behind a 1:1 NAT.
+    pub fn announced(&self, candidate: &str) -> String {
+        let Some(public) = self.public_address else {
+            return candidate.to_owned();
+        };
+        let mut fields: Vec<&str> = candidate.split(' ').collect();
+        let host = fields.len() >= 8 && fields[6] == "typ" && fields[7] == "host";
+        let same_family = fields
+            .get(4)
+            .and_then(|address| address.parse::<IpAddr>().ok())
+            .is_some_and(|address| address.is_ipv4() == public.is_ipv4());
+        if !(host && same_family) {
+            return candidate.to_owned();
+        }
+        let public = public.to_string();
+        fields[4] = &public;
+        fields.join(" ")
+    }
+
+    /// What the log says of these settings.
+    pub fn describe(&self) -> String {
+        let addresses = if self.addresses.is_empty() {
+            "every interface".to_owned()
+        } else {
+            self.addresses.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(", ")
+        };
+        let mut text = format!("ICE host candidates on {addresses}");
+        if let Some(public) = self.public_address {
+            text += &format!(", announced as {public}");
+        }
+        if let Some(stun) = &self.stun {
+            text += &format!("; STUN {}", stun.for_browser());
+        }
+        for turn in &self.turn {
+            text += &format!("; TURN {}", turn.for_browser());
+        }
+        text
+    }
+}
+
+/// The addresses of the interfaces named (each must have one).
+fn interface_addresses(names: &[String]) -> Result<Vec<IpAddr>, String> {
+    let interfaces = if_addrs::get_if_addrs().map_err(|err| format!("cannot list the interfaces: {err}"))?;
+    let mut addresses = Vec::new();
+    for name in names {
+        let before = addresses.len();
+        addresses.extend(
+            interfaces
+                .iter()
+                .filter(|interface| &interface.name == name)
+                .map(|interface| interface.ip()),
+        );
+        if addresses.len() == before {
+            return Err(format!("--ice-interfaces: no interface {name} with an address"));
+        }
+    }
+    Ok(addresses)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ice_servers_are_read_as_webrtcbin_and_browsers_take_them() {
+        let turn = IceServer::parse("turn://198.51.100.1:3478?transport=tcp", &["turn", "turns"]).unwrap();
+        let credentials = Credentials::parse("user:p@ss:word\n").unwrap();
+        assert_eq!(
+            turn.for_webrtcbin(Some(&credentials)),
+            "turn://user:p%40ss%3Aword@198.51.100.1:3478?transport=tcp"
+        );
+        assert_eq!(turn.for_browser(), "turn:198.51.100.1:3478?transport=tcp");
+        let stun = IceServer::parse("stun:[2001:db8::1]:3478", &["stun"]).unwrap();
+        assert_eq!(stun.for_webrtcbin(None), "stun://[2001:db8::1]:3478");
+    }
+
+    #[test]
+    fn bad_ice_server_urls_are_refused_with_the_reason() {
+        let refusal = |url| IceServer::parse(url, &["turn", "turns"]).unwrap_err();
+        assert!(refusal("turn://user:secret@host:3478").contains("--turn-credentials"));
+        assert!(refusal("stun://host:3478").contains("scheme"));
+        assert!(refusal("turn://host").contains("host:port"));
+        assert!(refusal("turn://host:3478?transport=sctp").contains("transport"));
+        assert!(Credentials::parse("nopassword").is_err());
+    }
+
+    #[test]
+    fn a_public_address_replaces_host_candidates_of_its_family_only() {
+        let ice = Ice {
+            public_address: Some("203.0.113.7".parse().unwrap()),
+            ..Ice::default()
+        };
+        assert_eq!(
+            ice.announced("candidate:1 1 UDP 2015363327 10.0.0.5 41234 typ host"),
+            "candidate:1 1 UDP 2015363327 203.0.113.7 41234 typ host"
+        );
+        for kept in [
+            "candidate:2 1 UDP 2015363327 2001:db8::5 41234 typ host",
+            "candidate:3 1 UDP 1015021823 198.51.100.9 5000 typ srflx raddr 10.0.0.5 rport 41234",
+        ] {
+            assert_eq!(ice.announced(kept), kept);
+        }
+    }
+}
