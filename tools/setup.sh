@@ -32,6 +32,9 @@ apt_packages=(
   chromium-driver
   iproute2
   util-linux
+  # The two-host browser tests: a TURN server on the server's host, a firewall on the listener's.
+  coturn
+  nftables
   python3-websocket
 )
 

@@ -7,6 +7,8 @@
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 mod hardening;
+mod network;
+mod remote;
 mod rtp_codes;
 mod scale_out;
 mod server;

@@ -90,14 +90,27 @@ pub struct Server {
 }
 
 impl Server {
+    /// The server on this host's loopback, its ICE candidates there too, with `options` after
+    /// the tests' own.
     pub fn start(options: &[&str]) -> Self {
-        let mut process = Command::new(SERVER)
-            .args(["--bind", "127.0.0.1:0", "--device", "cpu", "--token", TOKEN])
+        let mut command = Command::new(SERVER);
+        command.args(["--bind", "127.0.0.1:0", "--ice-address", "127.0.0.1"]);
+        Self::launch(command, options)
+    }
+
+    /// The server on `host`, listening and gathering ICE candidates on its link to this host.
+    pub fn start_on(host: &super::network::ServerHost, options: &[&str]) -> Self {
+        let mut command = host.command(SERVER);
+        command.args(["--bind", &format!("{}:0", super::network::SERVER_ADDRESS)]);
+        Self::launch(command, options)
+    }
+
+    fn launch(mut command: Command, options: &[&str]) -> Self {
+        let mut process = command
+            .args(["--device", "cpu", "--token", TOKEN])
             // The tests' own caps, not what the machine measured at start: under load it may
             // measure one session, and the tests' second tab or session would be refused.
             .args(["--admission", "off"])
-            // Server and browser share the namespace's loopback (the two-host tests override it).
-            .args(["--ice-address", "127.0.0.1"])
             // A GLib warning (fatal under the tests' G_DEBUG) then logs where it came from.
             .env("RUST_BACKTRACE", "1")
             .arg("--model")

@@ -23,7 +23,9 @@ const CHROMIUM_FLAGS: &[&str] = &[
     "--disable-gpu",
     "--allow-loopback-in-peer-connection",
     "--disable-features=WebRtcHideLocalIpsWithMdns",
-    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+    // No name resolves; the hosts the tests' pages are on (this one, or the server's host across
+    // the two-host tests' link) are taken as they are.
+    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1 , EXCLUDE 198.51.100.1",
     "--disable-background-networking",
     "--disable-component-update",
     "--no-first-run",
