@@ -24,6 +24,7 @@ mod http;
 mod ice;
 mod ingress;
 mod metrics;
+mod opus;
 // The command-line parser and the WebRTC helpers that the plugin's examples use too.
 #[path = "../../examples/common/options.rs"]
 #[allow(dead_code)]
@@ -100,7 +101,7 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
     [--max-connections 256] [--max-connections-per-address 32] [--instance NAME]
     [--admission measured|off] [--ice-address ADDRESS,...] [--ice-interfaces NAME,...]
     [--public-address ADDRESS] [--stun stun://HOST:PORT] [--turn turn://HOST:PORT,...]
-    [--turn-credentials FILE]
+    [--turn-credentials FILE] [--opus-bitrate BPS] [--opus-fec on|off] [--opus-dtx on|off]
 
   --bind               address and port to serve on (127.0.0.1:8080)
   --model              decoder checkpoint folder (the bundled test checkpoint)
@@ -130,6 +131,10 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
                        turns://HOST:PORT), for webrtcbin and the page
   --turn-credentials   a file holding the TURN servers' username:password (else the environment's
                        QWENCODEC_TURN_CREDENTIALS); the page is given them too
+  --opus-bitrate       the speech's Opus bitrate in bits a second (opusenc's default)
+  --opus-fec           in-band FEC, sized by the loss the listener's RTCP reports give (on)
+  --opus-dtx           no packets in silence (off: the lead-in of silence before a session's
+                       first speech is what a browser loses of a new connection's first audio)
   --instance           letters and digits before every session id (NAME-...), for a router
                        in front of several servers to send /codes where the session is
 
@@ -165,9 +170,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         return Ok(());
     }
     let bind: SocketAddr = options.take_parsed("--bind", "127.0.0.1:8080".parse()?)?;
-    let model_path = options
-        .take("--model")?
-        .map_or_else(default_model, PathBuf::from);
+    let model_path = options.take("--model")?.map_or_else(default_model, PathBuf::from);
     let device = options.take("--device")?.unwrap_or_else(|| "auto".into());
     let dtype: Dtype = options.take_parsed("--dtype", Dtype::F32)?;
     let chunk_frames: u32 = options.take_parsed("--chunk-frames", 1)?;
@@ -188,6 +191,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let instance = options.take("--instance")?;
     let admission = options.take("--admission")?.unwrap_or_else(|| "measured".into());
     let ice = Arc::new(ice::Ice::from_options(&mut options)?);
+    let opus = opus::OpusSettings::from_options(&mut options)?;
     if let Some(instance) = &instance
         && (instance.is_empty() || !instance.chars().all(|c| c.is_ascii_alphanumeric()))
     {
@@ -242,6 +246,7 @@ fn run() -> Result<(), Box<dyn Error>> {
                 format,
                 certificate: Arc::new(webrtc::DtlsCertificate::generate()?),
                 ice: ice.clone(),
+                opus: opus.clone(),
                 metrics: metrics.clone(),
                 instance,
                 _model: model,
@@ -262,6 +267,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         model_path.display()
     );
     log!("{}", ice.describe());
+    log!("{}", opus.describe());
     log!(
         "codes ingress: ws://{address}/codes?session=ID with the header \"Authorization: Bearer {}\"",
         server.token

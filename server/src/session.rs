@@ -13,13 +13,12 @@ use gst::prelude::*;
 use gstqwencodec::model::{DecoderConfig, Dtype, Model};
 use serde_json::json;
 
-use crate::webrtc::{
-    DtlsCertificate, SdpKind, description_from_sdp, opus_rtp_caps, sdp_of,
-};
 use crate::ice::Ice;
 use crate::log;
 use crate::metrics::Metrics;
+use crate::opus::{self, OpusSettings};
 use crate::protocol::FrameLayout;
+use crate::webrtc::{DtlsCertificate, SdpKind, description_from_sdp, opus_rtp_caps, sdp_of};
 
 /// Frames that come later than the end of the speech before them by up to this much still
 /// continue it (their audio is late by as much, and the browser's jitter buffer stretches);
@@ -78,6 +77,8 @@ pub struct PipelineSettings {
     pub certificate: Arc<DtlsCertificate>,
     /// Where the candidates are gathered, what the browser is told of them.
     pub ice: Arc<Ice>,
+    /// How the speech is encoded.
+    pub opus: OpusSettings,
     /// Held so that the model stays loaded while no session runs.
     pub _model: Arc<Model>,
 }
@@ -156,10 +157,7 @@ impl Session {
         let clocksync = make("clocksync")?;
         count_late_audio(&clocksync, settings.metrics.clone());
         count_audio_out(&decoder, settings.metrics.clone());
-        let opusenc = gst::ElementFactory::make("opusenc")
-            .property_from_str("audio-type", "voice")
-            .build()
-            .map_err(|err| err.to_string())?;
+        let opusenc = settings.opus.encoder()?;
         let payloader = gst::ElementFactory::make("rtpopuspay")
             .property("pt", 96u32)
             .build()
@@ -169,6 +167,9 @@ impl Session {
             .build()
             .map_err(|err| err.to_string())?;
         let webrtcbin = settings.ice.webrtcbin("webrtc")?;
+        if settings.opus.fec {
+            opus::follow_reported_loss(&webrtcbin, &opusenc)?;
+        }
         settings.certificate.install(&webrtcbin);
         reset_encoder_at_new_speech(&opusenc.static_pad("sink").unwrap());
         // After the decoder, whose audio the metrics count.
