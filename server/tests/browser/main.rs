@@ -116,6 +116,7 @@ impl Measure {
              return {changes: speech.changes, rms: speech.rms, now: Date.now(),
                      samples: inbound.totalSamplesReceived || 0,
                      concealed: inbound.concealedSamples || 0,
+                     silent_concealed: inbound.silentConcealedSamples || 0,
                      energy: inbound.totalAudioEnergy || 0,
                      jitter_delay: inbound.jitterBufferDelay || 0,
                      jitter_emitted: inbound.jitterBufferEmittedCount || 0,
@@ -187,7 +188,12 @@ impl Measure {
 /// Opens the page in the current window, connects, and waits for the peer connection; the
 /// session id.
 fn connect_page(browser: &Browser, server: &Server, speech: &Speech) -> String {
-    browser.open(&server.url());
+    connect_page_at(browser, &server.url(), speech)
+}
+
+/// The same, with the page at `url` (behind a proxy).
+fn connect_page_at(browser: &Browser, url: &str, speech: &Speech) -> String {
+    browser.open(url);
     browser.run(&format!(
         "speech.threshold = {}; document.getElementById('connect').click();",
         speech.sound_threshold()

@@ -7,6 +7,8 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub const SERVER_ADDRESS: &str = "198.51.100.1";
@@ -53,10 +55,18 @@ impl ServerHost {
             "netns",
             &pid,
         ]));
-        run(Command::new("ip").args(["addr", "add", &format!("{LISTENER_ADDRESS}/24"), "dev", LISTENER_LINK]));
+        run(Command::new("ip").args([
+            "addr",
+            "add",
+            &format!("{LISTENER_ADDRESS}/24"),
+            "dev",
+            LISTENER_LINK,
+        ]));
         run(Command::new("ip").args(["link", "set", LISTENER_LINK, "up"]));
         run(host.command("ip").args(["link", "set", "lo", "up"]));
-        run(host.command("ip").args(["addr", "add", &format!("{SERVER_ADDRESS}/24"), "dev", SERVER_LINK]));
+        run(host
+            .command("ip")
+            .args(["addr", "add", &format!("{SERVER_ADDRESS}/24"), "dev", SERVER_LINK]));
         run(host.command("ip").args(["link", "set", SERVER_LINK, "up"]));
         host
     }
@@ -68,7 +78,10 @@ impl ServerHost {
     /// `program`, to be run on the server's host.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut command = Command::new("nsenter");
-        command.arg(format!("--net={}", self.namespace())).arg("--").arg(program);
+        command
+            .arg(format!("--net={}", self.namespace()))
+            .arg("--")
+            .arg(program);
         command
     }
 
@@ -102,15 +115,99 @@ impl ServerHost {
         // Ready when its TCP listener answers from the listener's host.
         let started = Instant::now();
         while TcpStream::connect((SERVER_ADDRESS, TURN_PORT)).is_err() {
-            assert!(started.elapsed() < Duration::from_secs(10), "coturn does not listen");
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "coturn does not listen"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         turn
     }
 }
 
+/// The TLS proxy's port on the server's host.
+pub const TLS_PORT: u16 = 8443;
+
+impl ServerHost {
+    /// Debian's nginx on the server's host, terminating TLS on `TLS_PORT` for the server at
+    /// `backend` with docs/streaming-server.md's `location` block, with a self-signed
+    /// certificate; the page's https URL.
+    pub fn start_tls_proxy(&self, scratch: &Path, backend: &str) -> (TlsProxy, String) {
+        let certified = rcgen::generate_simple_self_signed(vec![SERVER_ADDRESS.into()]).unwrap();
+        let (certificate, key) = (scratch.join("tls.pem"), scratch.join("tls.key"));
+        std::fs::write(&certificate, certified.cert.pem()).unwrap();
+        std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+        let scratch_text = scratch.display();
+        let config = format!(
+            "daemon off;
+             master_process off;
+             pid {scratch_text}/nginx.pid;
+             error_log stderr;
+             events {{}}
+             http {{
+               access_log off;
+               client_body_temp_path {scratch_text}/body;
+               proxy_temp_path {scratch_text}/proxy;
+               fastcgi_temp_path {scratch_text}/fastcgi;
+               uwsgi_temp_path {scratch_text}/uwsgi;
+               scgi_temp_path {scratch_text}/scgi;
+               server {{
+                 listen {SERVER_ADDRESS}:{TLS_PORT} ssl;
+                 ssl_certificate {};
+                 ssl_certificate_key {};
+                 location / {{
+                   proxy_pass http://{backend};
+                   proxy_http_version 1.1;
+                   proxy_set_header Upgrade $http_upgrade;
+                   proxy_set_header Connection \"upgrade\";
+                   proxy_set_header Host $http_host;
+                   proxy_read_timeout 3600s;
+                 }}
+               }}
+             }}",
+            certificate.display(),
+            key.display()
+        );
+        let config_file = scratch.join("nginx.conf");
+        std::fs::write(&config_file, config).unwrap();
+        let process = self
+            .command("nginx")
+            .arg("-c")
+            .arg(&config_file)
+            .arg("-p")
+            .arg(scratch)
+            .spawn()
+            .expect("nginx (Debian's nginx-light) does not run: run tools/setup.sh");
+        let proxy = TlsProxy { process };
+        let started = Instant::now();
+        while TcpStream::connect((SERVER_ADDRESS, TLS_PORT)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "nginx does not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (proxy, format!("https://{SERVER_ADDRESS}:{TLS_PORT}/"))
+    }
+}
+
+/// A running nginx, stopped when dropped.
+pub struct TlsProxy {
+    process: Child,
+}
+
+impl Drop for TlsProxy {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
 impl Drop for ServerHost {
     fn drop(&mut self) {
+        // The link at once: a namespace goes (and its end of the link with it) a while after
+        // its last process, and the next host's link takes the same names.
+        let _ = Command::new("ip").args(["link", "del", LISTENER_LINK]).status();
         let _ = self.holder.kill();
         let _ = self.holder.wait();
     }
@@ -161,10 +258,136 @@ pub fn block_all_but_tcp_to(open_ports: &[u16]) {
         .spawn()
         .expect("nft (Debian's nftables) does not run: run tools/setup.sh");
     nft.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
-    assert!(nft.wait().unwrap().success(), "nft refused the firewall:\n{rules}");
+    assert!(
+        nft.wait().unwrap().success(),
+        "nft refused the firewall:\n{rules}"
+    );
 }
 
 fn run(command: &mut Command) {
-    let status = command.status().unwrap_or_else(|err| panic!("{command:?}: {err}"));
+    let status = command
+        .status()
+        .unwrap_or_else(|err| panic!("{command:?}: {err}"));
     assert!(status.success(), "{command:?}: {status}");
+}
+
+/// The link made lossy and slow, as netem would make it (this kernel has no netem): UDP
+/// across it dropped at random, `loss_percent` in a hundred each way (the kernel's nftables), and
+/// every packet each way held `delay` before it goes on (an NFQUEUE whose verdicts a thread
+/// here gives late). The TCP connections (page, signalling, sender) are delayed, not dropped:
+/// the test's sender crosses the link only because the test has one link.
+pub struct Impairment {
+    stop: Arc<AtomicBool>,
+    delayed: Arc<AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+const QUEUE: u16 = 0;
+
+impl Impairment {
+    pub fn start(loss_percent: u32, delay: Duration) -> Self {
+        let rules = format!(
+            "table inet impairment {{
+               chain output {{
+                 type filter hook output priority 10; policy accept;
+                 oifname \"{LISTENER_LINK}\" meta l4proto udp numgen random mod 100 lt {loss_percent} counter drop
+               }}
+               chain input {{
+                 type filter hook input priority 10; policy accept;
+                 iifname \"{LISTENER_LINK}\" meta l4proto udp numgen random mod 100 lt {loss_percent} counter drop
+               }}
+             }}"
+        );
+        let mut nft = Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("nft (Debian's nftables) does not run: run tools/setup.sh");
+        nft.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
+        assert!(nft.wait().unwrap().success(), "nft refused the loss:\n{rules}");
+
+        let mut queue = nfq::Queue::open().expect("no netfilter queue");
+        queue.bind(QUEUE).expect("cannot bind the netfilter queue");
+        queue.set_nonblocking(true);
+        let queue_num = QUEUE.to_string();
+        for (chain, direction) in [("OUTPUT", "-o"), ("INPUT", "-i")] {
+            run(Command::new("iptables").args([
+                "-A",
+                chain,
+                direction,
+                LISTENER_LINK,
+                "-j",
+                "NFQUEUE",
+                "--queue-num",
+                &queue_num,
+                "--queue-bypass",
+            ]));
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let delayed = Arc::new(AtomicU64::new(0));
+        let thread = std::thread::spawn({
+            let (stop, delayed) = (stop.clone(), delayed.clone());
+            move || {
+                let mut held = std::collections::VecDeque::new();
+                while !stop.load(Ordering::Relaxed) {
+                    while let Ok(message) = queue.recv() {
+                        held.push_back((Instant::now() + delay, message));
+                    }
+                    while held.front().is_some_and(|(due, _)| *due <= Instant::now()) {
+                        let (_, mut message) = held.pop_front().unwrap();
+                        message.set_verdict(nfq::Verdict::Accept);
+                        queue.verdict(message).expect("a verdict refused");
+                        delayed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+                for (_, mut message) in held {
+                    message.set_verdict(nfq::Verdict::Accept);
+                    let _ = queue.verdict(message);
+                }
+            }
+        });
+        Self {
+            stop,
+            delayed,
+            thread: Some(thread),
+        }
+    }
+
+    /// Packets held and sent on so far.
+    pub fn delayed(&self) -> u64 {
+        self.delayed.load(Ordering::Relaxed)
+    }
+
+    /// UDP packets dropped so far, both ways.
+    pub fn dropped(&self) -> u64 {
+        let output = Command::new("nft")
+            .args(["list", "table", "inet", "impairment"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        text.split("counter packets ")
+            .skip(1)
+            .filter_map(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for Impairment {
+    fn drop(&mut self) {
+        // The rules first, so that nothing is queued once the thread stops.
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", "impairment"])
+            .status();
+        for (chain, direction) in [("OUTPUT", "-o"), ("INPUT", "-i")] {
+            let _ = Command::new("iptables")
+                .args(["-D", chain, direction, LISTENER_LINK, "-j", "NFQUEUE"])
+                .args(["--queue-num", &QUEUE.to_string(), "--queue-bypass"])
+                .status();
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }

@@ -3,14 +3,16 @@
 //! address on the link, the sender connects there too, and the ICE candidates are the server's
 //! real interface's, not loopback's.
 
+use std::time::Duration;
+
 use serde_json::Value;
 
 use super::network::{
-    self, LISTENER_ADDRESS, SERVER_ADDRESS, ServerHost, TURN_PASSWORD, TURN_PORT, TURN_USERNAME,
+    self, Impairment, LISTENER_ADDRESS, SERVER_ADDRESS, ServerHost, TURN_PASSWORD, TURN_PORT, TURN_USERNAME,
 };
 use super::server::{self, Server};
 use super::webdriver::{self, Browser};
-use super::{Speech, assert_heard, connect_page, speak_and_end};
+use super::{BROWSER_RATE, Speech, assert_heard, connect_page, connect_page_at, speak_and_end};
 
 /// Frames of speech each test sends: 3.2 s.
 const FRAMES: usize = 40;
@@ -36,9 +38,17 @@ fn selected_pair(browser: &Browser) -> Value {
     )
 }
 
-/// Opens the page on the server across the link, speaks `FRAMES` frames into its session and
-/// asserts they were heard in full; the candidate pair the page chose.
-fn hear_across_the_link(server: &Server) -> Value {
+/// What a listener across the link got: the candidate pair its page chose, and the speech's
+/// concealment: samples the browser made up for lost or late packets where sound was due (its
+/// `concealedSamples` less `silentConcealedSamples`), as a share of the speech sent.
+struct Heard {
+    pair: Value,
+    concealed_share: f64,
+}
+
+/// Opens the page on the server across the link and speaks `frames` frames into its session;
+/// with `in_full`, asserts they were heard in full.
+fn hear_across_the_link(server: &Server, frames: usize, in_full: bool) -> Heard {
     assert!(
         webdriver::installed(),
         "chromium and chromium-driver are missing: run tools/setup.sh"
@@ -52,12 +62,23 @@ fn hear_across_the_link(server: &Server) -> Value {
     let browser = Browser::start();
     let session = connect_page(&browser, server, &speech);
     let mut sender = server.sender(&session);
-    let (before, first_sent, after) = speak_and_end(&browser, &mut sender, &speech, FRAMES);
-    assert_heard("across the link", &speech, &before, &after, first_sent, FRAMES);
+    let (before, first_sent, after) = speak_and_end(&browser, &mut sender, &speech, frames);
+    if in_full {
+        assert_heard("across the link", &speech, &before, &after, first_sent, frames);
+    }
     assert_eq!(server.status(), (1, 1), "sessions and pipelines");
     let pair = selected_pair(&browser);
-    println!("the page's selected candidate pair: {pair}");
-    pair
+    let since = |name: &str| after.number(name) - before.number(name);
+    let concealed = since("concealed") - since("silent_concealed");
+    let concealed_share = concealed / (speech.seconds(frames) * BROWSER_RATE);
+    println!(
+        "the page's selected candidate pair: {pair}; concealed {:.2} % of the speech",
+        100.0 * concealed_share
+    );
+    Heard {
+        pair,
+        concealed_share,
+    }
 }
 
 #[test]
@@ -69,7 +90,7 @@ fn a_listener_on_another_host_hears_its_speech_directly() {
     let host = ServerHost::start();
     // No ICE option: the server gathers on every interface but loopback, its link's here.
     let server = Server::start_on(&host, &["--chunk-frames", "1"]);
-    let pair = hear_across_the_link(&server);
+    let pair = hear_across_the_link(&server, FRAMES, true).pair;
     assert_eq!(pair["remote"]["type"], "host", "{pair}");
     assert_eq!(pair["remote"]["address"], SERVER_ADDRESS, "{pair}");
     assert_eq!(pair["remote"]["protocol"], "udp", "{pair}");
@@ -101,7 +122,108 @@ fn a_listener_behind_a_firewall_hears_its_speech_through_turn() {
     );
     let port: u16 = server.address.rsplit_once(':').unwrap().1.parse().unwrap();
     network::block_all_but_tcp_to(&[port, TURN_PORT]);
-    let pair = hear_across_the_link(&server);
+    let pair = hear_across_the_link(&server, FRAMES, true).pair;
     assert_eq!(pair["local"]["type"], "relay", "{pair}");
     assert_eq!(pair["local"]["relayProtocol"], "tcp", "{pair}");
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn a_listener_hears_its_speech_through_a_tls_proxy() {
+    if !server::in_own_network("remote::a_listener_hears_its_speech_through_a_tls_proxy") {
+        return;
+    }
+    let host = ServerHost::start();
+    let server = Server::start_on(&host, &["--chunk-frames", "1"]);
+    let scratch = tempfile::tempdir().unwrap();
+    let (_proxy, url) = host.start_tls_proxy(scratch.path(), &server.address);
+    // The page is https: its WebSocket must be wss (a browser refuses ws from it), and its
+    // Origin, with the proxy's port, must match the Host the proxy passes on.
+    let speech = Speech::load();
+    let browser = Browser::start_with(&["--ignore-certificate-errors"]);
+    let session = connect_page_at(&browser, &url, &speech);
+    let scheme = browser.run("return location.protocol;");
+    assert_eq!(scheme, "https:", "the page is not the proxy's");
+    let mut sender = server.sender(&session);
+    let (before, first_sent, after) = speak_and_end(&browser, &mut sender, &speech, FRAMES);
+    assert_heard(
+        "through the TLS proxy",
+        &speech,
+        &before,
+        &after,
+        first_sent,
+        FRAMES,
+    );
+    assert!(
+        server.await_log(
+            |line| line.contains(&format!("session {session} joined from {SERVER_ADDRESS}:")),
+            Duration::from_secs(1)
+        ),
+        "the session did not join through the proxy"
+    );
+}
+
+/// The link's one-way delay and its UDP loss in the lossy tests.
+const DELAY: Duration = Duration::from_millis(40);
+const LOSS_PERCENT: u32 = 5;
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn speech_still_plays_over_a_lossy_slow_link() {
+    if !server::in_own_network("remote::speech_still_plays_over_a_lossy_slow_link") {
+        return;
+    }
+    let host = ServerHost::start();
+    let server = Server::start_on(&host, &["--chunk-frames", "1"]);
+    let impairment = Impairment::start(LOSS_PERCENT, DELAY);
+    // The loss is taken from what was received (concealment is not): the speech is heard within
+    // assert_heard's 10 % with 5 % lost.
+    let heard = hear_across_the_link(&server, FRAMES, true);
+    let (dropped, delayed) = (impairment.dropped(), impairment.delayed());
+    println!("the link dropped {dropped} UDP packets and delayed {delayed}");
+    assert!(dropped > 0, "the link lost nothing");
+    assert!(delayed > 0, "the link delayed nothing");
+    assert!(
+        heard.concealed_share > 0.0,
+        "no concealment with {dropped} packets lost"
+    );
+    // The listener's RTCP reports told the server of the loss, and its FEC was sized for it.
+    assert!(
+        server.await_log(
+            |line| line.contains("the listener reports") && !line.contains("reports 0 %"),
+            Duration::from_secs(1)
+        ),
+        "the server's Opus FEC never heard of the loss"
+    );
+}
+
+/// The browser's concealment with Opus FEC on and off at 5 % and 15 % loss (40 ms each way),
+/// 8 s of speech a run: the figures in docs/streaming-server.md.
+#[test]
+#[ignore = "a measurement, run by hand: 8 runs of 8 s (docs/streaming-server.md, \"Audio over a lossy network\")"]
+fn concealment_with_fec_on_and_off_measured() {
+    if !server::in_own_network("remote::concealment_with_fec_on_and_off_measured") {
+        return;
+    }
+    let mut rows = Vec::new();
+    for loss in [5, 15] {
+        for fec in ["on", "off"] {
+            for _ in 0..2 {
+                let host = ServerHost::start();
+                let server = Server::start_on(&host, &["--chunk-frames", "1", "--opus-fec", fec]);
+                let impairment = Impairment::start(loss, DELAY);
+                let heard = hear_across_the_link(&server, 100, false);
+                rows.push(format!(
+                    "| {loss} % | {fec} | {:.2} % | {} |",
+                    100.0 * heard.concealed_share,
+                    impairment.dropped()
+                ));
+            }
+        }
+    }
+    println!("| loss each way | FEC | concealed samples | packets dropped |");
+    println!("| --- | --- | --- | --- |");
+    for row in rows {
+        println!("{row}");
+    }
 }

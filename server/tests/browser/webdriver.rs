@@ -50,6 +50,11 @@ pub struct Browser {
 
 impl Browser {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A browser with `flags` besides the tests' own.
+    pub fn start_with(flags: &[&str]) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -76,7 +81,11 @@ impl Browser {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        let mut args: Vec<String> = CHROMIUM_FLAGS.iter().map(|flag| flag.to_string()).collect();
+        let mut args: Vec<String> = CHROMIUM_FLAGS
+            .iter()
+            .chain(flags)
+            .map(|flag| flag.to_string())
+            .collect();
         args.push(format!("--user-data-dir={}", browser._profile.path().display()));
         let capabilities = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
