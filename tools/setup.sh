@@ -32,9 +32,12 @@ apt_packages=(
   chromium-driver
   iproute2
   util-linux
-  # The two-host browser tests: a TURN server on the server's host, a firewall on the listener's.
+  # The two-host browser tests: a TURN server and a TLS proxy on the server's host; a firewall,
+  # loss (nftables) and delay (an NFQUEUE, through iptables) on the listener's.
   coturn
+  nginx-light
   nftables
+  iptables
   python3-websocket
 )
 
