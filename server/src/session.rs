@@ -241,7 +241,9 @@ impl Session {
                 Some(next) if !timeline.ended && next + SLACK >= now => (next, false),
                 Some(next) => (next.max(now), true),
                 None if timeline.spoke => (now, true),
-                None => (now + LEAD_IN, true),
+                // The lead-in goes before `now`: it leaves as soon as it is decoded, and the
+                // speech at its own time, not delayed by it.
+                None => (now.max(LEAD_IN), true),
             };
             if pts > now + MAX_AHEAD {
                 return Err((
@@ -498,8 +500,8 @@ fn reset_encoder_at_new_speech(pad: &gst::Pad) {
     });
 }
 
-/// Puts LEAD_IN of silence before the first audio of the session, which `Session::push` started
-/// that much later. The browser loses the start of a new peer connection's first audio, with
+/// Puts LEAD_IN of silence before the first audio of the session, stamped before it (`Session::push`
+/// leaves room for it when a session's first speech comes at once). The browser loses the start of a new peer connection's first audio, with
 /// every packet received at its time: 20 ms (one Opus packet) in 46 of 50 connections, at most
 /// 80 ms (2026-12-03, Chromium, AMD EPYC, docs/testing.md).
 fn lead_in_silence(pad: &gst::Pad) {

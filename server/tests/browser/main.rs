@@ -279,12 +279,13 @@ fn assert_first_speech(
         (sent / OPUS_PACKET_S).round(),
         "{what}: packets of the lead-in and the speech"
     );
-    // Each packet leaves at its time plus the latency upstream (a step waits for 3
-    // frames): the last no sooner. Without the latency, a step's audio left in a burst
-    // as soon as it was decoded, the last packet 455 ms after the first frame.
+    // Each packet of the speech leaves at its time plus the latency upstream (a step waits
+    // for 3 frames): the last no sooner. The speech's time starts at its first frame, the
+    // lead-in before it. Without the latency, a step's audio left in a burst as soon as it was
+    // decoded, the last packet 455 ms after the first frame.
     let waited_ms = 3.0 * speech.seconds(1) * 1e3;
     assert!(
-        last_packet_ms >= (sent - OPUS_PACKET_S) * 1e3 + waited_ms,
+        last_packet_ms >= (speech.seconds(frames) - OPUS_PACKET_S) * 1e3 + waited_ms,
         "{what}: the last packet came {last_packet_ms:.0} ms after the first frame, \
          before its time"
     );
