@@ -43,7 +43,10 @@ function connect() {
   // candidates come after it.
   let pc = null;
 
-  socket.onopen = () => { show("joining"); send({ type: "join" }); };
+  // The join token that the application's backend signed for this listener, from the page's
+  // URL (?token=...), where the server takes them (docs/streaming-server.md).
+  const token = new URLSearchParams(location.search).get("token");
+  socket.onopen = () => { show("joining"); send(token ? { type: "join", token } : { type: "join" }); };
   socket.onclose = (event) => show(`closed: ${event.code} ${event.reason}`);
   socket.onmessage = async (event) => {
     const message = JSON.parse(event.data);

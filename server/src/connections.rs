@@ -1,16 +1,71 @@
-//! The server's open connections, capped in all and per client address, so that one client
-//! cannot take every thread (each connection has one); and whether the server still takes new
-//! ones (it stops on SIGTERM or SIGINT).
+//! What one client may hold of the server: its open connections, capped in all and per client
+//! address, so that one client cannot take every thread (each connection has one); its sessions
+//! at once and how often it may join, so that one client cannot take every session or keep the
+//! server building pipelines; and whether the server still takes new connections (it stops on
+//! SIGTERM or SIGINT).
+//!
+//! A client is its IPv4 address, or its IPv6 address's /64: one host or subscriber is given a
+//! whole /64, and could otherwise take a new address from it for every connection.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// A client as the caps count it (see the module's comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Client(IpAddr);
+
+impl Client {
+    pub fn of(address: IpAddr) -> Self {
+        match address.to_canonical() {
+            IpAddr::V4(v4) => Self(IpAddr::V4(v4)),
+            IpAddr::V6(v6) => Self(IpAddr::V6(Ipv6Addr::from_bits(
+                v6.to_bits() & !u128::from(u64::MAX),
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            IpAddr::V4(v4) => write!(f, "{v4}"),
+            IpAddr::V6(v6) => write!(f, "{v6}/64"),
+        }
+    }
+}
+
+/// How many of something each client holds.
+#[derive(Default)]
+struct PerClient(HashMap<Client, usize>);
+
+impl PerClient {
+    /// Counts one more for `client` unless it holds `most` already.
+    fn add(&mut self, client: Client, most: usize) -> bool {
+        let held = self.0.entry(client).or_default();
+        if *held >= most {
+            return false;
+        }
+        *held += 1;
+        true
+    }
+
+    fn remove(&mut self, client: Client) {
+        if let Some(held) = self.0.get_mut(&client) {
+            *held -= 1;
+            if *held == 0 {
+                self.0.remove(&client);
+            }
+        }
+    }
+}
 
 pub struct Connections {
     max: usize,
-    max_per_address: usize,
+    max_per_client: usize,
     open: Mutex<Open>,
     closed: Condvar,
     stopping: AtomicBool,
@@ -19,20 +74,20 @@ pub struct Connections {
 #[derive(Default)]
 struct Open {
     all: usize,
-    by_address: HashMap<IpAddr, usize>,
+    by_client: PerClient,
 }
 
 /// An admitted connection; counted until dropped.
 pub struct Admitted {
     connections: Arc<Connections>,
-    address: IpAddr,
+    client: Client,
 }
 
 impl Connections {
-    pub fn new(max: usize, max_per_address: usize) -> Arc<Self> {
+    pub fn new(max: usize, max_per_client: usize) -> Arc<Self> {
         Arc::new(Self {
             max,
-            max_per_address,
+            max_per_client,
             open: Mutex::default(),
             closed: Condvar::new(),
             stopping: AtomicBool::new(false),
@@ -44,22 +99,21 @@ impl Connections {
         if self.stopping.load(Ordering::SeqCst) {
             return Err("the server is shutting down".into());
         }
+        let client = Client::of(address);
         let mut open = self.open.lock().unwrap();
         if open.all >= self.max {
             return Err(format!("the server has its most connections ({})", self.max));
         }
-        let from_address = open.by_address.entry(address).or_default();
-        if *from_address >= self.max_per_address {
+        if !open.by_client.add(client, self.max_per_client) {
             return Err(format!(
-                "{address} has its most connections ({})",
-                self.max_per_address
+                "{client} has its most connections ({})",
+                self.max_per_client
             ));
         }
-        *from_address += 1;
         open.all += 1;
         Ok(Admitted {
             connections: self.clone(),
-            address,
+            client,
         })
     }
 
@@ -83,12 +137,219 @@ impl Drop for Admitted {
     fn drop(&mut self) {
         let mut open = self.connections.open.lock().unwrap();
         open.all -= 1;
-        if let Some(count) = open.by_address.get_mut(&self.address) {
-            *count -= 1;
-            if *count == 0 {
-                open.by_address.remove(&self.address);
-            }
-        }
+        open.by_client.remove(self.client);
         self.connections.closed.notify_all();
+    }
+}
+
+/// The sessions each client has open at once, at most `max` (0: no cap).
+pub struct SessionsPerClient {
+    max: usize,
+    open: Mutex<PerClient>,
+}
+
+/// A client's place for one session; given back when dropped.
+pub struct SessionPlace {
+    owner: Arc<SessionsPerClient>,
+    client: Client,
+}
+
+impl SessionsPerClient {
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max,
+            open: Mutex::default(),
+        })
+    }
+
+    /// A place for one more session of `client`, or why there is none.
+    pub fn take(self: &Arc<Self>, client: Client) -> Result<SessionPlace, String> {
+        let most = if self.max == 0 { usize::MAX } else { self.max };
+        if !self.open.lock().unwrap().add(client, most) {
+            return Err(format!("{client} has its most sessions ({})", self.max));
+        }
+        Ok(SessionPlace {
+            owner: self.clone(),
+            client,
+        })
+    }
+}
+
+impl Drop for SessionPlace {
+    fn drop(&mut self) {
+        self.owner.open.lock().unwrap().remove(self.client);
+    }
+}
+
+/// How often each client may join: a bucket of `per_minute` joins that refills at that rate,
+/// so that a burst of a page's reloads passes and a flood does not (0: no limit).
+pub struct JoinRate {
+    per_minute: u32,
+    buckets: Mutex<HashMap<Client, Bucket>>,
+}
+
+struct Bucket {
+    joins_left: f64,
+    at: Instant,
+}
+
+/// Buckets kept before the full ones (clients that have not joined for a while) are dropped.
+const BUCKETS_KEPT: usize = 1024;
+
+impl JoinRate {
+    pub fn new(per_minute: u32) -> Self {
+        Self {
+            per_minute,
+            buckets: Mutex::default(),
+        }
+    }
+
+    /// Counts a join of `client` at `now`, or says why it is refused.
+    pub fn join(&self, client: Client, now: Instant) -> Result<(), String> {
+        if self.per_minute == 0 {
+            return Ok(());
+        }
+        let most = f64::from(self.per_minute);
+        let per_second = most / 60.0;
+        let refilled = |bucket: &Bucket| {
+            let seconds = now.saturating_duration_since(bucket.at).as_secs_f64();
+            (bucket.joins_left + seconds * per_second).min(most)
+        };
+        let mut buckets = self.buckets.lock().unwrap();
+        if buckets.len() >= BUCKETS_KEPT {
+            buckets.retain(|_, bucket| refilled(bucket) < most);
+        }
+        let bucket = buckets.entry(client).or_insert(Bucket {
+            joins_left: most,
+            at: now,
+        });
+        let joins_left = refilled(bucket);
+        // A refused join takes nothing: a client that waits gets its joins back.
+        let allowed = joins_left >= 1.0;
+        *bucket = Bucket {
+            joins_left: if allowed { joins_left - 1.0 } else { joins_left },
+            at: now,
+        };
+        if !allowed {
+            return Err(format!(
+                "{client} joins too often (at most {} a minute)",
+                self.per_minute
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn address(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn an_ipv6_client_is_its_64_and_a_mapped_ipv4_one_its_ipv4_address() {
+        assert_eq!(
+            Client::of(address("2001:db8:1:2:aaaa::1")),
+            Client::of(address("2001:db8:1:2:ffff:1:2:3"))
+        );
+        assert_ne!(
+            Client::of(address("2001:db8:1:2::1")),
+            Client::of(address("2001:db8:1:3::1"))
+        );
+        assert_eq!(
+            Client::of(address("::ffff:192.0.2.7")),
+            Client::of(address("192.0.2.7"))
+        );
+        assert_ne!(Client::of(address("192.0.2.7")), Client::of(address("192.0.2.8")));
+        assert_eq!(
+            Client::of(address("2001:db8:1:2:aaaa::1")).to_string(),
+            "2001:db8:1:2::/64"
+        );
+        assert_eq!(Client::of(address("::ffff:192.0.2.7")).to_string(), "192.0.2.7");
+    }
+
+    #[test]
+    fn connections_are_capped_per_64_and_in_all_and_given_back_when_dropped() {
+        let connections = Connections::new(3, 2);
+        let first = connections.admit(address("2001:db8::1")).unwrap();
+        let _second = connections.admit(address("2001:db8::ffff:2")).unwrap();
+        let refused = connections.admit(address("2001:db8::3")).err().unwrap();
+        assert_eq!(refused, "2001:db8::/64 has its most connections (2)");
+        let _elsewhere = connections.admit(address("2001:db8:0:1::1")).unwrap();
+        let refused = connections.admit(address("192.0.2.1")).err().unwrap();
+        assert_eq!(refused, "the server has its most connections (3)");
+        drop(first);
+        let _again = connections.admit(address("2001:db8::4")).unwrap();
+        assert_eq!(connections.wait_for_all(Duration::ZERO), 3);
+        connections.stop();
+        assert!(
+            connections
+                .admit(address("192.0.2.1"))
+                .err()
+                .unwrap()
+                .contains("shutting down")
+        );
+    }
+
+    #[test]
+    fn sessions_are_capped_per_client_and_given_back_when_dropped() {
+        let sessions = SessionsPerClient::new(2);
+        let client = Client::of(address("192.0.2.1"));
+        let first = sessions.take(client).unwrap();
+        let _second = sessions.take(client).unwrap();
+        assert_eq!(
+            sessions.take(client).err().unwrap(),
+            "192.0.2.1 has its most sessions (2)"
+        );
+        assert!(
+            sessions.take(Client::of(address("192.0.2.2"))).is_ok(),
+            "another client"
+        );
+        drop(first);
+        assert!(sessions.take(client).is_ok());
+        let uncapped = SessionsPerClient::new(0);
+        let places: Vec<_> = (0..100).map(|_| uncapped.take(client).unwrap()).collect();
+        assert_eq!(places.len(), 100);
+    }
+
+    #[test]
+    fn joins_past_the_rate_are_refused_until_the_bucket_refills() {
+        let rate = JoinRate::new(3);
+        let client = Client::of(address("2001:db8::1"));
+        let start = Instant::now();
+        for _ in 0..3 {
+            rate.join(client, start).unwrap();
+        }
+        assert_eq!(
+            rate.join(client, start).unwrap_err(),
+            "2001:db8::/64 joins too often (at most 3 a minute)"
+        );
+        assert!(
+            rate.join(Client::of(address("2001:db8:0:1::1")), start).is_ok(),
+            "another /64"
+        );
+        // Three a minute: one more every 20 s, and a refused join takes none of it.
+        assert!(rate.join(client, start + Duration::from_secs(19)).is_err());
+        let later = start + Duration::from_secs(40);
+        assert!(rate.join(client, later).is_ok());
+        assert!(rate.join(client, later).is_ok());
+        assert!(rate.join(client, later).is_err());
+        let unlimited = JoinRate::new(0);
+        assert!((0..1000).all(|_| unlimited.join(client, start).is_ok()));
+    }
+
+    #[test]
+    fn the_buckets_of_clients_gone_quiet_are_dropped() {
+        let rate = JoinRate::new(60);
+        let start = Instant::now();
+        for n in 0..BUCKETS_KEPT as u32 {
+            rate.join(Client::of(IpAddr::from(n.to_be_bytes())), start)
+                .unwrap();
+        }
+        rate.join(Client::of(address("192.0.2.1")), start + Duration::from_secs(2))
+            .unwrap();
+        assert_eq!(rate.buckets.lock().unwrap().len(), 1);
     }
 }

@@ -178,6 +178,11 @@ impl Ice {
         })
     }
 
+    /// A 1:1 NAT's public address (`--public-address`), if one was given.
+    pub fn public_address(&self) -> Option<IpAddr> {
+        self.public_address
+    }
+
     /// A session's `webrtcbin`, gathering as these settings say.
     pub fn webrtcbin(&self, name: &str) -> Result<gst::Element, String> {
         let webrtcbin = webrtcbin_on(name, &self.addresses)?;

@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tungstenite::Message;
 
+use crate::access::escaped;
 use crate::http::{self, Received, Request, Socket, close};
 use crate::protocol::{FrameError, FromSender, sender_message};
-use crate::rtp_ingress::RtpIngress;
+use crate::rtp_ingress::{RtpAddresses, RtpIngress};
 use crate::{Server, log};
 
 /// Compares in a time that does not tell how much of the token was right.
@@ -35,7 +36,7 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
         return;
     };
     let refuse = |socket, code: u16, reason: String| {
-        log!("refused {peer} on /codes: {code} {reason}");
+        log!("refused {peer} on /codes: {code} {}", escaped(&reason));
         server.metrics.refused(code);
         http::close(socket, code, &reason);
     };
@@ -77,15 +78,18 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
         return refuse(socket, close::BUSY, format!("session {id} has a sender already"));
     }
     let rtp = if over_rtp {
-        let started = socket
-            .get_ref()
+        // The port is bound where this connection came in, and takes packets from where it
+        // came from alone.
+        let connection = socket.get_ref();
+        let started = connection
             .local_addr()
+            .and_then(|local| Ok((local.ip(), connection.peer_addr()?.ip())))
             .map_err(|err| err.to_string())
-            .and_then(|local| {
+            .and_then(|(local, sender)| {
                 RtpIngress::start(
                     session.clone(),
                     &server.rtp_format,
-                    local.ip(),
+                    RtpAddresses::new(local, server.public_address, sender),
                     server.metrics.clone(),
                 )
             });

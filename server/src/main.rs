@@ -18,6 +18,7 @@
 //! decoder is an element of its own on the one model the server loaded at start. docs/streaming-server.md
 //! has the message formats and the refusals.
 
+mod access;
 mod admission;
 mod connections;
 mod http;
@@ -33,12 +34,13 @@ mod protocol;
 mod rtp_ingress;
 mod session;
 mod signalling;
+mod token;
 #[path = "../../examples/common/webrtc.rs"]
 #[allow(dead_code)]
 mod webrtc;
 
 use std::error::Error;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -67,6 +69,12 @@ pub struct Server {
     pub idle_timeout: Duration,
     /// Origins besides the server's own whose pages may open `/signal`.
     pub allowed_origins: Vec<String>,
+    /// The hosts a request may name (`--allow-host`); empty: any.
+    pub allowed_hosts: Vec<String>,
+    /// Who may join a session, and how many and how often each client.
+    pub joins: access::JoinPolicy,
+    /// A 1:1 NAT's public address (`--public-address`), which an RTP sender is told to send to.
+    pub public_address: Option<IpAddr>,
     pub metrics: Arc<Metrics>,
     /// What a sender's codes over RTP are (`/codes?...&transport=rtp`).
     pub rtp_format: rtp_ingress::RtpFormat,
@@ -96,7 +104,10 @@ as RTP packets (/codes?session=ID&transport=rtp names the port), each browser se
 /signal) hears its own speech over WebRTC.
 
 qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|cuda:N]
-    [--dtype f32|f16|bf16] [--chunk-frames 1] [--token TOKEN] [--max-sessions 16]
+    [--dtype f32|f16|bf16] [--chunk-frames 1] [--token TOKEN | --token-file FILE]
+    [--join-secret-file FILE] [--allow-host HOST,...] [--max-sessions 16]
+    [--max-sessions-per-address 8] [--max-joins-per-minute 20]
+    [--codes-bind ADDRESS:PORT] [--max-codes-connections 64]
     [--max-message-bytes 65536] [--idle-timeout 10] [--allow-origin ORIGIN,...]
     [--max-connections 256] [--max-connections-per-address 32] [--instance NAME]
     [--admission measured|off] [--ice-address ADDRESS,...] [--ice-interfaces NAME,...]
@@ -108,7 +119,26 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
   --device             where to decode (auto: CUDA when there is a GPU)
   --dtype              precision of the decoder (f32)
   --chunk-frames       frames per decode step (1)
-  --token              the codes ingress's bearer token (generated and printed)
+  --token              the codes ingress's bearer token (generated and printed; one given is
+                       not printed)
+  --token-file         a file holding the codes ingress's bearer token
+  --join-secret-file   a file holding the join secret (else the environment's
+                       QWENCODEC_JOIN_SECRET), 16 bytes or more: a browser joins with a token the
+                       application's backend signed with it, which names the session
+                       (docs/streaming-server.md); without one anyone may join (a demo)
+  --allow-host         the hosts (HOST or HOST:PORT, comma-separated) a request may name in its
+                       Host header, against DNS rebinding; others are answered 403 (any)
+  --max-sessions-per-address
+                       sessions open at once from one client (an IPv6 /64); 4429 past it (8;
+                       0: no cap)
+  --max-joins-per-minute
+                       joins from one client (an IPv6 /64) a minute, in bursts of as many;
+                       4429 past it (20; 0: no limit)
+  --codes-bind         serve /codes on this address alone, with connection caps of its own (the
+                       TTS side never waits for the public side's); /codes on --bind is then
+                       answered 404 (/codes on --bind)
+  --max-codes-connections
+                       connections open at once on --codes-bind (64)
   --max-sessions       sessions at once; the next is refused with 4429 (16)
   --admission          measured: at most as many sessions as the decoder serves in real time,
                        measured at start from its own steps (a step of every session within
@@ -174,11 +204,29 @@ fn run() -> Result<(), Box<dyn Error>> {
     let device = options.take("--device")?.unwrap_or_else(|| "auto".into());
     let dtype: Dtype = options.take_parsed("--dtype", Dtype::F32)?;
     let chunk_frames: u32 = options.take_parsed("--chunk-frames", 1)?;
-    let token = match options.take("--token")? {
-        Some(token) if token.is_empty() => return Err("--token must not be empty".into()),
-        Some(token) => token,
-        None => session::random_hex(16)?,
+    // Where the codes token came from: None when made here (then it is printed).
+    let (token, token_source) = match (options.take("--token")?, options.take("--token-file")?) {
+        (Some(_), Some(_)) => return Err("give --token or --token-file, not both".into()),
+        (Some(token), None) => (token, Some("--token")),
+        (None, Some(file)) => {
+            let text = std::fs::read_to_string(&file).map_err(|err| format!("--token-file {file}: {err}"))?;
+            (text.trim().to_owned(), Some("--token-file"))
+        }
+        (None, None) => (session::random_hex(16)?, None),
     };
+    if token.is_empty() {
+        return Err("the codes token must not be empty".into());
+    }
+    let join_secret_file = options.take("--join-secret-file")?;
+    let join_secret = token::JoinSecret::read(join_secret_file.as_deref().map(Path::new))?;
+    let allowed_hosts: Vec<String> = options.take_list("--allow-host", &[])?;
+    if allowed_hosts.iter().any(String::is_empty) {
+        return Err("--allow-host: an empty host".into());
+    }
+    let max_sessions_per_address: usize = options.take_parsed("--max-sessions-per-address", 8)?;
+    let max_joins_per_minute: u32 = options.take_parsed("--max-joins-per-minute", 20)?;
+    let codes_bind: Option<SocketAddr> = options.take_optional("--codes-bind")?;
+    let max_codes_connections: usize = options.take_parsed("--max-codes-connections", 64)?;
     let max_sessions: usize = options.take_parsed("--max-sessions", 16)?;
     let max_message_bytes: usize = options.take_parsed("--max-message-bytes", 64 * 1024)?;
     let idle_timeout: f64 = options.take_parsed("--idle-timeout", 10.0)?;
@@ -236,6 +284,22 @@ fn run() -> Result<(), Box<dyn Error>> {
 
     let listener = TcpListener::bind(bind)?;
     let address = listener.local_addr()?;
+    let codes_listener = codes_bind.map(TcpListener::bind).transpose()?;
+    let codes_address = match &codes_listener {
+        Some(codes_listener) => codes_listener.local_addr()?,
+        None => address,
+    };
+    let joins_described = match &join_secret {
+        Some(_) => format!(
+            "a join token signed with the join secret ({}) is required",
+            join_secret_file
+                .as_deref()
+                .map_or(format!("${}", token::SECRET_VARIABLE), |file| format!(
+                    "--join-secret-file {file}"
+                ))
+        ),
+        None => "open to anyone who reaches /signal (no join secret: a demo)".to_owned(),
+    };
     let server = Arc::new(Server {
         sessions: Sessions::new(
             session::PipelineSettings {
@@ -257,6 +321,9 @@ fn run() -> Result<(), Box<dyn Error>> {
         max_message_bytes,
         idle_timeout: Duration::from_secs_f64(idle_timeout),
         allowed_origins,
+        allowed_hosts,
+        joins: access::JoinPolicy::new(join_secret, max_joins_per_minute, max_sessions_per_address),
+        public_address: ice.public_address(),
         metrics,
         rtp_format,
         browser_ice_servers: ice.browser_servers(),
@@ -268,31 +335,63 @@ fn run() -> Result<(), Box<dyn Error>> {
     );
     log!("{}", ice.describe());
     log!("{}", opus.describe());
+    // A token given is not printed: the log may go where the token must not.
+    let bearer = match token_source {
+        Some(source) => format!("<the token of {source}>"),
+        None => server.token.clone(),
+    };
     log!(
-        "codes ingress: ws://{address}/codes?session=ID with the header \"Authorization: Bearer {}\"",
-        server.token
+        "codes ingress: ws://{codes_address}/codes?session=ID with the header \"Authorization: Bearer {bearer}\""
+    );
+    log!(
+        "joins: {joins_described}; at most {max_sessions_per_address} sessions and {max_joins_per_minute} joins a minute per client (0: no cap)"
     );
     log!("open http://{address}/ in a browser");
 
     let mut signals = Signals::new([SIGTERM, SIGINT])?;
+    let mut all_connections = vec![server.connections.clone()];
+    let public_side = match codes_listener {
+        Some(codes_listener) => {
+            let connections = Connections::new(max_codes_connections, max_codes_connections);
+            all_connections.push(connections.clone());
+            let server = server.clone();
+            std::thread::spawn(move || accept(&server, codes_listener, &connections, Side::Codes));
+            Side::Public
+        }
+        None => Side::Both,
+    };
     std::thread::spawn({
         let server = server.clone();
-        move || accept(&server, listener)
+        move || accept(&server, listener, &server.connections, public_side)
     });
     let signal = signals.forever().next();
     log!("signal {signal:?}: shutting down");
-    server.connections.stop();
+    for connections in &all_connections {
+        connections.stop();
+    }
     server.sessions.close_all("the server is shutting down");
-    let open = server.connections.wait_for_all(SHUTDOWN_PATIENCE);
+    let open: usize = all_connections
+        .iter()
+        .map(|connections| connections.wait_for_all(SHUTDOWN_PATIENCE))
+        .sum();
     log!("shut down ({open} connections still open)");
     Ok(())
+}
+
+/// What a listener serves: with `--codes-bind`, the public side (the page, `/signal`, the
+/// status) on `--bind` and the TTS side (`/codes`) on its own; else both on the one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Public,
+    Codes,
+    Both,
 }
 
 /// How long a shutdown waits for the connections to close.
 const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(5);
 
-/// Takes connections, each on a thread of its own, while the caps allow.
-fn accept(server: &Arc<Server>, listener: TcpListener) {
+/// Takes connections, each on a thread of its own, while `connections`' caps allow.
+fn accept(server: &Arc<Server>, listener: TcpListener, connections: &Arc<Connections>, side: Side) {
     for stream in listener.incoming() {
         let stream = match stream {
             Ok(stream) => stream,
@@ -302,11 +401,11 @@ fn accept(server: &Arc<Server>, listener: TcpListener) {
             }
         };
         let Ok(peer) = stream.peer_addr() else { continue };
-        match server.connections.admit(peer.ip()) {
+        match connections.admit(peer.ip()) {
             Ok(admitted) => {
                 let server = server.clone();
                 std::thread::spawn(move || {
-                    serve(&server, stream);
+                    serve(&server, stream, peer, side);
                     drop(admitted);
                 });
             }
@@ -325,27 +424,9 @@ fn accept(server: &Arc<Server>, listener: TcpListener) {
     }
 }
 
-/// Why `/signal` is refused to `request`'s page, if it is: browsers send the `Origin` of the page
-/// that opens a WebSocket, and only the server's own page (the `Host` it was asked for, over
-/// http or https behind a proxy) and `--allow-origin`'s may drive sessions. A client that is
-/// not a browser sends none.
-fn origin_refusal(server: &Server, request: &http::Request) -> Option<String> {
-    let origin = request.header("origin")?;
-    let own = request
-        .header("host")
-        .is_some_and(|host| origin == format!("http://{host}") || origin == format!("https://{host}"));
-    if own || server.allowed_origins.iter().any(|allowed| allowed == origin) {
-        None
-    } else {
-        Some(format!("origin {origin} is not allowed (--allow-origin)"))
-    }
-}
-
-/// One connection: a page, the status, or one of the two WebSocket endpoints.
-fn serve(server: &Server, stream: TcpStream) {
-    let peer = stream
-        .peer_addr()
-        .map_or_else(|_| "?".into(), |addr| addr.to_string());
+/// One connection: a page, the status, or one of the two WebSocket endpoints, as `side` serves
+/// them.
+fn serve(server: &Server, stream: TcpStream, peer: SocketAddr, side: Side) {
     let request = match http::Request::read(&stream, server.idle_timeout) {
         Ok(request) => request,
         Err(err) => {
@@ -353,9 +434,30 @@ fn serve(server: &Server, stream: TcpStream) {
             return;
         }
     };
+    let path = access::escaped(&request.path);
+    let codes = request.path == "/codes";
+    if codes && side == Side::Public || !codes && side == Side::Codes {
+        log!("{peer}: no {path} on this listener (--codes-bind)");
+        return http::respond(stream, "404 Not Found", "text/plain", "not found\n");
+    }
+    // /codes carries its own bearer token, which no page can put on a WebSocket.
+    if !codes && !access::host_allowed(&server.allowed_hosts, request.header("host")) {
+        let why = match request.header("host") {
+            Some(host) => format!("host {} is not allowed (--allow-host)", access::escaped(host)),
+            None => "no Host: --allow-host needs one".to_owned(),
+        };
+        log!("refused {peer} on {path}: 403 {why}");
+        server.metrics.refused(403);
+        return http::respond(stream, "403 Forbidden", "text/plain", &format!("{why}\n"));
+    }
     match (request.path.as_str(), request.is_websocket()) {
-        ("/signal", true) => match origin_refusal(server, &request) {
-            None => signalling::serve(server, request.upgrade(stream, server), &peer),
+        ("/signal", true) => match access::origin_refusal(
+            request.header("origin"),
+            request.header("host"),
+            &server.allowed_origins,
+            server.joins.requires_token(),
+        ) {
+            None => signalling::serve(server, request.upgrade(stream, server), peer),
             Some(why) => {
                 log!("refused {peer} on /signal: {} {why}", http::close::FORBIDDEN);
                 server.metrics.refused(http::close::FORBIDDEN);
@@ -364,7 +466,12 @@ fn serve(server: &Server, stream: TcpStream) {
                 }
             }
         },
-        ("/codes", true) => ingress::serve(server, &request, request.upgrade(stream, server), &peer),
+        ("/codes", true) => ingress::serve(
+            server,
+            &request,
+            request.upgrade(stream, server),
+            &peer.to_string(),
+        ),
         ("/", false) | ("/index.html", false) => http::respond(
             stream,
             "200 OK",
@@ -390,7 +497,7 @@ fn serve(server: &Server, stream: TcpStream) {
             });
             http::respond(stream, "200 OK", "application/json", &status.to_string())
         }
-        (path, _) => {
+        _ => {
             log!("{peer}: no {path}");
             http::respond(stream, "404 Not Found", "text/plain", "not found\n")
         }

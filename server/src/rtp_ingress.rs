@@ -9,14 +9,20 @@
 //! The frames take the WebSocket frames' way into the session (its timeline, pacing, limits and
 //! cancel), so that both transports behave alike. An utterance starts at a marked packet (the
 //! depayloader flags it DISCONT): the speech before it ends there, as `{"type":"end"}` ends it.
+//!
+//! The port takes packets from the sender's address alone (the address its WebSocket came
+//! from): anyone else who finds the port could otherwise speak into the session, unasked.
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gst::prelude::*;
+use gst_net::gio;
+use gst_net::gio::prelude::InetSocketAddressExt;
 use gstqwencodec::model::DecoderConfig;
 
+use crate::log;
 use crate::metrics::Metrics;
 use crate::session::Session;
 
@@ -82,24 +88,54 @@ pub struct RtpIngress {
     /// Why the frames stopped going into the session (a refusal of `Session::push`).
     refused: Arc<Mutex<Option<(u16, String)>>>,
     frames: Arc<Mutex<usize>>,
+    /// Packets from other addresses than the sender's, dropped.
+    dropped: Arc<AtomicU64>,
+    session: String,
+}
+
+/// Where a session's RTP comes in: the local address the port is bound on, the address the
+/// SDP names for it (the same, or a 1:1 NAT's public one), and the one address whose packets
+/// are taken.
+pub struct RtpAddresses {
+    pub local: IpAddr,
+    pub announced: IpAddr,
+    pub sender: IpAddr,
+}
+
+impl RtpAddresses {
+    /// The port on `local` (where the sender's WebSocket came in), named in the SDP as
+    /// `public` (`--public-address`, behind a 1:1 NAT) when that is of the same family, for
+    /// `sender`'s packets.
+    pub fn new(local: IpAddr, public: Option<IpAddr>, sender: IpAddr) -> Self {
+        let announced = public
+            .filter(|public| public.is_ipv4() == local.to_canonical().is_ipv4())
+            .unwrap_or(local);
+        Self {
+            local,
+            announced,
+            sender,
+        }
+    }
 }
 
 impl RtpIngress {
-    /// Listens on a free UDP port of `address` and hands what comes to `session`.
+    /// Listens on a free UDP port of `addresses.local` and hands what comes from
+    /// `addresses.sender` to `session`.
     pub fn start(
         session: Arc<Session>,
         format: &RtpFormat,
-        address: IpAddr,
+        addresses: RtpAddresses,
         metrics: Arc<Metrics>,
     ) -> Result<Self, String> {
-        let pipeline = gst::Pipeline::with_name(&format!("rtp-{}", session.id));
+        let id = session.id.clone();
+        let pipeline = gst::Pipeline::with_name(&format!("rtp-{id}"));
         let make = |factory: &str| {
             gst::ElementFactory::make(factory)
                 .build()
                 .map_err(|err| format!("{factory}: {err}"))
         };
         let udpsrc = gst::ElementFactory::make("udpsrc")
-            .property("address", address.to_string())
+            .property("address", addresses.local.to_string())
             .property("port", 0i32)
             .property("caps", format.caps())
             .build()
@@ -117,6 +153,8 @@ impl RtpIngress {
         ];
         pipeline.add_many(chain).map_err(|err| err.to_string())?;
         gst::Element::link_many(chain).map_err(|err| err.to_string())?;
+        let dropped = Arc::new(AtomicU64::new(0));
+        take_only_from(&udpsrc, addresses.sender, &id, dropped.clone());
 
         let cancelled = Arc::new(AtomicBool::new(false));
         let refused = Arc::new(Mutex::new(None));
@@ -164,10 +202,12 @@ impl RtpIngress {
         Ok(Self {
             pipeline,
             port,
-            sdp: format.sdp(address, port),
+            sdp: format.sdp(addresses.announced, port),
             cancelled,
             refused,
             frames,
+            dropped,
+            session: id,
         })
     }
 
@@ -201,5 +241,41 @@ impl RtpIngress {
 impl Drop for RtpIngress {
     fn drop(&mut self) {
         let _ = self.pipeline.set_state(gst::State::Null);
+        let dropped = self.dropped.load(Ordering::SeqCst);
+        if dropped > 0 {
+            log!(
+                "session {}: {dropped} RTP packets from other addresses than its sender's dropped",
+                self.session
+            );
+        }
     }
+}
+
+/// Drops what reaches `udpsrc` from another address than `sender` (udpsrc says each packet's
+/// source in its buffer's net address meta), counting it in `dropped`; the first is logged.
+fn take_only_from(udpsrc: &gst::Element, sender: IpAddr, session: &str, dropped: Arc<AtomicU64>) {
+    let sender = sender.to_canonical();
+    let session = session.to_owned();
+    udpsrc
+        .static_pad("src")
+        .unwrap()
+        .add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+            let Some(gst::PadProbeData::Buffer(buffer)) = &info.data else {
+                return gst::PadProbeReturn::Ok;
+            };
+            let source = buffer
+                .meta::<gst_net::NetAddressMeta>()
+                .and_then(|meta| meta.addr().downcast::<gio::InetSocketAddress>().ok())
+                .map(|address| IpAddr::from(address.address()).to_canonical());
+            if source == Some(sender) {
+                return gst::PadProbeReturn::Ok;
+            }
+            if dropped.fetch_add(1, Ordering::SeqCst) == 0 {
+                let source = source.map_or_else(|| "an unknown address".to_owned(), |source| source.to_string());
+                log!(
+                    "session {session}: dropped an RTP packet from {source}: the port takes its sender's ({sender}) alone"
+                );
+            }
+            gst::PadProbeReturn::Drop
+        });
 }

@@ -1,7 +1,7 @@
 //! A browser session: its pipeline, from the codes the ingress pushes to the WebRTC peer that
 //! the browser's signalling talks to, and the registry of the sessions of the server.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -578,7 +578,18 @@ fn connect_signalling(
 pub struct Sessions {
     settings: PipelineSettings,
     max: usize,
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    registry: Mutex<Registry>,
+}
+
+/// What the sessions' lock guards.
+#[derive(Default)]
+struct Registry {
+    open: HashMap<String, Arc<Session>>,
+    /// Sessions whose pipelines are being built: their ids are taken, and they count against
+    /// the cap.
+    starting: HashSet<String>,
+    /// Why no session opens any more (the server shuts down), once that is so.
+    closed: Option<String>,
 }
 
 impl Sessions {
@@ -586,7 +597,7 @@ impl Sessions {
         Self {
             settings,
             max,
-            sessions: Mutex::new(HashMap::new()),
+            registry: Mutex::default(),
         }
     }
 
@@ -594,49 +605,88 @@ impl Sessions {
         &self.settings.format
     }
 
-    /// A new session with its pipeline playing, unless the server has its most sessions.
-    pub fn open(&self, to_browser: Sender<serde_json::Value>) -> Result<Arc<Session>, (u16, String)> {
+    /// A new session with its pipeline playing, unless the server has its most sessions; its id
+    /// is `id` (a join token's) or one made here. The pipeline is built outside the lock, which
+    /// every sender's lookup and every session's end take: a start takes tens of milliseconds,
+    /// and a burst of joins would hold all of them up.
+    pub fn open(
+        &self,
+        to_browser: Sender<serde_json::Value>,
+        id: Option<String>,
+    ) -> Result<Arc<Session>, (u16, String)> {
         use crate::http::close;
-        let mut sessions = self.sessions.lock().unwrap();
-        if sessions.len() >= self.max {
-            return Err((
-                close::TOO_MANY_SESSIONS,
-                format!("the server has its most sessions ({})", self.max),
-            ));
-        }
-        let random = random_hex(16).map_err(|err| (close::SERVER_ERROR, err))?;
-        let id = match &self.settings.instance {
-            Some(instance) => format!("{instance}-{random}"),
-            None => random,
+        let id = match (id, &self.settings.instance) {
+            (Some(id), Some(instance)) if !id.starts_with(&format!("{instance}-")) => {
+                let reason = format!("session id {id} does not start with {instance}- (--instance)");
+                return Err((close::FORBIDDEN, reason));
+            }
+            (Some(id), _) => id,
+            (None, instance) => {
+                let random = random_hex(16).map_err(|err| (close::SERVER_ERROR, err))?;
+                match instance {
+                    Some(instance) => format!("{instance}-{random}"),
+                    None => random,
+                }
+            }
         };
-        let session = Session::start(id.clone(), &self.settings, to_browser)
-            .map(Arc::new)
-            .map_err(|err| (close::SERVER_ERROR, format!("cannot start a pipeline: {err}")))?;
-        sessions.insert(id, session.clone());
+        {
+            let mut registry = self.registry.lock().unwrap();
+            if let Some(why) = &registry.closed {
+                return Err((close::GOING_AWAY, why.clone()));
+            }
+            if registry.open.len() + registry.starting.len() >= self.max {
+                return Err((
+                    close::TOO_MANY_SESSIONS,
+                    format!("the server has its most sessions ({})", self.max),
+                ));
+            }
+            if registry.open.contains_key(&id) || !registry.starting.insert(id.clone()) {
+                return Err((close::BUSY, format!("session {id} is open already")));
+            }
+        }
+        let started = Session::start(id.clone(), &self.settings, to_browser);
+        let mut registry = self.registry.lock().unwrap();
+        registry.starting.remove(&id);
+        let session = Arc::new(
+            started.map_err(|err| (close::SERVER_ERROR, format!("cannot start a pipeline: {err}")))?,
+        );
+        if let Some(why) = registry.closed.clone() {
+            // The server began to shut down while the pipeline was built.
+            drop(registry);
+            session.stop(&why);
+            return Err((close::GOING_AWAY, why));
+        }
+        registry.open.insert(id, session.clone());
         Ok(session)
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Session>> {
-        self.sessions.lock().unwrap().get(id).cloned()
+        self.registry.lock().unwrap().open.get(id).cloned()
     }
 
     /// Ends a session: its pipeline stops, and its sender is told why at its next look.
     pub fn close(&self, id: &str, why: &str) {
-        let session = self.sessions.lock().unwrap().remove(id);
+        let session = self.registry.lock().unwrap().open.remove(id);
         if let Some(session) = session {
             session.stop(why);
         }
     }
 
-    /// Ends every session (the server shuts down): each one's connections close, saying why.
+    /// Ends every session (the server shuts down), and opens none from now on: each one's
+    /// connections close, saying why.
     pub fn close_all(&self, why: &str) {
-        for session in self.sessions.lock().unwrap().values() {
+        let sessions: Vec<Arc<Session>> = {
+            let mut registry = self.registry.lock().unwrap();
+            registry.closed = Some(why.to_owned());
+            registry.open.values().cloned().collect()
+        };
+        for session in sessions {
             session.stop(why);
         }
     }
 
     pub fn count(&self) -> usize {
-        self.sessions.lock().unwrap().len()
+        self.registry.lock().unwrap().open.len()
     }
 }
 

@@ -1,20 +1,27 @@
 //! The browser's side of a session: `/signal`, JSON text messages.
 //!
-//! browser → server: `{"type":"join"}` first (a session and its pipeline start), then
+//! browser → server: `{"type":"join"}` first, `{"type":"join","token":…}` where the server
+//! takes join tokens (`access`; a session and its pipeline start), then
 //! `{"type":"answer","sdp":…}` and `{"type":"ice","candidate":…,"sdpMLineIndex":…}`.
 //! server → browser: `{"type":"session","id":…,"iceServers":[…]}` (the `RTCIceServer`s for its
 //! peer connection), `{"type":"offer","sdp":…}`, `{"type":"ice",…}`.
 //! The session ends when this connection does.
 
+use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::Instant;
 
 use serde_json::json;
 use tungstenite::Message;
 
+use crate::access::escaped;
 use crate::http::{self, Received, Socket, close};
 use crate::protocol::{FromBrowser, browser_message};
 use crate::{Server, log};
+
+/// The most ICE candidates a browser may send a session: one has a few per interface, and each
+/// costs libnice its checks.
+const MAX_CANDIDATES: usize = 100;
 
 /// The next message, or why the connection ends: `Err(None)` when the browser closed it.
 fn next_message(socket: &mut Socket) -> Result<Option<FromBrowser>, Option<(u16, String)>> {
@@ -36,20 +43,20 @@ fn next_message(socket: &mut Socket) -> Result<Option<FromBrowser>, Option<(u16,
     }
 }
 
-pub fn serve(server: &Server, socket: Option<Socket>, peer: &str) {
+pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
     let Some(mut socket) = socket else {
         return;
     };
     let refuse = |socket, (code, reason): (u16, String)| {
-        log!("refused {peer} on /signal: {code} {reason}");
+        log!("refused {peer} on /signal: {code} {}", escaped(&reason));
         server.metrics.refused(code);
         http::close(socket, code, &reason);
     };
 
     let connected = Instant::now();
-    loop {
+    let token = loop {
         match next_message(&mut socket) {
-            Ok(Some(FromBrowser::Join)) => break,
+            Ok(Some(FromBrowser::Join { token })) => break token,
             Ok(Some(_)) => return refuse(socket, (close::BAD_MESSAGE, "join first".into())),
             Ok(None) if connected.elapsed() > server.idle_timeout => {
                 let reason = format!("no join within {:?}", server.idle_timeout);
@@ -59,9 +66,14 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: &str) {
             Err(Some(refusal)) => return refuse(socket, refusal),
             Err(None) => return,
         }
-    }
+    };
+    // Held until the session ends: the client's place among its sessions.
+    let join = match server.joins.admit(token.as_deref(), peer.ip()) {
+        Ok(join) => join,
+        Err(refusal) => return refuse(socket, refusal),
+    };
     let (to_browser, outgoing) = mpsc::channel();
-    let session = match server.sessions.open(to_browser) {
+    let session = match server.sessions.open(to_browser, join.session.clone()) {
         Ok(session) => session,
         Err(refusal) => return refuse(socket, refusal),
     };
@@ -72,7 +84,11 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: &str) {
         server.sessions.count()
     );
     let mut ending = None;
-    if !http::send_text(&mut socket, json!({"type": "session", "id": id, "iceServers": server.browser_ice_servers}).to_string()) {
+    let mut candidates = 0;
+    if !http::send_text(
+        &mut socket,
+        json!({"type": "session", "id": id, "iceServers": server.browser_ice_servers}).to_string(),
+    ) {
         ending = Some("its connection failed".to_string());
     }
 
@@ -106,12 +122,19 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: &str) {
                 candidate,
                 mline_index,
             })) => {
+                candidates += 1;
+                if candidates > MAX_CANDIDATES {
+                    let reason = format!("more than {MAX_CANDIDATES} ICE candidates");
+                    refuse(socket, (close::BAD_MESSAGE, reason));
+                    ending = Some("too many ICE candidates".into());
+                    break;
+                }
                 // An empty candidate is the browser's end of candidates.
                 if !candidate.is_empty() {
                     session.add_ice_candidate(mline_index, &candidate);
                 }
             }
-            Ok(Some(FromBrowser::Join)) => {
+            Ok(Some(FromBrowser::Join { .. })) => {
                 refuse(socket, (close::BAD_MESSAGE, "joined already".into()));
                 ending = Some("joined twice".into());
                 break;

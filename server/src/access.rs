@@ -1,0 +1,296 @@
+//! Who may use the server's public side: the `Host` a request names (`--allow-host`, against DNS
+//! rebinding), the page's `Origin` on `/signal`, and who may join a session (a join token, see
+//! `token`, and each client's caps, see `connections`). And client-supplied text as the log
+//! shows it.
+
+use std::net::IpAddr;
+use std::time::{Instant, SystemTime};
+
+use crate::connections::{Client, JoinRate, SessionPlace, SessionsPerClient};
+use crate::http::close;
+use crate::token::JoinSecret;
+
+/// The most of a client's text that a log line or a refusal repeats.
+const MOST_ESCAPED_CHARS: usize = 200;
+
+/// `text` (a path, an id, an `Origin`, a `Host`: anything a client wrote) as the log may show
+/// it: what is not printable ASCII escaped, so that it can neither start a line of its own nor
+/// drive the terminal, and cut after [`MOST_ESCAPED_CHARS`].
+pub fn escaped(text: &str) -> String {
+    let mut shown = String::new();
+    for (at, c) in text.chars().enumerate() {
+        if at == MOST_ESCAPED_CHARS {
+            shown.push('…');
+            break;
+        }
+        match c {
+            '\\' => shown.push_str("\\\\"),
+            ' '..='~' => shown.push(c),
+            _ => shown.extend(c.escape_default()),
+        }
+    }
+    shown
+}
+
+/// A `Host` header's host (lowercased, an IPv6 address in its brackets) and port, if it has one.
+fn host_and_port(host: &str) -> (String, Option<&str>) {
+    let (name, port) = if host.starts_with('[') {
+        match host.split_once(']') {
+            Some((name, rest)) => (&host[..=name.len()], rest.strip_prefix(':')),
+            None => (host, None),
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (host, None),
+        }
+    };
+    (name.to_ascii_lowercase(), port)
+}
+
+/// Whether a request that names `host` (its `Host` header) may be served: a page whose name was
+/// rebound to this server's address still names its own host, so with `--allow-host` given only
+/// the names listed are served. An entry without a port allows its host at any port. An empty
+/// list allows every host.
+pub fn host_allowed(allowed: &[String], host: Option<&str>) -> bool {
+    if allowed.is_empty() {
+        return true;
+    }
+    let Some(host) = host else {
+        return false;
+    };
+    let (name, port) = host_and_port(host);
+    allowed.iter().any(|entry| {
+        let (allowed_name, allowed_port) = host_and_port(entry);
+        allowed_name == name && allowed_port.is_none_or(|allowed_port| Some(allowed_port) == port)
+    })
+}
+
+/// Why `/signal` is refused to a page of `origin`, if it is: browsers send the `Origin` of the
+/// page that opens a WebSocket, and only the server's own page (the `host` it was asked for,
+/// over http or https behind a proxy) and `allowed`'s may drive sessions. A client that is not a
+/// browser sends none: it is taken unless `origin_required` (a server that takes join tokens
+/// serves pages, and a token taken from one must not be replayed by a script).
+pub fn origin_refusal(
+    origin: Option<&str>,
+    host: Option<&str>,
+    allowed: &[String],
+    origin_required: bool,
+) -> Option<String> {
+    let Some(origin) = origin else {
+        return origin_required
+            .then(|| "no Origin: a join token is taken from a browser's page only".to_owned());
+    };
+    let own =
+        host.is_some_and(|host| origin == format!("http://{host}") || origin == format!("https://{host}"));
+    if own || allowed.iter().any(|allowed| allowed == origin) {
+        None
+    } else {
+        Some(format!(
+            "origin {} is not allowed (--allow-origin)",
+            escaped(origin)
+        ))
+    }
+}
+
+/// Who may join: with a join secret, a browser whose token it signed (the token names the
+/// session); without one, anyone (a demo). And every client at most so many sessions at once and
+/// so many joins a minute.
+pub struct JoinPolicy {
+    secret: Option<JoinSecret>,
+    rate: JoinRate,
+    sessions_per_client: std::sync::Arc<SessionsPerClient>,
+}
+
+/// A join let through: the session id its token names (None: the server chooses one), and the
+/// client's place for the session, which it holds as long as the session lasts.
+pub struct Join {
+    pub session: Option<String>,
+    _place: SessionPlace,
+}
+
+impl JoinPolicy {
+    pub fn new(secret: Option<JoinSecret>, joins_per_minute: u32, sessions_per_client: usize) -> Self {
+        Self {
+            secret,
+            rate: JoinRate::new(joins_per_minute),
+            sessions_per_client: SessionsPerClient::new(sessions_per_client),
+        }
+    }
+
+    pub fn requires_token(&self) -> bool {
+        self.secret.is_some()
+    }
+
+    /// Lets a join from `address` with `token` through, or says why not (a close code and
+    /// reason, neither of which repeats the token). Every join counts against the client's
+    /// rate, those refused too: a client that guesses tokens is slowed down as one that floods.
+    pub fn admit(&self, token: Option<&str>, address: IpAddr) -> Result<Join, (u16, String)> {
+        let client = Client::of(address);
+        self.rate
+            .join(client, Instant::now())
+            .map_err(|why| (close::TOO_MANY_SESSIONS, why))?;
+        let session = match (&self.secret, token) {
+            (Some(secret), Some(token)) => {
+                let token = secret
+                    .verify(token, unix_now())
+                    .map_err(|err| (close::UNAUTHORIZED, err.to_string()))?;
+                Some(token.session)
+            }
+            (Some(_), None) => {
+                let reason = "a join token is required: {\"type\":\"join\",\"token\":\"...\"} \
+                              (the page passes on ?token= of its URL)";
+                return Err((close::UNAUTHORIZED, reason.into()));
+            }
+            (None, Some(_)) => {
+                let reason = "a join token, but this server takes none (it has no join secret)";
+                return Err((close::BAD_MESSAGE, reason.into()));
+            }
+            (None, None) => None,
+        };
+        let place = self
+            .sessions_per_client
+            .take(client)
+            .map_err(|why| (close::TOO_MANY_SESSIONS, why))?;
+        Ok(Join {
+            session,
+            _place: place,
+        })
+    }
+}
+
+/// Unix seconds now.
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(entries: &[&str]) -> Vec<String> {
+        entries.iter().map(|entry| entry.to_string()).collect()
+    }
+
+    #[test]
+    fn client_text_is_escaped_and_cut_in_the_log() {
+        assert_eq!(escaped("/codes?session=a1-b2"), "/codes?session=a1-b2");
+        assert_eq!(
+            escaped("x\nqwencodec-server: forged\u{1b}[2J\\"),
+            "x\\nqwencodec-server: forged\\u{1b}[2J\\\\"
+        );
+        assert_eq!(escaped("é"), "\\u{e9}");
+        let long = escaped(&"a".repeat(1000));
+        assert_eq!(long.chars().count(), MOST_ESCAPED_CHARS + 1);
+        assert!(long.ends_with('…'));
+    }
+
+    #[test]
+    fn hosts_are_allowed_by_name_at_any_port_or_by_name_and_port() {
+        let allowed = list(&["tts.example.org", "127.0.0.1:8080", "[::1]"]);
+        for host in [
+            "tts.example.org",
+            "TTS.example.org:443",
+            "127.0.0.1:8080",
+            "[::1]:8080",
+            "[::1]",
+        ] {
+            assert!(host_allowed(&allowed, Some(host)), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "tts.example.org.evil.example",
+            "127.0.0.1",
+            "127.0.0.1:8081",
+            "[::2]:8080",
+            "",
+        ] {
+            assert!(!host_allowed(&allowed, Some(host)), "{host}");
+        }
+        assert!(!host_allowed(&allowed, None), "a request with no Host");
+        assert!(host_allowed(&[], None), "no list: every host");
+    }
+
+    #[test]
+    fn origins_are_refused_unless_the_servers_own_or_allowed() {
+        let allowed = list(&["https://app.example"]);
+        let host = Some("tts.example.org");
+        for origin in [
+            "https://tts.example.org",
+            "http://tts.example.org",
+            "https://app.example",
+        ] {
+            assert_eq!(
+                origin_refusal(Some(origin), host, &allowed, true),
+                None,
+                "{origin}"
+            );
+        }
+        let refusal = origin_refusal(Some("https://evil.example\n"), host, &allowed, false).unwrap();
+        assert_eq!(
+            refusal,
+            "origin https://evil.example\\n is not allowed (--allow-origin)"
+        );
+        assert_eq!(
+            origin_refusal(None, host, &allowed, false),
+            None,
+            "not a browser, no token"
+        );
+        assert!(
+            origin_refusal(None, host, &allowed, true)
+                .unwrap()
+                .starts_with("no Origin")
+        );
+    }
+
+    #[test]
+    fn joins_need_a_token_signed_with_the_secret_when_there_is_one() {
+        let secret = || JoinSecret::new(b"a join secret of the tests").unwrap();
+        let policy = JoinPolicy::new(Some(secret()), 0, 0);
+        let address: IpAddr = "192.0.2.1".parse().unwrap();
+        let token = secret().sign("from-the-backend", unix_now() + 60);
+        assert_eq!(
+            policy.admit(Some(&token), address).unwrap().session.as_deref(),
+            Some("from-the-backend")
+        );
+        let (code, reason) = policy.admit(None, address).err().unwrap();
+        assert_eq!(code, close::UNAUTHORIZED);
+        assert!(reason.contains("a join token is required"), "{reason}");
+        let expired = secret().sign("from-the-backend", unix_now() - 10);
+        let (code, reason) = policy.admit(Some(&expired), address).err().unwrap();
+        assert_eq!(code, close::UNAUTHORIZED);
+        assert!(reason.contains("expired"), "{reason}");
+
+        let open = JoinPolicy::new(None, 0, 0);
+        assert_eq!(open.admit(None, address).unwrap().session, None);
+        assert_eq!(
+            open.admit(Some(&token), address).err().unwrap().0,
+            close::BAD_MESSAGE
+        );
+    }
+
+    #[test]
+    fn joins_are_capped_per_client_and_a_left_session_gives_its_place_back() {
+        let policy = JoinPolicy::new(None, 4, 2);
+        let address: IpAddr = "2001:db8::1".parse().unwrap();
+        let neighbour: IpAddr = "2001:db8::2".parse().unwrap();
+        let first = policy.admit(None, address).unwrap();
+        let _second = policy.admit(None, neighbour).unwrap();
+        let (code, reason) = policy.admit(None, address).err().unwrap();
+        assert_eq!(
+            (code, reason.as_str()),
+            (
+                close::TOO_MANY_SESSIONS,
+                "2001:db8::/64 has its most sessions (2)"
+            )
+        );
+        drop(first);
+        let _third = policy.admit(None, address).unwrap();
+        // Four joins a minute, the refused one counted.
+        let (code, reason) = policy.admit(None, address).err().unwrap();
+        assert_eq!(code, close::TOO_MANY_SESSIONS);
+        assert_eq!(reason, "2001:db8::/64 joins too often (at most 4 a minute)");
+    }
+}
