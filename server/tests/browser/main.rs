@@ -4,6 +4,7 @@
 //!
 //! Thresholds come from the speech sent: the fixture's reference decode of those codes.
 
+mod access;
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 mod hardening;
@@ -822,7 +823,8 @@ fn new_connections_lose_only_the_lead_in() {
         return;
     }
     let speech = Speech::load();
-    let server = Server::start(&["--chunk-frames", "4"]);
+    // Ten sessions from one address: past the default cap per client.
+    let server = Server::start(&["--chunk-frames", "4", "--max-sessions-per-address", "10"]);
     let browser = Browser::start();
     let frames = 6;
     for connection in 1..=10 {

@@ -13,7 +13,7 @@ use super::{Measure, Speech, assert_cancel_silences, assert_heard, connect_page,
 
 /// A TTS process sending its frames as RTP: `appsrc ! rtpqwencodespay ! udpsink`, on the
 /// loopback interface.
-struct RtpSender {
+pub(super) struct RtpSender {
     pipeline: gst::Pipeline,
     appsrc: gst_app::AppSrc,
     /// The next frame's timestamp: the stream's timeline, continuous across utterances.
@@ -23,9 +23,16 @@ struct RtpSender {
 
 impl RtpSender {
     fn start(speech: &Speech, port: u16) -> Self {
+        Self::start_from(speech, "127.0.0.1", port)
+    }
+
+    /// A sender whose packets come from `source` (an address of the loopback interface: all of
+    /// 127.0.0.0/8 is), to 127.0.0.1:`port`.
+    pub(super) fn start_from(speech: &Speech, source: &str, port: u16) -> Self {
         common::init();
         let pipeline = gst::parse::launch(&format!(
-            "appsrc name=src is-live=true format=time ! rtpqwencodespay ! udpsink host=127.0.0.1 port={port} sync=false"
+            "appsrc name=src is-live=true format=time ! rtpqwencodespay \
+             ! udpsink host=127.0.0.1 port={port} bind-address={source} sync=false"
         ))
         .unwrap()
         .downcast::<gst::Pipeline>()
@@ -76,7 +83,7 @@ impl RtpSender {
     }
 
     /// An utterance of `frames` at once, as a TTS faster than real time sends it.
-    fn send_burst(&mut self, speech: &Speech, frames: usize) -> f64 {
+    pub(super) fn send_burst(&mut self, speech: &Speech, frames: usize) -> f64 {
         let at = epoch_ms();
         for index in 0..frames {
             self.send(speech, index, index == 0);

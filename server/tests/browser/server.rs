@@ -106,8 +106,12 @@ impl Server {
     }
 
     fn launch(mut command: Command, options: &[&str]) -> Self {
+        // A test that gives the token in a file gives no other.
+        if !options.contains(&"--token-file") {
+            command.args(["--token", TOKEN]);
+        }
         let mut process = command
-            .args(["--device", "cpu", "--token", TOKEN])
+            .args(["--device", "cpu"])
             // The tests' own caps, not what the machine measured at start: under load it may
             // measure one session, and the tests' second tab or session would be refused.
             .args(["--admission", "off"])
