@@ -457,6 +457,8 @@ class ServerProcess:
             "--dtype", options.dtype, "--chunk-frames", str(options.chunk_frames),
             "--max-sessions", str(options.max_sessions), "--device", options.device, "--token", token,
             "--admission", options.admission, "--ice-address", "127.0.0.1",
+            # Every peer here is one client (127.0.0.1): no cap per client on its sessions and joins.
+            "--max-sessions-per-address", "0", "--max-joins-per-minute", "0",
         ]  # fmt: skip
         env = dict(os.environ)
         env.setdefault("GOMP_SPINCOUNT", "1000")  # as make serve: short OpenMP spinning (docs/element.md, "Threads")
