@@ -15,6 +15,10 @@ const speech = {
   rms: 0,
   // Changes between silence and sound: {at: Date.now(), sound: bool}.
   changes: [],
+  // What the server said of the session's TTS sender: {state: "joined"|"left", why, at}.
+  senders: [],
+  // How the signalling connection closed: {code, reason}.
+  closed: null,
   pc: null,
   // The inbound RTP audio statistics, or null before any.
   async inbound() {
@@ -47,7 +51,10 @@ function connect() {
   // URL (?token=...), where the server takes them (docs/streaming-server.md).
   const token = new URLSearchParams(location.search).get("token");
   socket.onopen = () => { show("joining"); send(token ? { type: "join", token } : { type: "join" }); };
-  socket.onclose = (event) => show(`closed: ${event.code} ${event.reason}`);
+  socket.onclose = (event) => {
+    speech.closed = { code: event.code, reason: event.reason };
+    show(`closed: ${event.code} ${event.reason}`);
+  };
   socket.onmessage = async (event) => {
     const message = JSON.parse(event.data);
     if (message.type === "session") {
@@ -59,6 +66,8 @@ function connect() {
       const answer = await pc.createAnswer();
       await pc.setLocalDescription(answer);
       send({ type: "answer", sdp: answer.sdp });
+    } else if (message.type === "sender") {
+      speech.senders.push({ state: message.state, why: message.why || null, at: Date.now() });
     } else if (message.type === "ice") {
       await pc.addIceCandidate({ candidate: message.candidate, sdpMLineIndex: message.sdpMLineIndex });
     }

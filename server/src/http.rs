@@ -108,6 +108,11 @@ impl Request {
         );
         stream.write_all(response.as_bytes()).ok()?;
         stream.set_read_timeout(Some(POLL)).ok()?;
+        // A peer that reads nothing (stopped, its link down) cannot hold a write, and with it
+        // the connection's thread, past the time it is given to answer.
+        stream
+            .set_write_timeout(Some(server.peer_times.peer_timeout))
+            .ok()?;
         let config = WebSocketConfig::default()
             .max_message_size(Some(server.max_message_bytes))
             .max_frame_size(Some(server.max_message_bytes));
@@ -142,7 +147,11 @@ pub enum Received {
 
 pub fn read(socket: &mut Socket) -> Received {
     match socket.read() {
-        Ok(Message::Close(_)) => Received::Closed,
+        Ok(Message::Close(_)) => {
+            // The close's answer, which tungstenite queued: the closing handshake completes.
+            let _ = socket.flush();
+            Received::Closed
+        }
         Ok(message) => Received::Message(message),
         Err(tungstenite::Error::Io(err))
             if matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
@@ -157,7 +166,7 @@ pub fn read(socket: &mut Socket) -> Received {
     }
 }
 
-/// Close codes: HTTP's statuses in the range for applications (RFC 6455 7.4.2).
+/// Close codes: HTTP's statuses in the range for applications (RFC 6455 7.4.2), where one fits.
 pub mod close {
     /// RFC 6455's own: the server goes away.
     pub const GOING_AWAY: u16 = 1001;
@@ -171,19 +180,18 @@ pub mod close {
     pub const TOO_LARGE: u16 = 4413;
     pub const BAD_CODES: u16 = 4422;
     pub const TOO_MANY_SESSIONS: u16 = 4429;
+    /// A sender whose session another sender took over (`takeover=1`): no HTTP status says
+    /// that, and a sender told so must not come back and take the session back in turn.
+    pub const REPLACED: u16 = 4490;
     pub const SERVER_ERROR: u16 = 4500;
 }
 
 /// Sends a close frame with `code` and `reason` (cut to what a close frame holds) and waits a
 /// moment for the client's.
 pub fn close(mut socket: Socket, code: u16, reason: &str) {
-    let mut cut = reason.len().min(123);
-    while !reason.is_char_boundary(cut) {
-        cut -= 1;
-    }
     let frame = CloseFrame {
         code: code.into(),
-        reason: reason[..cut].to_string().into(),
+        reason: cut_to_close_frame(reason).to_string().into(),
     };
     if socket.close(Some(frame)).is_err() {
         return;
@@ -195,6 +203,26 @@ pub fn close(mut socket: Socket, code: u16, reason: &str) {
             _ => break,
         }
     }
+}
+
+/// Closes the connection of a peer that is gone (it answers nothing): the close frame goes out
+/// if it can, at once, and no answer is waited for.
+pub fn close_gone(mut socket: Socket, code: u16, reason: &str) {
+    let _ = socket.get_ref().set_write_timeout(Some(POLL));
+    let frame = CloseFrame {
+        code: code.into(),
+        reason: cut_to_close_frame(reason).to_string().into(),
+    };
+    let _ = socket.close(Some(frame));
+}
+
+/// `reason`, cut to what a close frame holds (123 bytes, on a character boundary).
+fn cut_to_close_frame(reason: &str) -> &str {
+    let mut cut = reason.len().min(123);
+    while !reason.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &reason[..cut]
 }
 
 /// Sends a text message; false when the connection is gone.

@@ -6,6 +6,13 @@
 //! `--chunk-frames`), `{"type":"cancel"}` drops what is queued and not yet heard (barge-in). One connection feeds a
 //! session at a time, for as many utterances as it likes; it ends when the session does.
 //!
+//! A sender that leaves, however it leaves (it closes, its connection breaks, it answers no
+//! ping within `--peer-timeout`, another takes over), ends the speech it was sending: its last
+//! frames play, as at `end` (`Session::sender_left`), and the browser is told,
+//! `{"type":"sender","state":"left","why":…}`; a new sender, `{"type":"sender","state":"joined"}`.
+//! With `&takeover=1` a new sender takes the session from the one feeding it (a TTS process
+//! restarted while its old connection is not yet known gone), which is closed with 4490.
+//!
 //! With `&transport=rtp` the frames come as RTP packets instead (`rtp_ingress`): the server's
 //! first message names the port and the SDP, `{"type":"rtp","port":…,"sdp":…}`, and the
 //! connection carries the rest (`end`, `cancel`, the refusals); binary messages are refused.
@@ -17,6 +24,7 @@ use tungstenite::Message;
 
 use crate::access::escaped;
 use crate::http::{self, Received, Request, Socket, close};
+use crate::liveness::{Gone, Heartbeat};
 use crate::protocol::{FrameError, FromSender, sender_message};
 use crate::rtp_ingress::{RtpAddresses, RtpIngress};
 use crate::{Server, log};
@@ -67,16 +75,42 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
     let Some(session) = server.sessions.get(id) else {
         return refuse(socket, close::NO_SUCH_SESSION, format!("no session {id}"));
     };
-    // A sender that just closed may still be on its way out.
-    let asked = Instant::now();
-    let mut attached = session.attach_sender();
-    while !attached && asked.elapsed() < Duration::from_millis(500) {
-        std::thread::sleep(http::POLL);
-        attached = session.attach_sender();
-    }
-    if !attached {
-        return refuse(socket, close::BUSY, format!("session {id} has a sender already"));
-    }
+    let takeover = match request.query("takeover") {
+        None | Some("0") => false,
+        Some("1") => true,
+        Some(other) => {
+            let reason = format!("takeover takes 1 or 0, not {other:?}");
+            return refuse(socket, close::BAD_MESSAGE, reason);
+        }
+    };
+    let ticket = if takeover {
+        let (ticket, took_over) = session.take_over_sender();
+        if took_over {
+            server.metrics.sender_takeovers.inc();
+            log!("sender {peer} takes session {id} over");
+        }
+        // The sender taken over lets go first: its last frames go in, its RTP port closes.
+        let asked = Instant::now();
+        while session.senders_leaving() && asked.elapsed() < LET_GO {
+            std::thread::sleep(http::POLL);
+        }
+        ticket
+    } else {
+        // A sender that just closed may still be on its way out.
+        let asked = Instant::now();
+        let mut attached = session.attach_sender();
+        while attached.is_none() && asked.elapsed() < LET_GO {
+            std::thread::sleep(http::POLL);
+            attached = session.attach_sender();
+        }
+        match attached {
+            Some(ticket) => ticket,
+            None => {
+                let reason = format!("session {id} has a sender already (takeover=1 replaces it)");
+                return refuse(socket, close::BUSY, reason);
+            }
+        }
+    };
     let rtp = if over_rtp {
         // The port is bound where this connection came in, and takes packets from where it
         // came from alone.
@@ -103,7 +137,7 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
                 Some(rtp)
             }
             Err(err) => {
-                session.detach_sender();
+                session.detach_sender(ticket);
                 return refuse(socket, close::SERVER_ERROR, format!("cannot receive RTP: {err}"));
             }
         }
@@ -111,36 +145,52 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
         log!("sender {peer} feeds session {id}");
         None
     };
+    session.tell_browser(json!({"type": "sender", "state": "joined"}));
     let format = server.sessions.format();
     let connected = Instant::now();
+    let mut heartbeat = Heartbeat::new(server.peer_times);
     // Asking for RTP is speaking: the frames then come elsewhere.
     let mut spoke = rtp.is_some();
     let mut frames = 0;
-    let ending = loop {
+    let mut rtp_frames = 0;
+    let leaving = loop {
         if let Some(why) = session.ended() {
-            break Some((close::SESSION_ENDED, format!("session {id} ended: {why}")));
+            break Leaving::SessionEnded(format!("session {id} ended: {why}"));
         }
-        if let Some(stopped) = rtp.as_ref().and_then(RtpIngress::stopped) {
-            break Some(stopped);
+        if session.sender_replaced(&ticket) {
+            break Leaving::Replaced;
         }
-        match http::read(&mut socket) {
+        if let Some(rtp) = &rtp {
+            if let Some((code, reason)) = rtp.stopped() {
+                break Leaving::Refused(code, reason);
+            }
+            // Its packets show an RTP sender is there, whatever its WebSocket says.
+            if rtp.frames() != rtp_frames {
+                rtp_frames = rtp.frames();
+                heartbeat.heard();
+            }
+        }
+        if let Err(gone) = heartbeat.beat(&mut socket) {
+            break Leaving::Gone(gone);
+        }
+        match heartbeat.read(&mut socket) {
             Received::Message(Message::Binary(_)) if rtp.is_some() => {
                 let reason = "this sender's frames come over RTP (transport=rtp), not in messages";
-                break Some((close::BAD_MESSAGE, reason.into()));
+                break Leaving::Refused(close::BAD_MESSAGE, reason.into());
             }
             Received::Message(Message::Binary(bytes)) => {
                 spoke = true;
                 let count = match format.layout.check(&bytes) {
                     Ok(count) => count,
                     Err(err @ FrameError::NotWholeFrames { .. }) => {
-                        break Some((close::BAD_MESSAGE, err.to_string()));
+                        break Leaving::Refused(close::BAD_MESSAGE, err.to_string());
                     }
                     Err(err @ FrameError::OutsideCodebook { .. }) => {
-                        break Some((close::BAD_CODES, err.to_string()));
+                        break Leaving::Refused(close::BAD_CODES, err.to_string());
                     }
                 };
-                if let Err(refusal) = session.push(&bytes, count) {
-                    break Some(refusal);
+                if let Err((code, reason)) = session.push(&bytes, count) {
+                    break Leaving::Refused(code, reason);
                 }
                 frames += count;
                 server.metrics.frames_in.inc_by(count as u64);
@@ -157,29 +207,82 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
                         log!("session {id}: cancelled after {frames} frames in all");
                     }
                     Ok(FromSender::End) => session.end(),
-                    Err(err) => break Some((close::BAD_MESSAGE, err)),
+                    Err(err) => break Leaving::Refused(close::BAD_MESSAGE, err),
                 }
             }
+            // Its library answering pings, or pinging: there, not speaking.
+            Received::Message(Message::Ping(_) | Message::Pong(_)) => (),
             Received::Message(_) => spoke = true,
             Received::Nothing if !spoke && connected.elapsed() > server.idle_timeout => {
                 let reason = format!("sent nothing within {:?}", server.idle_timeout);
-                break Some((close::TIMEOUT, reason));
+                break Leaving::Refused(close::TIMEOUT, reason);
             }
             Received::Nothing => (),
-            Received::TooLarge(err) => break Some((close::TOO_LARGE, err)),
-            Received::Closed => break None,
-            Received::Failed(err) => {
-                log!("sender {peer} of session {id} failed: {err}");
-                break None;
-            }
+            Received::TooLarge(err) => break Leaving::Refused(close::TOO_LARGE, err),
+            Received::Closed => break Leaving::Closed,
+            Received::Failed(err) => break Leaving::Broken(err),
         }
     };
     frames += rtp.as_ref().map_or(0, RtpIngress::frames);
     // The port closes before another sender may take the session.
     drop(rtp);
-    session.detach_sender();
-    match ending {
-        Some((code, reason)) => refuse(socket, code, reason),
-        None => log!("sender {peer} of session {id} left after {frames} frames"),
+    if let Some(why) = leaving.why() {
+        session.sender_left();
+        session.tell_browser(json!({"type": "sender", "state": "left", "why": why}));
+    }
+    session.detach_sender(ticket);
+    match leaving {
+        Leaving::Closed => log!("sender {peer} of session {id} left after {frames} frames"),
+        Leaving::Broken(err) => {
+            log!("sender {peer} of session {id} broke off after {frames} frames: {err}")
+        }
+        Leaving::Gone(gone) => {
+            log!(
+                "sender {peer} of session {id} is gone after {frames} frames: {}",
+                gone.reason
+            );
+            server.metrics.peer_lost("sender", gone.label);
+            http::close_gone(socket, close::TIMEOUT, &gone.reason);
+        }
+        Leaving::Replaced => {
+            log!("sender {peer} of session {id} was taken over after {frames} frames");
+            let reason = format!("another sender took session {id} over (takeover=1)");
+            http::close(socket, close::REPLACED, &reason);
+        }
+        Leaving::SessionEnded(reason) => refuse(socket, close::SESSION_ENDED, reason),
+        Leaving::Refused(code, reason) => refuse(socket, code, reason),
+    }
+}
+
+/// How long a new sender waits for the one before it to let go of the session.
+const LET_GO: Duration = Duration::from_millis(500);
+
+/// Why a sender's connection ends.
+enum Leaving {
+    /// It closed the connection.
+    Closed,
+    /// The connection broke without a close (the process killed, the connection reset).
+    Broken(String),
+    /// It answered no ping within the peer timeout.
+    Gone(Gone),
+    /// Another sender took the session over.
+    Replaced,
+    /// The server closes it for what it sent (close code and reason).
+    Refused(u16, String),
+    SessionEnded(String),
+}
+
+impl Leaving {
+    /// What the browser is told of the sender's leaving (`why`); nothing when the session
+    /// itself ended.
+    fn why(&self) -> Option<&'static str> {
+        match self {
+            Leaving::Closed => Some("closed"),
+            Leaving::Broken(_) => Some("broken"),
+            Leaving::Gone(_) => Some("timeout"),
+            Leaving::Replaced => Some("replaced"),
+            Leaving::Refused(..) => Some("refused"),
+            Leaving::SessionEnded(_) => None,
+        }
     }
 }

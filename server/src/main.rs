@@ -24,6 +24,7 @@ mod connections;
 mod http;
 mod ice;
 mod ingress;
+mod liveness;
 mod metrics;
 mod opus;
 // The command-line parser and the WebRTC helpers that the plugin's examples use too.
@@ -67,6 +68,8 @@ pub struct Server {
     pub max_message_bytes: usize,
     /// How long a new connection may stay silent before it is closed (its request head too).
     pub idle_timeout: Duration,
+    /// When a browser or a sender that answers nothing is gone (see `liveness`).
+    pub peer_times: liveness::PeerTimes,
     /// Origins besides the server's own whose pages may open `/signal`.
     pub allowed_origins: Vec<String>,
     /// The hosts a request may name (`--allow-host`); empty: any.
@@ -109,6 +112,7 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
     [--max-sessions-per-address 8] [--max-joins-per-minute 20]
     [--codes-bind ADDRESS:PORT] [--max-codes-connections 64]
     [--max-message-bytes 65536] [--idle-timeout 10] [--allow-origin ORIGIN,...]
+    [--ping-interval 5] [--peer-timeout 15] [--connect-timeout 20]
     [--max-connections 256] [--max-connections-per-address 32] [--instance NAME]
     [--admission measured|off] [--ice-address ADDRESS,...] [--ice-interfaces NAME,...]
     [--public-address ADDRESS] [--stun stun://HOST:PORT] [--turn turn://HOST:PORT,...]
@@ -145,6 +149,12 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
                        50 % of its frames' time); off: --max-sessions alone (measured)
   --max-message-bytes  largest WebSocket message (65536)
   --idle-timeout       seconds a new connection may stay silent, its request head included (10)
+  --ping-interval      seconds between the server's pings to each browser and sender (5)
+  --peer-timeout       seconds a browser or sender may answer nothing (no pong, no message)
+                       before it is taken for gone: a browser's session ends, a sender loses
+                       its slot; also how long a peer connection may stay ICE-disconnected (15)
+  --connect-timeout    seconds a session's peer connection has to connect (ICE) after its
+                       join; past it the session ends (20)
   --allow-origin       origins (scheme://host:port, comma-separated) besides the server's own
                        whose pages may open /signal (none)
   --max-connections    connections open at once; more are answered 503 (256)
@@ -230,6 +240,11 @@ fn run() -> Result<(), Box<dyn Error>> {
     let max_sessions: usize = options.take_parsed("--max-sessions", 16)?;
     let max_message_bytes: usize = options.take_parsed("--max-message-bytes", 64 * 1024)?;
     let idle_timeout: f64 = options.take_parsed("--idle-timeout", 10.0)?;
+    let peer_times = liveness::PeerTimes::from_seconds(
+        options.take_parsed("--ping-interval", 5.0)?,
+        options.take_parsed("--peer-timeout", 15.0)?,
+        options.take_parsed("--connect-timeout", 20.0)?,
+    )?;
     let allowed_origins: Vec<String> = options
         .take("--allow-origin")?
         .map(|list| list.split(',').map(|origin| origin.trim().to_owned()).collect())
@@ -320,6 +335,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         token,
         max_message_bytes,
         idle_timeout: Duration::from_secs_f64(idle_timeout),
+        peer_times,
         allowed_origins,
         allowed_hosts,
         joins: access::JoinPolicy::new(join_secret, max_joins_per_minute, max_sessions_per_address),

@@ -1,6 +1,7 @@
 //! `GET /metrics`: the server's state and what it has done, in the OpenMetrics text format
 //! (which Prometheus scrapes): sessions and pipelines, frames in, audio out, packets late at the
-//! sender (underruns a listener hears), refusals by close code or HTTP status, the decoder's
+//! sender (underruns a listener hears), refusals by close code or HTTP status, peers taken for
+//! gone and senders taken over (docs/streaming-server.md, "Peers that vanish"), the decoder's
 //! batches (their step time and rows) and its queue.
 
 use std::sync::Arc;
@@ -23,6 +24,14 @@ struct Refusal {
     code: u16,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Lost {
+    /// `browser` or `sender`.
+    peer: &'static str,
+    /// What showed it gone (`liveness::Gone`'s label).
+    why: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
     sessions: Gauge,
@@ -33,6 +42,8 @@ pub struct Metrics {
     pub audio_seconds_out: Counter<f64, AtomicU64>,
     pub late_audio: Counter,
     refusals: Family<Refusal, Counter>,
+    peers_lost: Family<Lost, Counter>,
+    pub sender_takeovers: Counter,
     model: Arc<Model>,
 }
 
@@ -49,6 +60,8 @@ impl Metrics {
             audio_seconds_out: Counter::default(),
             late_audio: Counter::default(),
             refusals: Family::default(),
+            peers_lost: Family::default(),
+            sender_takeovers: Counter::default(),
             model: model.clone(),
             registry: Registry::default(),
         };
@@ -86,6 +99,16 @@ impl Metrics {
             metrics.refusals.clone(),
         );
         registry.register(
+            "peers_lost",
+            "Browsers and senders taken for gone: unanswered pings, a peer connection failed, disconnected or never connected",
+            metrics.peers_lost.clone(),
+        );
+        registry.register(
+            "sender_takeovers",
+            "Sessions a new sender took over from the one feeding them (takeover=1)",
+            metrics.sender_takeovers.clone(),
+        );
+        registry.register(
             "decode_step_seconds",
             "Time of the decoder's batched steps on the compute thread",
             step_seconds.clone(),
@@ -109,6 +132,11 @@ impl Metrics {
 
     pub fn refused(&self, code: u16) {
         self.refusals.get_or_create(&Refusal { code }).inc();
+    }
+
+    /// A `peer` (`browser` or `sender`) taken for gone, for `why`.
+    pub fn peer_lost(&self, peer: &'static str, why: &'static str) {
+        self.peers_lost.get_or_create(&Lost { peer, why }).inc();
     }
 
     /// The text of `/metrics`, the gauges read now.

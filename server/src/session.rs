@@ -4,9 +4,9 @@
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use gst::glib;
 use gst::prelude::*;
@@ -14,6 +14,7 @@ use gstqwencodec::model::{DecoderConfig, Dtype, Model};
 use serde_json::json;
 
 use crate::ice::Ice;
+use crate::liveness::{Gone, IceState, IceWatch, PeerTimes};
 use crate::log;
 use crate::metrics::Metrics;
 use crate::opus::{self, OpusSettings};
@@ -110,11 +111,36 @@ pub struct Session {
     webrtcbin: gst::Element,
     frame_duration: gst::ClockTime,
     timeline: Mutex<Timeline>,
-    /// Whether an ingress connection feeds this session now.
-    has_sender: AtomicBool,
+    /// Which ingress connection feeds this session now.
+    sender: Mutex<SenderSlot>,
+    /// The browser's signalling connection, for what the server has to tell it.
+    to_browser: Sender<serde_json::Value>,
+    /// The browser's peer connection as its ICE state tells it.
+    ice: Arc<Mutex<IceWatch>>,
     /// Why the session ended, once it has: its connections close with it.
     ended: Mutex<Option<String>>,
 }
+
+/// Who feeds a session: one sender at a time, each known by its number.
+#[derive(Default)]
+struct SenderSlot {
+    holder: Option<u64>,
+    /// Senders taken over that have not yet let go.
+    leaving: usize,
+    last: u64,
+}
+
+impl SenderSlot {
+    fn hand_out(&mut self) -> SenderTicket {
+        self.last += 1;
+        self.holder = Some(self.last);
+        SenderTicket(self.last)
+    }
+}
+
+/// A sender's hold on its session's slot, from [`Session::attach_sender`] or
+/// [`Session::take_over_sender`] until [`Session::detach_sender`].
+pub struct SenderTicket(u64);
 
 impl Session {
     /// Builds the pipeline and starts it; what webrtcbin wants the browser to know (the offer,
@@ -204,8 +230,9 @@ impl Session {
             &webrtcbin,
             settings.certificate.clone(),
             settings.ice.clone(),
-            to_browser,
+            to_browser.clone(),
         );
+        let ice = watch_ice(&webrtcbin, &id);
 
         PIPELINES.lock().unwrap().push(pipeline.downgrade());
         let session = Self {
@@ -215,7 +242,9 @@ impl Session {
             webrtcbin,
             frame_duration: settings.format.frame_duration,
             timeline: Mutex::default(),
-            has_sender: AtomicBool::new(false),
+            sender: Mutex::default(),
+            to_browser,
+            ice,
             ended: Mutex::new(None),
         };
         session.pipeline.set_state(gst::State::Playing).map_err(|_| {
@@ -298,6 +327,38 @@ impl Session {
         timeline.ended = true;
     }
 
+    /// The sender left (it closed, its connection broke, it answered nothing, another took
+    /// over): the speech it was sending ends. While that speech plays (or just did, see SLACK)
+    /// the frames the decoder holds back for a full step play at once, after the rest, as at
+    /// `end`; of speech long over (a sender silent until the peer timeout) they are dropped, as
+    /// a cancel drops them: they would play late, cut off, stamped with their old time.
+    pub fn sender_left(&self) {
+        let now = self.appsrc.current_running_time().unwrap_or(gst::ClockTime::ZERO);
+        let (speaking, playing) = {
+            let timeline = self.timeline.lock().unwrap();
+            match timeline.next_pts {
+                Some(next) if !timeline.ended => (true, next + SLACK >= now),
+                _ => (false, false),
+            }
+        };
+        if playing {
+            self.end();
+        } else if speaking {
+            self.cancel();
+        }
+    }
+
+    /// A message for the browser, on its signalling connection.
+    pub fn tell_browser(&self, message: serde_json::Value) {
+        let _ = self.to_browser.send(message);
+    }
+
+    /// Whether the browser's peer connection is gone: its ICE failed, stayed disconnected, or
+    /// never connected (see `IceWatch`).
+    pub fn peer_connection_gone(&self, times: &PeerTimes) -> Option<Gone> {
+        self.ice.lock().unwrap().verdict(times, Instant::now())
+    }
+
     /// The browser's answer to the offer.
     pub fn set_answer(&self, sdp: &str) -> Result<(), String> {
         let answer = description_from_sdp(SdpKind::Answer, sdp)?;
@@ -325,15 +386,44 @@ impl Session {
         }
     }
 
-    /// Takes the session's one sender slot; false when another connection has it.
-    pub fn attach_sender(&self) -> bool {
-        self.has_sender
-            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
+    /// Takes the session's one sender slot; None when another connection has it.
+    pub fn attach_sender(&self) -> Option<SenderTicket> {
+        let mut slot = self.sender.lock().unwrap();
+        if slot.holder.is_some() || slot.leaving > 0 {
+            return None;
+        }
+        Some(slot.hand_out())
     }
 
-    pub fn detach_sender(&self) {
-        self.has_sender.store(false, Ordering::SeqCst);
+    /// Takes the slot from whoever has it (`takeover=1`), who is told so at its next look
+    /// ([`Session::sender_replaced`]); and whether someone had it.
+    pub fn take_over_sender(&self) -> (SenderTicket, bool) {
+        let mut slot = self.sender.lock().unwrap();
+        let took_over = slot.holder.is_some();
+        if took_over {
+            slot.leaving += 1;
+        }
+        (slot.hand_out(), took_over)
+    }
+
+    /// Whether another sender took the slot from `ticket`'s.
+    pub fn sender_replaced(&self, ticket: &SenderTicket) -> bool {
+        self.sender.lock().unwrap().holder != Some(ticket.0)
+    }
+
+    /// Whether senders taken over are still on their way out (their last frames going in,
+    /// their RTP port open).
+    pub fn senders_leaving(&self) -> bool {
+        self.sender.lock().unwrap().leaving > 0
+    }
+
+    pub fn detach_sender(&self, ticket: SenderTicket) {
+        let mut slot = self.sender.lock().unwrap();
+        if slot.holder == Some(ticket.0) {
+            slot.holder = None;
+        } else {
+            slot.leaving -= 1;
+        }
     }
 
     /// Why the session ended, if it has.
@@ -529,6 +619,30 @@ fn lead_in_silence(pad: &gst::Pad) {
         info.data = Some(gst::PadProbeData::Buffer(lead_in));
         gst::PadProbeReturn::Remove
     });
+}
+
+/// Follows webrtcbin's ICE connection state, into the log and the session's `IceWatch`. libnice
+/// keeps the selected pair alive with STUN indications, which nothing answers, and so never
+/// finds a peer that went away; with connectivity checks for keepalives it fails the pair once
+/// they go unanswered (after its 50 s consent timeout, libnice 0.1.21).
+fn watch_ice(webrtcbin: &gst::Element, id: &str) -> Arc<Mutex<IceWatch>> {
+    webrtcbin
+        .property::<glib::Object>("ice-agent")
+        .property::<glib::Object>("agent")
+        .set_property("keepalive-conncheck", true);
+    let watch = Arc::new(Mutex::new(IceWatch::new(Instant::now())));
+    let (following, id) = (watch.clone(), id.to_owned());
+    webrtcbin.connect_notify(Some("ice-connection-state"), move |webrtcbin, _| {
+        let value = webrtcbin.property_value("ice-connection-state");
+        let Some((_, state)) = glib::EnumValue::from_value(&value) else {
+            return;
+        };
+        log!("session {id}: ICE {}", state.nick());
+        if let Some(state) = IceState::from_nick(state.nick()) {
+            following.lock().unwrap().observe(state, Instant::now());
+        }
+    });
+    watch
 }
 
 /// webrtcbin offers as soon as it wants to negotiate; its offer and its candidates go to the

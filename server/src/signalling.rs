@@ -5,7 +5,10 @@
 //! `{"type":"answer","sdp":…}` and `{"type":"ice","candidate":…,"sdpMLineIndex":…}`.
 //! server → browser: `{"type":"session","id":…,"iceServers":[…]}` (the `RTCIceServer`s for its
 //! peer connection), `{"type":"offer","sdp":…}`, `{"type":"ice",…}`.
-//! The session ends when this connection does.
+//! `{"type":"sender","state":"joined"}` and `{"type":"sender","state":"left","why":…}` when a
+//! sender starts and stops feeding the session (see `ingress`).
+//! The session ends when this connection does, or when the browser is gone (`liveness`: it
+//! answers no ping, or its peer connection failed, stayed disconnected or never connected).
 
 use std::net::SocketAddr;
 use std::sync::mpsc;
@@ -16,6 +19,7 @@ use tungstenite::Message;
 
 use crate::access::escaped;
 use crate::http::{self, Received, Socket, close};
+use crate::liveness::Heartbeat;
 use crate::protocol::{FromBrowser, browser_message};
 use crate::{Server, log};
 
@@ -24,8 +28,11 @@ use crate::{Server, log};
 const MAX_CANDIDATES: usize = 100;
 
 /// The next message, or why the connection ends: `Err(None)` when the browser closed it.
-fn next_message(socket: &mut Socket) -> Result<Option<FromBrowser>, Option<(u16, String)>> {
-    match http::read(socket) {
+fn next_message(
+    socket: &mut Socket,
+    heartbeat: &mut Heartbeat,
+) -> Result<Option<FromBrowser>, Option<(u16, String)>> {
+    match heartbeat.read(socket) {
         Received::Message(Message::Text(text)) => browser_message(&text)
             .map(Some)
             .map_err(|err| Some((close::BAD_MESSAGE, err))),
@@ -54,8 +61,9 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
     };
 
     let connected = Instant::now();
+    let mut heartbeat = Heartbeat::new(server.peer_times);
     let token = loop {
-        match next_message(&mut socket) {
+        match next_message(&mut socket, &mut heartbeat) {
             Ok(Some(FromBrowser::Join { token })) => break token,
             Ok(Some(_)) => return refuse(socket, (close::BAD_MESSAGE, "join first".into())),
             Ok(None) if connected.elapsed() > server.idle_timeout => {
@@ -84,6 +92,8 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
         server.sessions.count()
     );
     let mut ending = None;
+    // What its sender is told when the session ends.
+    let mut left = "its browser left".to_string();
     let mut candidates = 0;
     if !http::send_text(
         &mut socket,
@@ -110,7 +120,18 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
             ending = Some("pipeline error".into());
             break;
         }
-        match next_message(&mut socket) {
+        let gone = heartbeat
+            .beat(&mut socket)
+            .err()
+            .or_else(|| session.peer_connection_gone(&server.peer_times));
+        if let Some(gone) = gone {
+            server.metrics.peer_lost("browser", gone.label);
+            http::close_gone(socket, close::TIMEOUT, &gone.reason);
+            left = format!("its browser is gone: {}", gone.reason);
+            ending = Some(left.clone());
+            break;
+        }
+        match next_message(&mut socket, &mut heartbeat) {
             Ok(Some(FromBrowser::Answer { sdp })) => {
                 if let Err(err) = session.set_answer(&sdp) {
                     refuse(socket, (close::BAD_MESSAGE, format!("bad answer: {err}")));
@@ -149,7 +170,7 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
         }
     }
     drop(session);
-    server.sessions.close(&id, "its browser left");
+    server.sessions.close(&id, &left);
     log!(
         "session {id} left: {} ({} sessions)",
         ending.unwrap_or_default(),
