@@ -13,6 +13,7 @@ mod remote;
 mod rtp_codes;
 mod scale_out;
 mod server;
+mod vanish;
 mod webdriver;
 
 use std::time::Duration;

@@ -264,6 +264,45 @@ pub fn block_all_but_tcp_to(open_ports: &[u16]) {
     );
 }
 
+/// The listener's end of the link taken down, as a cable pulled: nothing crosses either way,
+/// and neither host's connections are told (no reset, no close). [`link_up`] puts it back.
+pub fn link_down() {
+    run(Command::new("ip").args(["link", "set", LISTENER_LINK, "down"]));
+}
+
+pub fn link_up() {
+    run(Command::new("ip").args(["link", "set", LISTENER_LINK, "up"]));
+}
+
+/// No UDP across the link either way, TCP as before: a peer connection's path lost (a NAT
+/// binding gone, a firewall changed) while its page's signalling goes on. [`unblock_udp`]
+/// lifts it.
+pub fn block_udp() {
+    let rules = format!(
+        "table inet udp_blocked {{
+           chain output {{
+             type filter hook output priority 0; policy accept;
+             oifname \"{LISTENER_LINK}\" meta l4proto udp drop
+           }}
+           chain input {{
+             type filter hook input priority 0; policy accept;
+             iifname \"{LISTENER_LINK}\" meta l4proto udp drop
+           }}
+         }}"
+    );
+    let mut nft = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("nft (Debian's nftables) does not run: run tools/setup.sh");
+    nft.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
+    assert!(nft.wait().unwrap().success(), "nft refused:\n{rules}");
+}
+
+pub fn unblock_udp() {
+    run(Command::new("nft").args(["delete", "table", "inet", "udp_blocked"]));
+}
+
 fn run(command: &mut Command) {
     let status = command
         .status()

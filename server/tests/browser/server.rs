@@ -287,6 +287,21 @@ impl Client {
         }
     }
 
+    /// Closes the connection as a client that is done does: a close frame, then the server's
+    /// answer.
+    pub fn close(mut self) {
+        self.0.close(None).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            match self.0.read() {
+                Ok(_) => (),
+                Err(tungstenite::Error::ConnectionClosed) => return,
+                Err(err) => panic!("the connection ended without the server's close: {err}"),
+            }
+        }
+        panic!("the server did not answer the close");
+    }
+
     /// Reads until the server closes; its close code and reason.
     pub fn close_reason(&mut self) -> (u16, String) {
         let deadline = Instant::now() + Duration::from_secs(10);

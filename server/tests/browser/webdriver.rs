@@ -197,6 +197,66 @@ fn read_response(stream: &mut TcpStream) -> String {
     }
 }
 
+impl Browser {
+    /// Stops every process of the browser (SIGSTOP to chromedriver's descendants), as a hung
+    /// or suspended machine stops: it answers nothing, and its connections stay open. They go
+    /// on when the guard is dropped.
+    pub fn freeze(&self) -> Frozen {
+        let processes = descendants(self.driver.id());
+        assert!(!processes.is_empty(), "chromedriver has no browser processes");
+        signal(&processes, "STOP");
+        Frozen { processes }
+    }
+}
+
+/// A browser's processes, stopped until this is dropped.
+pub struct Frozen {
+    processes: Vec<u32>,
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        signal(&self.processes, "CONT");
+    }
+}
+
+fn signal(processes: &[u32], signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .args(processes.iter().map(u32::to_string))
+        .status()
+        .expect("kill does not run");
+    assert!(status.success(), "kill -{signal} {processes:?}: {status}");
+}
+
+/// The processes below `root` (its children, theirs, ...), from /proc.
+fn descendants(root: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| {
+            let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // After the command's name in parentheses: the state, then the parent.
+            let parent = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, parent))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut at = 0;
+    while at < found.len() {
+        let parent = found[at];
+        found.extend(
+            parents
+                .iter()
+                .filter(|&&(_, of)| of == parent)
+                .map(|&(pid, _)| pid),
+        );
+        at += 1;
+    }
+    found.remove(0);
+    found
+}
+
 impl Drop for Browser {
     fn drop(&mut self) {
         if !self.session.is_empty() {
