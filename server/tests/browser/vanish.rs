@@ -22,7 +22,8 @@ const CONNECT_TIMEOUT_S: f64 = 5.0;
 /// 20 ms, its log comes through a pipe, the test polls.
 const SLACK_S: f64 = 1.0;
 
-/// The server's options for these times, and `more`.
+/// The server's options for these times (the constants above, as the command line gives them),
+/// and `more` (which may give one again: the last counts).
 fn options<'a>(more: &[&'a str]) -> Vec<&'a str> {
     let mut options = vec![
         "--ping-interval",
@@ -568,7 +569,6 @@ fn a_browser_whose_link_comes_back_in_time_keeps_its_session() {
 /// on: the session ends once webrtcbin's ICE fails, which libnice 0.1.21 decides when its
 /// keepalive checks have gone unanswered for 50 s (see `watch_ice` in session.rs).
 #[test]
-#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
 #[ignore = "takes a minute, libnice's consent timeout: run by hand (docs/streaming-server.md, Peers that vanish)"]
 fn a_peer_connection_that_loses_its_path_ends_its_session() {
     if !server::in_own_network("vanish::a_peer_connection_that_loses_its_path_ends_its_session") {
