@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A short run of each fuzz target (fuzz/), as CI does: the .npy header reader (FUZZ_SECONDS, 30
-# by default) and the server's signalling and codes messages (FUZZ_MESSAGE_SECONDS, 15
-# each). cargo-fuzz is installed once per machine into the cache folder. Its sanitizer flags
+# by default) and what the server takes from anyone (FUZZ_MESSAGE_SECONDS, 15 each): the
+# signalling and codes messages, the SDP answers and ICE candidates that go on to webrtcbin, and
+# the join tokens. A target with seeds (fuzz/seeds/TARGET) starts from them. cargo-fuzz is installed once per machine into the cache folder. Its sanitizer flags
 # need a nightly rustc: RUSTC_BOOTSTRAP lets the stable one take them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +26,9 @@ fuzz() {
   shift 2
   local status=0
   mkdir -p "$scratch/$target"
-  RUSTC_BOOTSTRAP=1 cargo fuzz run "$target" "$scratch/$target" -- \
+  local corpora=("$scratch/$target")
+  if [ -d "seeds/$target" ]; then corpora+=("seeds/$target"); fi
+  RUSTC_BOOTSTRAP=1 cargo fuzz run "$target" "${corpora[@]}" -- \
     "$@" -max_total_time="$seconds" -print_final_stats=1 >"$scratch/$target.log" 2>&1 || status=$?
   if [ "$status" -ne 0 ]; then
     tail -n 60 "$scratch/$target.log" >&2
@@ -40,3 +43,5 @@ fuzz() {
 fuzz npy_header "${FUZZ_SECONDS:-30}" -dict=npy.dict
 fuzz signalling_message "${FUZZ_MESSAGE_SECONDS:-15}" -dict=messages.dict
 fuzz codes_message "${FUZZ_MESSAGE_SECONDS:-15}" -dict=messages.dict
+fuzz webrtc_text "${FUZZ_MESSAGE_SECONDS:-15}" -dict=webrtc.dict
+fuzz join_token "${FUZZ_MESSAGE_SECONDS:-15}"
