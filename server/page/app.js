@@ -41,15 +41,17 @@ function connect() {
   document.getElementById("connect").disabled = true;
   // wss on an https page (behind a TLS proxy): a browser refuses ws from a secure page.
   const scheme = location.protocol === "https:" ? "wss" : "ws";
-  const socket = new WebSocket(`${scheme}://${location.host}/signal`);
+  // The join token that the application's backend signed for this listener, from the page's
+  // URL (?token=...), where the server takes them (docs/streaming-server.md). /signal then names
+  // the token's session as /codes does, for a router in front of several servers.
+  const token = new URLSearchParams(location.search).get("token");
+  const session = token ? `?session=${encodeURIComponent(token.split(".")[0])}` : "";
+  const socket = new WebSocket(`${scheme}://${location.host}/signal${session}`);
   const send = (message) => socket.send(JSON.stringify(message));
   // Made once the session message names the STUN and TURN servers; the offer and the server's
   // candidates come after it.
   let pc = null;
 
-  // The join token that the application's backend signed for this listener, from the page's
-  // URL (?token=...), where the server takes them (docs/streaming-server.md).
-  const token = new URLSearchParams(location.search).get("token");
   socket.onopen = () => { show("joining"); send(token ? { type: "join", token } : { type: "join" }); };
   socket.onclose = (event) => {
     speech.closed = { code: event.code, reason: event.reason };

@@ -129,7 +129,8 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
   --join-secret-file   a file holding the join secret (else the environment's
                        QWENCODEC_JOIN_SECRET), 16 bytes or more: a browser joins with a token the
                        application's backend signed with it, which names the session
-                       (docs/streaming-server.md); without one anyone may join (a demo)
+                       (docs/streaming-server.md), and /signal needs an Origin; without one
+                       anyone may join (a demo)
   --allow-host         the hosts (HOST or HOST:PORT, comma-separated) a request may name in its
                        Host header, against DNS rebinding; others are answered 403 (any)
   --max-sessions-per-address
@@ -159,13 +160,13 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
                        whose pages may open /signal (none)
   --max-connections    connections open at once; more are answered 503 (256)
   --max-connections-per-address
-                       connections open at once from one client address (32)
+                       connections open at once from one client address (an IPv6 /64) (32)
   --ice-address        gather ICE host candidates on these addresses alone (every interface but
                        loopback: a browser on another host reaches them); 127.0.0.1 for a
                        server and browser on one machine
   --ice-interfaces     gather on these interfaces' addresses alone (read at start)
   --public-address     behind a 1:1 NAT (a cloud VM): the public address, announced to browsers
-                       in place of the host candidates' own
+                       in place of the host candidates' own, and to RTP codes senders
   --stun               a STUN server (stun://HOST:PORT), for webrtcbin and the page
   --turn               TURN servers (turn://HOST:PORT, turn://HOST:PORT?transport=tcp,
                        turns://HOST:PORT), for webrtcbin and the page
