@@ -26,11 +26,17 @@ fuzz_target!(|data: &[u8]| {
             return;
         };
         match secret.verify(text, NOW) {
-            Ok(token) => assert_eq!(secret.sign(&token.session, token.expires), text.to_ascii_lowercase()),
+            Ok(token) => assert_eq!(
+                secret.sign(&token.session, token.expires),
+                text.to_ascii_lowercase()
+            ),
             Err(err) => {
                 let shown = err.to_string();
                 assert!(shown.contains("join token"), "{shown}");
-                assert!(text.len() < 8 || !shown.contains(text), "the refusal repeats the token");
+                assert!(
+                    text.len() < 8 || !shown.contains(text),
+                    "the refusal repeats the token"
+                );
             }
         }
         return;
@@ -50,7 +56,12 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     if expires < NOW {
-        assert_eq!(verdict, Err(TokenError::Expired { seconds_ago: NOW - expires }));
+        assert_eq!(
+            verdict,
+            Err(TokenError::Expired {
+                seconds_ago: NOW - expires
+            })
+        );
     } else {
         let session = session.to_owned();
         assert_eq!(verdict, Ok(JoinToken { session, expires }));

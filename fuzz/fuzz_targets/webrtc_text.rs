@@ -26,7 +26,11 @@ fn assert_candidate_grammar(candidate: &str) {
         .split(' ')
         .collect();
     assert!(fields.len() >= 8 && fields.len() % 2 == 0, "{candidate:?}");
-    assert!(fields.iter().all(|field| !field.is_empty() && field.bytes().all(|byte| byte.is_ascii_graphic())));
+    assert!(
+        fields
+            .iter()
+            .all(|field| !field.is_empty() && field.bytes().all(|byte| byte.is_ascii_graphic()))
+    );
     assert!(fields[5].parse::<u16>().is_ok());
     assert_eq!(fields[6], "typ");
     assert!(matches!(fields[7], "host" | "srflx" | "prflx" | "relay"));
@@ -52,7 +56,10 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(lines[0], "v=0");
                 for line in &lines {
                     let bytes = line.as_bytes();
-                    assert!(bytes.len() >= 2 && bytes[0].is_ascii_lowercase() && bytes[1] == b'=', "{line:?}");
+                    assert!(
+                        bytes.len() >= 2 && bytes[0].is_ascii_lowercase() && bytes[1] == b'=',
+                        "{line:?}"
+                    );
                     assert!(bytes.iter().all(|&byte| printable(byte)), "{line:?}");
                     if let Some(candidate) = line.strip_prefix("a=")
                         && candidate.starts_with("candidate:")
