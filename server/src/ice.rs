@@ -33,7 +33,10 @@ impl IceServer {
             .or_else(|| url.split_once(':'))
             .ok_or_else(|| format!("{url:?} is not a URL ({}://host:port)", schemes[0]))?;
         if !schemes.contains(&scheme) {
-            return Err(format!("{url:?}: the scheme is not one of {}", schemes.join(", ")));
+            return Err(format!(
+                "{url:?}: the scheme is not one of {}",
+                schemes.join(", ")
+            ));
         }
         let (authority, query) = match rest.split_once('?') {
             Some((authority, query)) => (authority, format!("?{query}")),
@@ -44,12 +47,16 @@ impl IceServer {
                 "{url:?}: credentials go in --turn-credentials FILE or ${TURN_CREDENTIALS_VARIABLE}, not on the command line"
             ));
         }
-        let port = authority.rsplit_once(':').map(|(_, port)| port);
-        if authority.is_empty() || !port.is_some_and(|port| port.parse::<u16>().is_ok()) {
+        let port = authority
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse::<u16>().ok());
+        if authority.is_empty() || port.is_none() {
             return Err(format!("{url:?}: give host:port"));
         }
         if !matches!(query.as_str(), "" | "?transport=udp" | "?transport=tcp") {
-            return Err(format!("{url:?}: the one query taken is ?transport=udp or ?transport=tcp"));
+            return Err(format!(
+                "{url:?}: the one query taken is ?transport=udp or ?transport=tcp"
+            ));
         }
         Ok(Self {
             scheme: scheme.to_owned(),
@@ -192,7 +199,10 @@ impl Ice {
         for turn in &self.turn {
             let url = turn.for_webrtcbin(self.turn_credentials.as_ref());
             if !webrtcbin.emit_by_name::<bool>("add-turn-server", &[&url]) {
-                return Err(format!("webrtcbin refused the TURN server {}", turn.for_browser()));
+                return Err(format!(
+                    "webrtcbin refused the TURN server {}",
+                    turn.for_browser()
+                ));
             }
         }
         Ok(webrtcbin)
@@ -240,7 +250,11 @@ impl Ice {
         let addresses = if self.addresses.is_empty() {
             "every interface".to_owned()
         } else {
-            self.addresses.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(", ")
+            self.addresses
+                .iter()
+                .map(IpAddr::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         };
         let mut text = format!("ICE host candidates on {addresses}");
         if let Some(public) = self.public_address {
