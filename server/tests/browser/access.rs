@@ -15,7 +15,7 @@ use hmac::{Hmac, Mac};
 use super::hardening::sample;
 use super::rtp_codes::RtpSender;
 use super::server::{self, Client, Server, TOKEN, connect_at};
-use super::webdriver::{self, Browser};
+use super::webdriver::Browser;
 use super::{Speech, assert_heard, speak_and_end};
 
 /// The join secret the tests' backend shares with the server.
@@ -451,10 +451,6 @@ fn a_page_joins_with_the_token_in_its_url_and_hears_its_speech() {
     if !server::in_own_network("access::a_page_joins_with_the_token_in_its_url_and_hears_its_speech") {
         return;
     }
-    assert!(
-        webdriver::installed(),
-        "chromium and chromium-driver are missing: run tools/setup.sh"
-    );
     let folder = tempfile::tempdir().unwrap();
     let server = Server::start(&[
         "--join-secret-file",

@@ -87,7 +87,7 @@ impl ServerHost {
 
     /// Debian's coturn on the server's host, on 3478 (UDP and TCP), its one user
     /// `TURN_USERNAME:TURN_PASSWORD`, relaying from the server's address.
-    pub fn start_turn(&self, scratch: &Path) -> Turn {
+    pub fn start_turn(&self, scratch: &Path) -> Daemon {
         let process = self
             .command("turnserver")
             .args([
@@ -111,16 +111,8 @@ impl ServerHost {
             .stdout(Stdio::null())
             .spawn()
             .expect("turnserver (Debian's coturn) does not run: run tools/setup.sh");
-        let turn = Turn { process };
-        // Ready when its TCP listener answers from the listener's host.
-        let started = Instant::now();
-        while TcpStream::connect((SERVER_ADDRESS, TURN_PORT)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "coturn does not listen"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let turn = Daemon(process);
+        await_listening(TURN_PORT, "coturn");
         turn
     }
 }
@@ -132,7 +124,7 @@ impl ServerHost {
     /// Debian's nginx on the server's host, terminating TLS on `TLS_PORT` for the server at
     /// `backend` with docs/streaming-server.md's `location` block, with a self-signed
     /// certificate; the page's https URL.
-    pub fn start_tls_proxy(&self, scratch: &Path, backend: &str) -> (TlsProxy, String) {
+    pub fn start_tls_proxy(&self, scratch: &Path, backend: &str) -> (Daemon, String) {
         let certified = rcgen::generate_simple_self_signed(vec![SERVER_ADDRESS.into()]).unwrap();
         let (certificate, key) = (scratch.join("tls.pem"), scratch.join("tls.key"));
         std::fs::write(&certificate, certified.cert.pem()).unwrap();
@@ -178,28 +170,9 @@ impl ServerHost {
             .arg(scratch)
             .spawn()
             .expect("nginx (Debian's nginx-light) does not run: run tools/setup.sh");
-        let proxy = TlsProxy { process };
-        let started = Instant::now();
-        while TcpStream::connect((SERVER_ADDRESS, TLS_PORT)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "nginx does not listen"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let proxy = Daemon(process);
+        await_listening(TLS_PORT, "nginx");
         (proxy, format!("https://{SERVER_ADDRESS}:{TLS_PORT}/"))
-    }
-}
-
-/// A running nginx, stopped when dropped.
-pub struct TlsProxy {
-    process: Child,
-}
-
-impl Drop for TlsProxy {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
     }
 }
 
@@ -217,15 +190,25 @@ pub const TURN_PORT: u16 = 3478;
 pub const TURN_USERNAME: &str = "listener";
 pub const TURN_PASSWORD: &str = "turn-test-secret";
 
-/// A running coturn, stopped when dropped.
-pub struct Turn {
-    process: Child,
+/// A server the test runs on the server's host (coturn, nginx), stopped when dropped.
+pub struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
-impl Drop for Turn {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
+/// Waits until `port` on the server's host takes TCP connections from this host: `what` ready.
+fn await_listening(port: u16, what: &str) {
+    let started = Instant::now();
+    while TcpStream::connect((SERVER_ADDRESS, port)).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{what} does not listen"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -252,16 +235,7 @@ pub fn block_all_but_tcp_to(open_ports: &[u16]) {
            }}
          }}"
     );
-    let mut nft = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("nft (Debian's nftables) does not run: run tools/setup.sh");
-    nft.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
-    assert!(
-        nft.wait().unwrap().success(),
-        "nft refused the firewall:\n{rules}"
-    );
+    load_rules(&rules);
 }
 
 /// The listener's end of the link taken down, as a cable pulled: nothing crosses either way,
@@ -290,6 +264,15 @@ pub fn block_udp() {
            }}
          }}"
     );
+    load_rules(&rules);
+}
+
+pub fn unblock_udp() {
+    run(Command::new("nft").args(["delete", "table", "inet", "udp_blocked"]));
+}
+
+/// `rules` (an nftables table) loaded on the listener's host.
+fn load_rules(rules: &str) {
     let mut nft = Command::new("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())
@@ -297,10 +280,6 @@ pub fn block_udp() {
         .expect("nft (Debian's nftables) does not run: run tools/setup.sh");
     nft.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
     assert!(nft.wait().unwrap().success(), "nft refused:\n{rules}");
-}
-
-pub fn unblock_udp() {
-    run(Command::new("nft").args(["delete", "table", "inet", "udp_blocked"]));
 }
 
 fn run(command: &mut Command) {
@@ -337,13 +316,7 @@ impl Impairment {
                }}
              }}"
         );
-        let mut nft = Command::new("nft")
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .spawn()
-            .expect("nft (Debian's nftables) does not run: run tools/setup.sh");
-        nft.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
-        assert!(nft.wait().unwrap().success(), "nft refused the loss:\n{rules}");
+        load_rules(&rules);
 
         let mut queue = nfq::Queue::open().expect("no netfilter queue");
         queue.bind(QUEUE).expect("cannot bind the netfilter queue");

@@ -11,7 +11,7 @@ use super::network::{
     self, Impairment, LISTENER_ADDRESS, SERVER_ADDRESS, ServerHost, TURN_PASSWORD, TURN_PORT, TURN_USERNAME,
 };
 use super::server::{self, Server};
-use super::webdriver::{self, Browser};
+use super::webdriver::Browser;
 use super::{BROWSER_RATE, Speech, assert_heard, connect_page, connect_page_at, speak_and_end};
 
 /// Frames of speech each test sends: 3.2 s.
@@ -49,10 +49,6 @@ struct Heard {
 /// Opens the page on the server across the link and speaks `frames` frames into its session;
 /// with `in_full`, asserts they were heard in full.
 fn hear_across_the_link(server: &Server, frames: usize, in_full: bool) -> Heard {
-    assert!(
-        webdriver::installed(),
-        "chromium and chromium-driver are missing: run tools/setup.sh"
-    );
     assert!(
         server.address.starts_with(SERVER_ADDRESS),
         "the server listens on {}",

@@ -8,7 +8,7 @@ use gst::prelude::*;
 
 use super::common;
 use super::server::{self, Client, Server, TOKEN, epoch_ms};
-use super::webdriver::{self, Browser};
+use super::webdriver::Browser;
 use super::{Measure, Speech, assert_cancel_silences, assert_heard, connect_page, wait_until};
 
 /// A TTS process sending its frames as RTP: `appsrc ! rtpqwencodespay ! udpsink`, on the
@@ -121,10 +121,6 @@ fn codes_over_rtp_are_heard_and_cancelled_as_over_the_websocket() {
     if !server::in_own_network("rtp_codes::codes_over_rtp_are_heard_and_cancelled_as_over_the_websocket") {
         return;
     }
-    assert!(
-        webdriver::installed(),
-        "chromium and chromium-driver are missing: run tools/setup.sh"
-    );
     let speech = Speech::load();
     let server = Server::start(&[]);
     let browser = Browser::start();

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::network::{self, ServerHost};
 use super::server::{self, Client, Server, TOKEN, epoch_ms};
-use super::webdriver::{self, Browser};
+use super::webdriver::Browser;
 use super::{Measure, Speech, assert_heard, connect_page, speak_and_end, wait_ms};
 
 const PING_INTERVAL_S: f64 = 0.5;
@@ -135,10 +135,6 @@ fn a_browser_whose_link_goes_down_loses_its_session() {
     if !server::in_own_network("vanish::a_browser_whose_link_goes_down_loses_its_session") {
         return;
     }
-    assert!(
-        webdriver::installed(),
-        "chromium and chromium-driver are missing: run tools/setup.sh"
-    );
     let host = ServerHost::start();
     let server = Server::start_on(&host, &options(&["--chunk-frames", "1"]));
     let speech = Speech::load();
@@ -183,10 +179,6 @@ fn a_stopped_browser_loses_its_session_and_its_sender_is_told() {
     if !server::in_own_network("vanish::a_stopped_browser_loses_its_session_and_its_sender_is_told") {
         return;
     }
-    assert!(
-        webdriver::installed(),
-        "chromium and chromium-driver are missing: run tools/setup.sh"
-    );
     let server = Server::start(&options(&["--chunk-frames", "1"]));
     let speech = Speech::load();
     let browser = Browser::start();
@@ -316,10 +308,6 @@ fn a_sender_that_stops_answering_loses_its_slot_and_another_takes_over() {
     {
         return;
     }
-    assert!(
-        webdriver::installed(),
-        "chromium and chromium-driver are missing: run tools/setup.sh"
-    );
     let peer_timeout = SENDER_PEER_TIMEOUT_S.to_string();
     let server = Server::start(&options(&[
         "--chunk-frames",
@@ -453,10 +441,6 @@ fn a_sender_killed_mid_utterance_is_heard_to_its_last_frame() {
     if !server::in_own_network("vanish::a_sender_killed_mid_utterance_is_heard_to_its_last_frame") {
         return;
     }
-    assert!(
-        webdriver::installed(),
-        "chromium and chromium-driver are missing: run tools/setup.sh"
-    );
     let server = Server::start(&options(&["--chunk-frames", "4"]));
     let speech = Speech::load();
     let browser = Browser::start();
@@ -533,10 +517,6 @@ fn a_browser_whose_link_comes_back_in_time_keeps_its_session() {
     if !server::in_own_network("vanish::a_browser_whose_link_comes_back_in_time_keeps_its_session") {
         return;
     }
-    assert!(
-        webdriver::installed(),
-        "chromium and chromium-driver are missing: run tools/setup.sh"
-    );
     let host = ServerHost::start();
     let server = Server::start_on(&host, &options(&["--chunk-frames", "1", "--peer-timeout", "3"]));
     let speech = Speech::load();
@@ -574,10 +554,6 @@ fn a_peer_connection_that_loses_its_path_ends_its_session() {
     if !server::in_own_network("vanish::a_peer_connection_that_loses_its_path_ends_its_session") {
         return;
     }
-    assert!(
-        webdriver::installed(),
-        "chromium and chromium-driver are missing: run tools/setup.sh"
-    );
     let host = ServerHost::start();
     let server = Server::start_on(&host, &options(&["--chunk-frames", "1"]));
     let speech = Speech::load();

@@ -36,11 +36,6 @@ const CHROMIUM_FLAGS: &[&str] = &[
     "--window-size=800,500",
 ];
 
-/// The browser's packages, installed by tools/setup.sh.
-pub fn installed() -> bool {
-    Path::new(CHROMEDRIVER).exists() && Path::new(CHROMIUM).exists()
-}
-
 pub struct Browser {
     driver: Child,
     port: u16,
@@ -55,6 +50,10 @@ impl Browser {
 
     /// A browser with `flags` besides the tests' own.
     pub fn start_with(flags: &[&str]) -> Self {
+        assert!(
+            Path::new(CHROMEDRIVER).exists() && Path::new(CHROMIUM).exists(),
+            "chromium and chromium-driver are missing: run tools/setup.sh"
+        );
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
