@@ -220,6 +220,27 @@ fn bf16_and_f16_decode_within_their_bounds() {
     }
 }
 
+/// Players name what they play: the audio goes out with the `audio-codec` tag.
+#[test]
+fn the_audio_is_tagged_with_its_codec() {
+    let fixture = load_fixture("gqa-bias");
+    let mut h = harness(&fixture, &[]);
+    h.push(buffer(
+        &code_bytes(fixture.prefix_codes(1)),
+        Some(gst::ClockTime::ZERO),
+    ))
+    .unwrap();
+    h.push_event(gst::event::Eos::new());
+    let codec = std::iter::from_fn(|| h.try_pull_event()).find_map(|event| match event.view() {
+        gst::EventView::Tag(tag) => tag
+            .tag()
+            .get::<gst::tags::AudioCodec>()
+            .map(|codec| codec.get().to_owned()),
+        _ => None,
+    });
+    assert_eq!(codec.as_deref(), Some("Qwen3-TTS speech codec"));
+}
+
 #[test]
 fn eos_decodes_the_frames_waiting_for_a_full_step() {
     let fixture = load_fixture("gqa-bias");

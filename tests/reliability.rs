@@ -588,3 +588,37 @@ fn after_every_fault_the_element_decodes_again_once_back_in_null() {
         fixture.assert_matches(&audio, &format!("the run after {}", fault.what));
     }
 }
+
+/// A drain that an event starts (here `qwencodec-drain`: the end of an utterance) pushes the
+/// audio of the frames waiting; when downstream answers that push with EOS (a sink that is done,
+/// a pad unlinked), the next buffer returns that flow, as it does when a step's push fails.
+/// Before, the event's drain dropped it and the next buffer returned OK.
+#[test]
+fn a_flow_that_failed_during_an_event_drain_is_returned_with_the_next_buffer() {
+    let fixture = load_fixture("gqa-bias");
+    let mut h = common::harness(&fixture, &[("chunk-frames", &4u32)]);
+    let refuse = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let refusing = refuse.clone();
+    h.element()
+        .unwrap()
+        .static_pad("src")
+        .unwrap()
+        .add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+            if !refusing.load(std::sync::atomic::Ordering::SeqCst) {
+                return gst::PadProbeReturn::Ok;
+            }
+            info.flow_res = Err(gst::FlowError::Eos);
+            gst::PadProbeReturn::Handled
+        });
+    // Two frames wait for a step of four.
+    let bytes = code_bytes(fixture.prefix_codes(3));
+    let frame_bytes = 2 * fixture.codebooks;
+    h.push(gst::Buffer::from_slice(bytes[..2 * frame_bytes].to_vec()))
+        .unwrap();
+    refuse.store(true, std::sync::atomic::Ordering::SeqCst);
+    h.push_event(gstqwencodec::drain_event());
+    assert_eq!(
+        h.push(gst::Buffer::from_slice(bytes[2 * frame_bytes..].to_vec())),
+        Err(gst::FlowError::Eos)
+    );
+}

@@ -359,3 +359,48 @@ fn a_new_timeline_starts_a_fresh_stream_and_the_same_one_does_not() {
     );
     fixture.assert_prefix_matches(&audio[half_audio..], half, "after it, from a fresh decoder");
 }
+
+/// A stateful decoder cannot decode backwards: a seek at a negative rate is refused where the
+/// application asks, with a warning that says why, and a segment at a negative rate (upstream
+/// seeked without asking the decoder) is an error naming it. Before, the seek went upstream and
+/// the decoder decoded the frames of each reverse chunk as one stream, wrong at every chunk.
+#[test]
+fn playing_backwards_is_refused_with_a_message_that_says_why() {
+    let fixture = load_fixture("gqa-bias");
+    let mut h = harness(&fixture, &[]);
+    let bus = common::bus_for(&h.element().unwrap());
+    h.push(buffer(
+        &code_bytes(fixture.prefix_codes(2)),
+        Some(gst::ClockTime::ZERO),
+    ))
+    .unwrap();
+    let seek = gst::event::Seek::new(
+        -1.0,
+        gst::SeekFlags::FLUSH,
+        gst::SeekType::Set,
+        gst::ClockTime::ZERO,
+        gst::SeekType::Set,
+        gst::ClockTime::from_seconds(1),
+    );
+    assert!(
+        !h.element().unwrap().send_event(seek),
+        "a seek backwards was taken"
+    );
+    let (errors, warnings) = errors_and_warnings(&bus);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("rate -1") && warnings[0].contains("forwards only"),
+        "{warnings:?}"
+    );
+
+    let mut backwards = gst::FormattedSegment::<gst::ClockTime>::new();
+    backwards.set_rate(-1.0);
+    backwards.set_stop(gst::ClockTime::from_seconds(1));
+    // A sticky event counts as pushed once stored; the refusal is the error.
+    h.push_event(gst::event::Segment::new(&backwards));
+    let (errors, _) = errors_and_warnings(&bus);
+    assert!(
+        errors.len() == 1 && errors[0].contains("Cannot decode backwards"),
+        "{errors:?}"
+    );
+}

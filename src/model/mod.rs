@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use tch::{Device, Kind};
@@ -119,6 +120,8 @@ pub struct Model {
     network: Network,
     engine: Engine,
     dtype: Dtype,
+    /// Stream decoders alive, whose steps may share a batch.
+    streams: AtomicUsize,
 }
 
 impl Model {
@@ -136,6 +139,7 @@ impl Model {
                 network: Network::load(&weights, &config)?,
                 engine: Engine::new(device),
                 dtype,
+                streams: AtomicUsize::new(0),
             })
         })
     }
@@ -158,6 +162,20 @@ impl Model {
         let model = Arc::new(Self::load(&key.0, device, dtype)?);
         loaded.insert(key, Arc::downgrade(&model));
         Ok(model)
+    }
+
+    /// How many stream decoders of this model are alive: the most steps a batch can hold now.
+    pub fn open_streams(&self) -> usize {
+        self.streams.load(Ordering::Relaxed)
+    }
+
+    /// Counts a stream decoder in (`true`, when it starts) or out (when it ends).
+    pub(crate) fn count_stream(&self, started: bool) {
+        if started {
+            self.streams.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.streams.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     pub fn config(&self) -> &DecoderConfig {
@@ -214,6 +232,17 @@ impl Model {
         Ok(self
             .engine
             .warm_step_time(&self.network, rows, frames, cuda_graphs)?)
+    }
+
+    /// The time of a warm step of `rows` streams of `frames` frames, if one was measured (by
+    /// [`Self::warm_step_time`]) for this model: nothing runs.
+    pub fn measured_step_time(
+        &self,
+        rows: usize,
+        frames: usize,
+        cuda_graphs: bool,
+    ) -> Option<std::time::Duration> {
+        self.engine.measured_step_time(rows, frames, cuda_graphs)
     }
 
     /// Calls `observer` after every batch of steps this model runs from now on (on the thread

@@ -89,6 +89,7 @@ impl StreamDecoder {
         assert!(chunk_frames > 0, "chunk_frames must be positive");
         let row = model.engine().new_row(model.network())?;
         let row_bytes = model.engine().row_bytes();
+        model.count_stream(true);
         Ok(Self {
             model,
             chunk_frames,
@@ -311,6 +312,7 @@ impl StreamDecoder {
 impl Drop for StreamDecoder {
     fn drop(&mut self) {
         self.model.engine().release_row(self.model.network(), self.row);
+        self.model.count_stream(false);
     }
 }
 

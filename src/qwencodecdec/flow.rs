@@ -6,6 +6,7 @@ use gst::glib::translate::ToGlibPtr;
 use gst::prelude::*;
 use gst::subclass::prelude::*;
 use gst_audio::prelude::*;
+use gst_audio::subclass::prelude::*;
 
 use super::imp::{CAT, QwenCodecDec};
 use super::step_thread::{Output, Refused, Stream};
@@ -185,6 +186,43 @@ impl QwenCodecDec {
         let flow = result?;
         reset.map_err(|err| self.step_error(err))?;
         Ok(flow)
+    }
+
+    /// A drain that an event asks for (a new stream, a new timeline, `qwencodec-drain`, a gap):
+    /// an event has no flow to return, so a push that failed during it (NOT_LINKED, EOS from
+    /// downstream) is kept for the next buffer to return, as a failed push of the step thread
+    /// is.
+    pub(super) fn drain_for_event(&self) {
+        let Err(err) = self.drain() else { return };
+        if err == gst::FlowError::Flushing {
+            return;
+        }
+        gst::debug!(
+            CAT,
+            imp = self,
+            "Drain for an event: {:?}, kept for the next buffer",
+            err
+        );
+        if let Some(stream) = self.stream() {
+            stream.lock().flow = Err(err);
+        }
+    }
+
+    /// A GAP: time goes on without frames (a loss that nothing filled, a silent live source).
+    /// Under the stream lock, so that nothing goes downstream between: the frames before it are
+    /// decoded and their audio pushed (the next frame decodes as on a fresh decoder, as after
+    /// a DISCONT, since the frames after the hole do not follow the ones before), then the
+    /// GAP goes on through the base class, which sends the events pending ahead of it.
+    pub(super) fn handle_gap(&self, event: gst::Event) -> bool {
+        let _lock = self.stream_lock();
+        gst::debug!(
+            CAT,
+            imp = self,
+            "{:?}: a fresh stream after the frames before it",
+            event
+        );
+        self.drain_for_event();
+        self.parent_sink_event(event)
     }
 
     /// The drain with the step thread idle: what it finished, then the remaining steps and the

@@ -38,7 +38,7 @@ use super::step_thread::{StepThread, Stream};
 /// Frames that may wait for the decoder before upstream waits: two of its largest steps, so
 /// that the next step is full when one ends, and no more, so that a seek or a stop finds little
 /// queued and memory does not grow with a fast source.
-fn read_ahead_frames(decoder: &crate::model::StreamDecoder) -> usize {
+pub(super) fn read_ahead_frames(decoder: &crate::model::StreamDecoder) -> usize {
     2 * decoder.limits().max_step_frames
 }
 
@@ -46,6 +46,9 @@ fn read_ahead_frames(decoder: &crate::model::StreamDecoder) -> usize {
 /// measured on the CPU), a batch of N such steps N times that.
 const MAX_STEP_FRAMES: u32 = 256;
 const MAX_BATCH: u32 = 1024;
+
+/// The `audio-codec` tag of the audio out.
+const CODEC_NAME: &str = "Qwen3-TTS speech codec";
 
 pub(super) static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(
@@ -470,6 +473,12 @@ impl AudioDecoderImpl for QwenCodecDec {
             .map_err(|_| gst::loggable_error!(CAT, "Cannot use output caps {}", output))?;
         gst::debug!(CAT, imp = self, "Input {}, output {}", caps, output);
         stream.lock().format = info.format();
+        // So that players name what they play; the base class sends the tags with the audio.
+        let mut tags = gst::TagList::new();
+        tags.get_mut()
+            .unwrap()
+            .add::<gst::tags::AudioCodec>(&CODEC_NAME, gst::TagMergeMode::Replace);
+        self.obj().merge_tags(Some(&tags), gst::TagMergeMode::Replace);
         self.obj()
             .set_output_format(&info)
             .map_err(|err| gst::loggable_error!(CAT, "Cannot set output format: {:?}", err))
@@ -568,13 +577,39 @@ impl AudioDecoderImpl for QwenCodecDec {
         self.parent_sink_query(query)
     }
 
+    /// A seek backwards is refused here, where the application asks: a stateful decoder cannot
+    /// decode backwards.
+    fn src_event(&self, event: gst::Event) -> bool {
+        if let gst::EventView::Seek(seek) = event.view()
+            && seek.get().0 < 0.0
+        {
+            gst::element_imp_warning!(
+                self,
+                gst::StreamError::Decode,
+                (
+                    "Seek at rate {} refused: each frame's audio depends on the frames before it, \
+                     so the decoder plays forwards only",
+                    seek.get().0
+                )
+            );
+            return false;
+        }
+        self.parent_src_event(event)
+    }
+
+    fn src_query(&self, query: &mut gst::QueryRef) -> bool {
+        let answered = self.parent_src_query(query);
+        if answered && let gst::QueryViewMut::Latency(latency) = query.view_mut() {
+            self.note_upstream_live(latency.result().0);
+        }
+        answered
+    }
+
     fn sink_event(&self, event: gst::Event) -> bool {
         match event.view() {
             // A new stream (e.g. from concat, without EOS in between) starts from a fresh
             // decoder, after the old one's frames are out.
-            gst::EventView::StreamStart(_) => {
-                let _ = self.drain();
-            }
+            gst::EventView::StreamStart(_) => self.drain_for_event(),
             // Not serialized: the streaming thread may be waiting for room or draining, and the
             // step thread about to start a step; all stop now (the step in flight ends).
             gst::EventView::FlushStart(_) => {
@@ -598,10 +633,23 @@ impl AudioDecoderImpl for QwenCodecDec {
                 if custom.structure().is_some_and(|s| s.name() == super::DRAIN_EVENT) =>
             {
                 gst::debug!(CAT, imp = self, "Drain asked for by an event");
-                let _ = self.drain();
+                self.drain_for_event();
             }
+            gst::EventView::Gap(_) => return self.handle_gap(event),
             gst::EventView::Segment(segment) => {
                 let segment = segment.segment().clone();
+                if segment.rate() < 0.0 {
+                    gst::element_imp_error!(
+                        self,
+                        gst::StreamError::Decode,
+                        (
+                            "Cannot decode backwards (a segment at rate {}): each frame's audio \
+                             depends on the frames before it, so the decoder plays forwards only",
+                            segment.rate()
+                        )
+                    );
+                    return false;
+                }
                 if let Some(previous) = self.set_segment(Some(segment.clone()))
                     && !super::segment::continues(&previous, &segment)
                 {
@@ -609,7 +657,7 @@ impl AudioDecoderImpl for QwenCodecDec {
                     // looping segment seek): their stream ends here, and the next frame
                     // decodes as on a fresh decoder.
                     gst::debug!(CAT, imp = self, "New timeline {:?}: a fresh stream", segment);
-                    let _ = self.drain();
+                    self.drain_for_event();
                 }
             }
             _ => (),

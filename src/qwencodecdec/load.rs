@@ -142,15 +142,23 @@ impl QwenCodecDec {
         if model.device().is_cuda() && settings.cuda_graphs {
             self.check_cuda_graphs(model, cuda_graph);
         }
-        let latency =
-            Latency::measure(model, decoder.chunk_frames(), decoder.limits()).map_err(decoder_error)?;
+        let latency = Latency::measure(
+            model,
+            decoder.chunk_frames(),
+            decoder.limits(),
+            super::imp::read_ahead_frames(&decoder),
+        )
+        .map_err(decoder_error)?;
         gst::info!(
             CAT,
             imp = self,
-            "Latency: {} to {} (chunk-frames {}, max-batch {})",
+            "Latency: {} to {} (chunk-frames {}, batches of {} rows: {} streams open on the model, \
+             max-batch {})",
             latency.min,
             latency.max,
             decoder.chunk_frames(),
+            latency.rows(),
+            model.open_streams(),
             decoder.limits().max_batch
         );
         self.obj().set_latency(latency.min, latency.max);
@@ -229,31 +237,6 @@ impl QwenCodecDec {
             gst::LibraryError::Init,
             ("Decoding without CUDA graphs: {}", why)
         );
-    }
-
-    /// After a step of the step thread that took `step_time`: when it went over the latency
-    /// reported while playing, the maximum rises and the pipeline is told (see [`Latency`]).
-    pub(super) fn check_step_time(&self, step_time: Duration) {
-        if self.obj().current_state() != gst::State::Playing {
-            return;
-        }
-        let mut latency = self.latency();
-        let Some(figures) = latency.as_mut() else { return };
-        if !figures.after_step(step_time, Instant::now()) {
-            return;
-        }
-        let (min, max) = (figures.min, figures.max);
-        drop(latency);
-        gst::info!(
-            CAT,
-            imp = self,
-            "A step took {:.1} ms, more than the latency reported allows: the maximum is now {} \
-             (other streams' steps on the model, or a slower machine)",
-            step_time.as_secs_f64() * 1e3,
-            max
-        );
-        // Posts the LATENCY message.
-        self.obj().set_latency(min, max);
     }
 }
 

@@ -64,6 +64,9 @@ pub(super) struct Inner {
     pub(super) format: gst_audio::AudioFormat,
     /// Whole frames taken from buffers, not handed to the decoder yet.
     codes: Vec<i16>,
+    /// When those frames arrived, oldest first: how many came at each moment. A step's oldest
+    /// frame tells how late its audio comes out (the latency kept true while playing).
+    arrivals: VecDeque<(usize, Instant)>,
     frames_accepted: u64,
     /// Bytes of a frame cut by a buffer boundary, waiting for the rest.
     partial_frame: Vec<u8>,
@@ -112,6 +115,7 @@ impl Stream {
                 decoder: Some(decoder),
                 format: gst_audio::AudioFormat::F32le,
                 codes: Vec::new(),
+                arrivals: VecDeque::new(),
                 frames_accepted: 0,
                 partial_frame: Vec::new(),
                 frames_per_input: VecDeque::new(),
@@ -166,7 +170,7 @@ impl Stream {
     /// step, its audio queued; None when no full step waits. No lock is held during the step,
     /// so that a flush-start is seen meanwhile.
     pub(super) fn step_here(&self) -> Option<Result<(), DecodeError>> {
-        let (mut decoder, codes) = self.lock().take_step()?;
+        let (mut decoder, codes, _) = self.lock().take_step()?;
         let result = decoder.push(&codes);
         let mut inner = self.give_back(decoder);
         Some(result.map(|audio| inner.queue_audio(audio)))
@@ -179,6 +183,7 @@ impl Stream {
         let mut inner = self.lock();
         let mut decoder = inner.decoder.take().expect("the decoder is idle");
         let frames = std::mem::take(&mut inner.codes);
+        inner.arrivals.clear();
         drop(inner);
         let audio = decoder.push(&frames).and_then(|mut audio| {
             audio.extend(decoder.finish()?);
@@ -229,13 +234,13 @@ impl Stream {
                 }
                 inner = self.wait(inner);
             };
-            let (mut decoder, codes) = step;
+            let (mut decoder, codes, oldest_arrival) = step;
             drop(inner);
             // The backlog shrank: a streaming thread waiting for room may go on.
             self.changed.notify_all();
-            let started = Instant::now();
             let result = decoder.push(&codes);
-            let step_time = started.elapsed();
+            // Before the push, which a synchronised sink holds until the audio's time.
+            let delay = oldest_arrival.map(|arrival| arrival.elapsed());
 
             let Some(element) = element.upgrade() else {
                 return;
@@ -259,7 +264,9 @@ impl Stream {
                 let _ = imp.step_error(err);
             }
             imp.push_outbox(self);
-            imp.check_step_time(step_time);
+            if let Some(delay) = delay {
+                imp.check_latency(delay, &self.lock().model().clone());
+            }
         }
     }
 }
@@ -290,24 +297,37 @@ impl Inner {
         }
     }
 
-    /// The decoder and the codes of the next step, when a full step waits and nothing else has
-    /// the decoder, nor is the stream draining, flushing or failed.
-    fn next_step(&mut self) -> Option<(StreamDecoder, Vec<i16>)> {
+    /// The decoder, the codes of the next step and when its oldest frame arrived, when a full
+    /// step waits and nothing else has the decoder, nor is the stream draining, flushing or
+    /// failed.
+    fn next_step(&mut self) -> Option<(StreamDecoder, Vec<i16>, Option<Instant>)> {
         if self.draining || self.flushing || self.flow.is_err() {
             return None;
         }
         self.take_step()
     }
 
-    /// The decoder and the codes of the next full step.
-    fn take_step(&mut self) -> Option<(StreamDecoder, Vec<i16>)> {
+    /// The decoder, the codes of the next full step and when its oldest frame arrived.
+    fn take_step(&mut self) -> Option<(StreamDecoder, Vec<i16>, Option<Instant>)> {
         let codebooks = self.model.config().num_quantizers;
         let take = self
             .decoder
             .as_ref()?
             .frames_for_next_step(self.codes.len() / codebooks)?;
+        let oldest_arrival = self.arrivals.front().map(|&(_, arrival)| arrival);
+        let mut left = take;
+        while left > 0
+            && let Some((frames, _)) = self.arrivals.front_mut()
+        {
+            let taken = left.min(*frames);
+            *frames -= taken;
+            left -= taken;
+            if *frames == 0 {
+                self.arrivals.pop_front();
+            }
+        }
         let codes = self.take_codes(take * codebooks);
-        Some((self.decoder.take()?, codes))
+        Some((self.decoder.take()?, codes, oldest_arrival))
     }
 
     /// Takes one input buffer's bytes: its whole frames wait for the step thread. A buffer with
@@ -361,6 +381,9 @@ impl Inner {
         }
         self.partial_frame.extend_from_slice(&data[whole..]);
         let frames = ((self.codes.len() - before) / codebooks) as u64;
+        if frames > 0 {
+            self.arrivals.push_back((frames as usize, Instant::now()));
+        }
         self.frames_accepted += frames;
         self.refused_in_a_row = 0;
         Ok(frames)
@@ -371,6 +394,7 @@ impl Inner {
     /// to `frames_accepted`: the drain that follows resets it.)
     pub(super) fn accept_before_bad_code(&mut self, valid: Vec<i16>) -> u64 {
         let frames = (valid.len() / (self.frame_bytes() / 2)) as u64;
+        self.arrivals.push_back((frames as usize, Instant::now()));
         self.codes.extend(valid);
         self.refused_in_a_row += 1;
         frames
@@ -432,6 +456,7 @@ impl Inner {
     pub(super) fn reset(&mut self, stats: &mut Stats) -> Result<(), DecodeError> {
         self.count(stats);
         self.codes.clear();
+        self.arrivals.clear();
         self.frames_accepted = 0;
         self.partial_frame.clear();
         self.orphan_partial_frame = false;
