@@ -174,9 +174,9 @@ fn the_state_arena_shrinks_as_streams_end() {
     fixture.assert_matches(&audio, "a stream through its arena's growth and shrink");
 }
 
-/// The arena shrinks only once the rows in use all lie in its lowest quarter (a row at the
-/// quarter's edge keeps it: a stream ending there would otherwise halve it and the next regrow
-/// it), and never below 4 rows. A stream that ends without a shrink leaves the arena where it
+/// The arena shrinks only once the rows in use would all lie in its lowest quarter (a row that
+/// would be at the quarter's edge keeps it: a stream ending there would otherwise halve it and
+/// the next regrow it), and never below 4 rows. A stream that ends without a shrink leaves the arena where it
 /// is, and the CUDA graphs recorded on it stay; a shrink moves it, and they go, also when it
 /// grows back before the next step.
 #[test]
@@ -230,6 +230,98 @@ fn the_state_arena_halves_below_a_quarter_and_keeps_four_rows() {
     drop(others);
     drop(first);
     assert_eq!(model.state_rows(), 4, "no stream: the fewest rows");
+}
+
+/// A shrink is not held back by a stream at a high row: the rows held above the rows kept move
+/// down, their state with them, also while their streams' steps wait in the queue (the steps
+/// read their rows when their batch runs). Twelve streams take rows 1 to 12 of 16; all but
+/// the first and the last two end while the last two's steps wait behind a batch held back, so
+/// the arena halves to 8 and moves rows 11 and 12 down to 2 and 3. Each stream that stays has
+/// decoded a prefix of another length, so that swapped rows would not decode the same audio,
+/// and goes on to match upstream, through the stand-in graphs.
+#[test]
+fn the_state_arena_moves_the_rows_above_down_as_it_shrinks() {
+    use std::sync::mpsc::channel;
+    use std::sync::{Mutex, atomic::AtomicBool, atomic::Ordering};
+    use std::time::{Duration, Instant};
+
+    let fixture = load_fixture("release-tiny");
+    let model = load(&fixture);
+    model.replay_graphs_eagerly();
+    let codebooks = fixture.codebooks;
+    let frames = |from: usize, to: usize| &fixture.codes[from * codebooks..to * codebooks];
+    let mut streams: Vec<StreamDecoder> = (0..12)
+        .map(|_| StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap())
+        .collect();
+    assert_eq!(model.state_rows(), 16);
+    let mut last = streams.pop().unwrap();
+    let mut second_last = streams.pop().unwrap();
+    let mut first = streams.remove(0);
+    // Frames decoded by each that stays: the first, the second last, the last.
+    let decoded = [2, 3, 5];
+    let mut audio = [
+        first.push(frames(0, decoded[0])).unwrap(),
+        second_last.push(frames(0, decoded[1])).unwrap(),
+        last.push(frames(0, decoded[2])).unwrap(),
+    ];
+    for stream in &mut streams {
+        stream.push(frames(0, 1)).unwrap();
+    }
+    let dropped = model.cuda_graphs().dropped;
+
+    // The next batch (the first stream's step) holds the queue, as a long batch in flight does,
+    // until the others have ended.
+    let (entered, batch_held) = channel();
+    let (resume, held) = channel::<()>();
+    let held = Mutex::new(held);
+    let armed = AtomicBool::new(true);
+    model.observe_batches(move |_| {
+        if armed.swap(false, Ordering::SeqCst) {
+            entered.send(()).unwrap();
+            _ = held.lock().unwrap().recv_timeout(Duration::from_secs(60));
+        }
+    });
+    let [first_audio, second_last_audio, last_audio] = &mut audio;
+    let waited = std::thread::scope(|scope| {
+        let first_step = scope.spawn(|| first.push(frames(decoded[0], decoded[0] + 1)).unwrap());
+        batch_held.recv_timeout(Duration::from_secs(60)).unwrap();
+        let second_last_step = scope.spawn(|| second_last.push(frames(decoded[1], decoded[1] + 1)).unwrap());
+        let last_step = scope.spawn(|| last.push(frames(decoded[2], decoded[2] + 1)).unwrap());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while model.steps_waiting() < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let waited = model.steps_waiting();
+        // Rows 2 to 10: three streams left, below a quarter of 16.
+        streams.clear();
+        resume.send(()).unwrap();
+        first_audio.extend(first_step.join().unwrap());
+        second_last_audio.extend(second_last_step.join().unwrap());
+        last_audio.extend(last_step.join().unwrap());
+        waited
+    });
+    assert_eq!(
+        waited, 2,
+        "the last two streams' steps waited while the others ended"
+    );
+    assert_eq!(
+        model.state_rows(),
+        8,
+        "three streams, two of them at rows 11 and 12 of 16: halved, those two moved down"
+    );
+    assert!(
+        model.cuda_graphs().dropped > dropped,
+        "the arena moved: its graphs go, {:?}",
+        model.cuda_graphs()
+    );
+    for (stream, (audio, decoded)) in [first, second_last, last]
+        .iter_mut()
+        .zip(audio.iter_mut().zip(decoded))
+    {
+        audio.extend(stream.push(frames(decoded + 1, fixture.frames)).unwrap());
+        audio.extend(stream.finish().unwrap());
+        fixture.assert_matches(audio, &format!("the stream that had decoded {decoded} frames"));
+    }
 }
 
 /// A stream that starts while others decode backlogs gets its first audio after the batch in

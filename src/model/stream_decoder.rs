@@ -4,7 +4,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::engine::Step;
+use super::engine::{Row, Step};
 use super::{DecodeError, Model};
 
 /// How [`StreamDecoder::finish`] decodes frames that do not fill a whole step.
@@ -64,8 +64,8 @@ pub struct StreamDecoder {
     chunk_frames: usize,
     tail: TailStrategy,
     limits: StepLimits,
-    /// This stream's row of the model's state arena, and its size.
-    row: i64,
+    /// This stream's row of the model's state arena (which the arena may move), and its size.
+    row: Row,
     /// Whether the next step clears the row first: a new stream's, or one reset.
     clear_row: bool,
     row_bytes: usize,
@@ -284,7 +284,7 @@ impl StreamDecoder {
     fn run_step(&mut self, codes: Vec<i16>) -> Result<Vec<f32>, DecodeError> {
         let started = Instant::now();
         let step = Step {
-            row: self.row,
+            row: self.row.clone(),
             frames: codes.len() / self.codebooks(),
             codes,
             max_rows: self.limits.max_batch,
@@ -311,7 +311,7 @@ impl StreamDecoder {
 
 impl Drop for StreamDecoder {
     fn drop(&mut self) {
-        self.model.engine().release_row(self.model.network(), self.row);
+        self.model.engine().release_row(self.model.network(), &self.row);
         self.model.count_stream(false);
     }
 }

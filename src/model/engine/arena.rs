@@ -1,23 +1,30 @@
-//! The state of every stream of a model, as rows of one state: a stream owns a row from its
+//! The state of every stream of a model, as rows of one state: a stream holds a row from its
 //! start to its end. A step of one stream runs on its row in place; a batched step selects its
 //! streams' rows (one `index_select` per state tensor, whatever the number of rows) and puts
 //! them back (one `index_copy_` each). A CUDA graph records that selection with the rows as a
 //! device tensor of indices, so any cohort of streams replays the same graph.
 //!
-//! The rows no stream owns are a list of their own (behind its own lock, see [`FreeRows`]): a new
-//! stream takes one without waiting for the compute thread, which may be running a batch for
-//! hundreds of milliseconds; its first step clears it there. Only growing, releasing and
+//! Who holds which row is a table of its own (behind its own lock, see [`RowAssignment`]): a new
+//! stream takes a free row without waiting for the compute thread, which may be running a batch
+//! for hundreds of milliseconds; its first step clears it there. Only growing, releasing and
 //! shrinking need the compute thread.
 //!
 //! Row 0 belongs to no stream: it is the scratch row that pads a batch up to a graph's size and
 //! that graphs warm up on. Nobody reads it.
 //!
 //! The rows grow in place of need (doubling; the old rows copied over), and shrink (halving)
-//! when streams have ended and every row in use lies in the lowest quarter: the memory follows
-//! the streams open, with room to double before growing again. Rows are handed out lowest
-//! first, so the rows of the streams left gather at the bottom. Growing or shrinking moves
-//! every row, so graphs recorded before are void (see [`Arena::generation`]).
+//! when streams have ended and the scratch row and the rows held would fit in the lowest
+//! quarter: the memory follows the streams open, whichever rows they hold, with room to double
+//! before growing again. A shrink keeps the lowest rows and moves each row held above them down
+//! to a free one, its state with it (the rows kept are selected into new memory in one go). So
+//! a stream's row number may change between its steps: a stream holds a [`Row`], which the
+//! arena updates, and its steps read the number on the compute thread with the arena in hand,
+//! where nothing moves it meanwhile (a step waiting in the queue reads it when its batch runs).
+//! Rows are handed out lowest first, so that few rows need moving. Growing or shrinking moves
+//! every row to new memory, so graphs recorded before are void (see [`Arena::generation`]).
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::model::log;
@@ -31,20 +38,63 @@ pub const SCRATCH_ROW: i64 = 0;
 /// The rows of a new arena, and the fewest it shrinks to.
 const MIN_ROWS: i64 = 4;
 
-/// Rows no stream owns, the lowest last; shared by the arena (on the compute thread, which
-/// holds this lock while it grows, releases or shrinks) and whoever hands rows to new streams.
-#[derive(Clone, Default)]
-pub struct FreeRows(Arc<Mutex<Vec<i64>>>);
+/// A stream's row of the arena. A shrink may move it to another number (see the module's
+/// comment): read [`Row::index`] with the arena in hand, not before.
+#[derive(Clone)]
+pub struct Row(Arc<AtomicI64>);
 
-impl FreeRows {
-    fn lock(&self) -> MutexGuard<'_, Vec<i64>> {
+impl Row {
+    /// The scratch row, for steps that belong to no stream (timing, warming up).
+    pub fn scratch() -> Self {
+        Self::at(SCRATCH_ROW)
+    }
+
+    fn at(index: i64) -> Self {
+        Self(Arc::new(AtomicI64::new(index)))
+    }
+
+    /// Its number in the arena now. Only [`Arena::release`] moves rows, with the arena in hand:
+    /// whoever reads the number with the arena in hand (a step) steps on the row it names.
+    pub fn index(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn move_to(&self, index: i64) {
+        self.0.store(index, Ordering::Relaxed);
+    }
+}
+
+/// Who holds which row; shared by the arena (on the compute thread, which holds this lock while
+/// it grows, releases or shrinks) and whoever hands rows to new streams.
+#[derive(Clone, Default)]
+pub struct RowAssignment(Arc<Mutex<Assignment>>);
+
+#[derive(Default)]
+struct Assignment {
+    /// Rows no stream holds, the lowest last.
+    free: Vec<i64>,
+    /// The rows streams hold, by number: what a shrink moves.
+    held: BTreeMap<i64, Row>,
+}
+
+impl Assignment {
+    /// The lowest free row, now held by a new stream.
+    fn take(&mut self) -> Option<Row> {
+        let row = Row::at(self.free.pop()?);
+        self.held.insert(row.index(), row.clone());
+        Some(row)
+    }
+}
+
+impl RowAssignment {
+    fn lock(&self) -> MutexGuard<'_, Assignment> {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The lowest free row, if there is one: a new stream's, which its first step clears
     /// (whatever an ended stream left in it).
-    pub fn take(&self) -> Option<i64> {
-        self.lock().pop()
+    pub fn take(&self) -> Option<Row> {
+        self.lock().take()
     }
 }
 
@@ -52,72 +102,91 @@ impl FreeRows {
 pub struct Arena {
     /// None until the first stream starts.
     state: Option<State>,
-    free: FreeRows,
+    assignment: RowAssignment,
     generation: u64,
 }
 
 impl Arena {
-    /// The free rows, for taking one without the compute thread.
-    pub fn free_rows(&self) -> FreeRows {
-        self.free.clone()
+    /// Who holds which row, for taking a free one without the compute thread.
+    pub fn row_assignment(&self) -> RowAssignment {
+        self.assignment.clone()
     }
 
     /// A row for a new stream, growing the rows if none is free; its first step clears it. On
     /// the device's compute thread.
-    pub fn allocate(&mut self, network: &Network) -> TorchResult<i64> {
-        let free = self.free.clone();
-        let mut free = free.lock();
-        if free.is_empty() {
-            self.grow(network, &mut free)?;
+    pub fn allocate(&mut self, network: &Network) -> TorchResult<Row> {
+        let assignment = self.assignment.clone();
+        let mut assignment = assignment.lock();
+        if assignment.free.is_empty() {
+            self.grow(network, &mut assignment.free)?;
         }
-        Ok(free.pop().expect("rows after growing"))
+        Ok(assignment.take().expect("rows after growing"))
     }
 
-    /// Gives `row` back, for a later stream, and shrinks the rows when those in use all lie in
-    /// the lowest quarter. On the device's compute thread.
-    pub fn release(&mut self, row: i64) -> TorchResult<()> {
-        let free = self.free.clone();
-        let mut free = free.lock();
+    /// Gives `row` back, for a later stream, and shrinks the rows while the scratch row and the
+    /// rows held would fit in the lowest quarter. On the device's compute thread.
+    pub fn release(&mut self, row: &Row) -> TorchResult<()> {
+        let assignment = self.assignment.clone();
+        let mut assignment = assignment.lock();
+        let index = row.index();
+        let released = assignment.held.remove(&index);
         debug_assert!(
-            row != SCRATCH_ROW && !free.contains(&row),
-            "row {row} released twice"
+            released.is_some_and(|held| Arc::ptr_eq(&held.0, &row.0)),
+            "row {index} released twice"
         );
-        free.push(row);
+        assignment.free.push(index);
         // Lowest last, so that the streams of a quiet model keep to the first rows.
-        free.sort_unstable_by(|a, b| b.cmp(a));
+        assignment.free.sort_unstable_by(|a, b| b.cmp(a));
+        // The highest row in use once the rows held are moved down: right above the scratch row.
+        let highest = SCRATCH_ROW + assignment.held.len() as i64;
         let mut rows = self.rows();
-        while rows > MIN_ROWS && self.highest_in_use(&free) < rows / 4 {
+        while rows > MIN_ROWS && highest < rows / 4 {
             rows /= 2;
         }
         if rows < self.rows() {
-            self.shrink(rows, &mut free)?;
+            self.shrink(rows, &mut assignment)?;
         }
         Ok(())
     }
 
-    /// The highest row a stream owns (the scratch row when none).
-    fn highest_in_use(&self, free: &[i64]) -> i64 {
-        // `free` is sorted from the highest down: the rows above the first gap in it from the
-        // top are free.
-        let mut highest = self.rows() - 1;
-        for &row in free {
-            if row != highest {
-                break;
-            }
-            highest -= 1;
+    /// Keeps the first `rows` rows, in memory of their own, each row held above them moved down
+    /// to a free one, the lowest first: its state goes with it, and its stream's [`Row`] reads
+    /// the new number.
+    fn shrink(&mut self, rows: i64, assignment: &mut Assignment) -> TorchResult<()> {
+        let mut free_below = assignment.free.iter().rev().filter(|&&row| row < rows);
+        let moves: Vec<(i64, i64)> = assignment
+            .held
+            .range(rows..)
+            .map(|(&from, _)| {
+                let to = free_below
+                    .next()
+                    .expect("a free row below for each row held above: they fit in a quarter");
+                (from, *to)
+            })
+            .collect();
+        // Row `i` of the shrunk state is row `kept[i]` of this one.
+        let mut kept: Vec<i64> = (0..rows).collect();
+        for &(from, to) in &moves {
+            kept[to as usize] = from;
         }
-        highest
-    }
-
-    fn shrink(&mut self, rows: i64, free: &mut Vec<i64>) -> TorchResult<()> {
-        let shrunk = self.state().shrunk(rows)?;
+        // Before any bookkeeping: should it fail, the rows stay as they were.
+        let shrunk = self.state().select_rows(&kept)?;
         let before = self.state().bytes();
         self.state = Some(shrunk);
-        free.retain(|&row| row < rows);
+        for &(from, to) in &moves {
+            let row = assignment.held.remove(&from).expect("a row held");
+            row.move_to(to);
+            assignment.held.insert(to, row);
+        }
+        assignment.free = (SCRATCH_ROW + 1..rows)
+            .rev()
+            .filter(|row| !assignment.held.contains_key(row))
+            .collect();
         self.generation += 1;
         give_back_freed_memory();
         log::debug(format_args!(
-            "state arena shrunk to {rows} rows ({} MB, {} MB freed)",
+            "state arena shrunk to {rows} rows, {} of them moved down ({} MB, {} MB freed)",
+            moves.len(),
             self.state().bytes() / 1_000_000,
             (before - self.state().bytes()) / 1_000_000
         ));

@@ -31,15 +31,17 @@ use tch::{Kind, Tensor};
 use super::executor;
 use super::log;
 use super::network::{Network, StepTables};
-use arena::{Arena, FreeRows, SCRATCH_ROW};
+use arena::{Arena, RowAssignment};
 use batch_graphs::{BatchGraphs, step_rows};
 
+pub use arena::Row;
 pub use batch_graphs::MAX_GRAPHS;
 
 /// One stream's step as the engine runs it.
 pub struct Step {
-    /// The stream's arena row.
-    pub row: i64,
+    /// The stream's arena row, whose number the step reads when its batch runs (a shrink may
+    /// move it while the step waits).
+    pub row: Row,
     /// Codes of `frames` whole frames, frame-major, checked against the codebook size.
     pub codes: Vec<i16>,
     pub frames: usize,
@@ -120,8 +122,8 @@ pub struct Engine {
     batch_done: Condvar,
     /// What steps compute with; used on the compute thread only.
     rows: Mutex<Rows>,
-    /// The arena's free rows, which new streams take without the compute thread.
-    free_rows: FreeRows,
+    /// Who holds which arena row: new streams take a free one without the compute thread.
+    row_assignment: RowAssignment,
     /// Bytes of one stream's row, once the arena has rows.
     row_bytes: AtomicUsize,
     /// The rejoin grace in nanoseconds: [`REJOIN_GRACE`] unless a test sets it.
@@ -163,7 +165,7 @@ impl Engine {
             queue: Mutex::default(),
             step_arrived: Condvar::new(),
             batch_done: Condvar::new(),
-            free_rows: arena.free_rows(),
+            row_assignment: arena.row_assignment(),
             row_bytes: AtomicUsize::new(0),
             rejoin_grace: AtomicU64::new(REJOIN_GRACE.as_nanos() as u64),
             rows: Mutex::new(Rows {
@@ -238,14 +240,14 @@ impl Engine {
         if self.rows().arena.rows() == 0 {
             // The scratch row it steps on comes with the arena's first rows.
             let row = self.new_row(network)?;
-            self.release_row(network, row);
+            self.release_row(network, &row);
         }
         let codes = vec![0; frames * network.config().num_quantizers];
         let batch: Vec<Job> = (0..rows)
             .map(|_| Job {
                 id: 0,
                 step: Step {
-                    row: SCRATCH_ROW,
+                    row: Row::scratch(),
                     codes: codes.clone(),
                     frames,
                     max_rows: rows,
@@ -288,8 +290,8 @@ impl Engine {
     /// An arena row for a new stream, whose first step clears it ([`Step::clear`]). A free row
     /// is taken at once; only when none is free does the arena grow, on the compute thread
     /// (after the batch in flight).
-    pub fn new_row(&self, network: &Network) -> Result<i64, tch::TchError> {
-        if let Some(row) = self.free_rows.take() {
+    pub fn new_row(&self, network: &Network) -> Result<Row, tch::TchError> {
+        if let Some(row) = self.row_assignment.take() {
             return Ok(row);
         }
         executor::run(network.device(), || {
@@ -300,8 +302,9 @@ impl Engine {
         })
     }
 
-    /// Gives a stream's row back when the stream ends (the arena may shrink).
-    pub fn release_row(&self, network: &Network, row: i64) {
+    /// Gives a stream's row back when the stream ends (the arena may shrink, moving other
+    /// streams' rows down).
+    pub fn release_row(&self, network: &Network, row: &Row) {
         if let Err(err) = executor::run(network.device(), || self.rows().arena.release(row)) {
             // The rows stay as they were: only memory is not given back.
             log::warning(format_args!("cannot shrink the state arena: {err}"));
@@ -451,15 +454,18 @@ impl Engine {
             .f_view([rows as i64, frames as i64, codebooks as i64])?
             .f_to_device(device)?
             .f_to_kind(Kind::Int64)?;
-        let arena_rows: Vec<i64> = batch.iter().map(|job| job.step.row).collect();
         let mut guard = self.rows();
         let Rows {
             arena,
             tables,
             graphs,
         } = &mut *guard;
-        for job in batch.iter().filter(|job| job.step.clear) {
-            arena.state().row(job.step.row)?.clear()?;
+        // Read with the arena locked: no shrink moves them until the step is done.
+        let arena_rows: Vec<i64> = batch.iter().map(|job| job.step.row.index()).collect();
+        for (job, &row) in batch.iter().zip(&arena_rows) {
+            if job.step.clear {
+                arena.state().row(row)?.clear()?;
+            }
         }
         let tables = match tables.entry(frames) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
@@ -567,7 +573,7 @@ mod tests {
         Job {
             id,
             step: Step {
-                row: id as i64 + 1,
+                row: Row::scratch(),
                 codes: Vec::new(),
                 frames,
                 max_rows,

@@ -125,14 +125,11 @@ impl State {
         Ok(grown)
     }
 
-    /// This state's first `rows` rows in memory of their own (the rest is freed).
-    pub fn shrunk(&self, rows: i64) -> TorchResult<State> {
-        self.map(|tensor| {
-            let kept = tensor.f_narrow(0, 0, rows)?;
-            let mut copy = kept.f_empty_like()?;
-            copy.f_copy_(&kept)?;
-            Ok(copy)
-        })
+    /// The rows listed in `rows`, in that order, as a state in memory of its own (a copy: the
+    /// arena shrinks to it, its other rows freed with this state).
+    pub fn select_rows(&self, rows: &[i64]) -> TorchResult<State> {
+        let index = Tensor::f_from_slice(rows)?.f_to_device(self.key_bias.device())?;
+        self.select(&index)
     }
 
     fn map(&self, each: impl Fn(&Tensor) -> TorchResult<Tensor>) -> TorchResult<State> {
