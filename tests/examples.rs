@@ -119,20 +119,7 @@ fn udp_port_bound(port: u16) -> bool {
 /// Sample rate, channels, and the 16-bit samples of a PCM WAV file as -1..1.
 fn read_wav(path: &Path) -> (u32, u16, Vec<f64>) {
     let bytes = std::fs::read(path).unwrap();
-    assert_eq!(&bytes[..4], b"RIFF", "{} is not a WAV file", path.display());
-    let (mut format, mut data) = (None, None);
-    let mut at = 12;
-    while at + 8 <= bytes.len() {
-        let size = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
-        let body = &bytes[at + 8..(at + 8 + size).min(bytes.len())];
-        match &bytes[at..at + 4] {
-            b"fmt " => format = Some(body),
-            b"data" => data = Some(body),
-            _ => (),
-        }
-        at += 8 + size + size % 2;
-    }
-    let format = format.expect("a fmt chunk");
+    let (format, data) = common::wav_chunks(&bytes);
     assert_eq!(
         u16::from_le_bytes([format[14], format[15]]),
         16,
@@ -141,7 +128,6 @@ fn read_wav(path: &Path) -> (u32, u16, Vec<f64>) {
     let channels = u16::from_le_bytes([format[2], format[3]]);
     let rate = u32::from_le_bytes(format[4..8].try_into().unwrap());
     let samples = data
-        .expect("a data chunk")
         .chunks_exact(2)
         .map(|pair| i16::from_le_bytes([pair[0], pair[1]]) as f64 / 32768.0)
         .collect();

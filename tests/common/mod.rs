@@ -129,6 +129,35 @@ pub fn bus_for(element: &gst::Element) -> gst::Bus {
     bus
 }
 
+/// The `fmt ` and `data` chunks of a WAV file's bytes (wavenc writes a LIST chunk of tags after
+/// the data).
+pub fn wav_chunks(bytes: &[u8]) -> (&[u8], &[u8]) {
+    assert_eq!(&bytes[..4], b"RIFF", "not a WAV file");
+    let (mut format, mut data) = (None, None);
+    let mut at = 12;
+    while at + 8 <= bytes.len() {
+        let size = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+        let body = &bytes[at + 8..(at + 8 + size).min(bytes.len())];
+        match &bytes[at..at + 4] {
+            b"fmt " => format = Some(body),
+            b"data" => data = Some(body),
+            _ => (),
+        }
+        at += 8 + size + size % 2;
+    }
+    (format.expect("a fmt chunk"), data.expect("a data chunk"))
+}
+
+/// The samples of a float WAV file's data chunk.
+pub fn wav_f32_samples(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    wav_chunks(&bytes)
+        .1
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
 /// Codes as the decoder takes them: little-endian int16.
 pub fn code_bytes(codes: &[i16]) -> Vec<u8> {
     codes.iter().flat_map(|c| c.to_le_bytes()).collect()

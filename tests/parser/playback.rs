@@ -3,16 +3,6 @@
 
 use super::*;
 
-/// The samples of a float WAV with a canonical 44-byte header.
-fn wav_samples(path: &Path) -> Vec<f32> {
-    let bytes = std::fs::read(path).unwrap();
-    assert_eq!(&bytes[..4], b"RIFF");
-    bytes[44..]
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}
-
 const TO_FLOAT_WAV: &str = "audioconvert ! audio/x-raw,format=F32LE ! wavenc ! filesink";
 
 #[test]
@@ -33,7 +23,7 @@ fn decodebin_and_gst_play_find_parser_and_decoder() {
         .status()
         .unwrap();
     assert!(status.success());
-    fixture.assert_matches(&wav_samples(&wav), "filesrc ! decodebin");
+    fixture.assert_matches(&common::wav_f32_samples(&wav), "filesrc ! decodebin");
 
     // What users type: gst-play-1.0 codes.npy (playbin), here into a WAV file.
     let wav = dir.path().join("gst-play.wav");
@@ -46,7 +36,7 @@ fn decodebin_and_gst_play_find_parser_and_decoder() {
         .output()
         .unwrap();
     assert!(output.status.success(), "{output:?}");
-    fixture.assert_matches(&wav_samples(&wav), "gst-play-1.0 codes.npy");
+    fixture.assert_matches(&common::wav_f32_samples(&wav), "gst-play-1.0 codes.npy");
 }
 
 #[test]
@@ -356,11 +346,9 @@ fn npy_pipeline_scripts_run() {
     let npy = temp_file(&dir, "codes.npy", &fixture_npy(&fixture, 1, "<i8", false));
     let wav = dir.path().join("out.wav");
     common::run_script("pipelines/npy-to-wav.sh", &[&npy, &wav, &fixture.dir], &[]);
-    // 16-bit samples after a 44-byte header.
-    assert_eq!(
-        std::fs::metadata(&wav).unwrap().len() as usize,
-        44 + 2 * fixture.audio.len()
-    );
+    // 16-bit samples.
+    let bytes = std::fs::read(&wav).unwrap();
+    assert_eq!(common::wav_chunks(&bytes).1.len(), 2 * fixture.audio.len());
     // Without arguments: the bundled codes, made into a .npy file, and the bundled checkpoint.
     let default_wav = dir.path().join("default.wav");
     std::fs::create_dir(dir.path().join("cwd")).unwrap();
@@ -378,7 +366,8 @@ fn npy_pipeline_scripts_run() {
     // that arrive during a step join the next one, as timing has it).
     let read = |path: &Path| -> Vec<i16> {
         let bytes = std::fs::read(path).unwrap();
-        bytes[44..]
+        common::wav_chunks(&bytes)
+            .1
             .chunks_exact(2)
             .map(|p| i16::from_le_bytes([p[0], p[1]]))
             .collect()
