@@ -2,7 +2,8 @@
 //!
 //! [`model`] is the streaming decoder itself and [`npy`] reads `.npy` files of codes, both free
 //! of GStreamer; the elements and the typefinder adapt them. `codes_payload` is the RTP payload
-//! format of codes, which the RTP payloader and depayloader share.
+//! format of codes, which the RTP payloader and depayloader share, and `rtp_stats` their
+//! `stats`.
 
 use gst::glib;
 
@@ -12,6 +13,7 @@ mod model_log;
 pub mod npy;
 mod qwencodecdec;
 mod qwencodecparse;
+mod rtp_stats;
 mod rtpqwencodesdepay;
 mod rtpqwencodespay;
 mod typefind;
