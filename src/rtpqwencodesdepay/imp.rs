@@ -438,10 +438,10 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
         state.next_seq = Some(seq.wrapping_add(1));
         let lost_packets = seq_gap.map_or(0, |gap| gap.max(0) as u64);
         state.stats.packets_lost += lost_packets;
-        let packet = match rtp.payload().map_err(|_| BadPacket::Empty) {
-            Ok(payload) => state.layout.unpack(payload),
-            Err(why) => Err(why),
-        };
+        let packet = rtp
+            .payload()
+            .map_err(|_| BadPacket::Empty)
+            .and_then(|payload| state.layout.unpack(payload));
         let packet = match packet {
             Ok(packet) => packet,
             Err(why) => {
@@ -507,8 +507,8 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
         };
         // A new utterance, a loss not filled, or what upstream flagged: the decoder starts fresh.
         let discont = starts
-            || (missing_packets > 0 && repeat == 0)
-            || (repeat == 0 && rtp.buffer().flags().contains(gst::BufferFlags::DISCONT));
+            || (repeat == 0
+                && (missing_packets > 0 || rtp.buffer().flags().contains(gst::BufferFlags::DISCONT)));
         let mut out = Vec::with_capacity((repeat + frames) * codebooks * 2);
         if let Some(last) = state.last.as_ref().filter(|_| repeat > 0) {
             for _ in 0..repeat {
