@@ -20,6 +20,8 @@ mod typefind;
 
 /// The RTP encoding name of codes over RTP (`rtpqwencodespay`, docs/rtp-codes.md), for an SDP.
 pub use codes_payload::ENCODING_NAME as RTP_CODES_ENCODING_NAME;
+/// The version of that payload format that the elements send and read (the SDP's `version=`).
+pub use codes_payload::VERSION as RTP_CODES_VERSION;
 pub use qwencodecdec::{DRAIN_EVENT, drain_event};
 
 /// Media type of codec frames: `codebooks` codes (little-endian int16) per frame.
