@@ -466,6 +466,26 @@ fn caps_without_the_format_are_an_error_naming_what_is_missing() {
     }
 }
 
+/// Caps of another version of the payload format than 1 are an error that says which the
+/// receiver reads.
+#[test]
+fn caps_of_another_version_are_an_error_naming_the_one_read() {
+    common::init();
+    for version in ["0", "2"] {
+        let mut fields = RELEASE_FIELDS;
+        fields[0] = ("version", version);
+        let mut h = gst_check::Harness::new("rtpqwencodesdepay");
+        let bus = common::bus_for(&h.element().unwrap());
+        h.set_src_caps(depay_caps(&fields));
+        h.play();
+        _ = h.push(packet(&[0x40; 24], 0, 0, true));
+        assert!(h.try_pull().is_none());
+        let errors = common::messages(&bus, gst::MessageType::Error);
+        let said = format!("version={version}; this receiver reads version 1");
+        assert!(errors.iter().any(|e| e.contains(&said)), "{errors:?}");
+    }
+}
+
 /// Over real UDP on 127.0.0.1 through `rtpjitterbuffer`, packets sent out of order (pairs
 /// swapped) come out in order, bit-identical.
 #[test]

@@ -300,19 +300,15 @@ fn field(s: &gst::StructureRef, name: &str, what: &str) -> Result<u64, String> {
 
 /// The caps' payload version: `version`, which SDPs of version 0 did not have.
 fn version(s: &gst::StructureRef) -> Result<(), String> {
-    let version = if s.has_field("version") {
-        field(s, "version", "the payload format's")?
-    } else {
-        0
+    let said = match (s.get::<&str>("version"), s.get::<i32>("version")) {
+        (Ok(text), _) => format!("version={}", text.trim()),
+        (_, Ok(number)) => format!("version={number}"),
+        _ if s.has_field("version") => "a version that is no number".to_owned(),
+        _ => "no version, which is version 0".to_owned(),
     };
-    if version == u64::from(VERSION) {
+    if said == format!("version={VERSION}") {
         return Ok(());
     }
-    let said = if s.has_field("version") {
-        format!("version={version}")
-    } else {
-        "no version, which is version 0".to_owned()
-    };
     Err(format!(
         "the caps say {said}; this receiver reads version {VERSION} \
          (version={VERSION} in the SDP's a=fmtp, docs/rtp-codes.md): send it with a newer rtpqwencodespay"
