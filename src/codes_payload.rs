@@ -1,23 +1,38 @@
 //! The RTP payload of codec frames (`X-QWEN3-TTS-CODES`, a private format: docs/rtp-codes.md).
 //!
 //! ```text
-//!  0 1 2 3 4 5 6 7
-//! +-+-+-+-+-+-+-+-+---------------------------------------------------+
-//! |V=0| frames - 1|  the frames' codes, frame-major, `bits` bits each, |
-//! +-+-+-+-+-+-+-+-+  most significant bit first, zero bits to a byte  |
+//!  0                   1
+//!  0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5
+//! +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-------------------------------------+
+//! |V=1| frames - 1|   utterance   |  the frames' codes, frame-major,    |
+//! +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+  `bits` bits each, most significant |
+//! |  bit first, zero bits to a whole byte                              |
+//! +--------------------------------------------------------------------+
 //! ```
 //!
 //! `bits` is the fewest that hold every code of the codebook (11 for 2048 codes). The header
 //! says how many frames follow (1 to 64), so that a packet's length is exact: any other length
-//! is a bad packet. GStreamer-free; both elements use it.
+//! is a bad packet. `utterance` numbers the sender's utterances (modulo 256): a receiver that
+//! lost an utterance's first (marked) packet still sees the next one start where the number
+//! changes. Version 1; version 0 (one header byte, no utterance number) is refused. GStreamer-free;
+//! both elements use it.
 
 /// The RTP encoding name (the SDP's `a=rtpmap:<pt> X-QWEN3-TTS-CODES/<clock rate>`).
 pub const ENCODING_NAME: &str = "X-QWEN3-TTS-CODES";
+/// The payload format's version, the two top bits of the header and the SDP's `version=`.
+pub const VERSION: u8 = 1;
 /// The most frames a packet holds (the header's six bits).
 pub const MAX_FRAMES: usize = 64;
-/// The header's version, the two top bits of its byte.
-const VERSION: u8 = 0;
-const HEADER_BYTES: usize = 1;
+const HEADER_BYTES: usize = 2;
+
+/// The contents of one packet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Packet {
+    /// The sender's utterance number, modulo 256.
+    pub utterance: u8,
+    /// The codes, frame-major.
+    pub codes: Vec<i16>,
+}
 
 /// What the packets of one stream share, from the caps (the SDP's `a=fmtp`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,8 +48,10 @@ pub struct Layout {
 pub enum BadPacket {
     #[error("an empty payload")]
     Empty,
-    #[error("payload version {0}, this receiver knows version 0")]
+    #[error("payload version {0}, this receiver reads version 1")]
     Version(u8),
+    #[error("a payload of one byte, shorter than the 2-byte header")]
+    NoHeader,
     #[error(
         "{frames} frames of {codebooks} codes at {bits} bits take {expected} bytes, the payload has {found}"
     )]
@@ -72,8 +89,9 @@ impl Layout {
     }
 
     /// The payload of whole frames of codes (`codes.len()` a multiple of `codebooks`, 1 to
-    /// [`MAX_FRAMES`] frames, every code in the codebook: the caller checked).
-    pub fn pack(&self, codes: &[i16]) -> Vec<u8> {
+    /// [`MAX_FRAMES`] frames, every code in the codebook: the caller checked) of utterance
+    /// number `utterance`.
+    pub fn pack(&self, utterance: u8, codes: &[i16]) -> Vec<u8> {
         let frames = codes.len() / self.codebooks;
         assert!(
             (1..=MAX_FRAMES).contains(&frames) && codes.len() == frames * self.codebooks,
@@ -82,6 +100,7 @@ impl Layout {
         let bits = self.bits();
         let mut payload = Vec::with_capacity(self.payload_len(frames));
         payload.push(VERSION << 6 | (frames - 1) as u8);
+        payload.push(utterance);
         let (mut pending, mut pending_bits) = (0u64, 0u32);
         for &code in codes {
             pending = pending << bits | (code as u16 as u64 & ((1 << bits) - 1));
@@ -97,12 +116,15 @@ impl Layout {
         payload
     }
 
-    /// The codes of a payload, frame-major, checked against the codebook.
-    pub fn unpack(&self, payload: &[u8]) -> Result<Vec<i16>, BadPacket> {
-        let (&header, body) = payload.split_first().ok_or(BadPacket::Empty)?;
+    /// The utterance number and codes of a payload, checked against the codebook.
+    pub fn unpack(&self, payload: &[u8]) -> Result<Packet, BadPacket> {
+        let &header = payload.first().ok_or(BadPacket::Empty)?;
         if header >> 6 != VERSION {
             return Err(BadPacket::Version(header >> 6));
         }
+        let [_, utterance, body @ ..] = payload else {
+            return Err(BadPacket::NoHeader);
+        };
         let frames = (header & 0x3f) as usize + 1;
         let expected = self.payload_len(frames);
         if payload.len() != expected {
@@ -138,7 +160,10 @@ impl Layout {
             }
             codes.push(code as i16);
         }
-        Ok(codes)
+        Ok(Packet {
+            utterance: *utterance,
+            codes,
+        })
     }
 }
 
@@ -183,13 +208,35 @@ mod tests {
 
     #[test]
     fn the_release_packs_a_frame_in_22_bytes_and_a_packet_holds_up_to_64() {
-        // 16 codes of 11 bits: 176 bits, 22 bytes, and the header.
-        assert_eq!(RELEASE.payload_len(1), 23);
-        assert_eq!(RELEASE.payload_len(4), 1 + 88);
+        // 16 codes of 11 bits: 176 bits, 22 bytes, and the header's 2.
+        assert_eq!(RELEASE.payload_len(1), 24);
+        assert_eq!(RELEASE.payload_len(4), 2 + 88);
         // An MTU of 1400 less the RTP header's 12 bytes.
         assert_eq!(RELEASE.frames_within(1388), 63);
         assert_eq!(RELEASE.frames_within(100_000), MAX_FRAMES);
-        assert_eq!(RELEASE.frames_within(22), 0);
+        assert_eq!(RELEASE.frames_within(23), 0);
+        assert_eq!(RELEASE.frames_within(24), 1);
+    }
+
+    /// docs/rtp-codes.md's example, byte by byte: one release frame of utterance 5. Code 2
+    /// (1365, 0b101_0101_0101) takes the body's bits 22 to 32: the last two bits of its third
+    /// byte, all of its fourth and the first of its fifth.
+    #[test]
+    fn a_release_frame_packs_to_the_documented_bytes() {
+        let codes = [2047, 0, 1365, 1, 1024, 2046, 682, 3, 4, 5, 6, 7, 8, 9, 10, 11];
+        let golden = [
+            0x40, 0x05, // version 1, 1 frame; utterance 5
+            0xff, 0xe0, 0x02, 0xaa, 0x80, 0x18, 0x01, 0xff, 0x95, 0x50, 0x03, 0x00, 0x80, 0x14, 0x03, 0x00,
+            0x70, 0x10, 0x02, 0x40, 0x50, 0x0b,
+        ];
+        assert_eq!(RELEASE.pack(5, &codes), golden);
+        assert_eq!(
+            RELEASE.unpack(&golden),
+            Ok(Packet {
+                utterance: 5,
+                codes: codes.to_vec()
+            })
+        );
     }
 
     #[test]
@@ -211,13 +258,12 @@ mod tests {
         ] {
             for frames in 1..=MAX_FRAMES {
                 let sent = codes(frames * layout.codebooks, layout.codebook_size, frames as u32);
-                let payload = layout.pack(&sent);
+                let utterance = frames as u8 * 4;
+                let payload = layout.pack(utterance, &sent);
                 assert_eq!(payload.len(), layout.payload_len(frames));
-                assert_eq!(
-                    layout.unpack(&payload).unwrap(),
-                    sent,
-                    "{layout:?}, {frames} frames"
-                );
+                let packet = layout.unpack(&payload).unwrap();
+                assert_eq!(packet.codes, sent, "{layout:?}, {frames} frames");
+                assert_eq!(packet.utterance, utterance);
             }
         }
     }
@@ -225,29 +271,34 @@ mod tests {
     #[test]
     fn the_largest_and_smallest_codes_survive() {
         let sent = [2047, 0, 2047, 1, 1024, 2046, 0, 0, 2047, 2047, 5, 6, 7, 8, 9, 10];
-        assert_eq!(RELEASE.unpack(&RELEASE.pack(&sent)).unwrap(), sent);
+        let packet = RELEASE.unpack(&RELEASE.pack(255, &sent)).unwrap();
+        assert_eq!((packet.utterance, packet.codes.as_slice()), (255, &sent[..]));
     }
 
     #[test]
     fn says_what_is_wrong_with_a_bad_packet() {
-        let payload = RELEASE.pack(&codes(32, 2048, 1));
+        let payload = RELEASE.pack(0, &codes(32, 2048, 1));
         assert_eq!(RELEASE.unpack(&[]), Err(BadPacket::Empty));
+        // Version 0: one header byte, no utterance number.
         let mut version = payload.clone();
-        version[0] |= 0x40;
-        assert_eq!(RELEASE.unpack(&version), Err(BadPacket::Version(1)));
+        version[0] &= 0x3f;
+        assert_eq!(RELEASE.unpack(&version), Err(BadPacket::Version(0)));
+        version[0] |= 0xc0;
+        assert_eq!(RELEASE.unpack(&version), Err(BadPacket::Version(3)));
+        assert_eq!(RELEASE.unpack(&payload[..1]), Err(BadPacket::NoHeader));
         let short = &payload[..payload.len() - 1];
         assert!(matches!(
             RELEASE.unpack(short),
             Err(BadPacket::Length {
                 frames: 2,
-                expected: 45,
-                found: 44,
+                expected: 46,
+                found: 45,
                 ..
             })
         ));
         // A header claiming three frames over two frames' bytes.
         let mut count = payload.clone();
-        count[0] = 2;
+        count[0] = 0x42;
         assert!(matches!(
             RELEASE.unpack(&count),
             Err(BadPacket::Length { frames: 3, .. })
@@ -257,7 +308,7 @@ mod tests {
             codebooks: 2,
             codebook_size: 1000,
         };
-        let bad = [0u8, 0b1111_1111, 0b1100_0000, 0];
+        let bad = [0x40u8, 0, 0b1111_1111, 0b1100_0000, 0];
         assert_eq!(
             layout.unpack(&bad),
             Err(BadPacket::Code {

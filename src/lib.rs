@@ -2,7 +2,8 @@
 //!
 //! [`model`] is the streaming decoder itself and [`npy`] reads `.npy` files of codes, both free
 //! of GStreamer; the elements and the typefinder adapt them. `codes_payload` is the RTP payload
-//! format of codes, which the RTP payloader and depayloader share.
+//! format of codes, which the RTP payloader and depayloader share, and `rtp_stats` their
+//! `stats`.
 
 use gst::glib;
 
@@ -12,12 +13,15 @@ mod model_log;
 pub mod npy;
 mod qwencodecdec;
 mod qwencodecparse;
+mod rtp_stats;
 mod rtpqwencodesdepay;
 mod rtpqwencodespay;
 mod typefind;
 
 /// The RTP encoding name of codes over RTP (`rtpqwencodespay`, docs/rtp-codes.md), for an SDP.
 pub use codes_payload::ENCODING_NAME as RTP_CODES_ENCODING_NAME;
+/// The version of that payload format that the elements send and read (the SDP's `version=`).
+pub use codes_payload::VERSION as RTP_CODES_VERSION;
 pub use qwencodecdec::{DRAIN_EVENT, drain_event};
 
 /// Media type of codec frames: `codebooks` codes (little-endian int16) per frame.

@@ -292,17 +292,21 @@ fn lost_frames_are_filled_with_the_last_frame_received() {
     assert_eq!(restarted, [Some(gst::ClockTime::ZERO), Some(FRAME * 28)]);
 }
 
-/// An RTP packet of this format with `payload` and sequence number `seq`.
-fn packet(payload: &[u8], seq: u16) -> gst::Buffer {
+/// An RTP packet of this format with `payload`, sequence number `seq` and RTP time `rtp_time`
+/// (its PTS the same time), the marker bit set if `marker`.
+fn packet(payload: &[u8], seq: u16, rtp_time: u32, marker: bool) -> gst::Buffer {
     use gst_rtp::prelude::RTPBufferExt;
     let mut buffer = gst::Buffer::new_rtp_with_sizes(payload.len() as u32, 0, 0).unwrap();
     {
         let buffer = buffer.get_mut().unwrap();
-        buffer.set_pts(FRAME * u64::from(seq));
+        buffer.set_pts(gst::ClockTime::from_nseconds(
+            u64::from(rtp_time) * 1_000_000 / 24,
+        ));
         let mut rtp = gst_rtp::RTPBuffer::from_buffer_writable(buffer).unwrap();
         rtp.set_seq(seq);
         rtp.set_payload_type(96);
-        rtp.set_timestamp(1920 * u32::from(seq));
+        rtp.set_timestamp(rtp_time);
+        rtp.set_marker(marker);
         rtp.payload_mut().unwrap().copy_from_slice(payload);
     }
     buffer
@@ -320,54 +324,124 @@ fn depay_caps(extra: &[(&str, &str)]) -> gst::Caps {
     caps.build()
 }
 
-const RELEASE_FIELDS: [(&str, &str); 3] = [
+const RELEASE_FIELDS: [(&str, &str); 4] = [
+    ("version", "1"),
     ("codebooks", "16"),
     ("codebook-size", "2048"),
     ("samples-per-frame", "1920"),
 ];
 
-/// A short packet, a frame count its bytes do not hold, an unknown version and codes outside a
-/// codebook of 1000 are each dropped with a warning naming what was wrong; the good packets
-/// around them come out, and nothing errors.
-#[test]
-fn bad_packets_are_dropped_with_a_warning_and_nothing_else_is_lost() {
+/// Frames of two 10-bit codes, a codebook of 1000: payloads small enough to write by hand.
+const SMALL_FIELDS: [(&str, &str); 4] = [
+    ("version", "1"),
+    ("codebooks", "2"),
+    ("codebook-size", "1000"),
+    ("samples-per-frame", "1920"),
+];
+
+/// The payload of one SMALL frame, `codes`, in utterance `utterance`: the version and frame
+/// count (0x40: version 1, one frame), the utterance number, then 2 codes of 10 bits and 4 zero
+/// bits.
+fn small_frame(utterance: u8, codes: [u16; 2]) -> Vec<u8> {
+    let [a, b] = codes;
+    vec![
+        0x40,
+        utterance,
+        (a >> 2) as u8,
+        ((a & 3) << 6 | b >> 4) as u8,
+        ((b & 15) << 4) as u8,
+    ]
+}
+
+/// A depayloader with `properties` fed SMALL packets, its messages on a bus of its own.
+fn small_depay(properties: &[(&str, &str)]) -> (gst_check::Harness, gst::Bus) {
     common::init();
-    let fields = [
-        ("codebooks", "2"),
-        ("codebook-size", "1000"),
-        ("samples-per-frame", "1920"),
-    ];
     let mut h = gst_check::Harness::new("rtpqwencodesdepay");
-    let bus = common::bus_for(&h.element().unwrap());
-    h.set_src_caps(depay_caps(&fields));
-    h.play();
-    // One frame of two 10-bit codes: 1 and 2.
-    let good = [0u8, 0b0000_0000, 0b0100_0000, 0b0010_0000];
-    let bad = [
-        (&[0u8, 0, 0][..], "take 4 bytes, the payload has 3"),
-        (&[1u8, 0, 0, 0][..], "2 frames"),
-        (&[0x40u8, 0, 0, 0][..], "version 1"),
-        (&[0u8, 0xff, 0xc0, 0][..], "code 1023 is outside 0..1000"),
-    ];
-    h.push(packet(&good, 0)).unwrap();
-    for (seq, (payload, _)) in bad.iter().enumerate() {
-        h.push(packet(payload, seq as u16 + 1)).unwrap();
+    let depay = h.element().unwrap();
+    for (name, value) in properties {
+        depay.set_property_from_str(name, value);
     }
-    h.push(packet(&good, 5)).unwrap();
+    let bus = common::bus_for(&depay);
+    h.set_src_caps(depay_caps(&SMALL_FIELDS));
+    h.play();
+    (h, bus)
+}
+
+/// A field of an element's `stats`.
+fn stat(element: &gst::Element, name: &str) -> u64 {
+    let stats = element.property::<gst::Structure>("stats");
+    stats
+        .get::<u64>(name)
+        .unwrap_or_else(|_| panic!("no {name} in {stats}"))
+}
+
+/// Each kind of bad packet (short, a frame count its bytes do not hold, another version, a code
+/// outside a codebook of 1000) is dropped with a warning naming what was wrong.
+#[test]
+fn a_bad_packet_is_dropped_with_a_warning_naming_what_was_wrong() {
+    let bad = [
+        (vec![0x40u8, 0, 0, 0], "take 5 bytes, the payload has 4"),
+        (vec![0x41u8, 0, 0, 0, 0], "2 frames"),
+        (vec![0x00u8, 0, 0, 0], "version 0, this receiver reads version 1"),
+        (vec![0x40u8], "shorter than the 2-byte header"),
+        (vec![0x40u8, 0, 0xff, 0xc0, 0], "code 1023 is outside 0..1000"),
+    ];
+    for (payload, why) in bad {
+        let (mut h, bus) = small_depay(&[]);
+        h.push(packet(&payload, 0, 0, true)).unwrap();
+        assert!(h.try_pull().is_none(), "{why}: a buffer out");
+        let (errors, warnings) = common::errors_and_warnings(&bus);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains(why), "{warnings:?} should say {why:?}");
+        assert_eq!(stat(&h.element().unwrap(), "packets-bad"), 1);
+    }
+}
+
+/// Bad packets in a row: one warning, then none for a second, then one that counts those
+/// dropped in between. Their frames are lost frames, filled as `loss=repeat` fills them, and
+/// nothing else is lost.
+#[test]
+fn bad_packets_warn_at_most_once_a_second_with_a_count() {
+    let (mut h, bus) = small_depay(&[]);
+    let bad = [0x40u8, 0, 0xff, 0xc0, 0];
+    h.push(packet(&small_frame(0, [1, 2]), 0, 0, true)).unwrap();
+    for seq in 1..5u16 {
+        h.push(packet(&bad, seq, 1920 * u32::from(seq), false)).unwrap();
+    }
+    h.push(packet(&small_frame(0, [3, 4]), 5, 1920 * 5, false))
+        .unwrap();
     let buffers = common::pull_all(&mut h);
     assert_eq!(buffers.len(), 2);
     assert_eq!(&*buffers[0].map_readable().unwrap(), &code_bytes(&[1, 2])[..]);
-    // The four refused packets' frames are lost frames, filled as loss=repeat fills them.
-    assert_eq!(
-        &*buffers[1].map_readable().unwrap(),
-        &code_bytes(&[1, 2].repeat(5))[..]
-    );
+    let mut filled = [1, 2].repeat(4);
+    filled.extend([3, 4]);
+    assert_eq!(&*buffers[1].map_readable().unwrap(), &code_bytes(&filled)[..]);
     let (errors, warnings) = common::errors_and_warnings(&bus);
     assert!(errors.is_empty(), "{errors:?}");
-    assert_eq!(warnings.len(), bad.len(), "{warnings:?}");
-    for ((_, why), warning) in bad.iter().zip(&warnings) {
-        assert!(warning.contains(why), "{warning:?} should say {why:?}");
-    }
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("Packet 1 dropped"), "{warnings:?}");
+
+    // A second later, the next bad packet is warned of with the three in between.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    h.push(packet(&bad, 6, 1920 * 6, false)).unwrap();
+    let (_, warnings) = common::errors_and_warnings(&bus);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("Packet 6 dropped")
+            && warnings[0].contains("3 more bad packets dropped since the last warning, 5 in all"),
+        "{warnings:?}"
+    );
+    let depay = h.element().unwrap();
+    let counts = [
+        "packets",
+        "frames",
+        "packets-bad",
+        "frames-repeated",
+        "packets-lost",
+    ]
+    .map(|name| stat(&depay, name));
+    assert_eq!(counts, [2, 2, 5, 4, 0]);
 }
 
 /// Caps without the format's fields are an error that names the missing one.
@@ -383,13 +457,32 @@ fn caps_without_the_format_are_an_error_naming_what_is_missing() {
         let bus = common::bus_for(&h.element().unwrap());
         h.set_src_caps(depay_caps(&fields));
         h.play();
-        let good = common::code_bytes(&[0; 16]);
-        _ = h.push(packet(&good, 0));
+        _ = h.push(packet(&[0x40; 24], 0, 0, true));
         let errors = common::messages(&bus, gst::MessageType::Error);
         assert!(
             errors.iter().any(|e| e.contains(&format!("no {missing}"))),
             "{missing}: {errors:?}"
         );
+    }
+}
+
+/// Caps of another version of the payload format than 1 are an error that says which the
+/// receiver reads.
+#[test]
+fn caps_of_another_version_are_an_error_naming_the_one_read() {
+    common::init();
+    for version in ["0", "2"] {
+        let mut fields = RELEASE_FIELDS;
+        fields[0] = ("version", version);
+        let mut h = gst_check::Harness::new("rtpqwencodesdepay");
+        let bus = common::bus_for(&h.element().unwrap());
+        h.set_src_caps(depay_caps(&fields));
+        h.play();
+        _ = h.push(packet(&[0x40; 24], 0, 0, true));
+        assert!(h.try_pull().is_none());
+        let errors = common::messages(&bus, gst::MessageType::Error);
+        let said = format!("version={version}; this receiver reads version 1");
+        assert!(errors.iter().any(|e| e.contains(&said)), "{errors:?}");
     }
 }
 
@@ -464,4 +557,376 @@ fn reordered_udp_packets_come_out_in_order() {
         "bytes received; frames missing: {missing:?}"
     );
     assert!(received == sent, "the codes received differ from those sent");
+}
+
+/// The flags and frame counts of the buffers out of the depayloader named `depay` in `h`'s bin.
+type Out = Arc<Mutex<Vec<(gst::BufferFlags, usize)>>>;
+
+fn record_out(h: &gst_check::Harness, frame_bytes: usize) -> Out {
+    let out: Out = Arc::default();
+    let seen = out.clone();
+    h.element()
+        .unwrap()
+        .downcast::<gst::Bin>()
+        .unwrap()
+        .by_name("depay")
+        .unwrap()
+        .static_pad("src")
+        .unwrap()
+        .add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+            if let Some(buffer) = info.buffer() {
+                let flags = buffer.flags() & (gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER);
+                seen.lock().unwrap().push((flags, buffer.size() / frame_bytes));
+            }
+            gst::PadProbeReturn::Ok
+        });
+    out
+}
+
+/// The second utterance's marked packet is lost: its next packet still starts it (the
+/// utterance number changed), flagged DISCONT and MARKER, nothing repeated into the gap, and
+/// the rest decodes as a fresh decoder's: upstream's decode of the codes after the one lost.
+#[test]
+fn a_lost_marked_packet_still_starts_the_next_utterance_fresh() {
+    let fixture = load_fixture("release-tiny");
+    let q = fixture.codebooks;
+    let first = 23;
+    // The second utterance: a frame that is lost, then the fixture's codes.
+    let mut second = fixture.codes[5 * q..6 * q].to_vec();
+    second.extend_from_slice(&fixture.codes);
+    let (mut h, packets) = rtp_harness(
+        &fixture,
+        &format!(
+            "rtpqwencodespay ! rtpqwencodesdepay name=depay ! qwencodecdec device=cpu model-path={}",
+            fixture.dir.display()
+        ),
+        move |index| index == first,
+    );
+    let out = record_out(&h, q * 2);
+    push_codes(&mut h, &fixture, fixture.prefix_codes(first), 0, false, 8);
+    push_codes(&mut h, &fixture, &second, first, true, 9);
+    h.push_event(gst::event::Eos::new());
+    let audio = common::audio_of(&common::pull_all(&mut h));
+    assert!(packets.lock().unwrap()[first].2, "the lost packet had the marker");
+    let split = first * fixture.samples_per_frame;
+    fixture.assert_prefix_matches(&audio[..split], first, "the first utterance");
+    fixture.assert_matches(
+        &audio[split..],
+        "the second utterance after its lost first packet",
+    );
+    let out = out.lock().unwrap();
+    let flagged: Vec<_> = out
+        .iter()
+        .enumerate()
+        .filter(|(_, (flags, _))| !flags.is_empty())
+        .map(|(index, (flags, _))| (index, *flags))
+        .collect();
+    let start = gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER;
+    assert_eq!(flagged, [(0, start), (first, start)]);
+    assert_eq!(
+        out.iter().map(|(_, frames)| frames).sum::<usize>(),
+        first + fixture.frames
+    );
+    let depay = h
+        .element()
+        .unwrap()
+        .downcast::<gst::Bin>()
+        .unwrap()
+        .by_name("depay")
+        .unwrap();
+    let counts = ["utterances", "packets-lost", "frames-repeated"].map(|name| stat(&depay, name));
+    assert_eq!(counts, [2, 1, 0]);
+}
+
+/// Loss is what the sequence numbers say, its length what the RTP time says: a jump in RTP time
+/// with no packet missing repeats nothing and goes on; a packet missing between packets whose
+/// times look contiguous (a sender whose timestamps restarted) is loss of unknown length, where
+/// the decoder restarts (DISCONT, no MARKER: no new utterance).
+#[test]
+fn sequence_numbers_not_timestamps_say_what_was_lost() {
+    let (mut h, _bus) = small_depay(&[]);
+    h.push(packet(&small_frame(7, [1, 2]), 10, 0, true)).unwrap();
+    h.push(packet(&small_frame(7, [3, 4]), 11, 1920, false)).unwrap();
+    // Three frames' time skipped, no packet missing.
+    h.push(packet(&small_frame(7, [5, 6]), 12, 1920 * 5, false))
+        .unwrap();
+    // Packet 13 lost; 14 where 12's frame ends.
+    h.push(packet(&small_frame(7, [7, 8]), 14, 1920 * 6, false))
+        .unwrap();
+    let buffers = common::pull_all(&mut h);
+    assert_eq!(
+        codes_of(&buffers),
+        code_bytes(&[1, 2, 3, 4, 5, 6, 7, 8]),
+        "one frame a packet, none repeated"
+    );
+    let flags: Vec<_> = buffers
+        .iter()
+        .map(|b| b.flags() & (gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER))
+        .collect();
+    assert_eq!(
+        flags,
+        [
+            gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER,
+            gst::BufferFlags::empty(),
+            gst::BufferFlags::empty(),
+            gst::BufferFlags::DISCONT,
+        ]
+    );
+    let depay = h.element().unwrap();
+    let counts = ["packets", "packets-lost", "frames-repeated", "utterances"].map(|name| stat(&depay, name));
+    assert_eq!(counts, [4, 1, 0, 1]);
+}
+
+/// The jitter buffer's lost-packet events (`rtpjitterbuffer do-lost=true`): where the repeats of
+/// `loss=repeat` fill the lost time no GAP goes downstream; where they do not (a loss longer
+/// than `max-repeat-frames`), the base class's GAP for that time, before the next buffer.
+#[test]
+fn lost_time_that_no_repeat_fills_goes_downstream_as_a_gap() {
+    let lost = |seq: u32, frames: u64| {
+        gst::event::CustomDownstream::new(
+            gst::Structure::builder("GstRTPPacketLost")
+                .field("timestamp", FRAME * u64::from(seq))
+                .field("duration", FRAME * frames)
+                .field("seqnum", seq)
+                .field("retry", 0u32)
+                .build(),
+        )
+    };
+    let (mut h, _bus) = small_depay(&[("max-repeat-frames", "3")]);
+    h.push(packet(&small_frame(0, [1, 2]), 0, 0, true)).unwrap();
+    h.push_event(lost(1, 1));
+    h.push(packet(&small_frame(0, [3, 4]), 2, 1920 * 2, false))
+        .unwrap();
+    h.push_event(lost(3, 7));
+    h.push(packet(&small_frame(0, [5, 6]), 10, 1920 * 10, false))
+        .unwrap();
+    let buffers = common::pull_all(&mut h);
+    assert_eq!(codes_of(&buffers), code_bytes(&[1, 2, 1, 2, 3, 4, 5, 6]));
+    let gaps: Vec<_> = std::iter::from_fn(|| h.try_pull_event())
+        .filter_map(|event| match event.view() {
+            gst::EventView::Gap(gap) => Some(gap.get()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(gaps, [(FRAME * 3, Some(FRAME * 7))]);
+    assert!(buffers[2].flags().contains(gst::BufferFlags::DISCONT));
+}
+
+/// A payloader alone, fed release frames (16 codes) at 12.5 frames a second, with
+/// `properties` set.
+fn payloader(properties: &[(&str, &str)]) -> gst_check::Harness {
+    common::init();
+    let mut h = gst_check::Harness::new("rtpqwencodespay");
+    let pay = h.element().unwrap();
+    for (name, value) in properties {
+        pay.set_property_from_str(name, value);
+    }
+    h.set_src_caps(common::codes_caps(16, gst::Fraction::new(25, 2)));
+    h.play();
+    h
+}
+
+/// Release frames `frames` (each frame's 16 codes from `frame`), stamped at `pts`.
+fn release_frames(frames: std::ops::Range<i16>, pts: Option<gst::ClockTime>) -> gst::Buffer {
+    let codes: Vec<i16> = frames.flat_map(|frame| [frame; 16]).collect();
+    common::buffer(&code_bytes(&codes), pts)
+}
+
+/// What a packet says: its RTP time, marker, frame count (from its header) and utterance number.
+fn header_of(packet: &gst::Buffer) -> (u32, bool, usize, u8) {
+    let rtp = gst_rtp::RTPBuffer::from_buffer_readable(packet).unwrap();
+    let payload = rtp.payload().unwrap();
+    assert_eq!(payload[0] >> 6, 1, "version 1");
+    (
+        rtp.timestamp(),
+        rtp.is_marker(),
+        (payload[0] & 0x3f) as usize + 1,
+        payload[1],
+    )
+}
+
+/// docs/rtp-codes.md's example frame sent as the sixth utterance: the packet's payload is the
+/// documented one byte for byte (utterance 5: the first is 0), and each utterance's packet is
+/// marked.
+#[test]
+fn the_payloader_sends_the_documented_payload() {
+    let mut h = payloader(&[]);
+    let codes: [i16; 16] = [2047, 0, 1365, 1, 1024, 2046, 682, 3, 4, 5, 6, 7, 8, 9, 10, 11];
+    for utterance in 0..6u64 {
+        let mut buffer = common::buffer(&code_bytes(&codes), Some(FRAME * utterance));
+        buffer.get_mut().unwrap().set_flags(gst::BufferFlags::DISCONT);
+        h.push(buffer).unwrap();
+    }
+    let packets = common::pull_all(&mut h);
+    let headers: Vec<_> = packets.iter().map(|p| (header_of(p).1, header_of(p).3)).collect();
+    assert_eq!(headers, (0..6).map(|n| (true, n)).collect::<Vec<_>>());
+    let golden = [
+        0x40, 0x05, 0xff, 0xe0, 0x02, 0xaa, 0x80, 0x18, 0x01, 0xff, 0x95, 0x50, 0x03, 0x00, 0x80, 0x14, 0x03,
+        0x00, 0x70, 0x10, 0x02, 0x40, 0x50, 0x0b,
+    ];
+    let rtp = gst_rtp::RTPBuffer::from_buffer_readable(&packets[5]).unwrap();
+    assert_eq!(rtp.payload().unwrap(), golden);
+}
+
+/// Frames without timestamps are timed by their count: each packet's RTP time is 3 frames'
+/// samples after the one before (perfect RTP time, not the previous packet's), and through the
+/// depayloader and the decoder the audio is upstream's.
+#[test]
+fn input_without_timestamps_is_timed_by_its_frame_count() {
+    let fixture = load_fixture("release-tiny");
+    let (mut h, packets) = rtp_harness(
+        &fixture,
+        &format!(
+            "rtpqwencodespay name=pay frames-per-packet=3 ! rtpqwencodesdepay name=depay ! \
+             qwencodecdec device=cpu model-path={}",
+            fixture.dir.display()
+        ),
+        |_| false,
+    );
+    let mut rng = StdRng::seed_from_u64(11);
+    let bytes = code_bytes(&fixture.codes);
+    for buffer in common::random_buffers(&bytes, fixture.codebooks * 2, &mut rng) {
+        h.push(buffer).unwrap();
+    }
+    h.push_event(gst::event::Eos::new());
+    fixture.assert_matches(&common::audio_of(&common::pull_all(&mut h)), "untimed input");
+    let packets = packets.lock().unwrap();
+    let steps: Vec<u32> = packets
+        .windows(2)
+        .map(|pair| pair[1].1.wrapping_sub(pair[0].1))
+        .collect();
+    let samples = 3 * fixture.samples_per_frame as u32;
+    assert_eq!(steps, vec![samples; fixture.frames.div_ceil(3) - 1]);
+    let pay = h
+        .element()
+        .unwrap()
+        .downcast::<gst::Bin>()
+        .unwrap()
+        .by_name("pay")
+        .unwrap();
+    let counts = ["packets", "frames", "utterances"].map(|name| stat(&pay, name));
+    assert_eq!(counts, [packets.len() as u64, fixture.frames as u64, 1]);
+    // The base class's own fields are still there.
+    let seqnum = pay
+        .property::<gst::Structure>("stats")
+        .get::<u32>("seqnum")
+        .unwrap();
+    assert_eq!(seqnum as u16, packets.last().unwrap().0);
+}
+
+/// A new user's pipeline: the codes file straight into the payloader, no qwencodecparse (a
+/// BYTES segment, no timestamps). The payloader sends a time segment and times the frames by
+/// their count; the decoder's audio is upstream's.
+#[test]
+fn a_file_straight_into_the_payloader_decodes_as_upstream() {
+    let fixture = load_fixture("release-tiny");
+    common::init();
+    let pipeline = gst::parse::launch(&format!(
+        "filesrc location={} ! audio/x-qwen3-tts-codes,codebooks=16,framerate=25/2 ! \
+         rtpqwencodespay ! rtpqwencodesdepay ! qwencodecdec device=cpu model-path={} ! \
+         appsink name=sink sync=false",
+        fixture.dir.join("codes.raw").display(),
+        fixture.dir.display()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    let sink = pipeline
+        .by_name("sink")
+        .unwrap()
+        .downcast::<gst_app::AppSink>()
+        .unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let mut audio = Vec::new();
+    while let Ok(sample) = sink.pull_sample() {
+        audio.extend(common::samples(sample.buffer().unwrap()));
+    }
+    let bus = pipeline.bus().unwrap();
+    let errors = common::messages(&bus, gst::MessageType::Error);
+    pipeline.set_state(gst::State::Null).unwrap();
+    assert!(errors.is_empty(), "{errors:?}");
+    fixture.assert_matches(&audio, "from filesrc without qwencodecparse");
+}
+
+/// A new stream (STREAM_START) sends the frames pending, in a short packet, and its first
+/// packet starts the next utterance.
+#[test]
+fn a_new_stream_sends_the_frames_pending_and_starts_an_utterance() {
+    let mut h = payloader(&[("frames-per-packet", "4")]);
+    h.push(release_frames(0..3, Some(gst::ClockTime::ZERO))).unwrap();
+    assert!(h.try_pull().is_none(), "3 frames of 4 wait");
+    h.push_event(gst::event::StreamStart::new("the next"));
+    h.push_event(gst::event::Segment::new(
+        &gst::FormattedSegment::<gst::ClockTime>::new(),
+    ));
+    h.push(release_frames(3..5, Some(FRAME * 3))).unwrap();
+    h.push_event(gst::event::Eos::new());
+    let headers: Vec<_> = common::pull_all(&mut h).iter().map(header_of).collect();
+    assert_eq!(headers.len(), 2, "{headers:?}");
+    let (marker_count_utterance, rtp_times): (Vec<_>, Vec<_>) = headers
+        .iter()
+        .map(|&(rtp_time, marker, frames, utterance)| ((marker, frames, utterance), rtp_time))
+        .unzip();
+    assert_eq!(marker_count_utterance, [(true, 3, 0), (true, 2, 1)]);
+    assert_eq!(rtp_times[1].wrapping_sub(rtp_times[0]), 3 * 1920);
+}
+
+/// Timestamps that jump forward without DISCONT end the packet before the jump; the next
+/// starts at the new time, on the RTP clock too, in the same utterance.
+#[test]
+fn a_timestamp_jump_without_discont_starts_a_new_packet() {
+    let mut h = payloader(&[("frames-per-packet", "4")]);
+    h.push(release_frames(0..2, Some(gst::ClockTime::ZERO))).unwrap();
+    let later = gst::ClockTime::from_seconds(1);
+    h.push(release_frames(2..6, Some(later))).unwrap();
+    h.push_event(gst::event::Eos::new());
+    let packets = common::pull_all(&mut h);
+    let headers: Vec<_> = packets.iter().map(header_of).collect();
+    assert_eq!(
+        headers.iter().map(|h| (h.1, h.2, h.3)).collect::<Vec<_>>(),
+        [(true, 2, 0), (false, 4, 0)]
+    );
+    assert_eq!(headers[1].0.wrapping_sub(headers[0].0), 24_000, "a second later");
+    assert_eq!(packets[1].pts(), Some(later));
+}
+
+/// With `source-info` the base class adds the input's sources as CSRCs (15 here, 60 bytes),
+/// and a header extension (transport-wide CC, 8 bytes with its header): packets hold fewer
+/// frames for them and stay within the MTU.
+#[test]
+fn packets_keep_within_the_mtu_with_csrcs_and_header_extensions() {
+    // 12 + 60 + 8 bytes of header, 2 of payload header, 5 frames of 22 bytes: 192.
+    let mtu = 200;
+    let mut h = payloader(&[
+        ("frames-per-packet", "64"),
+        ("mtu", &mtu.to_string()),
+        ("source-info", "true"),
+    ]);
+    let twcc = gst_rtp::RTPHeaderExtension::create_from_uri(
+        "http://www.ietf.org/id/draft-holmer-rmcat-transport-wide-cc-extensions-01",
+    )
+    .expect("rtpmanager's transport-wide CC extension");
+    gst_rtp::prelude::RTPHeaderExtensionExt::set_id(&twcc, 1);
+    h.element().unwrap().emit_by_name::<()>("add-extension", &[&twcc]);
+    let mut buffer = release_frames(0..12, Some(gst::ClockTime::ZERO));
+    let csrcs: Vec<u32> = (1..15).collect();
+    gst_rtp::RTPSourceMeta::add(buffer.get_mut().unwrap(), Some(99), &csrcs);
+    h.push(buffer).unwrap();
+    h.push_event(gst::event::Eos::new());
+    let packets = common::pull_all(&mut h);
+    let sizes: Vec<_> = packets
+        .iter()
+        .map(|packet| {
+            let rtp = gst_rtp::RTPBuffer::from_buffer_readable(packet).unwrap();
+            (
+                packet.size(),
+                rtp.csrc_count(),
+                rtp.is_extension(),
+                header_of(packet).2,
+            )
+        })
+        .collect();
+    // The last, sent at EOS, has no input buffer whose sources and extension data the base
+    // class would add.
+    assert_eq!(sizes, [(192, 15, true, 5), (192, 15, true, 5), (58, 0, false, 2)]);
 }

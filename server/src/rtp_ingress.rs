@@ -7,8 +7,12 @@
 //! ```
 //!
 //! The frames take the WebSocket frames' way into the session (its timeline, pacing, limits and
-//! cancel), so that both transports behave alike. An utterance starts at a marked packet (the
-//! depayloader flags it DISCONT): the speech before it ends there, as `{"type":"end"}` ends it.
+//! cancel), so that both transports behave alike. An utterance starts where the depayloader
+//! flags a buffer MARKER (a marked packet, or one of a new utterance number when the marked one
+//! was lost): the speech before it ends there, as `{"type":"end"}` ends it, and a cancel ends
+//! there too. A loss that the depayloader did not fill (DISCONT alone) restarts the decoder
+//! the same way, but is no new utterance: what comes of a cancelled utterance after it is still
+//! dropped.
 //!
 //! The port takes packets from the sender's address alone (the address its WebSocket came
 //! from): anyone else who finds the port could otherwise speak into the session, unasked.
@@ -55,6 +59,7 @@ impl RtpFormat {
             .field("encoding-name", gstqwencodec::RTP_CODES_ENCODING_NAME)
             .field("clock-rate", self.clock_rate as i32)
             .field("payload", PAYLOAD_TYPE as i32)
+            .field("version", gstqwencodec::RTP_CODES_VERSION.to_string())
             .field("codebooks", self.codebooks.to_string())
             .field("codebook-size", self.codebook_size.to_string())
             .field("samples-per-frame", self.samples_per_frame.to_string())
@@ -67,9 +72,10 @@ impl RtpFormat {
         format!(
             "v=0\r\no=- 0 0 IN {family} {address}\r\ns=qwencodec codes\r\nc=IN {family} {address}\r\nt=0 0\r\n\
              m=audio {port} RTP/AVP {PAYLOAD_TYPE}\r\na=rtpmap:{PAYLOAD_TYPE} {}/{}\r\n\
-             a=fmtp:{PAYLOAD_TYPE} codebooks={};codebook-size={};samples-per-frame={}\r\na=recvonly\r\n",
+             a=fmtp:{PAYLOAD_TYPE} version={};codebooks={};codebook-size={};samples-per-frame={}\r\na=recvonly\r\n",
             gstqwencodec::RTP_CODES_ENCODING_NAME,
             self.clock_rate,
+            gstqwencodec::RTP_CODES_VERSION,
             self.codebooks,
             self.codebook_size,
             self.samples_per_frame,
@@ -82,9 +88,7 @@ pub struct RtpIngress {
     pipeline: gst::Pipeline,
     pub port: u16,
     pub sdp: String,
-    /// After a cancel, the frames of the utterance cancelled that still come are dropped, up
-    /// to the next marked packet.
-    cancelled: Arc<AtomicBool>,
+    utterances: Arc<Utterances>,
     /// Why the frames stopped going into the session (a refusal of `Session::push`).
     refused: Arc<Mutex<Option<(u16, String)>>>,
     frames: Arc<Mutex<usize>>,
@@ -156,27 +160,23 @@ impl RtpIngress {
         let dropped = Arc::new(AtomicU64::new(0));
         take_only_from(&udpsrc, addresses.sender, &id, dropped.clone());
 
-        let cancelled = Arc::new(AtomicBool::new(false));
+        let utterances = Arc::new(Utterances::default());
         let refused = Arc::new(Mutex::new(None));
         let frames = Arc::new(Mutex::new(0));
         let frame_bytes = 2 * format.codebooks;
         appsink.set_callbacks(
             gst_app::AppSinkCallbacks::builder()
                 .new_sample({
-                    let (cancelled, refused, frames) = (cancelled.clone(), refused.clone(), frames.clone());
+                    let (utterances, refused, frames) = (utterances.clone(), refused.clone(), frames.clone());
                     move |appsink| {
                         let sample = appsink.pull_sample().map_err(|_| gst::FlowError::Eos)?;
                         let buffer = sample.buffer().ok_or(gst::FlowError::Error)?;
                         let map = buffer.map_readable().map_err(|_| gst::FlowError::Error)?;
                         let mut frames = frames.lock().unwrap();
-                        if buffer.flags().contains(gst::BufferFlags::DISCONT) {
-                            cancelled.store(false, Ordering::SeqCst);
-                            if *frames > 0 {
-                                session.end();
-                            }
-                        }
-                        if cancelled.load(Ordering::SeqCst) {
-                            return Ok(gst::FlowSuccess::Ok);
+                        match utterances.take(buffer.flags()) {
+                            Take::Drop => return Ok(gst::FlowSuccess::Ok),
+                            Take::Push { restart } if restart && *frames > 0 => session.end(),
+                            Take::Push { .. } => (),
                         }
                         let count = map.len() / frame_bytes;
                         if let Err(refusal) = session.push(&map, count) {
@@ -203,7 +203,7 @@ impl RtpIngress {
             pipeline,
             port,
             sdp: format.sdp(addresses.announced, port),
-            cancelled,
+            utterances,
             refused,
             frames,
             dropped,
@@ -211,9 +211,9 @@ impl RtpIngress {
         })
     }
 
-    /// A cancel: what comes of the utterance cancelled is dropped until the next marked packet.
+    /// A cancel: what comes of the utterance cancelled is dropped until the next one starts.
     pub fn cancel(&self) {
-        self.cancelled.store(true, Ordering::SeqCst);
+        self.utterances.cancel();
     }
 
     /// The frames handed to the session so far.
@@ -251,6 +251,41 @@ impl Drop for RtpIngress {
     }
 }
 
+/// What the receiver does with a buffer of frames out of the depayloader.
+#[derive(Debug, PartialEq, Eq)]
+enum Take {
+    /// Into the session; with `restart` the decoder first ends what it has and starts fresh
+    /// (an utterance starts, or the depayloader restarted after a loss), as at `end`.
+    Push { restart: bool },
+    /// Frames of a cancelled utterance.
+    Drop,
+}
+
+/// The sender's utterances, as the depayloader flags their starts (MARKER) and the restarts
+/// after a loss (DISCONT alone): a cancel holds until the next utterance starts.
+#[derive(Default)]
+struct Utterances {
+    cancelled: AtomicBool,
+}
+
+impl Utterances {
+    fn cancel(&self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+    }
+
+    fn take(&self, flags: gst::BufferFlags) -> Take {
+        if flags.contains(gst::BufferFlags::MARKER) {
+            self.cancelled.store(false, Ordering::SeqCst);
+        }
+        if self.cancelled.load(Ordering::SeqCst) {
+            return Take::Drop;
+        }
+        Take::Push {
+            restart: flags.intersects(gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER),
+        }
+    }
+}
+
 /// Drops what reaches `udpsrc` from another address than `sender` (udpsrc says each packet's
 /// source in its buffer's net address meta), counting it in `dropped`; the first is logged.
 fn take_only_from(udpsrc: &gst::Element, sender: IpAddr, session: &str, dropped: Arc<AtomicU64>) {
@@ -278,4 +313,38 @@ fn take_only_from(udpsrc: &gst::Element, sender: IpAddr, session: &str, dropped:
             }
             gst::PadProbeReturn::Drop
         });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const START: gst::BufferFlags = gst::BufferFlags::DISCONT.union(gst::BufferFlags::MARKER);
+    const LOSS: gst::BufferFlags = gst::BufferFlags::DISCONT;
+    const GOING_ON: gst::BufferFlags = gst::BufferFlags::empty();
+
+    /// A cancel holds through a loss that restarts the decoder (DISCONT alone) and ends at the
+    /// next utterance's start (MARKER), whose frames go in.
+    #[test]
+    fn a_cancelled_utterance_stays_cancelled_through_loss_until_the_next_starts() {
+        let utterances = Utterances::default();
+        assert_eq!(utterances.take(START), Take::Push { restart: true });
+        assert_eq!(utterances.take(GOING_ON), Take::Push { restart: false });
+        utterances.cancel();
+        assert_eq!(utterances.take(GOING_ON), Take::Drop);
+        assert_eq!(utterances.take(LOSS), Take::Drop);
+        assert_eq!(utterances.take(GOING_ON), Take::Drop);
+        assert_eq!(utterances.take(START), Take::Push { restart: true });
+        assert_eq!(utterances.take(GOING_ON), Take::Push { restart: false });
+    }
+
+    /// Without a cancel, a loss the depayloader did not fill restarts the decoder, as a new
+    /// utterance does.
+    #[test]
+    fn an_unfilled_loss_restarts_the_decoder_and_speech_goes_on() {
+        let utterances = Utterances::default();
+        assert_eq!(utterances.take(START), Take::Push { restart: true });
+        assert_eq!(utterances.take(LOSS), Take::Push { restart: true });
+        assert_eq!(utterances.take(GOING_ON), Take::Push { restart: false });
+    }
 }

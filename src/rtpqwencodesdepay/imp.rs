@@ -1,25 +1,39 @@
 /**
  * SECTION:element-rtpqwencodesdepay
  *
- * Takes Qwen3-TTS codec frames out of RTP packets of the private format `X-QWEN3-TTS-CODES`
- * (`rtpqwencodespay`'s) as `audio/x-qwen3-tts-codes` for `qwencodecdec`. A packet with the
- * marker bit starts an utterance: its buffer is flagged DISCONT, and the decoder starts fresh
- * there, as the sender's did. A lost packet is lost frames, which no later packet repairs.
- * `loss=repeat` (the default) puts copies of the last frame received in their place, up to
- * `max-repeat-frames`, and the decoder goes on; `loss=restart`, and a longer loss, flags the
- * next buffer DISCONT: the decoder starts fresh at the next packet that arrives (with
- * `rtpjitterbuffer do-lost=true` the lost time then goes downstream as a GAP event). The
- * figures that chose the default: docs/rtp-codes.md. A bad packet (a length that does not fit its frame count, a code outside the codebook) is
- * dropped with a warning; nothing else is lost.
+ * Takes Qwen3-TTS codec frames out of RTP packets of the private format `X-QWEN3-TTS-CODES`,
+ * version 1 (`rtpqwencodespay`'s) as `audio/x-qwen3-tts-codes` for `qwencodecdec`.
+ *
+ * An utterance starts at a packet with the marker bit, or whose utterance number (in its
+ * header) differs from the packet before it: so an utterance whose marked packet was lost still
+ * starts where its next packet comes. That buffer is flagged DISCONT (the decoder starts
+ * fresh, as the sender's did) and MARKER, which is the utterance's own signal for applications
+ * (loss flags DISCONT alone). A receiver's first packet, and the first of another SSRC, start
+ * an utterance too.
+ *
+ * A lost packet is lost frames, which no later packet repairs. Loss is what the sequence
+ * numbers say; how many frames it took, the RTP time. `loss=repeat` (the default) puts copies of
+ * the last frame received in their place, up to `max-repeat-frames`, and the decoder goes on;
+ * `loss=restart`, a longer loss, and one whose frames the timestamps do not tell, flag the next
+ * buffer DISCONT: the decoder starts fresh at the next packet that arrives. With
+ * `rtpjitterbuffer do-lost=true` the lost time that no repeat fills goes downstream as a GAP
+ * event. The figures that chose the default: docs/rtp-codes.md.
+ *
+ * A bad packet (another version, a length that does not fit its frame count, a code outside
+ * the codebook) is dropped, its frames lost; a warning names what was wrong, at most one a
+ * second, counting those in between. `stats` counts packets, frames, loss, repeats, bad packets
+ * and utterances (with the base class's fields).
  *
  * ```text
  * gst-launch-1.0 udpsrc port=5004 caps="application/x-rtp, media=audio, clock-rate=24000, \
- *     encoding-name=X-QWEN3-TTS-CODES, codebooks=(string)16, codebook-size=(string)2048, \
- *     samples-per-frame=(string)1920" ! rtpjitterbuffer ! rtpqwencodesdepay ! \
- *   qwencodecdec model-path=/models/Qwen3-TTS-Tokenizer-12Hz ! audioconvert ! autoaudiosink
+ *     encoding-name=X-QWEN3-TTS-CODES, version=(string)1, codebooks=(string)16, \
+ *     codebook-size=(string)2048, samples-per-frame=(string)1920" ! rtpjitterbuffer ! \
+ *   rtpqwencodesdepay ! qwencodecdec model-path=/models/Qwen3-TTS-Tokenizer-12Hz ! \
+ *   audioconvert ! autoaudiosink
  * ```
  */
 use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 use gst::glib;
 use gst::prelude::*;
@@ -28,7 +42,7 @@ use gst_rtp::prelude::*;
 use gst_rtp::subclass::prelude::*;
 
 use super::Loss;
-use crate::codes_payload::{ENCODING_NAME, Layout};
+use crate::codes_payload::{BadPacket, ENCODING_NAME, Layout, MAX_FRAMES, VERSION};
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(
@@ -40,6 +54,8 @@ static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
 
 /// Two seconds of frames at the release's rate.
 const DEFAULT_MAX_REPEAT_FRAMES: u32 = 25;
+/// Bad packets are warned of at most this often; the others are counted into the next warning.
+const WARNING_INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy)]
 struct Settings {
@@ -56,23 +72,72 @@ impl Default for Settings {
     }
 }
 
+/// What `stats` counts, since the element started.
+#[derive(Debug, Default, Clone, Copy)]
+struct Stats {
+    packets: u64,
+    frames: u64,
+    /// Sequence numbers that never came.
+    packets_lost: u64,
+    frames_repeated: u64,
+    packets_bad: u64,
+    utterances: u64,
+}
+
+/// The last good packet: where the stream it belongs to is.
+struct Last {
+    /// Its last frame, which `loss=repeat` repeats.
+    frame: Vec<i16>,
+    /// The RTP time just after its frames: where the next packet starts if none was lost.
+    next_rtp_time: u32,
+    utterance: u8,
+    ssrc: u32,
+}
+
 struct State {
     layout: Layout,
     frame_duration: gst::ClockTime,
     samples_per_frame: u32,
-    /// The last packet's frame, and the RTP time just after its frames: where the next packet
-    /// starts if none was lost.
-    last_frame: Option<Vec<i16>>,
-    next_rtp_time: Option<u32>,
+    last: Option<Last>,
+    /// The sequence number after the last packet, good or bad.
+    next_seq: Option<u16>,
+    /// Bad packets since the last good one: their frames are missing as lost ones are.
+    bad_since_good: u64,
+    /// The jitter buffer's lost-packet events, held until the next packet says whether repeats
+    /// fill that time (then they go nowhere) or not (then they go on as GAP events).
+    lost_events: Vec<gst::Event>,
+    /// The buffer being pushed carries repeats in place of lost frames: the DISCONT that the
+    /// base class puts on it for the gap comes off, so that the decoder goes on.
+    concealed: bool,
+    /// When the last bad packet was warned of, and those dropped since without a warning.
+    warned_at: Option<Instant>,
+    bad_unwarned: u64,
+    stats: Stats,
+}
+
+/// What a good packet after `last` continues: how many frames went missing before it, if the
+/// RTP time tells (`None`: loss of unknown length; `Some(0)`: none lost).
+fn frames_missing(last: &Last, rtp_time: u32, samples_per_frame: u32, missing_packets: u64) -> Option<u64> {
+    if missing_packets == 0 {
+        // The sequence numbers go on: a jump in RTP time is the sender's, not loss.
+        return Some(0);
+    }
+    let ahead = rtp_time.wrapping_sub(last.next_rtp_time);
+    if !ahead.is_multiple_of(samples_per_frame) {
+        return None;
+    }
+    // Each missing packet held 1 to MAX_FRAMES frames; anything else (a sender whose timestamps
+    // went back or restarted) says nothing of the frames lost.
+    let frames = u64::from(ahead / samples_per_frame);
+    (missing_packets..=missing_packets * MAX_FRAMES as u64)
+        .contains(&frames)
+        .then_some(frames)
 }
 
 #[derive(Default)]
 pub struct RtpQwenCodesDepay {
     settings: Mutex<Settings>,
     state: Mutex<Option<State>>,
-    /// The next buffer out carries repeated frames in place of lost ones: the base class's
-    /// DISCONT (for the gap it saw) comes off it, so that the decoder goes on.
-    concealed: std::sync::atomic::AtomicBool,
 }
 
 #[glib::object_subclass]
@@ -98,6 +163,9 @@ impl ObjectImpl for RtpQwenCodesDepay {
                     .default_value(DEFAULT_MAX_REPEAT_FRAMES)
                     .mutable_playing()
                     .build(),
+                // The base class's, with packets, frames, packets-lost, frames-repeated,
+                // packets-bad and utterances added.
+                crate::rtp_stats::pspec::<gst_rtp::RTPBaseDepayload>(),
             ]
         });
         PROPERTIES.as_ref()
@@ -113,10 +181,30 @@ impl ObjectImpl for RtpQwenCodesDepay {
     }
 
     fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
-        let settings = self.settings.lock().unwrap();
         match pspec.name() {
-            "loss" => settings.loss.to_value(),
-            "max-repeat-frames" => settings.max_repeat_frames.to_value(),
+            "loss" => self.settings.lock().unwrap().loss.to_value(),
+            "max-repeat-frames" => self.settings.lock().unwrap().max_repeat_frames.to_value(),
+            "stats" => {
+                let stats = self
+                    .state
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .map(|state| state.stats)
+                    .unwrap_or_default();
+                crate::rtp_stats::with_counts(
+                    self,
+                    &[
+                        ("packets", stats.packets),
+                        ("frames", stats.frames),
+                        ("packets-lost", stats.packets_lost),
+                        ("frames-repeated", stats.frames_repeated),
+                        ("packets-bad", stats.packets_bad),
+                        ("utterances", stats.utterances),
+                    ],
+                )
+                .to_value()
+            }
             _ => unimplemented!(),
         }
     }
@@ -132,9 +220,13 @@ impl ObjectImpl for RtpQwenCodesDepay {
                 let Some(depay) = depay.upgrade() else {
                     return gst::PadProbeReturn::Ok;
                 };
-                if depay.concealed.swap(false, std::sync::atomic::Ordering::SeqCst)
-                    && let Some(buffer) = info.buffer_mut()
-                {
+                let concealed = depay
+                    .state
+                    .lock()
+                    .unwrap()
+                    .as_mut()
+                    .is_some_and(|state| std::mem::take(&mut state.concealed));
+                if concealed && let Some(buffer) = info.buffer_mut() {
                     buffer.make_mut().unset_flags(gst::BufferFlags::DISCONT);
                 }
                 gst::PadProbeReturn::Ok
@@ -186,6 +278,7 @@ impl ElementImpl for RtpQwenCodesDepay {
     ) -> Result<gst::StateChangeSuccess, gst::StateChangeError> {
         let result = self.parent_change_state(transition)?;
         if transition == gst::StateChange::PausedToReady {
+            // Everything of the stream, `concealed` and the held lost events included.
             *self.state.lock().unwrap() = None;
         }
         Ok(result)
@@ -205,12 +298,30 @@ fn field(s: &gst::StructureRef, name: &str, what: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{name} is not a positive whole number ({what})"))
 }
 
+/// The caps' payload version: `version`, which SDPs of version 0 did not have.
+fn version(s: &gst::StructureRef) -> Result<(), String> {
+    let said = match (s.get::<&str>("version"), s.get::<i32>("version")) {
+        (Ok(text), _) => format!("version={}", text.trim()),
+        (_, Ok(number)) => format!("version={number}"),
+        _ if s.has_field("version") => "a version that is no number".to_owned(),
+        _ => "no version, which is version 0".to_owned(),
+    };
+    if said == format!("version={VERSION}") {
+        return Ok(());
+    }
+    Err(format!(
+        "the caps say {said}; this receiver reads version {VERSION} \
+         (version={VERSION} in the SDP's a=fmtp, docs/rtp-codes.md): send it with a newer rtpqwencodespay"
+    ))
+}
+
 impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
     fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
         let s = caps
             .structure(0)
             .ok_or_else(|| gst::loggable_error!(CAT, "Empty caps"))?;
         let read = || -> Result<(u64, u64, u64, u64), String> {
+            version(s)?;
             Ok((
                 field(s, "clock-rate", "the audio's sample rate")?,
                 field(s, "codebooks", "codes per frame")?,
@@ -245,7 +356,10 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
             .field("codebooks", codebooks as i32)
             .field("framerate", framerate)
             .build();
-        *self.state.lock().unwrap() = Some(State {
+        let mut state = self.state.lock().unwrap();
+        // New caps are a new stream; what it counted so far stays counted.
+        let stats = state.as_ref().map(|state| state.stats).unwrap_or_default();
+        *state = Some(State {
             layout: Layout {
                 codebooks: codebooks as usize,
                 codebook_size: codebook_size as u32,
@@ -254,9 +368,16 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
                 .mul_div_floor(samples_per_frame, clock_rate)
                 .expect("a frame lasts less than forever"),
             samples_per_frame: samples_per_frame as u32,
-            last_frame: None,
-            next_rtp_time: None,
+            last: None,
+            next_seq: None,
+            bad_since_good: 0,
+            lost_events: Vec::new(),
+            concealed: false,
+            warned_at: None,
+            bad_unwarned: 0,
+            stats,
         });
+        drop(state);
         gst::debug!(CAT, imp = self, "Frames out as {}", src_caps);
         if self.obj().src_pad().push_event(gst::event::Caps::new(&src_caps)) {
             Ok(())
@@ -266,21 +387,34 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
     }
 
     fn handle_event(&self, event: gst::Event) -> bool {
-        if let gst::EventView::FlushStop(_) = event.view()
-            && let Some(state) = self.state.lock().unwrap().as_mut()
-        {
-            // A new position: nothing before it is lost.
-            state.last_frame = None;
-            state.next_rtp_time = None;
+        match event.view() {
+            gst::EventView::FlushStop(_) => {
+                if let Some(state) = self.state.lock().unwrap().as_mut() {
+                    // A new position: nothing before it is lost, nothing is being concealed.
+                    state.last = None;
+                    state.next_seq = None;
+                    state.bad_since_good = 0;
+                    state.lost_events.clear();
+                    state.concealed = false;
+                }
+            }
+            gst::EventView::Eos(_) => {
+                // No packet comes to fill the time lost last: it goes on as GAP events.
+                self.forward_lost_events();
+            }
+            _ => (),
         }
         self.parent_handle_event(event)
     }
 
-    /// A jitter buffer's word that packets are lost: with `loss=repeat` the frames are filled
-    /// in when the next packet comes, so no GAP goes downstream for that time; with `restart`,
-    /// the base class's GAP.
+    /// A jitter buffer's word that packets are lost. With `loss=repeat` it waits for the next
+    /// packet: where its repeats fill the lost time no GAP goes downstream for it, else the
+    /// base class's GAP. With `restart`, the GAP at once.
     fn packet_lost(&self, event: &gst::EventRef) -> bool {
-        if self.settings.lock().unwrap().loss == Loss::Repeat {
+        if self.settings.lock().unwrap().loss == Loss::Repeat
+            && let Some(state) = self.state.lock().unwrap().as_mut()
+        {
+            state.lost_events.push(event.to_owned());
             return true;
         }
         self.parent_packet_lost(event)
@@ -293,83 +427,169 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
         let settings = *self.settings.lock().unwrap();
         let mut guard = self.state.lock().unwrap();
         let state = guard.as_mut()?;
-        let payload = rtp.payload().ok()?;
-        let codes = match state.layout.unpack(payload) {
-            Ok(codes) => codes,
+        let seq = rtp.seq();
+        // Sequence numbers missing before this packet. Behind is none missing: the base class
+        // dropped a late packet, or flagged this one DISCONT for a sender that restarted.
+        let seq_gap = state.next_seq.map(|next| seq.wrapping_sub(next) as i16);
+        state.next_seq = Some(seq.wrapping_add(1));
+        let lost_packets = seq_gap.map_or(0, |gap| gap.max(0) as u64);
+        state.stats.packets_lost += lost_packets;
+        let packet = rtp
+            .payload()
+            .map_err(|_| BadPacket::Empty)
+            .and_then(|payload| state.layout.unpack(payload));
+        let packet = match packet {
+            Ok(packet) => packet,
             Err(why) => {
+                state.stats.packets_bad += 1;
+                state.bad_since_good += 1;
+                let now = Instant::now();
+                let warn = state
+                    .warned_at
+                    .is_none_or(|at| now.duration_since(at) >= WARNING_INTERVAL);
+                let (unwarned, total) = (state.bad_unwarned, state.stats.packets_bad);
+                if warn {
+                    state.warned_at = Some(now);
+                    state.bad_unwarned = 0;
+                } else {
+                    state.bad_unwarned += 1;
+                }
                 drop(guard);
-                gst::element_imp_warning!(
-                    self,
-                    gst::StreamError::Decode,
-                    ["Packet {} dropped: {}", rtp.seq(), why]
-                );
+                if !warn {
+                    gst::debug!(CAT, imp = self, "Packet {} dropped: {}", seq, why);
+                } else if unwarned == 0 {
+                    gst::element_imp_warning!(
+                        self,
+                        gst::StreamError::Decode,
+                        ["Packet {} dropped: {}", seq, why]
+                    );
+                } else {
+                    gst::element_imp_warning!(
+                        self,
+                        gst::StreamError::Decode,
+                        [
+                            "Packet {} dropped: {} ({} more bad packets dropped since the last \
+                             warning, {} in all)",
+                            seq,
+                            why,
+                            unwarned,
+                            total
+                        ]
+                    );
+                }
                 return None;
             }
         };
         let codebooks = state.layout.codebooks;
-        let frames = codes.len() / codebooks;
-        // Frames lost just before this packet, by the RTP clock (the sequence numbers only say
-        // packets), where the stream goes on (no marker).
-        let missing = match (state.next_rtp_time, &state.last_frame) {
-            (Some(expected), Some(_)) if !rtp.is_marker() => {
-                let ahead = rtp.timestamp().wrapping_sub(expected);
-                // Behind (reordered, a restarted sender) reads as a huge gap: no repeat.
-                ahead
-                    .is_multiple_of(state.samples_per_frame)
-                    .then(|| (ahead / state.samples_per_frame) as usize)
+        let frames = packet.codes.len() / codebooks;
+        let missing_packets = lost_packets + std::mem::take(&mut state.bad_since_good);
+        let starts = match &state.last {
+            None => true,
+            Some(last) => rtp.is_marker() || last.utterance != packet.utterance || last.ssrc != rtp.ssrc(),
+        };
+        let missing = match &state.last {
+            Some(last) if !starts => {
+                frames_missing(last, rtp.timestamp(), state.samples_per_frame, missing_packets)
             }
             _ => None,
         };
         let repeat = match missing {
             Some(missing)
-                if missing > 0
-                    && settings.loss == Loss::Repeat
-                    && missing <= settings.max_repeat_frames as usize =>
+                if settings.loss == Loss::Repeat && missing <= u64::from(settings.max_repeat_frames) =>
             {
-                missing
+                missing as usize
             }
             _ => 0,
         };
+        // A new utterance, a loss not filled, or what upstream flagged: the decoder starts fresh.
+        let discont = starts
+            || (repeat == 0
+                && (missing_packets > 0 || rtp.buffer().flags().contains(gst::BufferFlags::DISCONT)));
         let mut out = Vec::with_capacity((repeat + frames) * codebooks * 2);
-        if repeat > 0 {
-            let last = state.last_frame.as_ref().expect("matched above");
+        if let Some(last) = state.last.as_ref().filter(|_| repeat > 0) {
             for _ in 0..repeat {
-                out.extend(last.iter().flat_map(|code| code.to_le_bytes()));
+                out.extend(last.frame.iter().flat_map(|code| code.to_le_bytes()));
             }
             gst::debug!(
                 CAT,
                 imp = self,
                 "{} frames lost before packet {}: the last frame repeated",
                 repeat,
-                rtp.seq()
+                seq
+            );
+        } else if missing_packets > 0 {
+            gst::debug!(
+                CAT,
+                imp = self,
+                "{} packets lost before packet {} ({:?} frames): not filled",
+                missing_packets,
+                seq,
+                missing
             );
         }
-        out.extend(codes.iter().flat_map(|code| code.to_le_bytes()));
-        state.last_frame = Some(codes[codes.len() - codebooks..].to_vec());
-        state.next_rtp_time = Some(
-            rtp.timestamp()
+        out.extend(packet.codes.iter().flat_map(|code| code.to_le_bytes()));
+        state.last = Some(Last {
+            frame: packet.codes[packet.codes.len() - codebooks..].to_vec(),
+            next_rtp_time: rtp
+                .timestamp()
                 .wrapping_add(state.samples_per_frame.wrapping_mul(frames as u32)),
-        );
+            utterance: packet.utterance,
+            ssrc: rtp.ssrc(),
+        });
+        state.concealed = repeat > 0;
+        state.stats.packets += 1;
+        state.stats.frames += frames as u64;
+        state.stats.frames_repeated += repeat as u64;
+        state.stats.utterances += u64::from(starts);
         let frame_duration = state.frame_duration;
+        if repeat > 0 {
+            // The repeats stand in for the time the jitter buffer said lost.
+            state.lost_events.clear();
+        }
         drop(guard);
+        self.forward_lost_events();
 
         let mut buffer = gst::Buffer::from_mut_slice(out);
         {
             let buffer = buffer.get_mut().expect("a new buffer");
             buffer.set_duration(frame_duration * (repeat + frames) as u64);
-            if rtp.is_marker() {
-                // The sender started a stream or an utterance here.
+            if discont {
                 buffer.set_flags(gst::BufferFlags::DISCONT);
+            }
+            if starts {
+                gst::debug!(
+                    CAT,
+                    imp = self,
+                    "Packet {} starts utterance {}",
+                    seq,
+                    packet.utterance
+                );
+                buffer.set_flags(gst::BufferFlags::MARKER);
             }
             if repeat > 0 {
                 // The repeated frames come first, where the lost ones were.
                 let pts = rtp.buffer().pts();
                 buffer.set_pts(pts.and_then(|pts| pts.checked_sub(frame_duration * repeat as u64)));
-                self.concealed.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         }
-        gst::trace!(CAT, imp = self, "Packet {}: {} frames", rtp.seq(), frames);
+        gst::trace!(CAT, imp = self, "Packet {}: {} frames", seq, frames);
         Some(buffer)
+    }
+}
+
+impl RtpQwenCodesDepay {
+    /// The lost-packet events held, as the base class sends them: GAP events.
+    fn forward_lost_events(&self) {
+        let events = self
+            .state
+            .lock()
+            .unwrap()
+            .as_mut()
+            .map(|state| std::mem::take(&mut state.lost_events))
+            .unwrap_or_default();
+        for event in events {
+            self.parent_packet_lost(&event);
+        }
     }
 }
 

@@ -2,12 +2,25 @@
  * SECTION:element-rtpqwencodespay
  *
  * Payloads Qwen3-TTS codec frames (`audio/x-qwen3-tts-codes`, as `qwencodecdec` takes them) into
- * RTP packets of the private format `X-QWEN3-TTS-CODES`: a byte saying how many frames follow,
- * then their codes packed at the fewest bits that hold the codebook (11 for the release: 2.2
- * kbit/s of codes). The RTP clock is the audio's (`clock-rate`, the model's sample rate): a
- * packet's timestamp advances by the samples of its frames. The marker bit starts a stream and
- * each utterance (after a DISCONT buffer or a `qwencodec-drain` event), so that the receiver's
- * decoder starts fresh where the sender's did.
+ * RTP packets of the private format `X-QWEN3-TTS-CODES`, version 1: two header bytes (the frame
+ * count, the utterance number), then the codes packed at the fewest bits that hold the codebook
+ * (11 for the release: 2.2 kbit/s of codes).
+ *
+ * The RTP clock is the audio's (`clock-rate`, the model's sample rate): a packet's timestamp
+ * advances by the samples of its frames, counted from the frames (perfect RTP time), so input
+ * without timestamps is timed by its frame count from the segment's start. Input in a segment
+ * that is not in time (`filesrc` straight into the payloader) goes out in a time segment from
+ * 0. A timestamp that jumps without DISCONT ends the packet before it; the next starts at the new
+ * time.
+ *
+ * An utterance starts at the first packet of a stream, after a DISCONT buffer, a
+ * `qwencodec-drain` event, a new stream (STREAM_START, which sends the frames pending first) or a
+ * flush: that packet has the marker bit, and the header's utterance number goes up by one, so
+ * that a receiver that lost it still sees the next utterance start.
+ *
+ * Packets hold `frames-per-packet` frames, fewer where `max-ptime` or the MTU holds fewer (the
+ * RTP header counted with its CSRCs and header extensions). `stats` counts packets, frames and
+ * utterances (with the base class's fields).
  *
  * ```text
  * gst-launch-1.0 filesrc location=codes.npy ! qwencodecparse ! rtpqwencodespay ! \
@@ -22,7 +35,7 @@ use gst::subclass::prelude::*;
 use gst_rtp::prelude::*;
 use gst_rtp::subclass::prelude::*;
 
-use crate::codes_payload::{ENCODING_NAME, Layout, MAX_FRAMES};
+use crate::codes_payload::{ENCODING_NAME, Layout, MAX_FRAMES, VERSION};
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(
@@ -35,8 +48,10 @@ static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
 /// The released model's codebook and sample rate.
 const DEFAULT_CODEBOOK_SIZE: u32 = 2048;
 const DEFAULT_CLOCK_RATE: u32 = 24_000;
-/// The RTP header without CSRCs.
+/// The RTP header without CSRCs and extensions, and a CSRC's bytes (at most 15 of them).
 const RTP_HEADER_BYTES: usize = 12;
+const CSRC_BYTES: usize = 4;
+const MAX_CSRCS: usize = 15;
 
 #[derive(Debug, Clone, Copy)]
 struct Settings {
@@ -55,17 +70,40 @@ impl Default for Settings {
     }
 }
 
+/// What `stats` counts, since the element started.
+#[derive(Debug, Default, Clone, Copy)]
+struct Stats {
+    packets: u64,
+    frames: u64,
+    utterances: u64,
+}
+
 struct State {
     layout: Layout,
     frames_per_packet: usize,
     frame_duration: gst::ClockTime,
     samples_per_frame: u64,
+    clock_rate: u64,
+    /// The input's time segment (or the one that stands in for another format's).
+    segment: gst::FormattedSegment<gst::ClockTime>,
     /// Bytes of frames not yet sent: whole frames and the start of the next.
     pending: Vec<u8>,
-    /// The time of the first pending frame.
+    /// The time of the first pending frame (of the next frame when none is pending): input
+    /// without timestamps goes on from it.
     pending_pts: Option<gst::ClockTime>,
-    /// The next packet starts a stream or an utterance.
-    marker: bool,
+    /// Its place on the RTP clock in samples, as a buffer offset: the base class makes the RTP
+    /// time from the offsets' difference (perfect-rtptime).
+    pending_offset: u64,
+    /// The next packet starts an utterance.
+    starts_utterance: bool,
+    /// The number of the utterance being sent (none before the first).
+    utterance: Option<u8>,
+    /// CSRCs that the base class adds from the input's source meta (`source-info`), and the
+    /// header extensions that the src caps name with the most bytes they take: room the MTU
+    /// keeps for them.
+    csrcs: usize,
+    extensions: Option<(gst::Caps, usize)>,
+    stats: Stats,
 }
 
 impl State {
@@ -75,6 +113,22 @@ impl State {
 
     fn whole_frames(&self) -> usize {
         self.pending.len() / self.frame_bytes()
+    }
+
+    /// The RTP clock's place of `pts`: its running time in samples.
+    fn offset_at(&self, pts: gst::ClockTime) -> Option<u64> {
+        let running_time = self.segment.to_running_time(pts)?;
+        running_time
+            .nseconds()
+            .mul_div_floor(self.clock_rate, gst::ClockTime::SECOND.nseconds())
+    }
+
+    /// The first pending frame, or the next, is at `pts`.
+    fn place_at(&mut self, pts: gst::ClockTime) {
+        self.pending_pts = Some(pts);
+        if let Some(offset) = self.offset_at(pts) {
+            self.pending_offset = offset;
+        }
     }
 }
 
@@ -121,6 +175,8 @@ impl ObjectImpl for RtpQwenCodesPay {
                     .default_value(DEFAULT_CLOCK_RATE)
                     .mutable_ready()
                     .build(),
+                // The base class's, with packets, frames and utterances added.
+                crate::rtp_stats::pspec::<gst_rtp::RTPBasePayload>(),
             ]
         });
         PROPERTIES.as_ref()
@@ -137,11 +193,29 @@ impl ObjectImpl for RtpQwenCodesPay {
     }
 
     fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
-        let settings = self.settings.lock().unwrap();
+        let settings = *self.settings.lock().unwrap();
         match pspec.name() {
             "frames-per-packet" => settings.frames_per_packet.to_value(),
             "codebook-size" => settings.codebook_size.to_value(),
             "clock-rate" => settings.clock_rate.to_value(),
+            "stats" => {
+                let stats = self
+                    .state
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .map(|state| state.stats)
+                    .unwrap_or_default();
+                crate::rtp_stats::with_counts(
+                    self,
+                    &[
+                        ("packets", stats.packets),
+                        ("frames", stats.frames),
+                        ("utterances", stats.utterances),
+                    ],
+                )
+                .to_value()
+            }
             _ => unimplemented!(),
         }
     }
@@ -240,22 +314,37 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
         obj.set_options("audio", true, ENCODING_NAME, settings.clock_rate);
         // Strings, as SDP's a=fmtp carries them.
         let fields = gst::Structure::builder("application/x-rtp")
+            .field("version", VERSION.to_string())
             .field("codebooks", codebooks.to_string())
             .field("codebook-size", settings.codebook_size.to_string())
             .field("samples-per-frame", samples_per_frame.to_string())
             .build();
         obj.set_outcaps(Some(&fields))
             .map_err(|err| gst::loggable_error!(CAT, "Cannot set the RTP caps: {}", err))?;
-        *self.state.lock().unwrap() = Some(State {
+        let mut state = self.state.lock().unwrap();
+        // New caps start a new stream of packets (its first marked) in the same segment, and
+        // the utterance numbers and counts go on.
+        let (segment, utterance, stats) = state.take().map_or_else(
+            || (gst::FormattedSegment::new(), None, Stats::default()),
+            |old| (old.segment, old.utterance, old.stats),
+        );
+        *state = Some(State {
             layout,
             frames_per_packet: settings.frames_per_packet as usize,
             frame_duration: gst::ClockTime::SECOND
                 .mul_div_floor(den, num)
                 .expect("a frame lasts less than forever"),
             samples_per_frame,
+            clock_rate: settings.clock_rate as u64,
+            segment,
             pending: Vec::new(),
             pending_pts: None,
-            marker: true,
+            pending_offset: 0,
+            starts_utterance: true,
+            utterance,
+            csrcs: 0,
+            extensions: None,
+            stats,
         });
         gst::debug!(
             CAT,
@@ -268,26 +357,54 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
     }
 
     fn handle_buffer(&self, buffer: gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
-        if buffer.flags().contains(gst::BufferFlags::DISCONT) {
-            // What came before ends its packets; the next packet starts afresh.
+        let discont = buffer.flags().contains(gst::BufferFlags::DISCONT);
+        if discont {
+            // What came before ends its packets; the next packet starts an utterance.
             self.send_pending(true)?;
         }
+        let csrcs = (self.obj().source_count(&buffer) as usize).min(MAX_CSRCS);
         let mut guard = self.state.lock().unwrap();
         let Some(state) = guard.as_mut() else {
             gst::element_imp_error!(self, gst::CoreError::Negotiation, ["Frames before caps"]);
             return Err(gst::FlowError::NotNegotiated);
         };
+        state.csrcs = csrcs;
+        match (buffer.pts(), state.pending_pts) {
+            (Some(pts), Some(pending_pts)) if !discont => {
+                // The buffer's first byte belongs to the frame after the whole ones pending.
+                let expected = pending_pts + state.frame_duration * state.whole_frames() as u64;
+                if pts.absdiff(expected) > state.frame_duration / 2 {
+                    gst::debug!(
+                        CAT,
+                        imp = self,
+                        "Time jumps from {} to {}: a new packet there",
+                        expected,
+                        pts
+                    );
+                    drop(guard);
+                    self.push_packets(true)?;
+                    guard = self.state.lock().unwrap();
+                    let state = guard.as_mut().ok_or(gst::FlowError::Flushing)?;
+                    state.place_at(pts);
+                }
+            }
+            (Some(pts), _) => {
+                // The first frames, or an utterance's (the frames before it are sent): their own
+                // time.
+                state.place_at(pts);
+            }
+            (None, Some(_)) => (),
+            (None, None) => {
+                // No time at all: the frames count from the segment's start.
+                let start = state.segment.start().unwrap_or(gst::ClockTime::ZERO);
+                state.place_at(start);
+            }
+        }
+        let state = guard.as_mut().ok_or(gst::FlowError::Flushing)?;
         let map = buffer.map_readable().map_err(|_| {
             gst::element_imp_error!(self, gst::CoreError::Failed, ["Cannot map the input buffer"]);
             gst::FlowError::Error
         })?;
-        if state.pending.is_empty() {
-            state.pending_pts = buffer.pts();
-        } else if state.pending_pts.is_none() {
-            // The buffer that started the pending frames had no time: count from this one's.
-            let behind = state.frame_duration * (state.pending.len() / state.frame_bytes()) as u64;
-            state.pending_pts = buffer.pts().and_then(|pts| pts.checked_sub(behind));
-        }
         state.pending.extend_from_slice(&map);
         drop(map);
         drop(guard);
@@ -307,11 +424,37 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
                 // marker.
                 _ = self.send_pending(true);
             }
-            EventView::FlushStop(_) | EventView::StreamStart(_) => {
+            EventView::StreamStart(_) => {
+                // The stream before ends: its frames go, and the new one starts an utterance.
+                _ = self.send_pending(true);
+            }
+            EventView::FlushStop(_) => {
                 if let Some(state) = self.state.lock().unwrap().as_mut() {
                     state.pending.clear();
                     state.pending_pts = None;
-                    state.marker = true;
+                    state.starts_utterance = true;
+                }
+            }
+            EventView::Segment(segment) => {
+                let time = segment.segment().downcast_ref::<gst::ClockTime>().cloned();
+                let replaced = time.is_none();
+                let time = time.unwrap_or_else(|| {
+                    // Straight from a file (filesrc's bytes): the RTP clock and the receiver's
+                    // depayloader need time, which the frames' count gives.
+                    gst::info!(
+                        CAT,
+                        imp = self,
+                        "A {:?} segment: the frames are timed by their count, from 0",
+                        segment.segment().format()
+                    );
+                    gst::FormattedSegment::new()
+                });
+                if let Some(state) = self.state.lock().unwrap().as_mut() {
+                    state.segment = time.clone();
+                }
+                if replaced {
+                    let event = gst::event::Segment::builder(&time).seqnum(event.seqnum()).build();
+                    return self.parent_sink_event(event);
                 }
             }
             _ => (),
@@ -320,13 +463,65 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
     }
 }
 
+/// The most bytes that the base class's header extensions take in a packet: those that `caps`
+/// name (`extmap-<id>`, as the base class writes every extension it has into them) at their
+/// largest, in RFC 8285's one-byte form where every one allows it, else the two-byte form.
+fn extension_room(caps: &gst::Caps) -> usize {
+    let Some(s) = caps.structure(0) else {
+        return 0;
+    };
+    let (mut count, mut data, mut one_byte) = (0, 0, true);
+    for (name, value) in s.iter() {
+        let Some(id) = name.strip_prefix("extmap-").and_then(|id| id.parse::<u32>().ok()) else {
+            continue;
+        };
+        // The URI alone, or (direction, URI, attributes).
+        let uri = value.get::<String>().ok().or_else(|| {
+            value
+                .get::<gst::Array>()
+                .ok()
+                .and_then(|array| array.get(1).and_then(|uri| uri.get::<String>().ok()))
+        });
+        let Some(extension) = uri.and_then(|uri| gst_rtp::RTPHeaderExtension::create_from_uri(&uri)) else {
+            continue;
+        };
+        extension.set_id(id);
+        extension.set_attributes_from_caps(caps);
+        let size = extension.max_size(&gst::Buffer::new());
+        one_byte &= size <= 16
+            && id <= 14
+            && extension
+                .supported_flags()
+                .contains(gst_rtp::RTPHeaderExtensionFlags::ONE_BYTE);
+        count += 1;
+        data += size;
+    }
+    if count == 0 {
+        return 0;
+    }
+    // The 4 bytes that say the form and length, and each one's 1 or 2 bytes of id and length,
+    // in whole 32-bit words.
+    4 + (count * if one_byte { 1 } else { 2 } + data).div_ceil(4) * 4
+}
+
 impl RtpQwenCodesPay {
     /// `frames-per-packet`, or fewer where `max-ptime` or the MTU holds fewer.
-    fn frames_per_packet(&self, state: &State) -> usize {
+    fn frames_per_packet(&self, state: &mut State) -> usize {
         let obj = self.obj();
+        let extension_bytes = match (obj.src_pad().current_caps(), &state.extensions) {
+            (Some(caps), Some((known, bytes))) if &caps == known => *bytes,
+            (Some(caps), _) => {
+                let bytes = extension_room(&caps);
+                gst::debug!(CAT, imp = self, "{} bytes of header extensions at most", bytes);
+                state.extensions = Some((caps, bytes));
+                bytes
+            }
+            (None, _) => 0,
+        };
+        let header = RTP_HEADER_BYTES + CSRC_BYTES * state.csrcs + extension_bytes;
         let by_mtu = state
             .layout
-            .frames_within((obj.mtu() as usize).saturating_sub(RTP_HEADER_BYTES));
+            .frames_within((obj.mtu() as usize).saturating_sub(header));
         let by_ptime = match obj.max_ptime() {
             max_ptime if max_ptime > 0 => (max_ptime as u64 / state.frame_duration.nseconds()) as usize,
             _ => MAX_FRAMES,
@@ -359,27 +554,38 @@ impl RtpQwenCodesPay {
             );
             return Err(gst::FlowError::Error);
         }
-        let payload = state.layout.pack(&codes);
+        let marker = std::mem::take(&mut state.starts_utterance);
+        if marker {
+            state.utterance = Some(state.utterance.map_or(0, |number| number.wrapping_add(1)));
+            state.stats.utterances += 1;
+        }
+        let utterance = state.utterance.expect("the first packet starts an utterance");
+        let payload = state.layout.pack(utterance, &codes);
         let mut packet = self.obj().allocate_output_buffer(payload.len() as u32, 0, 0);
         {
             let packet = packet.get_mut().expect("a new buffer");
             packet.set_pts(state.pending_pts);
             packet.set_duration(state.frame_duration * frames as u64);
+            packet.set_offset(state.pending_offset);
             let mut rtp =
                 gst_rtp::RTPBuffer::from_buffer_writable(packet).map_err(|_| gst::FlowError::Error)?;
             rtp.payload_mut()
                 .map_err(|_| gst::FlowError::Error)?
                 .copy_from_slice(&payload);
-            rtp.set_marker(std::mem::take(&mut state.marker));
+            rtp.set_marker(marker);
         }
         state.pending_pts = state
             .pending_pts
             .map(|pts| pts + state.frame_duration * frames as u64);
+        state.pending_offset += state.samples_per_frame * frames as u64;
+        state.stats.packets += 1;
+        state.stats.frames += frames as u64;
         gst::trace!(
             CAT,
             imp = self,
-            "{} frames, {} samples",
+            "{} frames of utterance {}, {} samples",
             frames,
+            utterance,
             state.samples_per_frame * frames as u64
         );
         Ok(packet)
@@ -402,8 +608,8 @@ impl RtpQwenCodesPay {
     }
 
     /// Sends every whole pending frame (the last packet may be short); a partial frame left is
-    /// dropped, with a warning. `marker`: the packet after these starts an utterance.
-    fn send_pending(&self, marker: bool) -> Result<gst::FlowSuccess, gst::FlowError> {
+    /// dropped, with a warning. `starts_utterance`: the packet after these starts an utterance.
+    fn send_pending(&self, starts_utterance: bool) -> Result<gst::FlowSuccess, gst::FlowError> {
         if self.state.lock().unwrap().is_none() {
             return Ok(gst::FlowSuccess::Ok);
         }
@@ -413,18 +619,22 @@ impl RtpQwenCodesPay {
             return Ok(gst::FlowSuccess::Ok);
         };
         if !state.pending.is_empty() {
+            let bytes = state.pending.len();
+            state.pending.clear();
+            drop(guard);
             gst::element_imp_warning!(
                 self,
                 gst::StreamError::Format,
                 [
-                    "{} bytes of a partial frame dropped at the end of the stream",
-                    state.pending.len()
+                    "{} bytes of a partial frame dropped at the end of an utterance or stream",
+                    bytes
                 ]
             );
-            state.pending.clear();
+            guard = self.state.lock().unwrap();
         }
-        state.pending_pts = None;
-        state.marker |= marker;
+        if let Some(state) = guard.as_mut() {
+            state.starts_utterance |= starts_utterance;
+        }
         Ok(gst::FlowSuccess::Ok)
     }
 }

@@ -1,7 +1,9 @@
 //! A session's codes over RTP (`/codes?session=ID&transport=rtp`): the frames go as
 //! `rtpqwencodespay` packets to the port the server names, the browser hears them as it hears
-//! frames sent over the WebSocket, and the WebSocket's cancel still works.
+//! frames sent over the WebSocket, and the WebSocket's cancel still works, through loss.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use gst::prelude::*;
@@ -19,6 +21,8 @@ pub(super) struct RtpSender {
     /// The next frame's timestamp: the stream's timeline, continuous across utterances.
     next_pts: gst::ClockTime,
     frame: gst::ClockTime,
+    /// While set, the packets are lost on their way (dropped after the payloader).
+    losing: Arc<AtomicBool>,
 }
 
 impl RtpSender {
@@ -31,7 +35,7 @@ impl RtpSender {
     pub(super) fn start_from(speech: &Speech, source: &str, port: u16) -> Self {
         common::init();
         let pipeline = gst::parse::launch(&format!(
-            "appsrc name=src is-live=true format=time ! rtpqwencodespay \
+            "appsrc name=src is-live=true format=time ! rtpqwencodespay name=pay \
              ! udpsink host=127.0.0.1 port={port} bind-address={source} sync=false"
         ))
         .unwrap()
@@ -43,12 +47,28 @@ impl RtpSender {
             .downcast::<gst_app::AppSrc>()
             .unwrap();
         appsrc.set_caps(Some(&speech.fixture.caps()));
+        let losing = Arc::new(AtomicBool::new(false));
+        let lose = losing.clone();
+        pipeline
+            .by_name("pay")
+            .unwrap()
+            .static_pad("src")
+            .unwrap()
+            .add_probe(gst::PadProbeType::BUFFER, move |_, _| {
+                if lose.load(Ordering::SeqCst) {
+                    // Handled: the probe consumed it (see tests/rtp_codes.rs's rtp_harness).
+                    gst::PadProbeReturn::Handled
+                } else {
+                    gst::PadProbeReturn::Ok
+                }
+            });
         pipeline.set_state(gst::State::Playing).unwrap();
         Self {
             pipeline,
             appsrc,
             next_pts: gst::ClockTime::ZERO,
             frame: gst::ClockTime::from_nseconds((speech.frame_ms * 1e6) as u64),
+            losing,
         }
     }
 
@@ -109,12 +129,16 @@ fn rtp_sender_of(server: &Server, session: &str) -> (Client, u16) {
         format!("m=audio {port} RTP/AVP 96"),
         "a=rtpmap:96 X-QWEN3-TTS-CODES/24000".to_string(),
         "c=IN IP4 127.0.0.1".to_string(),
+        "a=fmtp:96 version=1;codebooks=16;codebook-size=2048;samples-per-frame=1920".to_string(),
     ] {
         assert!(sdp.contains(&line), "no {line:?} in the SDP: {sdp}");
     }
     (control, port)
 }
 
+/// Speech over RTP heard in full; a burst cancelled; an utterance cancelled in real time with
+/// its packets lost after the cancel and its last ones still coming, none of it heard after the
+/// cancel; the next utterance heard in full.
 #[test]
 #[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
 fn codes_over_rtp_are_heard_and_cancelled_as_over_the_websocket() {
@@ -153,6 +177,41 @@ fn codes_over_rtp_are_heard_and_cancelled_as_over_the_websocket() {
     control.cancel();
     assert_cancel_silences(&browser, cancelled_at);
 
+    // An utterance in real time cancelled 2 s in, whose packets go on after the cancel: 35 of
+    // them lost from the cancel on (more than the depayloader repeats: it restarts the decoder
+    // there, DISCONT without MARKER), then 20 more. None of it plays after the cancel.
+    let start = Instant::now();
+    let first_sent = epoch_ms();
+    let mut cancelled_at = first_sent;
+    let (cancel_at, lost, frames) = (25, 25..60, 80);
+    for index in 0..frames {
+        let due = Duration::from_secs_f64(index as f64 * speech.frame_ms / 1e3);
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        if index == cancel_at {
+            cancelled_at = epoch_ms();
+            control.cancel();
+        }
+        sender.losing.store(lost.contains(&index), Ordering::SeqCst);
+        sender.send(&speech, index, index == 0);
+    }
+    wait_until(first_sent, speech.seconds(frames) * 1e3 + 1500.0);
+    let after = Measure::take(&browser);
+    let sound_before_cancel = after.sound_seconds(cancelled_at - 1000.0, cancelled_at);
+    assert!(
+        sound_before_cancel > 0.8,
+        "{sound_before_cancel:.3} s of sound in the second before the cancel"
+    );
+    let silent_at = after
+        .first_change(false, cancelled_at)
+        .expect("no silence after the cancel");
+    assert_eq!(
+        after.sound_seconds(silent_at, after.number("now")),
+        0.0,
+        "the cancelled utterance played after the loss that followed its cancel"
+    );
+
     // The next utterance (a marked packet) is heard in full.
     let frames = 40;
     let before = Measure::take(&browser);
@@ -172,10 +231,11 @@ fn codes_over_rtp_are_heard_and_cancelled_as_over_the_websocket() {
     let (code, reason) = control.close_reason();
     assert_eq!(code, 4400, "{reason}");
     assert!(reason.contains("over RTP"), "{reason}");
-    // Every frame sent went into the session: 50, the 100 cancelled, 40.
+    // The frames that went into the session: 50, the 100 cancelled, the 25 before the second
+    // cancel (not the 20 that came after it), 40.
     let metrics = server.get("/metrics").1;
     assert_eq!(
         super::hardening::sample(&metrics, "qwencodec_frames_in_total"),
-        190.0
+        215.0
     );
 }
