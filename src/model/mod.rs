@@ -234,17 +234,6 @@ impl Model {
             .warm_step_time(&self.network, rows, frames, cuda_graphs)?)
     }
 
-    /// The time of a warm step of `rows` streams of `frames` frames, if one was measured (by
-    /// [`Self::warm_step_time`]) for this model: nothing runs.
-    pub fn measured_step_time(
-        &self,
-        rows: usize,
-        frames: usize,
-        cuda_graphs: bool,
-    ) -> Option<std::time::Duration> {
-        self.engine.measured_step_time(rows, frames, cuda_graphs)
-    }
-
     /// Calls `observer` after every batch of steps this model runs from now on (on the thread
     /// that ran it: keep it short), e.g. for a server's metrics.
     pub fn observe_batches(&self, observer: impl Fn(&BatchRun) + Send + Sync + 'static) {

@@ -33,7 +33,7 @@ use gst_audio::subclass::prelude::*;
 use super::latency::Latency;
 use super::load::LoadedModel;
 use super::settings::{Settings, Stats};
-use super::step_thread::{StepThread, Stream};
+use super::step_thread::{Arrival, StepThread, Stream};
 
 /// Frames that may wait for the decoder before upstream waits: two of its largest steps, so
 /// that the next step is full when one ends, and no more, so that a seek or a stop finds little
@@ -98,6 +98,19 @@ impl QwenCodecDec {
 
     pub(super) fn stream(&self) -> Option<Arc<Stream>> {
         self.state().as_ref().map(|state| state.stream.clone())
+    }
+
+    /// The running time now, if the element has a clock.
+    fn now(&self) -> Option<gst::ClockTime> {
+        let obj = self.obj();
+        obj.clock()?.time().checked_sub(obj.base_time()?)
+    }
+
+    /// The running time of an input timestamp, by the input's segment.
+    fn running_time(&self, pts: Option<gst::ClockTime>) -> Option<gst::ClockTime> {
+        let state = self.state();
+        let segment = state.as_ref()?.segment.as_ref()?;
+        segment.downcast_ref::<gst::ClockTime>()?.to_running_time(pts?)
     }
 
     /// Keeps the input's segment; returns the one before.
@@ -494,12 +507,17 @@ impl AudioDecoderImpl for QwenCodecDec {
         })?;
 
         let stream = self.stream().ok_or(gst::FlowError::Flushing)?;
+        let arrival = Arrival {
+            frames: 0,
+            arrived: self.now(),
+            due: self.running_time(buffer.pts()),
+        };
         let mut inner = stream.lock();
         // What the step thread met since the last buffer: a failed step or push, a flush.
         if let Some(stop) = inner.drain_interrupted() {
             return Err(stop);
         }
-        let accepted = inner.accept(map.as_slice());
+        let accepted = inner.accept(map.as_slice(), arrival);
         drop(inner);
         drop(map);
         let frames = match accepted {

@@ -13,12 +13,12 @@
 //! The maximum is what the element can hold on top: the frames that may wait for the decoder
 //! before upstream waits (its read-ahead).
 //!
-//! While it plays behind a live source the figures are kept true, and the pipeline told with a
-//! LATENCY message (at most once a second): when more streams open on the model than the
-//! minimum counted, it rises to a batch of that many rows (its step as timed for another element,
-//! else estimated in proportion to the rows timed: no step is timed while others play); and when frames keep coming out later
-//! than the minimum (in 3 of the last 8 steps: a busier machine, other streams' large steps), it
-//! rises to the longest of them plus a quarter. It never falls while the element runs.
+//! While it plays behind a live source the minimum is kept true: when frames keep coming out
+//! later than it allows after they reached the element (or after their time, for frames that
+//! came early; in 3 of the last 8 steps: a busier machine,
+//! more streams batching with it, other streams' backlogs in large steps), it rises to the
+//! longest of those delays plus a quarter, and the pipeline is told with a LATENCY message, at
+//! most once a second. It never falls while the element runs.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -51,18 +51,13 @@ pub(super) struct Latency {
     frames_waited: gst::ClockTime,
     /// The frames the element holds before upstream waits.
     read_ahead: gst::ClockTime,
-    max_batch: usize,
-    /// The steps' shape, for step times measured on the model.
-    chunk_frames: usize,
-    cuda_graphs: bool,
-    /// The rows of the batch that the minimum counts, and that batch's step.
+    /// The rows of the batch that the minimum counts.
     rows: usize,
-    step: Duration,
     pub(super) min: gst::ClockTime,
     pub(super) max: gst::ClockTime,
-    /// Whether upstream is live (from the last latency query): only then do frames come in
-    /// real time, and their delays say anything.
-    pub(super) live: bool,
+    /// Whether upstream is live (from the last latency query): only then do frames come in real
+    /// time, and their delays say anything.
+    live: bool,
     /// The delays of the last steps' oldest frames that went over the minimum (None: within).
     recent: VecDeque<Option<gst::ClockTime>>,
     /// When the figures last rose.
@@ -103,11 +98,7 @@ impl Latency {
         let mut latency = Self {
             frames_waited: frame * (chunk_frames as u64 - 1),
             read_ahead: frame * read_ahead_frames as u64,
-            max_batch: limits.max_batch,
-            chunk_frames,
-            cuda_graphs: limits.cuda_graphs,
             rows,
-            step,
             min: gst::ClockTime::ZERO,
             max: gst::ClockTime::ZERO,
             live: false,
@@ -128,20 +119,12 @@ impl Latency {
         self.max = min + self.read_ahead;
     }
 
-    /// After a step whose oldest frame came out `delay` after it arrived, with `open_streams`
-    /// on the model, whose step times measured so far `measured` tells (by rows, step frames
-    /// and CUDA graphs): whether the figures rose.
-    pub(super) fn after_step(
-        &mut self,
-        delay: Duration,
-        open_streams: usize,
-        measured: impl Fn(usize, usize, bool) -> Option<Duration>,
-        now: Instant,
-    ) -> bool {
+    /// After a step whose oldest frame's audio was out `delay` after the frame reached the
+    /// element (or after its time, if later): whether the minimum rose.
+    pub(super) fn after_step(&mut self, delay: gst::ClockTime, now: Instant) -> bool {
         if !self.live {
             return false;
         }
-        let delay = clock_time(delay);
         self.recent.push_back((delay > self.min).then_some(delay));
         if self.recent.len() > OVERRUN_WINDOW {
             self.recent.pop_front();
@@ -149,29 +132,20 @@ impl Latency {
         if self.raised.is_some_and(|raised| now < raised + RAISE_INTERVAL) {
             return false;
         }
-        let mut wanted = self.min;
-        let rows = batch_rows(open_streams, self.max_batch);
-        let step = measured(rows, self.chunk_frames, self.cuda_graphs)
-            .unwrap_or_else(|| self.step * rows as u32 / self.rows as u32);
-        if rows > self.rows {
-            wanted = wanted.max(self.frames_waited + step_delay(rows, step));
-        }
         let overruns: Vec<gst::ClockTime> = self.recent.iter().flatten().copied().collect();
-        if overruns.len() >= OVERRUNS {
-            let longest = overruns.iter().max().copied().unwrap_or_default();
-            wanted = wanted.max(longest + longest / MARGIN as u64);
-        }
-        if wanted <= self.min {
+        if overruns.len() < OVERRUNS {
             return false;
         }
-        if rows > self.rows {
-            self.step = step;
-            self.rows = rows;
-        }
-        self.set_min(wanted);
+        let longest = overruns.iter().max().copied().unwrap_or_default();
+        self.set_min(longest + longest / MARGIN as u64);
         self.recent.clear();
         self.raised = Some(now);
         true
+    }
+
+    /// From a latency query's answer: whether upstream is live.
+    pub(super) fn note_query(&mut self, live: bool) {
+        self.live = live;
     }
 }
 
@@ -180,37 +154,41 @@ fn clock_time(duration: Duration) -> gst::ClockTime {
 }
 
 impl QwenCodecDec {
-    /// After a step of the step thread on `model` whose oldest frame came out `delay` after it
-    /// arrived: when the figures rose (see [`Latency`]), the pipeline is told.
-    pub(super) fn check_latency(&self, delay: Duration, model: &Model) {
-        let open_streams = model.open_streams();
-        let mut latency = self.latency();
-        let Some(figures) = latency.as_mut() else { return };
-        let measured = |rows, frames, graphs| model.measured_step_time(rows, frames, graphs);
-        if !figures.after_step(delay, open_streams, measured, Instant::now()) {
+    /// After a step of the step thread whose oldest frame's audio was the element's to make from
+    /// `start` (running time): when it came out later than the minimum allows, in too many
+    /// steps (see [`Latency`]), the minimum rises and the pipeline is told.
+    pub(super) fn check_latency(&self, start: gst::ClockTime) {
+        let obj = self.obj();
+        let (Some(clock), Some(base_time)) = (obj.clock(), obj.base_time()) else {
+            return;
+        };
+        if obj.current_state() != gst::State::Playing {
             return;
         }
-        let (min, max, rows) = (figures.min, figures.max, figures.rows());
+        let delay = (clock.time() - base_time).saturating_sub(start);
+        let mut latency = self.latency();
+        let Some(figures) = latency.as_mut() else { return };
+        if !figures.after_step(delay, Instant::now()) {
+            return;
+        }
+        let (min, max) = (figures.min, figures.max);
         drop(latency);
         gst::info!(
             CAT,
             imp = self,
-            "Frames came out {:.1} ms after they arrived, {} streams are open on the model: the \
-             latency is now {} to {} (batches of {} rows)",
-            delay.as_secs_f64() * 1e3,
-            open_streams,
+            "Frames keep coming out late ({} after they came): the latency is now {} to {}",
+            delay,
             min,
-            max,
-            rows
+            max
         );
         // Posts the LATENCY message.
-        self.obj().set_latency(min, max);
+        obj.set_latency(min, max);
     }
 
-    /// Keeps whether upstream is live from a latency query's answer.
+    /// Keeps whether a latency query's answer says upstream is live.
     pub(super) fn note_upstream_live(&self, live: bool) {
         if let Some(figures) = self.latency().as_mut() {
-            figures.live = live;
+            figures.note_query(live);
         }
     }
 }
@@ -219,28 +197,24 @@ impl QwenCodecDec {
 mod tests {
     use super::*;
 
+    fn ms(value: u64) -> gst::ClockTime {
+        gst::ClockTime::from_mseconds(value)
+    }
+
     fn latency() -> Latency {
         let mut latency = Latency {
-            frames_waited: gst::ClockTime::from_mseconds(80),
-            read_ahead: gst::ClockTime::from_mseconds(1280),
-            max_batch: 16,
-            chunk_frames: 1,
-            cuda_graphs: false,
+            frames_waited: ms(80),
+            read_ahead: ms(1280),
             rows: 1,
-            step: Duration::from_millis(10),
             min: gst::ClockTime::ZERO,
             max: gst::ClockTime::ZERO,
-            live: true,
+            live: false,
             recent: VecDeque::new(),
             raised: None,
         };
-        latency.set_min(gst::ClockTime::from_mseconds(90));
+        latency.set_min(ms(90));
+        latency.note_query(true);
         latency
-    }
-
-    /// No step time measured on the model.
-    fn none(_: usize, _: usize, _: bool) -> Option<Duration> {
-        None
     }
 
     #[test]
@@ -252,50 +226,30 @@ mod tests {
         assert_eq!(batch_rows(40, 16), 16);
         assert_eq!(batch_rows(40, 5), 5);
         assert_eq!(batch_rows(8, 1), 1);
-        assert_eq!(
-            step_delay(1, Duration::from_millis(10)),
-            gst::ClockTime::from_mseconds(15)
-        );
-        assert_eq!(
-            step_delay(8, Duration::from_millis(10)),
-            gst::ClockTime::from_mseconds(32)
-        );
+        assert_eq!(step_delay(1, Duration::from_millis(10)), ms(15));
+        assert_eq!(step_delay(8, Duration::from_millis(10)), ms(32));
         let latency = latency();
-        assert_eq!(
-            latency.max,
-            gst::ClockTime::from_mseconds(90 + 1280),
-            "the read-ahead held on top"
-        );
+        assert_eq!(latency.max, ms(90 + 1280), "the read-ahead held on top");
     }
 
     #[test]
     fn sustained_overruns_raise_the_minimum_once_a_second_at_most() {
         let mut latency = latency();
         let start = Instant::now();
-        let late = Duration::from_millis(120);
-        assert!(!latency.after_step(late, 1, none, start), "one late step");
-        assert!(
-            !latency.after_step(Duration::from_millis(85), 1, none, start),
-            "within the minimum"
-        );
-        assert!(!latency.after_step(late, 1, none, start), "two late steps");
-        assert!(
-            latency.after_step(Duration::from_millis(200), 1, none, start),
-            "three of the last eight"
-        );
-        // The longest, 200 ms, and a quarter.
-        assert_eq!(latency.min, gst::ClockTime::from_mseconds(250));
-        assert_eq!(latency.max, gst::ClockTime::from_mseconds(250 + 1280));
+        assert!(!latency.after_step(ms(120), start), "one late step");
+        assert!(!latency.after_step(ms(85), start), "within the minimum");
+        assert!(!latency.after_step(ms(120), start), "two late steps");
+        assert!(latency.after_step(ms(200), start), "three of the last eight");
+        // The longest, 200 ms of this element's, and a quarter.
+        assert_eq!(latency.min, ms(250));
+        assert_eq!(latency.max, ms(250 + 1280));
         let soon = start + Duration::from_millis(500);
         for _ in 0..4 {
-            assert!(
-                !latency.after_step(Duration::from_millis(400), 1, none, soon),
-                "not twice in a second"
-            );
+            assert!(!latency.after_step(ms(400), soon), "not twice in a second");
         }
         let later = start + Duration::from_millis(1500);
-        assert!(latency.after_step(Duration::from_millis(400), 1, none, later));
-        assert_eq!(latency.min, gst::ClockTime::from_mseconds(500));
+        assert!(latency.after_step(ms(400), later));
+        assert_eq!(latency.min, ms(500));
     }
 
     #[test]
@@ -304,46 +258,19 @@ mod tests {
         let now = Instant::now();
         for step in 0..40 {
             let delay = if step % 4 == 0 { 150 } else { 30 };
-            assert!(!latency.after_step(Duration::from_millis(delay), 1, none, now));
+            assert!(!latency.after_step(ms(delay), now));
         }
-        assert_eq!(latency.min, gst::ClockTime::from_mseconds(90));
-    }
-
-    #[test]
-    fn more_streams_on_the_model_raise_it_to_their_batch() {
-        let mut latency = latency();
-        let now = Instant::now();
-        assert!(!latency.after_step(Duration::from_millis(20), 1, none, now));
-        // 6 streams: a batch of 8 rows, its step estimated as 8 of one row (80 ms), two of them,
-        // half as much again and the grace.
-        assert!(latency.after_step(Duration::from_millis(20), 6, none, now));
-        assert_eq!(latency.rows(), 8);
-        assert_eq!(latency.min, gst::ClockTime::from_mseconds(80 + 242));
-        let later = now + Duration::from_secs(2);
-        assert!(
-            !latency.after_step(Duration::from_millis(20), 8, none, later),
-            "the same batch"
-        );
-        // 9 streams: a batch of 16, as timed for another element (100 ms): 200, 100 and 2.
-        let timed = |rows, _, _| (rows == 16).then_some(Duration::from_millis(100));
-        assert!(latency.after_step(Duration::from_millis(20), 9, timed, later));
-        assert_eq!(latency.min, gst::ClockTime::from_mseconds(80 + 302));
-        let later = later + Duration::from_secs(2);
-        assert!(
-            !latency.after_step(Duration::from_millis(20), 2, none, later),
-            "never lower"
-        );
-        assert_eq!(latency.min, gst::ClockTime::from_mseconds(382));
+        assert_eq!(latency.min, ms(90));
     }
 
     #[test]
     fn nothing_changes_behind_a_source_that_is_not_live() {
         let mut latency = latency();
-        latency.live = false;
+        latency.note_query(false);
         let now = Instant::now();
         for _ in 0..8 {
-            assert!(!latency.after_step(Duration::from_secs(1), 16, none, now));
+            assert!(!latency.after_step(gst::ClockTime::SECOND, now));
         }
-        assert_eq!(latency.min, gst::ClockTime::from_mseconds(90));
+        assert_eq!(latency.min, ms(90));
     }
 }

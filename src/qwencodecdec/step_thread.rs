@@ -21,9 +21,10 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gst::glib;
+use gst::prelude::*;
 use gst::subclass::prelude::*;
 
 use super::settings::Stats;
@@ -64,9 +65,12 @@ pub(super) struct Inner {
     pub(super) format: gst_audio::AudioFormat,
     /// Whole frames taken from buffers, not handed to the decoder yet.
     codes: Vec<i16>,
-    /// When those frames arrived, oldest first: how many came at each moment. A step's oldest
-    /// frame tells how late its audio comes out (the latency kept true while playing).
-    arrivals: VecDeque<(usize, Instant)>,
+    /// Those frames by input buffer, oldest first. A step's oldest frame tells how long after
+    /// it reached the element (or its time, if later) its audio comes out: the latency kept
+    /// true while playing.
+    arrivals: VecDeque<Arrival>,
+    /// One frame's duration.
+    frame_duration: gst::ClockTime,
     frames_accepted: u64,
     /// Bytes of a frame cut by a buffer boundary, waiting for the rest.
     partial_frame: Vec<u8>,
@@ -99,6 +103,24 @@ pub(super) struct Inner {
     counted_batch_rows: u64,
 }
 
+/// Frames of one input buffer, in running time: when they reached the element, and when the
+/// first of them is due (its timestamp), each where known.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Arrival {
+    pub(super) frames: usize,
+    pub(super) arrived: Option<gst::ClockTime>,
+    pub(super) due: Option<gst::ClockTime>,
+}
+
+impl Arrival {
+    /// From when the first frame's audio is the element's to make: its arrival, or its time if
+    /// it came early (upstream's lateness is not the element's).
+    fn start(&self) -> Option<gst::ClockTime> {
+        let arrived = self.arrived?;
+        Some(self.due.map_or(arrived, |due| due.max(arrived)))
+    }
+}
+
 /// Little-endian int16 codes as numbers.
 fn codes_of(bytes: &[u8]) -> impl Iterator<Item = i16> + '_ {
     bytes
@@ -109,6 +131,10 @@ fn codes_of(bytes: &[u8]) -> impl Iterator<Item = i16> + '_ {
 impl Stream {
     /// `read_ahead`: frames that may wait for the step thread before `handle_frame` waits.
     pub(super) fn new(decoder: StreamDecoder, read_ahead: usize) -> Arc<Self> {
+        let (num, den) = decoder.model().config().frame_rate();
+        let frame_duration = gst::ClockTime::SECOND
+            .mul_div_floor(den as u64, num as u64)
+            .unwrap();
         Arc::new(Self {
             inner: Mutex::new(Inner {
                 model: decoder.model().clone(),
@@ -116,6 +142,7 @@ impl Stream {
                 format: gst_audio::AudioFormat::F32le,
                 codes: Vec::new(),
                 arrivals: VecDeque::new(),
+                frame_duration,
                 frames_accepted: 0,
                 partial_frame: Vec::new(),
                 frames_per_input: VecDeque::new(),
@@ -234,13 +261,11 @@ impl Stream {
                 }
                 inner = self.wait(inner);
             };
-            let (mut decoder, codes, oldest_arrival) = step;
+            let (mut decoder, codes, oldest_start) = step;
             drop(inner);
             // The backlog shrank: a streaming thread waiting for room may go on.
             self.changed.notify_all();
             let result = decoder.push(&codes);
-            // Before the push, which a synchronised sink holds until the audio's time.
-            let delay = oldest_arrival.map(|arrival| arrival.elapsed());
 
             let Some(element) = element.upgrade() else {
                 return;
@@ -263,10 +288,11 @@ impl Stream {
                 // Posts the error; the flow it returns is kept above for the streaming thread.
                 let _ = imp.step_error(err);
             }
-            imp.push_outbox(self);
-            if let Some(delay) = delay {
-                imp.check_latency(delay, &self.lock().model().clone());
+            // Before the push, which a synchronised sink holds until the audio's time.
+            if let Some(start) = oldest_start {
+                imp.check_latency(start);
             }
+            imp.push_outbox(self);
         }
     }
 }
@@ -297,42 +323,46 @@ impl Inner {
         }
     }
 
-    /// The decoder, the codes of the next step and when its oldest frame arrived, when a full
-    /// step waits and nothing else has the decoder, nor is the stream draining, flushing or
-    /// failed.
-    fn next_step(&mut self) -> Option<(StreamDecoder, Vec<i16>, Option<Instant>)> {
+    /// The decoder, the codes of the next step and from when its oldest frame's audio was the
+    /// element's to make (see [`Arrival::start`]), when a full step waits and nothing else has
+    /// the decoder, nor is the stream draining, flushing or failed.
+    fn next_step(&mut self) -> Option<(StreamDecoder, Vec<i16>, Option<gst::ClockTime>)> {
         if self.draining || self.flushing || self.flow.is_err() {
             return None;
         }
         self.take_step()
     }
 
-    /// The decoder, the codes of the next full step and when its oldest frame arrived.
-    fn take_step(&mut self) -> Option<(StreamDecoder, Vec<i16>, Option<Instant>)> {
+    /// The decoder, the codes of the next full step and from when its oldest frame's audio was
+    /// the element's to make.
+    fn take_step(&mut self) -> Option<(StreamDecoder, Vec<i16>, Option<gst::ClockTime>)> {
         let codebooks = self.model.config().num_quantizers;
         let take = self
             .decoder
             .as_ref()?
             .frames_for_next_step(self.codes.len() / codebooks)?;
-        let oldest_arrival = self.arrivals.front().map(|&(_, arrival)| arrival);
+        let oldest_due = self.arrivals.front().and_then(Arrival::start);
+        let frame = self.frame_duration;
         let mut left = take;
         while left > 0
-            && let Some((frames, _)) = self.arrivals.front_mut()
+            && let Some(arrival) = self.arrivals.front_mut()
         {
-            let taken = left.min(*frames);
-            *frames -= taken;
+            let taken = left.min(arrival.frames);
+            arrival.frames -= taken;
+            arrival.due = arrival.due.map(|due| due + frame * taken as u64);
             left -= taken;
-            if *frames == 0 {
+            if arrival.frames == 0 {
                 self.arrivals.pop_front();
             }
         }
         let codes = self.take_codes(take * codebooks);
-        Some((self.decoder.take()?, codes, oldest_arrival))
+        Some((self.decoder.take()?, codes, oldest_due))
     }
 
-    /// Takes one input buffer's bytes: its whole frames wait for the step thread. A buffer with
-    /// a bad code is refused: none of its frames is taken (see [`Refused`]).
-    pub(super) fn accept(&mut self, data: &[u8]) -> Result<u64, Refused> {
+    /// Takes one input buffer's bytes (`arrival` says when, and when its first frame is due;
+    /// its frame count is counted here): its whole frames wait for the step thread. A buffer
+    /// with a bad code is refused: none of its frames is taken (see [`Refused`]).
+    pub(super) fn accept(&mut self, data: &[u8], arrival: Arrival) -> Result<u64, Refused> {
         let frame_bytes = self.frame_bytes();
         let codebooks = frame_bytes / 2;
         let carried = self.partial_frame.len();
@@ -382,7 +412,10 @@ impl Inner {
         self.partial_frame.extend_from_slice(&data[whole..]);
         let frames = ((self.codes.len() - before) / codebooks) as u64;
         if frames > 0 {
-            self.arrivals.push_back((frames as usize, Instant::now()));
+            self.arrivals.push_back(Arrival {
+                frames: frames as usize,
+                ..arrival
+            });
         }
         self.frames_accepted += frames;
         self.refused_in_a_row = 0;
@@ -394,7 +427,11 @@ impl Inner {
     /// to `frames_accepted`: the drain that follows resets it.)
     pub(super) fn accept_before_bad_code(&mut self, valid: Vec<i16>) -> u64 {
         let frames = (valid.len() / (self.frame_bytes() / 2)) as u64;
-        self.arrivals.push_back((frames as usize, Instant::now()));
+        self.arrivals.push_back(Arrival {
+            frames: frames as usize,
+            arrived: None,
+            due: None,
+        });
         self.codes.extend(valid);
         self.refused_in_a_row += 1;
         frames

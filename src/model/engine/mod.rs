@@ -207,16 +207,6 @@ impl Engine {
         self.lock().waiting.len()
     }
 
-    /// The time of a warm step of `rows` streams of `frames` frames, if it was measured already
-    /// (by [`Self::warm_step_time`]).
-    pub fn measured_step_time(&self, rows: usize, frames: usize, cuda_graphs: bool) -> Option<Duration> {
-        self.step_times
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&(rows, frames, cuda_graphs))
-            .copied()
-    }
-
     /// How long a warm step of `rows` streams of `frames` frames takes on this model: the
     /// median of a few steps of silence on the scratch row (after one that pays first-use
     /// costs), through the path real batches take. Measured once per shape, so that every
