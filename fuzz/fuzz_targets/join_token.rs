@@ -33,8 +33,11 @@ fuzz_target!(|data: &[u8]| {
             Err(err) => {
                 let shown = err.to_string();
                 assert!(shown.contains("join token"), "{shown}");
+                // A refusal's words are fixed: a token that is a piece of them (`<expiry>.<sig`)
+                // is found in them without being repeated.
+                let in_the_wording = matches!(err, TokenError::Malformed(why) if why.contains(text));
                 assert!(
-                    text.len() < 8 || !shown.contains(text),
+                    text.len() < 8 || in_the_wording || !shown.contains(text),
                     "the refusal repeats the token"
                 );
             }
