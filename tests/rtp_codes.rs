@@ -486,6 +486,27 @@ fn caps_of_another_version_are_an_error_naming_the_one_read() {
     }
 }
 
+/// A frame length from an SDP too large for a frame rate is an error naming it, not a panic.
+#[test]
+fn a_frame_length_beyond_any_rate_is_an_error_naming_it() {
+    common::init();
+    let mut fields = RELEASE_FIELDS;
+    fields[3] = ("samples-per-frame", "18446744073709551615");
+    let mut h = gst_check::Harness::new("rtpqwencodesdepay");
+    let bus = common::bus_for(&h.element().unwrap());
+    h.set_src_caps(depay_caps(&fields));
+    h.play();
+    _ = h.push(packet(&[0x40; 24], 0, 0, true));
+    assert!(h.try_pull().is_none());
+    let errors = common::messages(&bus, gst::MessageType::Error);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("samples-per-frame 18446744073709551615 is beyond")),
+        "{errors:?}"
+    );
+}
+
 /// Over real UDP on 127.0.0.1 through `rtpjitterbuffer`, packets sent out of order (pairs
 /// swapped) come out in order, bit-identical.
 #[test]

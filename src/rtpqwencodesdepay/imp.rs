@@ -333,6 +333,20 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
             gst::element_imp_error!(self, gst::StreamError::Format, ["Caps {}: {}", caps, why]);
             gst::loggable_error!(CAT, "{}", why)
         })?;
+        // A frame rate and a frame duration must come of them.
+        if samples_per_frame > i32::MAX as u64 {
+            gst::element_imp_error!(
+                self,
+                gst::StreamError::Format,
+                [
+                    "Caps {}: samples-per-frame {} is beyond any frame's length (at most {})",
+                    caps,
+                    samples_per_frame,
+                    i32::MAX
+                ]
+            );
+            return Err(gst::loggable_error!(CAT, "samples-per-frame out of range"));
+        }
         if codebook_size > 1 << 15 || codebooks > 1024 {
             gst::element_imp_error!(
                 self,
