@@ -165,7 +165,7 @@ fn late_frames_raise_the_latency_with_a_latency_message() {
 
 /// Live streams `appsrc is-live=true ! qwencodecdec ! fakesink sync=true qos=true`, all in one
 /// pipeline, fed a frame each in real time on the pipeline's clock (stamped with the running
-/// time at which it is pushed, as a live source does).
+/// time at which it is pushed, as a live source stamps what it captures).
 struct LiveStreams {
     pipeline: gst::Pipeline,
     srcs: Vec<gst_app::AppSrc>,
@@ -252,7 +252,7 @@ impl LiveStreams {
         query.result().1
     }
 
-    /// Pushes `frames` frames to every stream, each at its running time, from a thread.
+    /// Pushes `frames` frames to every stream, one every frame's time, from a thread.
     fn feed(&self, fixture: &Fixture, frames: usize) -> std::thread::JoinHandle<()> {
         let frame = gst::ClockTime::SECOND
             .mul_div_floor(fixture.samples_per_frame as u64, fixture.sample_rate as u64)
@@ -265,13 +265,15 @@ impl LiveStreams {
         std::thread::spawn(move || {
             let start = clock.time() - base_time;
             for index in 0..frames {
-                let pts = start + frame * index as u64;
-                let _ = clock.new_single_shot_id(base_time + pts).wait();
+                let due = start + frame * index as u64;
+                let _ = clock.new_single_shot_id(base_time + due).wait();
                 let at = index % (bytes.len() / frame_bytes) * frame_bytes;
                 for src in &srcs {
                     let mut buffer = gst::Buffer::from_slice(bytes[at..at + frame_bytes].to_vec());
                     let buffer_ref = buffer.get_mut().unwrap();
-                    buffer_ref.set_pts(pts);
+                    // Stamped when pushed, as a live source stamps what it captures: this thread
+                    // coming late among the test's many on two cores is not the decoder's delay.
+                    buffer_ref.set_pts(clock.time() - base_time);
                     buffer_ref.set_duration(frame);
                     if src.push_buffer(buffer).is_err() {
                         return;
