@@ -101,7 +101,7 @@ impl QwenCodecDec {
     }
 
     /// The running time now, if the element has a clock.
-    fn now(&self) -> Option<gst::ClockTime> {
+    pub(super) fn now(&self) -> Option<gst::ClockTime> {
         let obj = self.obj();
         obj.clock()?.time().checked_sub(obj.base_time()?)
     }

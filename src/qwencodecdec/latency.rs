@@ -159,13 +159,11 @@ impl QwenCodecDec {
     /// steps (see [`Latency`]), the minimum rises and the pipeline is told.
     pub(super) fn check_latency(&self, start: gst::ClockTime) {
         let obj = self.obj();
-        let (Some(clock), Some(base_time)) = (obj.clock(), obj.base_time()) else {
-            return;
-        };
         if obj.current_state() != gst::State::Playing {
             return;
         }
-        let delay = (clock.time() - base_time).saturating_sub(start);
+        let Some(now) = self.now() else { return };
+        let delay = now.saturating_sub(start);
         let mut latency = self.latency();
         let Some(figures) = latency.as_mut() else { return };
         if !figures.after_step(delay, Instant::now()) {
