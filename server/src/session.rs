@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -181,7 +182,13 @@ impl Session {
         // whole would leave at the step's start, up to a step ahead, and in bursts that the
         // browser's jitter buffer answers by growing.
         let clocksync = make("clocksync")?;
-        count_late_audio(&clocksync, settings.metrics.clone());
+        let held_latency = Arc::new(AtomicU64::new(0));
+        count_late_audio(
+            &clocksync,
+            held_latency.clone(),
+            settings.metrics.clone(),
+            id.clone(),
+        );
         count_audio_out(&decoder, settings.metrics.clone());
         let opusenc = settings.opus.encoder()?;
         let payloader = gst::ElementFactory::make("rtpopuspay")
@@ -253,7 +260,7 @@ impl Session {
                 .unwrap_or_else(|| "the pipeline does not start".into())
         })?;
         // The decoder set its latency on its way to PAUSED.
-        sync_after_latency(&session.pipeline, &clocksync);
+        sync_after_latency(&session.pipeline, &clocksync, held_latency);
         Ok(session)
     }
 
@@ -484,11 +491,14 @@ fn drop_flushes(pad: &gst::Pad) {
 /// latency query through it, and the pipeline's own query never comes: it asks the sinks, and
 /// webrtcbin's network sink does not sync. Without it, the audio of a step, which leaves the
 /// decoder as late as the step's frames waited (240 ms at chunk-frames 4), left at once, in a
-/// burst; a new connection's browser then lost up to 180 ms of its first speech (in 40).
-fn sync_after_latency(pipeline: &gst::Pipeline, clocksync: &gst::Element) {
-    let query = |src: &gst::Pad| {
+/// burst; a new connection's browser then lost up to 180 ms of its first speech (in 40). The
+/// latency the clocksync holds packets by is kept in `held_latency`.
+fn sync_after_latency(pipeline: &gst::Pipeline, clocksync: &gst::Element, held_latency: Arc<AtomicU64>) {
+    let query = move |src: &gst::Pad| {
         let mut latency = gst::query::Latency::new();
-        if !src.query(&mut latency) {
+        if src.query(&mut latency) {
+            held_latency.store(latency.result().1.nseconds(), Ordering::Relaxed);
+        } else {
             log!("no latency upstream of the clocksync");
         }
     };
@@ -498,6 +508,7 @@ fn sync_after_latency(pipeline: &gst::Pipeline, clocksync: &gst::Element) {
     pipeline.bus().unwrap().set_sync_handler(move |_bus, message| {
         if let (gst::MessageView::Latency(_), Some(src)) = (message.view(), src.upgrade()) {
             // Not on the thread that posted it, which may be streaming through the clocksync.
+            let query = query.clone();
             std::thread::spawn(move || query(&src));
         }
         gst::BusSyncReply::Pass
@@ -508,13 +519,24 @@ fn sync_after_latency(pipeline: &gst::Pipeline, clocksync: &gst::Element) {
 /// the sender: past it, the listener's jitter buffer (sized to how late packets come) runs dry.
 const LATE: i64 = 100_000_000;
 
-/// Counts the packets that reach `clocksync` (which holds each one until its time) later than
-/// their speech's schedule allows: each speech (from a new-speech segment or a flush on) sets
-/// its schedule by its first packet, which comes as late as a decode step makes it; a packet
-/// [`LATE`] past that schedule is a gap the listener hears.
-fn count_late_audio(clocksync: &gst::Element, metrics: Arc<Metrics>) {
+/// Counts the packets that reach `clocksync` later than their speech's schedule allows. The
+/// clocksync holds each packet until its time plus `held_latency` (the latency upstream of it,
+/// kept by [`sync_after_latency`]): a packet that comes before then is on time. Each speech (from
+/// a new-speech segment or a flush on) sets its schedule by its first packet, which may come as
+/// late as a decode step makes it; a packet [`LATE`] past that schedule is a gap the listener
+/// hears. (Counted from the packet's time alone, without the latency, a burst's first packet,
+/// decoded at once, set a schedule the clocksync's hold then put every later packet 100 ms
+/// behind.) The first late packet of each speech is logged with how late it came.
+fn count_late_audio(
+    clocksync: &gst::Element,
+    held_latency: Arc<AtomicU64>,
+    metrics: Arc<Metrics>,
+    session: String,
+) {
     let element = clocksync.downgrade();
-    let schedule: Mutex<Option<i64>> = Mutex::new(None);
+    // The speech's schedule (how far past its release its first packet came), and whether a
+    // packet of it was logged late.
+    let schedule: Mutex<Option<(i64, bool)>> = Mutex::new(None);
     clocksync.static_pad("sink").unwrap().add_probe(
         gst::PadProbeType::BUFFER | gst::PadProbeType::EVENT_DOWNSTREAM | gst::PadProbeType::EVENT_FLUSH,
         move |pad, info| {
@@ -535,11 +557,20 @@ fn count_late_audio(clocksync: &gst::Element, metrics: Arc<Metrics>) {
                         .upgrade()
                         .and_then(|element| element.current_running_time());
                     if let (Some(due), Some(now)) = (due, now) {
-                        let behind = now.nseconds() as i64 - due.nseconds() as i64;
+                        let release = due.nseconds() + held_latency.load(Ordering::Relaxed);
+                        let past_release = (now.nseconds() as i64 - release as i64).max(0);
                         let mut schedule = schedule.lock().unwrap();
-                        let first = *schedule.get_or_insert(behind);
-                        if behind - first > LATE {
+                        let (first, logged) = schedule.get_or_insert((past_release, false));
+                        let behind = past_release - *first;
+                        if behind > LATE {
                             metrics.late_audio.inc();
+                            if !*logged {
+                                *logged = true;
+                                log!(
+                                    "session {session}: audio {} ms behind its speech's schedule at the sender (a gap the listener hears; more of this speech are counted, not logged)",
+                                    behind / 1_000_000
+                                );
+                            }
                         }
                     }
                 }
