@@ -39,6 +39,10 @@ apt_packages=(
   nftables
   iptables
   python3-websocket
+  # Broadcasts through an SFU (--janus): Janus (its Streaming plugin), and janus.js for the
+  # listener page.
+  janus
+  libjs-janus-gateway
 )
 
 missing=()

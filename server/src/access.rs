@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::time::{Instant, SystemTime};
 
 use crate::connections::{Client, JoinRate, SessionPlace, SessionsPerClient};
-use crate::http::close;
+use crate::http::{Request, close};
 use crate::token::JoinSecret;
 
 /// The most of a client's text that a log line or a refusal repeats.
@@ -30,6 +30,29 @@ pub fn escaped(text: &str) -> String {
         }
     }
     shown
+}
+
+/// Why a request on the TTS side (`/codes`, `/broadcast`) is refused for its bearer token, if
+/// it is: the header `Authorization: Bearer <token>` must give the server's token.
+pub fn bearer_refusal(request: &Request, token: &str) -> Option<String> {
+    match request
+        .header("authorization")
+        .and_then(|value| value.strip_prefix("Bearer "))
+    {
+        None => Some("no token: send the header Authorization: Bearer <token>".into()),
+        Some(given) if !same_token(given, token) => Some("wrong token".into()),
+        Some(_) => None,
+    }
+}
+
+/// Compares in a time that does not tell how much of the token was right.
+fn same_token(given: &str, token: &str) -> bool {
+    given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0, |diff, (a, b)| diff | (a ^ b))
+            == 0
 }
 
 /// A `Host` header's host (lowercased, an IPv6 address in its brackets) and port, if it has one.

@@ -22,22 +22,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tungstenite::Message;
 
-use crate::access::escaped;
+use crate::access::{self, escaped};
 use crate::http::{self, Received, Request, Socket, close};
 use crate::liveness::{Gone, Heartbeat};
 use crate::protocol::{FrameError, FromSender, sender_message};
 use crate::rtp_ingress::{RtpAddresses, RtpIngress};
 use crate::{Server, log};
-
-/// Compares in a time that does not tell how much of the token was right.
-fn same_token(given: &str, token: &str) -> bool {
-    given.len() == token.len()
-        && given
-            .bytes()
-            .zip(token.bytes())
-            .fold(0, |diff, (a, b)| diff | (a ^ b))
-            == 0
-}
 
 pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &str) {
     let Some(mut socket) = socket else {
@@ -48,18 +38,8 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
         server.metrics.refused(code);
         http::close(socket, code, &reason);
     };
-    match request
-        .header("authorization")
-        .and_then(|value| value.strip_prefix("Bearer "))
-    {
-        None => {
-            let reason = "no token: send the header Authorization: Bearer <token>".into();
-            return refuse(socket, close::UNAUTHORIZED, reason);
-        }
-        Some(given) if !same_token(given, &server.token) => {
-            return refuse(socket, close::UNAUTHORIZED, "wrong token".into());
-        }
-        Some(_) => (),
+    if let Some(reason) = access::bearer_refusal(request, &server.token) {
+        return refuse(socket, close::UNAUTHORIZED, reason);
     }
     let Some(id) = request.query("session") else {
         return refuse(socket, close::NO_SUCH_SESSION, "no session=ID in the URL".into());

@@ -20,10 +20,12 @@
 
 mod access;
 mod admission;
+mod broadcast;
 mod connections;
 mod http;
 mod ice;
 mod ingress;
+mod janus;
 mod liveness;
 mod metrics;
 mod opus;
@@ -83,6 +85,10 @@ pub struct Server {
     pub rtp_format: rtp_ingress::RtpFormat,
     /// The STUN and TURN servers the page's peer connection is given (`RTCIceServer`s).
     pub browser_ice_servers: serde_json::Value,
+    /// Where broadcasts go (`--janus`), if anywhere.
+    pub janus: Option<Arc<janus::Janus>>,
+    /// janus.js for the broadcast listener page (`--janus-js`), if it was found.
+    janus_js: Option<String>,
     connections: Arc<Connections>,
 }
 
@@ -117,6 +123,7 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
     [--admission measured|off] [--ice-address ADDRESS,...] [--ice-interfaces NAME,...]
     [--public-address ADDRESS] [--stun stun://HOST:PORT] [--turn turn://HOST:PORT,...]
     [--turn-credentials FILE] [--opus-bitrate BPS] [--opus-fec on|off] [--opus-dtx on|off]
+    [--janus http://HOST:PORT/janus] [--janus-public URL] [--janus-js FILE]
 
   --bind               address and port to serve on (127.0.0.1:8080)
   --model              decoder checkpoint folder (the bundled test checkpoint)
@@ -178,6 +185,13 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
                        first speech is what a browser loses of a new connection's first audio)
   --instance           letters and digits before every session id (NAME-...), for a router
                        in front of several servers to send /codes where the session is
+  --janus              Janus's HTTP API: /broadcast (TTS side, bearer token) opens a broadcast,
+                       a session whose speech goes as RTP to a mountpoint of Janus's Streaming
+                       plugin made for it, which Janus serves to every listener (none)
+  --janus-public       Janus's HTTP API as listeners' pages reach it (--janus)
+  --janus-js           janus.js, served as /janus.js to the page /broadcast.html
+                       (/usr/share/javascript/janus-gateway/janus.js, Debian's
+                       libjs-janus-gateway)
 
 SIGTERM or SIGINT: new connections are refused, every session ends (its browser and its sender
 told why), and the server exits 0.
@@ -256,12 +270,28 @@ fn run() -> Result<(), Box<dyn Error>> {
     let admission = options.take("--admission")?.unwrap_or_else(|| "measured".into());
     let ice = Arc::new(ice::Ice::from_options(&mut options)?);
     let opus = opus::OpusSettings::from_options(&mut options)?;
+    let janus_api = options.take("--janus")?;
+    let janus_public = options.take("--janus-public")?;
+    let janus_js_path = options
+        .take("--janus-js")?
+        .unwrap_or_else(|| DEBIAN_JANUS_JS.into());
     if let Some(instance) = &instance
         && (instance.is_empty() || !instance.chars().all(|c| c.is_ascii_alphanumeric()))
     {
         return Err("--instance takes letters and digits".into());
     }
     options.finish()?;
+    let janus = janus_api
+        .map(|api| janus::Janus::new(&api, janus_public, opus.fec))
+        .transpose()?;
+    // Read once: the page needs it only where broadcasts go out.
+    let janus_js = match &janus {
+        Some(_) => Some(
+            std::fs::read_to_string(&janus_js_path)
+                .map_err(|err| format!("--janus-js {janus_js_path}: {err}"))?,
+        ),
+        None => None,
+    };
     if !idle_timeout.is_finite() || idle_timeout <= 0.0 {
         return Err("--idle-timeout must be above 0".into());
     }
@@ -344,6 +374,8 @@ fn run() -> Result<(), Box<dyn Error>> {
         metrics,
         rtp_format,
         browser_ice_servers: ice.browser_servers(),
+        janus,
+        janus_js,
         connections: Connections::new(max_connections, max_per_address),
     });
     log!(
@@ -363,6 +395,13 @@ fn run() -> Result<(), Box<dyn Error>> {
     log!(
         "joins: {joins_described}; at most {max_sessions_per_address} sessions and {max_joins_per_minute} joins a minute per client (0: no cap)"
     );
+    if let Some(janus) = &server.janus {
+        log!(
+            "broadcasts: ws://{codes_address}/broadcast with the same header, to Janus at {} (listeners: {})",
+            janus.api(),
+            janus.public
+        );
+    }
     log!("open http://{address}/ in a browser");
 
     let mut signals = Signals::new([SIGTERM, SIGINT])?;
@@ -403,6 +442,9 @@ enum Side {
     Codes,
     Both,
 }
+
+/// Where Debian's libjs-janus-gateway puts janus.js.
+const DEBIAN_JANUS_JS: &str = "/usr/share/javascript/janus-gateway/janus.js";
 
 /// How long a shutdown waits for the connections to close.
 const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(5);
@@ -452,12 +494,12 @@ fn serve(server: &Server, stream: TcpStream, peer: SocketAddr, side: Side) {
         }
     };
     let path = access::escaped(&request.path);
-    let codes = request.path == "/codes";
+    // The TTS side: its paths carry their bearer token, which no page can put on a WebSocket.
+    let codes = matches!(request.path.as_str(), "/codes" | "/broadcast");
     if codes && side == Side::Public || !codes && side == Side::Codes {
         log!("{peer}: no {path} on this listener (--codes-bind)");
         return http::respond(stream, "404 Not Found", "text/plain", "not found\n");
     }
-    // /codes carries its own bearer token, which no page can put on a WebSocket.
     if !codes && !access::host_allowed(&server.allowed_hosts, request.header("host")) {
         let why = match request.header("host") {
             Some(host) => format!("host {} is not allowed (--allow-host)", access::escaped(host)),
@@ -488,6 +530,31 @@ fn serve(server: &Server, stream: TcpStream, peer: SocketAddr, side: Side) {
             &request,
             request.upgrade(stream, server),
             &peer.to_string(),
+        ),
+        ("/broadcast", true) => broadcast::serve(server, &request, request.upgrade(stream, server), peer),
+        ("/broadcast.html", false) => http::respond(
+            stream,
+            "200 OK",
+            "text/html; charset=utf-8",
+            include_str!("../page/broadcast.html"),
+        ),
+        ("/broadcast.js", false) => http::respond(
+            stream,
+            "200 OK",
+            "text/javascript; charset=utf-8",
+            include_str!("../page/broadcast.js"),
+        ),
+        ("/meter.js", false) => http::respond(
+            stream,
+            "200 OK",
+            "text/javascript; charset=utf-8",
+            include_str!("../page/meter.js"),
+        ),
+        ("/janus.js", false) if server.janus_js.is_some() => http::respond(
+            stream,
+            "200 OK",
+            "text/javascript; charset=utf-8",
+            server.janus_js.as_deref().unwrap_or_default(),
         ),
         ("/", false) | ("/index.html", false) => http::respond(
             stream,

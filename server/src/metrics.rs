@@ -26,7 +26,7 @@ struct Refusal {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Lost {
-    /// `browser` or `sender`.
+    /// `browser`, `sender` or `broadcaster`.
     peer: &'static str,
     /// What showed it gone (`liveness::Gone`'s label).
     why: &'static str,
@@ -67,7 +67,7 @@ impl Metrics {
         };
         let step_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
         let batch_rows = Histogram::new(exponential_buckets(1.0, 2.0, 8));
-        registry.register("sessions", "Browser sessions open", metrics.sessions.clone());
+        registry.register("sessions", "Sessions open: browsers' and broadcasts", metrics.sessions.clone());
         registry.register(
             "pipelines",
             "Session pipelines not yet freed (more than sessions: a leak)",
@@ -134,7 +134,7 @@ impl Metrics {
         self.refusals.get_or_create(&Refusal { code }).inc();
     }
 
-    /// A `peer` (`browser` or `sender`) taken for gone, for `why`.
+    /// A `peer` (`browser`, `sender` or `broadcaster`) taken for gone, for `why`.
     pub fn peer_lost(&self, peer: &'static str, why: &'static str) {
         self.peers_lost.get_or_create(&Lost { peer, why }).inc();
     }

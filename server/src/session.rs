@@ -1,5 +1,6 @@
-//! A browser session: its pipeline, from the codes the ingress pushes to the WebRTC peer that
-//! the browser's signalling talks to, and the registry of the sessions of the server.
+//! A session: its pipeline, from the codes the ingress pushes to the WebRTC peer that the
+//! browser's signalling talks to (or, for a broadcast, to a Janus mountpoint), and the registry
+//! of the sessions of the server.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
@@ -15,6 +16,7 @@ use gstqwencodec::model::{DecoderConfig, Dtype, Model};
 use serde_json::json;
 
 use crate::ice::Ice;
+use crate::janus::Mountpoint;
 use crate::liveness::{Gone, IceState, IceWatch, PeerTimes};
 use crate::log;
 use crate::metrics::Metrics;
@@ -109,15 +111,14 @@ pub struct Session {
     pub id: String,
     pipeline: gst::Pipeline,
     appsrc: gst_app::AppSrc,
-    webrtcbin: gst::Element,
+    peer: Peer,
     frame_duration: gst::ClockTime,
     timeline: Mutex<Timeline>,
     /// Which ingress connection feeds this session now.
     sender: Mutex<SenderSlot>,
-    /// The browser's signalling connection, for what the server has to tell it.
+    /// The browser's signalling connection (a broadcast's own connection), for what the
+    /// server has to tell it.
     to_browser: Sender<serde_json::Value>,
-    /// The browser's peer connection as its ICE state tells it.
-    ice: Arc<Mutex<IceWatch>>,
     /// Why the session ended, once it has: its connections close with it.
     ended: Mutex<Option<String>>,
 }
@@ -143,13 +144,37 @@ impl SenderSlot {
 /// [`Session::take_over_sender`] until [`Session::detach_sender`].
 pub struct SenderTicket(u64);
 
+/// Where a session's speech goes.
+pub enum Egress {
+    /// To one browser's peer connection (webrtcbin), negotiated over its `/signal`.
+    Browser,
+    /// To a Janus Streaming mountpoint as plain RTP, for every listener that watches it: a
+    /// broadcast (`broadcast`).
+    Janus(Mountpoint),
+}
+
+/// What a session's egress holds while it runs.
+enum Peer {
+    Browser {
+        webrtcbin: gst::Element,
+        /// The browser's peer connection as its ICE state tells it.
+        ice: Arc<Mutex<IceWatch>>,
+    },
+    Janus {
+        /// Held to be destroyed with the session.
+        _mountpoint: Mountpoint,
+    },
+}
+
 impl Session {
-    /// Builds the pipeline and starts it; what webrtcbin wants the browser to know (the offer,
-    /// ICE candidates) goes to `to_browser` as JSON messages.
+    /// Builds the pipeline and starts it. What the session's connection needs to know (for a
+    /// browser, webrtcbin's offer and ICE candidates; a sender joining or leaving) goes to
+    /// `to_browser` as JSON messages.
     fn start(
         id: String,
         settings: &PipelineSettings,
         to_browser: Sender<serde_json::Value>,
+        egress: Egress,
     ) -> Result<Self, String> {
         let pipeline = gst::Pipeline::with_name(&format!("session-{id}"));
         let appsrc = gst_app::AppSrc::builder()
@@ -157,7 +182,6 @@ impl Session {
             .format(gst::Format::Time)
             .is_live(true)
             .build();
-        let rtp_caps = opus_rtp_caps();
         let make = |factory: &str| {
             gst::ElementFactory::make(factory)
                 .build()
@@ -195,15 +219,6 @@ impl Session {
             .property("pt", 96u32)
             .build()
             .map_err(|err| err.to_string())?;
-        let capsfilter = gst::ElementFactory::make("capsfilter")
-            .property("caps", &rtp_caps)
-            .build()
-            .map_err(|err| err.to_string())?;
-        let webrtcbin = settings.ice.webrtcbin("webrtc")?;
-        if settings.opus.fec {
-            opus::follow_reported_loss(&webrtcbin, &opusenc)?;
-        }
-        settings.certificate.install(&webrtcbin);
         reset_encoder_at_new_speech(&opusenc.static_pad("sink").unwrap());
         // After the decoder, whose audio the metrics count.
         let audioconvert = make("audioconvert")?;
@@ -216,42 +231,33 @@ impl Session {
             &opusenc,
             &payloader,
             &clocksync,
-            &capsfilter,
         ];
         pipeline.add_many(chain).map_err(|err| err.to_string())?;
-        pipeline.add(&webrtcbin).map_err(|err| err.to_string())?;
         gst::Element::link_many(chain).map_err(|err| err.to_string())?;
-        let sink = webrtcbin
-            .request_pad_simple("sink_%u")
-            .ok_or("webrtcbin gives no sink pad")?;
-        let into_webrtcbin = capsfilter.static_pad("src").unwrap();
-        into_webrtcbin.link(&sink).map_err(|err| err.to_string())?;
-        // A cancel's flush ends here: webrtcbin holds nothing that waits to be sent, and its
-        // RTP funnel takes no new segment after a flush (GStreamer 1.22).
-        drop_flushes(&into_webrtcbin);
-        // No caps reach webrtcbin before speech comes: the transceiver says what will be sent.
-        let transceiver = sink.property::<glib::Object>("transceiver");
-        transceiver.set_property("codec-preferences", &rtp_caps);
-        transceiver.set_property_from_str("direction", "sendonly");
-        connect_signalling(
-            &webrtcbin,
-            settings.certificate.clone(),
-            settings.ice.clone(),
-            to_browser.clone(),
-        );
-        let ice = watch_ice(&webrtcbin, &id);
+        let peer = match egress {
+            Egress::Browser => {
+                let webrtcbin = to_browser_peer(&pipeline, &clocksync, &opusenc, settings, &to_browser)?;
+                let ice = watch_ice(&webrtcbin, &id);
+                Peer::Browser { webrtcbin, ice }
+            }
+            Egress::Janus(mountpoint) => {
+                to_mountpoint(&pipeline, &clocksync, &mountpoint)?;
+                Peer::Janus {
+                    _mountpoint: mountpoint,
+                }
+            }
+        };
 
         PIPELINES.lock().unwrap().push(pipeline.downgrade());
         let session = Self {
             id,
             pipeline,
             appsrc,
-            webrtcbin,
+            peer,
             frame_duration: settings.format.frame_duration,
             timeline: Mutex::default(),
             sender: Mutex::default(),
             to_browser,
-            ice,
             ended: Mutex::new(None),
         };
         session.pipeline.set_state(gst::State::Playing).map_err(|_| {
@@ -361,23 +367,34 @@ impl Session {
     }
 
     /// Whether the browser's peer connection is gone: its ICE failed, stayed disconnected, or
-    /// never connected (see `IceWatch`).
+    /// never connected (see `IceWatch`). A broadcast's listeners are Janus's.
     pub fn peer_connection_gone(&self, times: &PeerTimes) -> Option<Gone> {
-        self.ice.lock().unwrap().verdict(times, Instant::now())
+        match &self.peer {
+            Peer::Browser { ice, .. } => ice.lock().unwrap().verdict(times, Instant::now()),
+            Peer::Janus { .. } => None,
+        }
     }
 
     /// The browser's answer to the offer.
     pub fn set_answer(&self, sdp: &str) -> Result<(), String> {
         let answer = description_from_sdp(SdpKind::Answer, sdp)?;
-        self.webrtcbin
+        self.webrtcbin()?
             .emit_by_name::<()>("set-remote-description", &[&answer, &None::<gst::Promise>]);
         Ok(())
     }
 
     /// One of the browser's ICE candidates.
     pub fn add_ice_candidate(&self, mline_index: u32, candidate: &str) {
-        self.webrtcbin
-            .emit_by_name::<()>("add-ice-candidate", &[&mline_index, &candidate]);
+        if let Ok(webrtcbin) = self.webrtcbin() {
+            webrtcbin.emit_by_name::<()>("add-ice-candidate", &[&mline_index, &candidate]);
+        }
+    }
+
+    fn webrtcbin(&self) -> Result<&gst::Element, String> {
+        match &self.peer {
+            Peer::Browser { webrtcbin, .. } => Ok(webrtcbin),
+            Peer::Janus { .. } => Err("a broadcast has no peer connection of its own".into()),
+        }
     }
 
     /// The first error the pipeline posted, if any.
@@ -448,6 +465,67 @@ impl Drop for Session {
     fn drop(&mut self) {
         let _ = self.pipeline.set_state(gst::State::Null);
     }
+}
+
+/// The browser's peer: webrtcbin after `clocksync`, its offer and candidates for the browser.
+fn to_browser_peer(
+    pipeline: &gst::Pipeline,
+    clocksync: &gst::Element,
+    opusenc: &gst::Element,
+    settings: &PipelineSettings,
+    to_browser: &Sender<serde_json::Value>,
+) -> Result<gst::Element, String> {
+    let rtp_caps = opus_rtp_caps();
+    let capsfilter = gst::ElementFactory::make("capsfilter")
+        .property("caps", &rtp_caps)
+        .build()
+        .map_err(|err| err.to_string())?;
+    let webrtcbin = settings.ice.webrtcbin("webrtc")?;
+    if settings.opus.fec {
+        opus::follow_reported_loss(&webrtcbin, opusenc)?;
+    }
+    settings.certificate.install(&webrtcbin);
+    pipeline
+        .add_many([&capsfilter, &webrtcbin])
+        .map_err(|err| err.to_string())?;
+    clocksync.link(&capsfilter).map_err(|err| err.to_string())?;
+    let sink = webrtcbin
+        .request_pad_simple("sink_%u")
+        .ok_or("webrtcbin gives no sink pad")?;
+    let into_webrtcbin = capsfilter.static_pad("src").unwrap();
+    into_webrtcbin.link(&sink).map_err(|err| err.to_string())?;
+    // A cancel's flush ends here: webrtcbin holds nothing that waits to be sent, and its
+    // RTP funnel takes no new segment after a flush (GStreamer 1.22).
+    drop_flushes(&into_webrtcbin);
+    // No caps reach webrtcbin before speech comes: the transceiver says what will be sent.
+    let transceiver = sink.property::<glib::Object>("transceiver");
+    transceiver.set_property("codec-preferences", &rtp_caps);
+    transceiver.set_property_from_str("direction", "sendonly");
+    connect_signalling(
+        &webrtcbin,
+        settings.certificate.clone(),
+        settings.ice.clone(),
+        to_browser.clone(),
+    );
+    Ok(webrtcbin)
+}
+
+/// A broadcast's RTP, after `clocksync` (which already holds each packet until its time), to
+/// its Janus mountpoint.
+fn to_mountpoint(
+    pipeline: &gst::Pipeline,
+    clocksync: &gst::Element,
+    mountpoint: &Mountpoint,
+) -> Result<(), String> {
+    let udpsink = gst::ElementFactory::make("udpsink")
+        .property("host", &mountpoint.host)
+        .property("port", i32::from(mountpoint.port))
+        .property("sync", false)
+        .property("async", false)
+        .build()
+        .map_err(|err| err.to_string())?;
+    pipeline.add(&udpsink).map_err(|err| err.to_string())?;
+    clocksync.link(&udpsink).map_err(|err| err.to_string())
 }
 
 /// Drops the flush events that reach `pad`. Through the C API: gstreamer-rs's probe wrapper
@@ -758,6 +836,7 @@ impl Sessions {
         &self,
         to_browser: Sender<serde_json::Value>,
         id: Option<String>,
+        egress: Egress,
     ) -> Result<Arc<Session>, (u16, String)> {
         use crate::http::close;
         let id = match (id, &self.settings.instance) {
@@ -789,7 +868,7 @@ impl Sessions {
                 return Err((close::BUSY, format!("session {id} is open already")));
             }
         }
-        let started = Session::start(id.clone(), &self.settings, to_browser);
+        let started = Session::start(id.clone(), &self.settings, to_browser, egress);
         let mut registry = self.registry.lock().unwrap();
         registry.starting.remove(&id);
         let session = Arc::new(

@@ -21,6 +21,7 @@ use crate::access::escaped;
 use crate::http::{self, Received, Socket, close};
 use crate::liveness::Heartbeat;
 use crate::protocol::{FromBrowser, browser_message};
+use crate::session::Egress;
 use crate::{Server, log};
 
 /// The most ICE candidates a browser may send a session: one has a few per interface, and each
@@ -81,7 +82,10 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
         Err(refusal) => return refuse(socket, refusal),
     };
     let (to_browser, outgoing) = mpsc::channel();
-    let session = match server.sessions.open(to_browser, join.session.clone()) {
+    let session = match server
+        .sessions
+        .open(to_browser, join.session.clone(), Egress::Browser)
+    {
         Ok(session) => session,
         Err(refusal) => return refuse(socket, refusal),
     };

@@ -8,6 +8,7 @@ mod access;
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 mod hardening;
+mod janus;
 mod network;
 mod remote;
 mod rtp_codes;

@@ -125,6 +125,105 @@ impl ServerHost {
     }
 }
 
+/// Janus's HTTP API port on the server's host.
+pub const JANUS_PORT: u16 = 8088;
+
+impl ServerHost {
+    /// Debian's Janus on the server's host with a configuration written to `scratch`: its
+    /// Streaming plugin alone, its HTTP API on `JANUS_PORT` of the server's address, ICE on the
+    /// link alone. Its log goes to `scratch/janus.log`.
+    pub fn start_janus(&self, scratch: &Path) -> Daemon {
+        let modules = std::fs::read_dir("/usr/lib")
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|entry| entry.path().join("janus"))
+            .find(|folder| folder.join("plugins/libjanus_streaming.so").exists())
+            .expect("no Janus plugins under /usr/lib/*/janus (Debian's janus): run tools/setup.sh");
+        let folder = |name: &str| modules.join(name).display().to_string();
+        let configs = scratch.join("janus");
+        std::fs::create_dir_all(&configs).unwrap();
+        let others = |kind: &str, keep: &str| {
+            std::fs::read_dir(modules.join(kind))
+                .unwrap()
+                .filter_map(Result::ok)
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.ends_with(".so") && name != keep)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let write = |name: &str, text: String| std::fs::write(configs.join(name), text).unwrap();
+        write(
+            "janus.jcfg",
+            format!(
+                "general: {{ configs_folder = \"{}\" plugins_folder = \"{}\" transports_folder = \"{}\"
+                   events_folder = \"{}\" loggers_folder = \"{}\" debug_level = 4 }}
+                 media: {{ rtp_port_range = \"20000-20999\" }}
+                 nat: {{ ice_enforce_list = \"{SERVER_LINK}\" }}
+                 plugins: {{ disable = \"{}\" }}
+                 transports: {{ disable = \"{}\" }}
+                 events: {{ broadcast = false }}
+                 loggers: {{ disable = \"{}\" }}",
+                configs.display(),
+                folder("plugins"),
+                folder("transports"),
+                folder("events"),
+                folder("loggers"),
+                others("plugins", "libjanus_streaming.so"),
+                others("transports", "libjanus_http.so"),
+                others("loggers", ""),
+            ),
+        );
+        write(
+            "janus.transport.http.jcfg",
+            format!(
+                "general: {{ base_path = \"/janus\" http = true port = {JANUS_PORT} ip = \"{SERVER_ADDRESS}\" https = false }}
+                 admin: {{ admin_http = false }}"
+            ),
+        );
+        write("janus.plugin.streaming.jcfg", "general: { }".into());
+        // Janus binds its API to the link's address, which it finds only once the link has its
+        // carrier (a moment after both ends are up).
+        let started = Instant::now();
+        loop {
+            let link = self
+                .command("ip")
+                .args(["-o", "link", "show", SERVER_LINK])
+                .output()
+                .unwrap();
+            let link = String::from_utf8_lossy(&link.stdout).into_owned();
+            if link.contains("LOWER_UP") && !link.contains("NO-CARRIER") {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the link has no carrier: {link}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let log = std::fs::File::create(scratch.join("janus.log")).unwrap();
+        let process = self
+            .command("janus")
+            .arg("--configs-folder")
+            .arg(&configs)
+            .arg("--disable-colors")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("janus (Debian's janus) does not run: run tools/setup.sh");
+        let janus = Daemon(process);
+        let started = Instant::now();
+        while TcpStream::connect((SERVER_ADDRESS, JANUS_PORT)).is_err() {
+            let log = std::fs::read_to_string(scratch.join("janus.log")).unwrap_or_default();
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "Janus does not listen; its log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        janus
+    }
+}
+
 /// The TLS proxy's port on the server's host.
 pub const TLS_PORT: u16 = 8443;
 

@@ -1,0 +1,121 @@
+//! A broadcast: `/broadcast` on the TTS side (with `--janus`), with the header
+//! `Authorization: Bearer <token>`, opens a session whose speech goes to a Janus Streaming
+//! mountpoint (`janus`), decoded once for every listener Janus serves.
+//!
+//! server → client: `{"type":"broadcast","id":…,"mountpoint":…,"janus":…,"listen":…}` (the
+//! session id, for `/codes?session=ID`; the mountpoint listeners watch; Janus's API as pages
+//! reach it; this server's listener page for the broadcast), then
+//! `{"type":"sender","state":"joined"|"left",…}` as for a browser. The client sends nothing
+//! (the frames go to `/codes`). The broadcast ends when this connection does, or when its
+//! client answers no ping within `--peer-timeout`; its mountpoint is destroyed then.
+
+use std::net::SocketAddr;
+use std::sync::mpsc;
+
+use serde_json::json;
+use tungstenite::Message;
+
+use crate::access::{self, escaped};
+use crate::http::{self, Received, Request, Socket, close};
+use crate::liveness::Heartbeat;
+use crate::session::Egress;
+use crate::{Server, log};
+
+pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: SocketAddr) {
+    let Some(mut socket) = socket else {
+        return;
+    };
+    let refuse = |socket, code: u16, reason: String| {
+        log!("refused {peer} on /broadcast: {code} {}", escaped(&reason));
+        server.metrics.refused(code);
+        http::close(socket, code, &reason);
+    };
+    if let Some(reason) = access::bearer_refusal(request, &server.token) {
+        return refuse(socket, close::UNAUTHORIZED, reason);
+    }
+    let Some(janus) = &server.janus else {
+        let reason = "no broadcasts: the server was started without --janus".into();
+        return refuse(socket, close::NO_SUCH_SESSION, reason);
+    };
+    // The mountpoint first: a session whose listeners have nowhere to go is no broadcast. It is
+    // destroyed with the session, or here if the session does not open.
+    let mountpoint = match janus.create_mountpoint(&format!("qwencodec broadcast from {peer}")) {
+        Ok(mountpoint) => mountpoint,
+        Err(err) => return refuse(socket, close::SERVER_ERROR, format!("no Janus mountpoint: {err}")),
+    };
+    let mountpoint_id = mountpoint.id;
+    let (to_client, outgoing) = mpsc::channel();
+    let session = match server.sessions.open(to_client, None, Egress::Janus(mountpoint)) {
+        Ok(session) => session,
+        Err((code, reason)) => return refuse(socket, code, reason),
+    };
+    server.metrics.sessions_opened.inc();
+    let id = session.id.clone();
+    log!(
+        "session {id}: a broadcast from {peer} to Janus mountpoint {mountpoint_id} ({} sessions)",
+        server.sessions.count()
+    );
+    let listen = format!(
+        "/broadcast.html?mountpoint={mountpoint_id}&janus={}",
+        form_urlencoded::byte_serialize(janus.public.as_bytes()).collect::<String>()
+    );
+    let announced = json!({
+        "type": "broadcast",
+        "id": id,
+        "mountpoint": mountpoint_id,
+        "janus": janus.public,
+        "listen": listen,
+    });
+    let mut heartbeat = Heartbeat::new(server.peer_times);
+    let mut ending =
+        (!http::send_text(&mut socket, announced.to_string())).then(|| "its connection failed".to_string());
+    while ending.is_none() {
+        if let Some(why) = session.ended() {
+            // The server shuts down.
+            http::close(socket, close::GOING_AWAY, &why);
+            ending = Some(why);
+            break;
+        }
+        for message in outgoing.try_iter() {
+            if !http::send_text(&mut socket, message.to_string()) {
+                ending = Some("its connection failed".into());
+            }
+        }
+        if let Some(err) = session.error() {
+            log!("session {id}: pipeline error: {err}");
+            http::close(socket, close::SERVER_ERROR, &format!("pipeline error: {err}"));
+            ending = Some("pipeline error".into());
+            break;
+        }
+        if let Err(gone) = heartbeat.beat(&mut socket) {
+            server.metrics.peer_lost("broadcaster", gone.label);
+            http::close_gone(socket, close::TIMEOUT, &gone.reason);
+            ending = Some(format!("its client is gone: {}", gone.reason));
+            break;
+        }
+        match heartbeat.read(&mut socket) {
+            Received::Message(Message::Text(_) | Message::Binary(_)) => {
+                let reason =
+                    format!("a broadcast's connection takes no messages: send frames to /codes?session={id}");
+                ending = Some(reason.clone());
+                refuse(socket, close::BAD_MESSAGE, reason);
+                break;
+            }
+            Received::TooLarge(reason) => {
+                ending = Some(reason.clone());
+                refuse(socket, close::TOO_LARGE, reason);
+                break;
+            }
+            Received::Message(_) | Received::Nothing => (),
+            Received::Closed => ending = Some("its client closed the connection".into()),
+            Received::Failed(err) => ending = Some(format!("its connection failed: {err}")),
+        }
+    }
+    drop(session);
+    server.sessions.close(&id, "its broadcast ended");
+    log!(
+        "session {id}: the broadcast ended: {} ({} sessions)",
+        ending.unwrap_or_default(),
+        server.sessions.count()
+    );
+}

@@ -1,0 +1,205 @@
+//! A broadcast through an SFU: Debian's Janus on the server's host (`network`), the server
+//! publishing a session's speech to a Streaming mountpoint of it (`--janus`), and listeners in
+//! Chromium on the other host watching the mountpoint through Janus with janus.js (Debian's
+//! libjs-janus-gateway). The speech is decoded once, whatever the listeners.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::network::{JANUS_PORT, SERVER_ADDRESS, ServerHost};
+use super::server::{self, Server, TOKEN, epoch_ms};
+use super::webdriver::Browser;
+use super::{FIRST_AUDIO_MS, Measure, Speech, assert_cancel_silences, assert_heard, hardening, wait_until};
+
+/// Frames of speech each listener hears in full: 3.2 s.
+const FRAMES: usize = 40;
+
+/// Janus's HTTP API as the server and the pages reach it.
+fn janus_api() -> String {
+    format!("http://{SERVER_ADDRESS}:{JANUS_PORT}/janus")
+}
+
+/// One POST to Janus's HTTP API: its JSON answer.
+fn janus_call(path: &str, mut message: Value) -> Value {
+    message["transaction"] = json!("test");
+    let answer = ureq::post(format!("{}{path}", janus_api()))
+        .send(message.to_string())
+        .and_then(|mut response| response.body_mut().read_to_string())
+        .unwrap();
+    serde_json::from_str(&answer).unwrap()
+}
+
+/// The mountpoints Janus's Streaming plugin has now, by id.
+fn mountpoints() -> Vec<u64> {
+    let session = janus_call("", json!({"janus": "create"}))["data"]["id"]
+        .as_u64()
+        .unwrap();
+    let handle = janus_call(
+        &format!("/{session}"),
+        json!({"janus": "attach", "plugin": "janus.plugin.streaming"}),
+    )["data"]["id"]
+        .as_u64()
+        .unwrap();
+    let listed = janus_call(
+        &format!("/{session}/{handle}"),
+        json!({"janus": "message", "body": {"request": "list"}}),
+    );
+    janus_call(&format!("/{session}"), json!({"janus": "destroy"}));
+    listed["plugindata"]["data"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|mountpoint| mountpoint["id"].as_u64().unwrap())
+        .collect()
+}
+
+/// Opens the broadcast page at `listen` (as the server named it) in the current window and
+/// waits until its peer connection with Janus is up.
+fn listen(browser: &Browser, server: &Server, listen: &str, speech: &Speech) {
+    browser.open(&format!("{}{listen}", server.url().trim_end_matches('/')));
+    browser.run(&format!(
+        "speech.threshold = {}; document.getElementById('connect').click();",
+        speech.sound_threshold()
+    ));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let state = browser.run("return [speech.state, speech.pc && speech.pc.connectionState];");
+        if state[1] == "connected" {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the broadcast page did not connect through Janus: {state}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn two_listeners_hear_one_broadcast_through_janus_decoded_once() {
+    if !server::in_own_network("janus::two_listeners_hear_one_broadcast_through_janus_decoded_once") {
+        return;
+    }
+    let host = ServerHost::start();
+    let scratch = tempfile::tempdir().unwrap();
+    let _janus = host.start_janus(scratch.path());
+    let server = Server::start_on(&host, &["--chunk-frames", "1", "--janus", &janus_api()]);
+    let speech = Speech::load();
+
+    // The TTS client opens the broadcast: a session, and a mountpoint for it.
+    let mut broadcast = server.connect("/broadcast", Some(TOKEN));
+    let opened = broadcast.receive_json();
+    assert_eq!(opened["type"], "broadcast", "{opened}");
+    let (id, mountpoint) = (
+        opened["id"].as_str().unwrap(),
+        opened["mountpoint"].as_u64().unwrap(),
+    );
+    assert_eq!(opened["janus"], janus_api().as_str());
+    assert_eq!(mountpoints(), [mountpoint], "Janus's mountpoints");
+
+    // Two listeners, each a window of its own, watch it through Janus.
+    let browser = Browser::start();
+    let first = browser.window();
+    listen(&browser, &server, opened["listen"].as_str().unwrap(), &speech);
+    let second = browser.new_window();
+    listen(&browser, &server, opened["listen"].as_str().unwrap(), &speech);
+    let windows = [&first, &second];
+    let measure_all = || -> Vec<Measure> {
+        windows
+            .iter()
+            .map(|window| {
+                browser.switch_to(window);
+                Measure::take(&browser)
+            })
+            .collect()
+    };
+
+    // One utterance, live: both hear it in full, from one decode.
+    let mut sender = server.sender(id);
+    let before = measure_all();
+    let first_sent = speech.send_live(&mut sender, FRAMES);
+    sender.send_text(r#"{"type":"end"}"#);
+    wait_until(first_sent, speech.seconds(FRAMES) * 1e3 + 1500.0);
+    let after = measure_all();
+    for (listener, (before, after)) in before.iter().zip(&after).enumerate() {
+        let what = format!("listener {}", listener + 1);
+        assert_heard(&what, &speech, before, after, first_sent, FRAMES);
+        let first_audio = after.first_change(true, first_sent).expect("no sound") - first_sent;
+        println!(
+            "{what}: first audio {first_audio:.0} ms after the first frame, jitter buffer {:.1} ms",
+            after.jitter_buffer_ms_since(before)
+        );
+        assert!(
+            first_audio < FIRST_AUDIO_MS,
+            "{what}: first audio after {first_audio:.0} ms"
+        );
+    }
+    let metrics = server.get("/metrics").1;
+    let decoded = hardening::sample(&metrics, "qwencodec_audio_out_seconds_total");
+    assert!(
+        (decoded - speech.seconds(FRAMES)).abs() < 1e-6,
+        "{decoded} s decoded for two listeners of {} s",
+        speech.seconds(FRAMES)
+    );
+    assert_eq!(server.status(), (1, 1), "sessions and pipelines");
+
+    // Barge-in: 4 s handed over at once, cancelled 1.5 s into playback; both fall silent.
+    let sent_at = speech.send_burst(&mut sender, 50);
+    wait_until(sent_at, 1500.0);
+    let cancelled_at = epoch_ms();
+    sender.cancel();
+    for window in windows {
+        browser.switch_to(window);
+        assert_cancel_silences(&browser, cancelled_at);
+    }
+
+    // The broadcast ends with its connection: its session, and its mountpoint.
+    broadcast.close();
+    let (code, reason) = sender.close_reason();
+    assert_eq!(code, 4410, "the sender of an ended broadcast: {reason}");
+    assert_eq!(
+        server.await_status((0, 0), Duration::from_secs(5)),
+        (0, 0),
+        "sessions and pipelines after the broadcast"
+    );
+    assert!(
+        server.await_log(
+            |line| line.contains("the broadcast ended"),
+            Duration::from_secs(1)
+        ),
+        "the end is not in the log"
+    );
+    assert_eq!(
+        mountpoints(),
+        Vec::<u64>::new(),
+        "Janus's mountpoints after the broadcast"
+    );
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn broadcasts_need_the_token_and_janus() {
+    if !server::in_own_network("janus::broadcasts_need_the_token_and_janus") {
+        return;
+    }
+    // Without --janus: refused, saying why.
+    let server = Server::start(&[]);
+    let (code, reason) = server.connect("/broadcast", Some(TOKEN)).close_reason();
+    assert_eq!(
+        (code, reason.as_str()),
+        (4404, "no broadcasts: the server was started without --janus")
+    );
+    // With a Janus that does not answer: refused, naming it; the token checked first.
+    let server = Server::start(&["--janus", "http://127.0.0.1:9/janus"]);
+    let (code, reason) = server.connect("/broadcast", Some("not-the-token")).close_reason();
+    assert_eq!((code, reason.as_str()), (4401, "wrong token"));
+    let (code, reason) = server.connect("/broadcast", Some(TOKEN)).close_reason();
+    assert_eq!(code, 4500, "{reason}");
+    assert!(
+        reason.starts_with("no Janus mountpoint: Janus at http://127.0.0.1:9/janus"),
+        "{reason}"
+    );
+    assert_eq!(server.status(), (0, 0), "sessions and pipelines");
+}
