@@ -525,12 +525,31 @@ class ServerProcess:
             return {
                 "t": time.monotonic(),
                 "cpu_s": cpu_s,
+                "decoder_cpu_s": decoder_cpu_s(self.pid),
                 "rss_mb": round(int(status["VmRSS"].split()[0]) / 1024, 1),
                 "threads": int(status["Threads"]),
                 "fds": len(os.listdir(f"/proc/{self.pid}/fd")),
             }
         except (OSError, KeyError, ValueError):
             return None
+
+
+def decoder_cpu_s(pid: int) -> float:
+    """CPU seconds of the process's decoder threads: its compute thread, named qwencodec-cpu
+    (or qwencodec-cudaN), and the OpenMP workers it starts, which take its name. The rest of the
+    process's CPU is the sessions' pipelines (Opus, SRTP, webrtcbin, libnice), the signalling
+    and the ingress."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        if comm.startswith("qwencodec-cpu") or comm.startswith("qwencodec-cuda"):
+            fields = stat[stat.rindex(")") + 2 :].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def pid_listening_on(port: int) -> int | None:
@@ -589,6 +608,18 @@ class Sampler:
         first, last = window[0], window[-1]
         return {
             "cpu_percent": round(100 * (last["cpu_s"] - first["cpu_s"]) / (last["t"] - first["t"]), 1),
+            # Of it: the decoder's threads, and the rest (the pipelines' Opus, SRTP, webrtcbin,
+            # the server's own threads). A thread that ended within the window leaves its time
+            # out of the decoder's, not the process's: "other" is then an upper bound.
+            "decoder_cpu_percent": round(
+                100 * (last["decoder_cpu_s"] - first["decoder_cpu_s"]) / (last["t"] - first["t"]), 1
+            ),
+            "other_cpu_percent": round(
+                100
+                * ((last["cpu_s"] - last["decoder_cpu_s"]) - (first["cpu_s"] - first["decoder_cpu_s"]))
+                / (last["t"] - first["t"]),
+                1,
+            ),
             "rss_mb_start": first["rss_mb"],
             "rss_mb_peak": max(s["rss_mb"] for s in window),
             "rss_mb_end": last["rss_mb"],
@@ -897,7 +928,8 @@ def markdown_run_summary(run: dict) -> list[str]:
         f"- sessions that failed: {s['failed']}, underran: {s['underran']}, received under "
         f"{MIN_RECEIVED_FRACTION:.0%}: {s['short_audio']} (of {s['sessions']}); "
         f"largest lateness {fmt(s['max_lateness_ms'])} ms",
-        f"- server: CPU {fmt(p.get('cpu_percent'))} % of a core on average, "
+        f"- server: CPU {fmt(p.get('cpu_percent'))} % of a core on average "
+        f"(decoder {fmt(p.get('decoder_cpu_percent'))} %, the rest {fmt(p.get('other_cpu_percent'))} %), "
         f"RSS {fmt(p.get('rss_mb_start'))} → peak {fmt(p.get('rss_mb_peak'))} MB, "
         f"threads up to {fmt(p.get('threads_peak'))}, fds up to {fmt(p.get('fds_peak'))}",
         f"- load generator: CPU {c['cpu_percent']} % of a core, "

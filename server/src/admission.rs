@@ -1,6 +1,9 @@
-//! How many sessions this machine serves in real time: measured at start from the decoder's
-//! own steps, so that a session past that is refused (4429) instead of every session falling
-//! behind together.
+//! How many sessions this machine serves in real time, and whether it keeps up now.
+//!
+//! At start: the sessions served, measured from the decoder's own steps ([`real_time_capacity`]),
+//! so that a session past that is refused (4429) instead of every session falling behind
+//! together. While it runs: [`Capacity`] watches the decoder's batches and the late audio, and
+//! refuses a new session while the server is measurably behind (see [`Capacity::refusal`]).
 //!
 //! A live session at `--chunk-frames` C hands the decoder C frames every C frame durations; N
 //! sessions speaking at once are one batched step of N rows. N are served while that step,
@@ -10,12 +13,23 @@
 //! 51 ms, median, beside two sessions' pipelines; with 80 % the server took two sessions and
 //! both fell seconds behind: `bench/results/2026-12-02-amd-epyc-avx512-tts-server-load.md`).
 
-use std::time::Duration;
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-use gstqwencodec::model::{DecodeError, Model};
+use gstqwencodec::model::{BatchRun, DecodeError, Model};
 
 /// The part of its frames' time that a step of every session may take.
 pub const STEP_BUDGET: f64 = 0.5;
+
+/// How far back the live signals look: long enough to hold a few steps at any `--chunk-frames`
+/// (8 frames are 640 ms), short enough that a server that caught up admits again soon.
+pub const WINDOW: Duration = Duration::from_secs(3);
+
+/// The real-time margin below which a new session is refused, unless `--admission-margin`
+/// says otherwise: a step of every session taking 80 % of its frames' time leaves too little
+/// for one more session's row and its pipeline.
+pub const DEFAULT_MARGIN_FLOOR: f64 = 0.2;
 
 /// The sessions served in real time (at least 1, at most `most`), and the warm step time of
 /// each batch size measured on the way.
@@ -36,4 +50,348 @@ pub fn real_time_capacity(
     }
     let served = steps.iter().take_while(|&&step| step <= budget).count();
     Ok((served.max(1), steps))
+}
+
+/// The server's capacity: the most sessions it admits (measured at start, or `--max-sessions`),
+/// and what the decoder and the sessions' audio say of the load now.
+pub struct Capacity {
+    /// The most sessions admitted.
+    pub most: usize,
+    /// Whether a session is refused while the server is behind (`--admission measured`).
+    live: bool,
+    /// The real-time margin below which the server is behind.
+    margin_floor: f64,
+    /// One frame's audio.
+    frame: Duration,
+    recent: Mutex<Recent>,
+}
+
+/// What `/status` says of the capacity.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Report {
+    pub sessions: usize,
+    pub most: usize,
+    pub headroom: usize,
+    /// 1 with the decoder idle, 0 when it takes as long as the audio it makes, below 0 behind.
+    pub real_time_margin: f64,
+    /// Whether a join now would be admitted (room, and not behind).
+    pub admitting: bool,
+    /// Why a join now would be refused, if it would.
+    pub refusal: Option<String>,
+}
+
+impl Capacity {
+    /// `live`: refuse while behind (`--admission measured`), not only past `most`.
+    pub fn new(most: usize, live: bool, margin_floor: f64, frame: Duration) -> Self {
+        Self {
+            most,
+            live,
+            margin_floor,
+            frame,
+            recent: Mutex::default(),
+        }
+    }
+
+    /// A batch of the decoder's steps that has just ended (`Model::observe_batches`).
+    pub fn batch_ran(&self, run: &BatchRun) {
+        let now = Instant::now();
+        self.lock().batch_ran(now, run, self.frame);
+    }
+
+    /// A packet of audio late at the sender (`session::count_late_audio`).
+    pub fn audio_late(&self) {
+        let now = Instant::now();
+        self.lock().audio_late(now);
+    }
+
+    /// The decoder's real-time margin now (see [`Recent::margin`]).
+    pub fn real_time_margin(&self) -> f64 {
+        self.lock().margin(Instant::now())
+    }
+
+    /// Why a new session is refused now, with `sessions` open: past the most, or (when live)
+    /// behind by one of the live signals, named in the reason.
+    pub fn refusal(&self, sessions: usize) -> Option<String> {
+        if sessions >= self.most {
+            return Some(format!("the server has its most sessions ({})", self.most));
+        }
+        if !self.live {
+            return None;
+        }
+        self.lock()
+            .behind(Instant::now(), self.margin_floor)
+            .map(|why| format!("the server is behind now: {why}"))
+    }
+
+    pub fn report(&self, sessions: usize) -> Report {
+        let refusal = self.refusal(sessions);
+        Report {
+            sessions,
+            most: self.most,
+            headroom: self.most.saturating_sub(sessions),
+            real_time_margin: self.real_time_margin(),
+            admitting: refusal.is_none(),
+            refusal,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Recent> {
+        self.recent
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The decoder's batches and the late packets of the last [`WINDOW`].
+#[derive(Default)]
+struct Recent {
+    batches: VecDeque<Batch>,
+    late: VecDeque<Instant>,
+}
+
+struct Batch {
+    started: Instant,
+    time: Duration,
+    /// The audio each of its rows made.
+    audio: Duration,
+    /// Whether steps were left waiting when it started (more than a batch takes).
+    left_steps_waiting: bool,
+}
+
+impl Recent {
+    fn batch_ran(&mut self, now: Instant, run: &BatchRun, frame: Duration) {
+        self.forget_before(now);
+        self.batches.push_back(Batch {
+            started: now.checked_sub(run.time).unwrap_or(now),
+            time: run.time,
+            audio: frame * run.frames as u32,
+            left_steps_waiting: run.waiting > 0,
+        });
+    }
+
+    fn audio_late(&mut self, now: Instant) {
+        self.forget_before(now);
+        self.late.push_back(now);
+    }
+
+    fn forget_before(&mut self, now: Instant) {
+        let Some(since) = now.checked_sub(WINDOW) else {
+            return;
+        };
+        while self.batches.front().is_some_and(|batch| batch.started < since) {
+            self.batches.pop_front();
+        }
+        while self.late.front().is_some_and(|&late| late < since) {
+            self.late.pop_front();
+        }
+    }
+
+    /// 1 less the decoder's load over the window: the larger of its busy share (the steps' time
+    /// over the time since the first of them began, at least one step's audio: its one compute
+    /// thread serves every session) and its steps' time over the audio they made (a session
+    /// whose steps take longer than their audio falls behind). 1 with no steps in the window.
+    fn margin(&mut self, now: Instant) -> f64 {
+        self.forget_before(now);
+        let Some(first) = self.batches.front() else {
+            return 1.0;
+        };
+        let busy: Duration = self.batches.iter().map(|batch| batch.time).sum();
+        let audio: Duration = self.batches.iter().map(|batch| batch.audio).sum();
+        let span = now.duration_since(first.started).max(first.audio);
+        let busy_share = busy.as_secs_f64() / span.as_secs_f64();
+        let per_audio = busy.as_secs_f64() / audio.as_secs_f64();
+        1.0 - busy_share.max(per_audio)
+    }
+
+    /// Why the server is behind now, if it is: late audio in the window, steps left waiting at
+    /// the start of most of the window's batches (at least two), or the margin below `floor`.
+    fn behind(&mut self, now: Instant, floor: f64) -> Option<String> {
+        let margin = self.margin(now);
+        let seconds = WINDOW.as_secs();
+        if !self.late.is_empty() {
+            return Some(format!(
+                "late audio at the sender ({} packets in the last {seconds} s)",
+                self.late.len()
+            ));
+        }
+        let waited = self
+            .batches
+            .iter()
+            .filter(|batch| batch.left_steps_waiting)
+            .count();
+        if waited >= 2 && waited * 2 > self.batches.len() {
+            return Some(format!(
+                "decode steps left waiting beyond a batch (at {waited} of {} batches in the last {seconds} s)",
+                self.batches.len()
+            ));
+        }
+        if margin < floor {
+            return Some(format!(
+                "the decoder's real-time margin is {margin:.3}, below {floor} (--admission-margin)"
+            ));
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FRAME: Duration = Duration::from_millis(80);
+
+    fn run(rows: usize, frames: usize, ms: u64, waiting: usize) -> BatchRun {
+        BatchRun {
+            rows,
+            frames,
+            time: Duration::from_millis(ms),
+            waiting,
+            grace_ran_out: false,
+        }
+    }
+
+    /// `recent` after a session's steps of one frame taking `ms`, one every frame for `count`
+    /// frames, the last ending at `end`.
+    fn speaking(recent: &mut Recent, end: Instant, count: u32, ms: u64, waiting: usize) {
+        for index in (0..count).rev() {
+            recent.batch_ran(end - FRAME * index, &run(1, 1, ms, waiting), FRAME);
+        }
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn the_margin_is_one_less_the_share_of_real_time_the_steps_take() {
+        let start = Instant::now();
+        let mut recent = Recent::default();
+        assert_eq!(recent.margin(start), 1.0, "no steps: all the room there is");
+        // 20 ms steps, one every 80 ms frame: a quarter of real time.
+        speaking(&mut recent, start + Duration::from_secs(2), 20, 20, 0);
+        let margin = recent.margin(start + Duration::from_secs(2));
+        assert!((margin - 0.75).abs() < 0.02, "{margin}");
+        // The speech ended: once its steps are out of the window, the room is back.
+        assert_eq!(
+            recent.margin(start + Duration::from_secs(2) + WINDOW + FRAME),
+            1.0
+        );
+    }
+
+    #[test]
+    fn one_step_counts_against_its_own_audio_not_the_whole_window() {
+        let start = Instant::now() + WINDOW;
+        let mut recent = Recent::default();
+        recent.batch_ran(start, &run(1, 4, 160, 0), FRAME);
+        // 160 ms for 320 ms of audio, just now.
+        assert!(close(recent.margin(start), 0.5), "{}", recent.margin(start));
+        // 2 s on, its busy share is small, but its steps still took half their audio's time.
+        let later = start + Duration::from_secs(2);
+        assert!(close(recent.margin(later), 0.5), "{}", recent.margin(later));
+    }
+
+    #[test]
+    fn steps_split_into_batches_count_by_the_time_the_decoder_is_busy() {
+        let start = Instant::now();
+        let mut recent = Recent::default();
+        // Two sessions whose steps run apart: 2 steps of 30 ms every 80 ms. Each step took only
+        // 3/8 of its audio, but the one compute thread was busy 3/4 of the time.
+        let end = start + Duration::from_secs(2);
+        for index in (0..20).rev() {
+            recent.batch_ran(end - FRAME * index - FRAME / 2, &run(1, 1, 30, 0), FRAME);
+            recent.batch_ran(end - FRAME * index, &run(1, 1, 30, 0), FRAME);
+        }
+        let margin = recent.margin(end);
+        assert!((margin - 0.25).abs() < 0.03, "{margin}");
+    }
+
+    #[test]
+    fn a_decoder_slower_than_real_time_has_a_margin_below_zero() {
+        let start = Instant::now();
+        let mut recent = Recent::default();
+        speaking(&mut recent, start + Duration::from_secs(1), 10, 120, 0);
+        assert!(recent.margin(start + Duration::from_secs(1)) < -0.4);
+    }
+
+    fn capacity(most: usize, live: bool, floor: f64) -> Capacity {
+        Capacity::new(most, live, floor, FRAME)
+    }
+
+    #[test]
+    fn admits_with_room_and_refuses_past_the_most() {
+        let capacity = capacity(2, true, DEFAULT_MARGIN_FLOOR);
+        assert_eq!(capacity.refusal(0), None);
+        assert_eq!(capacity.refusal(1), None);
+        assert_eq!(
+            capacity.refusal(2).as_deref(),
+            Some("the server has its most sessions (2)")
+        );
+        let report = capacity.report(1);
+        assert_eq!((report.sessions, report.most, report.headroom), (1, 2, 1));
+        assert!(report.admitting && report.refusal.is_none());
+        assert_eq!(report.real_time_margin, 1.0);
+        let full = capacity.report(2);
+        assert_eq!(full.headroom, 0);
+        assert!(!full.admitting);
+    }
+
+    #[test]
+    fn refuses_while_behind_by_late_audio_and_admits_once_it_is_past() {
+        let now = Instant::now() + WINDOW;
+        let mut recent = Recent::default();
+        recent.audio_late(now);
+        recent.audio_late(now);
+        assert_eq!(
+            recent.behind(now, DEFAULT_MARGIN_FLOOR).as_deref(),
+            Some("late audio at the sender (2 packets in the last 3 s)")
+        );
+        assert_eq!(recent.behind(now + WINDOW + FRAME, DEFAULT_MARGIN_FLOOR), None);
+    }
+
+    #[test]
+    fn refuses_while_steps_wait_beyond_a_batch_at_most_batches_not_at_one() {
+        let end = Instant::now() + WINDOW;
+        let mut recent = Recent::default();
+        speaking(&mut recent, end, 10, 10, 0);
+        // One batch that left a step waiting (a stream's last, shorter step, say): not behind.
+        recent.batch_ran(end, &run(1, 1, 10, 1), FRAME);
+        assert_eq!(recent.behind(end, DEFAULT_MARGIN_FLOOR), None);
+        let mut recent = Recent::default();
+        speaking(&mut recent, end, 10, 10, 3);
+        let why = recent.behind(end, DEFAULT_MARGIN_FLOOR).unwrap();
+        assert_eq!(
+            why,
+            "decode steps left waiting beyond a batch (at 10 of 10 batches in the last 3 s)"
+        );
+    }
+
+    #[test]
+    fn refuses_below_the_margin_floor_and_names_it() {
+        let end = Instant::now() + WINDOW;
+        let mut recent = Recent::default();
+        speaking(&mut recent, end, 20, 20, 0);
+        assert_eq!(recent.behind(end, 0.5), None, "a margin of 0.75");
+        let why = recent.behind(end, 0.9).unwrap();
+        assert!(
+            why.starts_with("the decoder's real-time margin is 0.7")
+                && why.ends_with("below 0.9 (--admission-margin)"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn without_live_admission_only_the_most_refuses() {
+        let capacity = capacity(2, false, 0.99);
+        capacity.audio_late();
+        capacity.batch_ran(&run(1, 1, 200, 5));
+        assert_eq!(capacity.refusal(1), None);
+        assert!(capacity.real_time_margin() < 0.0);
+        let live = self::capacity(2, true, 0.99);
+        live.audio_late();
+        assert!(
+            live.refusal(1)
+                .unwrap()
+                .starts_with("the server is behind now: late audio")
+        );
+    }
 }

@@ -14,7 +14,7 @@
 //! ```
 //!
 //! One process serves the page (`/`), the browsers' signalling (`/signal`), the codes ingress
-//! (`/codes`) and a status document (`/status`: sessions and live pipelines). Every session's
+//! (`/codes`) and a status document (`/status`: sessions, live pipelines and the capacity). Every session's
 //! decoder is an element of its own on the one model the server loaded at start. docs/streaming-server.md
 //! has the message formats and the refusals.
 
@@ -120,7 +120,7 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
     [--max-message-bytes 65536] [--idle-timeout 10] [--allow-origin ORIGIN,...]
     [--ping-interval 5] [--peer-timeout 15] [--connect-timeout 20]
     [--max-connections 256] [--max-connections-per-address 32] [--instance NAME]
-    [--admission measured|off] [--ice-address ADDRESS,...] [--ice-interfaces NAME,...]
+    [--admission measured|off] [--admission-margin 0.2] [--cores N] [--ice-address ADDRESS,...] [--ice-interfaces NAME,...]
     [--public-address ADDRESS] [--stun stun://HOST:PORT] [--turn turn://HOST:PORT,...]
     [--turn-credentials FILE] [--opus-bitrate BPS] [--opus-fec on|off] [--opus-dtx on|off]
     [--janus http://HOST:PORT/janus] [--janus-public URL] [--janus-js FILE]
@@ -154,7 +154,15 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
   --max-sessions       sessions at once; the next is refused with 4429 (16)
   --admission          measured: at most as many sessions as the decoder serves in real time,
                        measured at start from its own steps (a step of every session within
-                       50 % of its frames' time); off: --max-sessions alone (measured)
+                       50 % of its frames' time), and none while the server is behind now (audio
+                       late at the sender, decode steps left waiting, or the decoder's real-time
+                       margin below --admission-margin, over the last 3 s); off: --max-sessions
+                       alone (measured)
+  --admission-margin   the decoder's real-time margin (1 less its load: /status) below which a
+                       new session is refused, with --admission measured (0.2)
+  --cores              the host's cores this server may take (its decoder computes on as many
+                       threads, and its capacity is measured so), for several servers on one
+                       host (all of them)
   --max-message-bytes  largest WebSocket message (65536)
   --idle-timeout       seconds a new connection may stay silent, its request head included (10)
   --ping-interval      seconds between the server's pings to each browser and sender (5)
@@ -268,6 +276,8 @@ fn run() -> Result<(), Box<dyn Error>> {
     let max_per_address: usize = options.take_parsed("--max-connections-per-address", 32)?;
     let instance = options.take("--instance")?;
     let admission = options.take("--admission")?.unwrap_or_else(|| "measured".into());
+    let margin_floor: f64 = options.take_parsed("--admission-margin", admission::DEFAULT_MARGIN_FLOOR)?;
+    let cores: Option<usize> = options.take_optional("--cores")?;
     let ice = Arc::new(ice::Ice::from_options(&mut options)?);
     let opus = opus::OpusSettings::from_options(&mut options)?;
     let janus_api = options.take("--janus")?;
@@ -295,6 +305,15 @@ fn run() -> Result<(), Box<dyn Error>> {
     if !idle_timeout.is_finite() || idle_timeout <= 0.0 {
         return Err("--idle-timeout must be above 0".into());
     }
+    if !(margin_floor.is_finite() && margin_floor <= 1.0) {
+        return Err("--admission-margin must be 1 or below".into());
+    }
+    let host_cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
+    if let Some(cores) = cores
+        && !(1..=host_cores).contains(&cores)
+    {
+        return Err(format!("--cores takes 1 to {host_cores}, the cores this host has").into());
+    }
 
     backtrace_glib_warnings();
     gst::init()?;
@@ -304,11 +323,14 @@ fn run() -> Result<(), Box<dyn Error>> {
     // Loaded once here and held: every session's decoder shares this copy, and a bad model
     // or device fails the start instead of the first session.
     let model = Model::shared(&model_path, parse_device(&device)?, dtype)?;
-    let metrics = Metrics::new(model.clone());
+    // Before the capacity is measured: it is measured on the threads the decoder will have.
+    if let Some(cores) = cores {
+        let threads = model.limit_compute_threads(cores);
+        log!("--cores {cores}: the decoder computes on {threads} threads (the host has {host_cores} cores)");
+    }
+    let frame = Duration::from_secs_f64(config.samples_per_frame() as f64 / config.sample_rate as f64);
     let max_sessions = match admission.as_str() {
         "measured" => {
-            let frame =
-                Duration::from_secs_f64(config.samples_per_frame() as f64 / config.sample_rate as f64);
             let (served, steps) =
                 admission::real_time_capacity(&model, chunk_frames as usize, frame, max_sessions)?;
             let steps: Vec<String> = steps
@@ -325,6 +347,19 @@ fn run() -> Result<(), Box<dyn Error>> {
         "off" => max_sessions,
         other => return Err(format!("--admission takes measured or off, not {other:?}").into()),
     };
+    let capacity = Arc::new(admission::Capacity::new(
+        max_sessions,
+        admission == "measured",
+        margin_floor,
+        frame,
+    ));
+    if admission == "measured" {
+        log!(
+            "admission: no session while the server is behind (late audio, decode steps left waiting, the real-time margin below {margin_floor}, over the last {} s)",
+            admission::WINDOW.as_secs()
+        );
+    }
+    let metrics = Metrics::new(model.clone(), capacity);
     let format = CodecFormat::new(&config);
     let rtp_format = rtp_ingress::RtpFormat::new(&config);
 
@@ -575,9 +610,11 @@ fn serve(server: &Server, stream: TcpStream, peer: SocketAddr, side: Side) {
             http::respond(stream, "200 OK", metrics::CONTENT_TYPE, &text)
         }
         ("/status", false) => {
+            let sessions = server.sessions.count();
             let status = serde_json::json!({
-                "sessions": server.sessions.count(),
+                "sessions": sessions,
                 "pipelines": session::live_pipelines(),
+                "capacity": server.metrics.capacity.report(sessions),
             });
             http::respond(stream, "200 OK", "application/json", &status.to_string())
         }

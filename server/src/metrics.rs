@@ -2,12 +2,15 @@
 //! (which Prometheus scrapes): sessions and pipelines, frames in, audio out, packets late at the
 //! sender (underruns a listener hears), refusals by close code or HTTP status, peers taken for
 //! gone and senders taken over (docs/streaming-server.md, "Peers that vanish"), the decoder's
-//! batches (their step time and rows) and its queue.
+//! batches (their step time and rows) and its queue, and the capacity: the most sessions
+//! admitted, the headroom, the decoder's real-time margin and whether a join is admitted now.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use gstqwencodec::model::{BatchRun, Model};
+
+use crate::admission::Capacity;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -32,42 +35,84 @@ struct Lost {
     why: &'static str,
 }
 
+/// Packets of audio late at the sender: counted, and told to the admission, which refuses new
+/// sessions while audio is late.
+pub struct LateAudio {
+    counter: Counter,
+    capacity: Arc<Capacity>,
+}
+
+impl LateAudio {
+    pub fn inc(&self) {
+        self.counter.inc();
+        self.capacity.audio_late();
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     sessions: Gauge,
+    sessions_most: Gauge,
+    sessions_headroom: Gauge,
+    real_time_margin: Gauge<f64, AtomicU64>,
+    admitting: Gauge,
     pipelines: Gauge,
     steps_waiting: Gauge,
     pub sessions_opened: Counter,
     pub frames_in: Counter,
     pub audio_seconds_out: Counter<f64, AtomicU64>,
-    pub late_audio: Counter,
+    pub late_audio: LateAudio,
     refusals: Family<Refusal, Counter>,
     peers_lost: Family<Lost, Counter>,
     pub sender_takeovers: Counter,
     model: Arc<Model>,
+    pub capacity: Arc<Capacity>,
 }
 
 impl Metrics {
-    /// The server's metrics; `model`'s batches are observed from now on.
-    pub fn new(model: Arc<Model>) -> Arc<Self> {
+    /// The server's metrics; `model`'s batches are observed from now on, and told to `capacity`.
+    pub fn new(model: Arc<Model>, capacity: Arc<Capacity>) -> Arc<Self> {
         let mut registry = Registry::with_prefix("qwencodec");
         let metrics = Self {
             sessions: Gauge::default(),
+            sessions_most: Gauge::default(),
+            sessions_headroom: Gauge::default(),
+            real_time_margin: Gauge::default(),
+            admitting: Gauge::default(),
             pipelines: Gauge::default(),
             steps_waiting: Gauge::default(),
             sessions_opened: Counter::default(),
             frames_in: Counter::default(),
             audio_seconds_out: Counter::default(),
-            late_audio: Counter::default(),
+            late_audio: LateAudio {
+                counter: Counter::default(),
+                capacity: capacity.clone(),
+            },
             refusals: Family::default(),
             peers_lost: Family::default(),
             sender_takeovers: Counter::default(),
             model: model.clone(),
+            capacity: capacity.clone(),
             registry: Registry::default(),
         };
         let step_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
         let batch_rows = Histogram::new(exponential_buckets(1.0, 2.0, 8));
         registry.register("sessions", "Sessions open: browsers' and broadcasts", metrics.sessions.clone());
+        registry.register(
+            "sessions_most",
+            "The most sessions admitted: measured at start (--admission measured), or --max-sessions",
+            metrics.sessions_most.clone(),
+        );
+        registry.register(
+            "sessions_headroom",
+            "Sessions more that would be admitted by the most (sessions_most less sessions)",
+            metrics.sessions_headroom.clone(),
+        );
+        registry.register(
+            "admitting",
+            "1 when a join now would be admitted: headroom, and (--admission measured) not behind by late audio, steps waiting or the real-time margin",
+            metrics.admitting.clone(),
+        );
         registry.register(
             "pipelines",
             "Session pipelines not yet freed (more than sessions: a leak)",
@@ -91,7 +136,7 @@ impl Metrics {
         registry.register(
             "late_audio",
             "RTP packets that reached the sender more than 100 ms behind their speech's schedule: gaps the listener hears",
-            metrics.late_audio.clone(),
+            metrics.late_audio.counter.clone(),
         );
         registry.register(
             "refusals",
@@ -123,9 +168,15 @@ impl Metrics {
             "Decode steps handed over and waiting for the compute thread",
             metrics.steps_waiting.clone(),
         );
+        registry.register(
+            "decode_real_time_margin",
+            "1 less the decoder's load over the last 3 s (its busy share, or its steps' time over their audio's, the larger): 1 idle, 0 at real time, below 0 behind",
+            metrics.real_time_margin.clone(),
+        );
         model.observe_batches(move |run: &BatchRun| {
             step_seconds.observe(run.time.as_secs_f64());
             batch_rows.observe(run.rows as f64);
+            capacity.batch_ran(run);
         });
         Arc::new(Self { registry, ..metrics })
     }
@@ -144,6 +195,11 @@ impl Metrics {
         self.sessions.set(sessions as i64);
         self.pipelines.set(pipelines as i64);
         self.steps_waiting.set(self.model.steps_waiting() as i64);
+        let capacity = self.capacity.report(sessions);
+        self.sessions_most.set(capacity.most as i64);
+        self.sessions_headroom.set(capacity.headroom as i64);
+        self.real_time_margin.set(capacity.real_time_margin);
+        self.admitting.set(capacity.admitting as i64);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("writing to a String");
         text

@@ -234,6 +234,23 @@ impl Model {
             .warm_step_time(&self.network, rows, frames, cuda_graphs)?)
     }
 
+    /// Has this model's device's compute thread run each CPU op on `threads` threads (libtorch's
+    /// intra-op threads, OpenMP's team), e.g. for a server that may take only a share of the
+    /// host's cores; the threads it runs on now. The setting belongs to the compute thread,
+    /// which every model on the device shares (see `executor`).
+    pub fn limit_compute_threads(&self, threads: usize) -> usize {
+        let threads = threads.clamp(1, i32::MAX as usize) as i32;
+        executor::run(self.device(), || {
+            tch::set_num_threads(threads);
+            tch::get_num_threads() as usize
+        })
+    }
+
+    /// The threads this model's compute thread runs each CPU op on.
+    pub fn compute_threads(&self) -> usize {
+        executor::run(self.device(), || tch::get_num_threads() as usize)
+    }
+
     /// Calls `observer` after every batch of steps this model runs from now on (on the thread
     /// that ran it: keep it short), e.g. for a server's metrics.
     pub fn observe_batches(&self, observer: impl Fn(&BatchRun) + Send + Sync + 'static) {

@@ -184,6 +184,10 @@ fn metrics_count_what_the_server_did() {
         ("qwencodec_decode_step_seconds", "histogram"),
         ("qwencodec_decode_batch_rows", "histogram"),
         ("qwencodec_decode_steps_waiting", "gauge"),
+        ("qwencodec_sessions_most", "gauge"),
+        ("qwencodec_sessions_headroom", "gauge"),
+        ("qwencodec_admitting", "gauge"),
+        ("qwencodec_decode_real_time_margin", "gauge"),
     ] {
         assert!(
             text.contains(&format!("# TYPE {family} {kind}\n")),
@@ -199,6 +203,24 @@ fn metrics_count_what_the_server_did() {
     let audio = sample(&text, "qwencodec_audio_out_seconds_total");
     assert!(audio > 0.0 && audio <= 0.8 + 1e-6, "{audio} s of audio out");
     assert_eq!(sample(&text, r#"qwencodec_refusals_total{code="4401"}"#), 1.0);
+    // The capacity: --max-sessions' 16 (the tests' --admission off), one of them taken.
+    assert_eq!(sample(&text, "qwencodec_sessions_most"), 16.0);
+    assert_eq!(sample(&text, "qwencodec_sessions_headroom"), 15.0);
+    assert_eq!(sample(&text, "qwencodec_admitting"), 1.0);
+    let margin = sample(&text, "qwencodec_decode_real_time_margin");
+    assert!(margin <= 1.0, "a real-time margin of {margin}");
+    let capacity = server.capacity();
+    assert_eq!(
+        (&capacity["sessions"], &capacity["most"], &capacity["headroom"]),
+        (&1.into(), &16.into(), &15.into()),
+        "{capacity}"
+    );
+    assert_eq!(capacity["admitting"], true, "{capacity}");
+    assert!(capacity["refusal"].is_null(), "{capacity}");
+    assert!(
+        capacity["real_time_margin"].as_f64().unwrap() <= 1.0,
+        "{capacity}"
+    );
     // The steps' histogram: buckets that only grow, up to the count.
     let steps = sample(&text, "qwencodec_decode_step_seconds_count");
     assert!(steps >= 1.0, "{steps} decode steps");

@@ -5,6 +5,7 @@
 //! Thresholds come from the speech sent: the fixture's reference decode of those codes.
 
 mod access;
+mod capacity;
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 mod hardening;

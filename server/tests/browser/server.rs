@@ -186,6 +186,24 @@ impl Server {
         )
     }
 
+    /// `/status`'s capacity: sessions, most, headroom, real_time_margin, admitting, refusal.
+    pub fn capacity(&self) -> Value {
+        let status: Value = serde_json::from_str(&self.get("/status").1).unwrap();
+        status["capacity"].clone()
+    }
+
+    /// Waits up to `within` for `/status`'s capacity to say `admitting`; the capacity last read.
+    pub fn await_admitting(&self, admitting: bool, within: Duration) -> Value {
+        let start = Instant::now();
+        loop {
+            let capacity = self.capacity();
+            if capacity["admitting"] == admitting || start.elapsed() > within {
+                return capacity;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits up to `within` for `/status` to be `wanted`; what it was last.
     pub fn await_status(&self, wanted: (u64, u64), within: Duration) -> (u64, u64) {
         let start = Instant::now();
