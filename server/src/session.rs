@@ -858,11 +858,16 @@ impl Sessions {
             if let Some(why) = &registry.closed {
                 return Err((close::GOING_AWAY, why.clone()));
             }
-            if registry.open.len() + registry.starting.len() >= self.max {
+            let sessions = registry.open.len() + registry.starting.len();
+            if sessions >= self.max {
                 return Err((
                     close::TOO_MANY_SESSIONS,
                     format!("the server has its most sessions ({})", self.max),
                 ));
+            }
+            // Behind now (`admission`): late audio, steps left waiting, too little margin.
+            if let Some(why) = self.settings.metrics.capacity.refusal(sessions) {
+                return Err((close::TOO_MANY_SESSIONS, why));
             }
             if registry.open.contains_key(&id) || !registry.starting.insert(id.clone()) {
                 return Err((close::BUSY, format!("session {id} is open already")));

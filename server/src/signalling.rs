@@ -81,11 +81,6 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
         Ok(join) => join,
         Err(refusal) => return refuse(socket, refusal),
     };
-    // Past the most sessions, or behind now (`admission`). `Sessions::open` refuses past the
-    // most again, counting the sessions still starting, which this count does not.
-    if let Some(why) = server.metrics.capacity.refusal(server.sessions.count()) {
-        return refuse(socket, (close::TOO_MANY_SESSIONS, why));
-    }
     let (to_browser, outgoing) = mpsc::channel();
     let session = match server
         .sessions
