@@ -10,10 +10,15 @@ use serde_json::{Value, json};
 use super::network::{JANUS_PORT, SERVER_ADDRESS, ServerHost};
 use super::server::{self, Server, TOKEN, epoch_ms};
 use super::webdriver::Browser;
-use super::{FIRST_AUDIO_MS, Measure, Speech, assert_cancel_silences, assert_heard, hardening, wait_until};
+use super::{Measure, Speech, assert_cancel_silences, assert_heard, hardening, wait_until};
 
 /// Frames of speech each listener hears in full: 3.2 s.
 const FRAMES: usize = 40;
+/// A listener's first audio after the first frame through Janus, about twice the most measured
+/// (2026-12-04, AMD EPYC: 172-189 ms on a quiet machine, 278-303 ms beside make test's other
+/// work; a direct session's bound, `FIRST_AUDIO_MS`, is 300 ms): the browser's jitter buffer
+/// for Janus's stream runs 60-70 ms deeper than for the server's own peer connection.
+const FIRST_AUDIO_THROUGH_JANUS_MS: f64 = 600.0;
 
 /// Janus's HTTP API as the server and the pages reach it.
 fn janus_api() -> String {
@@ -132,7 +137,7 @@ fn two_listeners_hear_one_broadcast_through_janus_decoded_once() {
             after.jitter_buffer_ms_since(before)
         );
         assert!(
-            first_audio < FIRST_AUDIO_MS,
+            first_audio < FIRST_AUDIO_THROUGH_JANUS_MS,
             "{what}: first audio after {first_audio:.0} ms"
         );
     }
