@@ -465,11 +465,11 @@ fn run() -> Result<(), Box<dyn Error>> {
         let server = server.clone();
         move || accept(&server, listener, &server.connections, public_side)
     });
-    let signal = signals.forever().next();
+    let signal = signals.forever().next().map_or("a signal", signal_name);
     // Draining: the listeners stay open, so that a router reads /status and retries a join
     // answered 503 elsewhere, and a session's sender may still come back for its speech.
     log!(
-        "signal {signal:?}: draining: no new session; each session ends once its speech has played, the rest after {drain_timeout} s (--drain-timeout); a second signal ends them at once"
+        "{signal}: draining: no new session; each session ends once its speech has played, the rest after {drain_timeout} s (--drain-timeout); a second signal ends them at once"
     );
     server.sessions.drain(DRAINING);
     let deadline = Instant::now() + Duration::from_secs_f64(drain_timeout);
@@ -479,7 +479,7 @@ fn run() -> Result<(), Box<dyn Error>> {
             break SHUTTING_DOWN.to_owned();
         }
         if let Some(signal) = signals.pending().next() {
-            log!("signal {signal}: ending the {left} sessions left at once");
+            log!("{}: ending the {left} sessions left at once", signal_name(signal));
             break format!("{SHUTTING_DOWN} (a second signal)");
         }
         if Instant::now() >= deadline {
@@ -499,6 +499,14 @@ fn run() -> Result<(), Box<dyn Error>> {
         .sum();
     log!("shut down ({open} connections still open)");
     Ok(())
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        SIGTERM => "SIGTERM",
+        SIGINT => "SIGINT",
+        _ => "a signal",
+    }
 }
 
 /// What a listener serves: with `--codes-bind`, the public side (the page, `/signal`, the

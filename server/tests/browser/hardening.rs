@@ -241,6 +241,38 @@ fn sigterm_drains_each_session_after_its_speech_and_exits_0() {
     assert!(status.success(), "the server exited with {status}");
 }
 
+/// A second SIGTERM while the server drains ends the sessions left at once.
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn a_second_sigterm_ends_the_drain_at_once() {
+    if !server::in_own_network("hardening::a_second_sigterm_ends_the_drain_at_once") {
+        return;
+    }
+    let mut server = Server::start(&[]);
+    let speech = super::Speech::load();
+    let mut signalling = server.connect("/signal", None);
+    signalling.send_text(r#"{"type":"join"}"#);
+    let session = signalling.receive_json()["id"].as_str().unwrap().to_string();
+    let mut sender = server.sender(&session);
+    // 40 s queued: the first signal's drain would wait for it, up to its 30 s timeout.
+    sender.send_binary((0..500).flat_map(|index| speech.frame(index)).collect());
+    std::thread::sleep(Duration::from_millis(300));
+    server.send_sigterm();
+    assert!(
+        server.await_log(|line| line.contains("draining"), Duration::from_secs(2)),
+        "no draining in the log"
+    );
+    server.send_sigterm();
+    let (code, reason) = sender.close_reason();
+    println!("sender after the second signal: {code} {reason}");
+    assert_eq!(code, 4410, "{reason}");
+    assert!(reason.contains("a second signal"), "{reason}");
+    let (code, reason) = signalling.close_reason();
+    assert_eq!(code, 1001, "{reason}");
+    let status = server.await_exit(Duration::from_secs(10));
+    assert!(status.success(), "the server exited with {status}");
+}
+
 /// The value of the sample `name` (with its labels, as written) in OpenMetrics text.
 pub fn sample(text: &str, name: &str) -> f64 {
     text.lines()
