@@ -64,6 +64,8 @@ pub struct Capacity {
     /// One frame's audio.
     frame: Duration,
     recent: Mutex<Recent>,
+    /// Why no session is admitted any more, once the server drains (SIGTERM).
+    draining: Mutex<Option<String>>,
 }
 
 /// What `/status` says of the capacity.
@@ -89,7 +91,13 @@ impl Capacity {
             margin_floor,
             frame,
             recent: Mutex::default(),
+            draining: Mutex::default(),
         }
+    }
+
+    /// Admits no session from now on: the server drains, `why`.
+    pub fn drain(&self, why: &str) {
+        *self.draining.lock().unwrap() = Some(why.to_owned());
     }
 
     /// A batch of the decoder's steps that has just ended (`Model::observe_batches`).
@@ -109,9 +117,12 @@ impl Capacity {
         self.lock().margin(Instant::now())
     }
 
-    /// Why a new session is refused now, with `sessions` open: past the most, or (when live)
-    /// behind by one of the live signals, named in the reason.
+    /// Why a new session is refused now, with `sessions` open: the server drains, past the
+    /// most, or (when live) behind by one of the live signals, named in the reason.
     pub fn refusal(&self, sessions: usize) -> Option<String> {
+        if let Some(why) = self.draining.lock().unwrap().clone() {
+            return Some(why);
+        }
         if sessions >= self.most {
             return Some(format!("the server has its most sessions ({})", self.most));
         }

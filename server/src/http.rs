@@ -180,6 +180,9 @@ pub mod close {
     pub const TOO_LARGE: u16 = 4413;
     pub const BAD_CODES: u16 = 4422;
     pub const TOO_MANY_SESSIONS: u16 = 4429;
+    /// A join while the server drains (SIGTERM): it takes no new session, another server
+    /// does. HTTP's 503, as a new `/signal` is answered then.
+    pub const DRAINING: u16 = 4503;
     /// A sender whose session another sender took over (`takeover=1`): no HTTP status says
     /// that, and a sender told so must not come back and take the session back in turn.
     pub const REPLACED: u16 = 4490;

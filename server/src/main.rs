@@ -47,7 +47,7 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use connections::Connections;
 use gstqwencodec::model::{CheckpointFiles, DecoderConfig, Dtype, Model, parse_device};
@@ -120,6 +120,7 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
     [--max-message-bytes 65536] [--idle-timeout 10] [--allow-origin ORIGIN,...]
     [--ping-interval 5] [--peer-timeout 15] [--connect-timeout 20]
     [--max-connections 256] [--max-connections-per-address 32] [--instance NAME]
+    [--drain-timeout 30]
     [--admission measured|off] [--admission-margin 0.2] [--cores N] [--ice-address ADDRESS,...] [--ice-interfaces NAME,...]
     [--public-address ADDRESS] [--stun stun://HOST:PORT] [--turn turn://HOST:PORT,...]
     [--turn-credentials FILE] [--opus-bitrate BPS] [--opus-fec on|off] [--opus-dtx on|off]
@@ -193,6 +194,8 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
                        first speech is what a browser loses of a new connection's first audio)
   --instance           letters and digits before every session id (NAME-...), for a router
                        in front of several servers to send /codes where the session is
+  --drain-timeout      seconds a draining server (SIGTERM) waits for its sessions' speech to
+                       play before it ends the sessions left (30)
   --janus              Janus's HTTP API: /broadcast (TTS side, bearer token) opens a broadcast,
                        a session whose speech goes as RTP to a mountpoint of Janus's Streaming
                        plugin made for it, which Janus serves to every listener (none)
@@ -201,8 +204,11 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
                        (/usr/share/javascript/janus-gateway/janus.js, Debian's
                        libjs-janus-gateway)
 
-SIGTERM or SIGINT: new connections are refused, every session ends (its browser and its sender
-told why), and the server exits 0.
+SIGTERM or SIGINT: the server drains. It takes no new session (a new /signal is answered 503, a
+join 4503, /status says \"draining\": a router sends joins to another server), and ends each
+session once its speech has played (its sender sent end or left, its audio out), an idle one at
+once, whatever is left after --drain-timeout; then it exits 0. A second signal ends every
+session at once.
 
 docs/streaming-server.md has the protocol and the refusals.
 ";
@@ -275,6 +281,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let max_connections: usize = options.take_parsed("--max-connections", 256)?;
     let max_per_address: usize = options.take_parsed("--max-connections-per-address", 32)?;
     let instance = options.take("--instance")?;
+    let drain_timeout: f64 = options.take_parsed("--drain-timeout", 30.0)?;
     let admission = options.take("--admission")?.unwrap_or_else(|| "measured".into());
     let margin_floor: f64 = options.take_parsed("--admission-margin", admission::DEFAULT_MARGIN_FLOOR)?;
     let cores: Option<usize> = options.take_optional("--cores")?;
@@ -302,6 +309,9 @@ fn run() -> Result<(), Box<dyn Error>> {
         ),
         None => None,
     };
+    if !drain_timeout.is_finite() || drain_timeout < 0.0 {
+        return Err("--drain-timeout must be 0 or above".into());
+    }
     if !idle_timeout.is_finite() || idle_timeout <= 0.0 {
         return Err("--idle-timeout must be above 0".into());
     }
@@ -455,18 +465,48 @@ fn run() -> Result<(), Box<dyn Error>> {
         let server = server.clone();
         move || accept(&server, listener, &server.connections, public_side)
     });
-    let signal = signals.forever().next();
-    log!("signal {signal:?}: shutting down");
+    let signal = signals.forever().next().map_or("a signal", signal_name);
+    // Draining: the listeners stay open, so that a router reads /status and retries a join
+    // answered 503 elsewhere, and a session's sender may still come back for its speech.
+    log!(
+        "{signal}: draining: no new session; each session ends once its speech has played, the rest after {drain_timeout} s (--drain-timeout); a second signal ends them at once"
+    );
+    server.sessions.drain(DRAINING);
+    let deadline = Instant::now() + Duration::from_secs_f64(drain_timeout);
+    let why = loop {
+        let left = server.sessions.close_where_speech_over(DRAIN_TAIL, SHUTTING_DOWN);
+        if left == 0 {
+            break SHUTTING_DOWN.to_owned();
+        }
+        if let Some(signal) = signals.pending().next() {
+            log!("{}: ending the {left} sessions left at once", signal_name(signal));
+            break format!("{SHUTTING_DOWN} (a second signal)");
+        }
+        if Instant::now() >= deadline {
+            log!("--drain-timeout {drain_timeout} s passed: ending the {left} sessions left");
+            break format!("{SHUTTING_DOWN} (--drain-timeout {drain_timeout} s passed)");
+        }
+        std::thread::sleep(DRAIN_POLL);
+    };
+    log!("shutting down");
     for connections in &all_connections {
         connections.stop();
     }
-    server.sessions.close_all("the server is shutting down");
+    server.sessions.close_all(&why);
     let open: usize = all_connections
         .iter()
         .map(|connections| connections.wait_for_all(SHUTDOWN_PATIENCE))
         .sum();
     log!("shut down ({open} connections still open)");
     Ok(())
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        SIGTERM => "SIGTERM",
+        SIGINT => "SIGINT",
+        _ => "a signal",
+    }
 }
 
 /// What a listener serves: with `--codes-bind`, the public side (the page, `/signal`, the
@@ -480,6 +520,17 @@ enum Side {
 
 /// Where Debian's libjs-janus-gateway puts janus.js.
 const DEBIAN_JANUS_JS: &str = "/usr/share/javascript/janus-gateway/janus.js";
+
+/// Why a session ends when the server stops (its browser is told with 1001, its sender 4410).
+const SHUTTING_DOWN: &str = "the server is shutting down";
+/// Why a join is refused while the server drains.
+const DRAINING: &str = "the server is draining (shutting down): join another server";
+/// How long after a session's last audio left a draining server ends it: the browser's jitter
+/// buffer (up to 130 ms measured, docs/testing.md) has played it by then, and nothing of it is
+/// cut off when the peer connection goes.
+const DRAIN_TAIL: gst::ClockTime = gst::ClockTime::from_mseconds(500);
+/// How often a draining server looks for sessions whose speech is over.
+const DRAIN_POLL: Duration = Duration::from_millis(20);
 
 /// How long a shutdown waits for the connections to close.
 const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(5);
@@ -545,21 +596,35 @@ fn serve(server: &Server, stream: TcpStream, peer: SocketAddr, side: Side) {
         return http::respond(stream, "403 Forbidden", "text/plain", &format!("{why}\n"));
     }
     match (request.path.as_str(), request.is_websocket()) {
-        ("/signal", true) => match access::origin_refusal(
-            request.header("origin"),
-            request.header("host"),
-            &server.allowed_origins,
-            server.joins.requires_token(),
-        ) {
-            None => signalling::serve(server, request.upgrade(stream, server), peer),
-            Some(why) => {
-                log!("refused {peer} on /signal: {} {why}", http::close::FORBIDDEN);
-                server.metrics.refused(http::close::FORBIDDEN);
-                if let Some(socket) = request.upgrade(stream, server) {
-                    http::close(socket, http::close::FORBIDDEN, &why);
+        ("/signal", true) => {
+            // Refused before the upgrade: a load balancer retries a 503 on another server
+            // (nginx's proxy_next_upstream http_503), which a close after it cannot do.
+            if let Some(why) = server.sessions.draining() {
+                log!("refused {peer} on /signal: 503 {why}");
+                server.metrics.refused(503);
+                return http::respond(
+                    stream,
+                    "503 Service Unavailable",
+                    "text/plain",
+                    &format!("{why}\n"),
+                );
+            }
+            match access::origin_refusal(
+                request.header("origin"),
+                request.header("host"),
+                &server.allowed_origins,
+                server.joins.requires_token(),
+            ) {
+                None => signalling::serve(server, request.upgrade(stream, server), peer),
+                Some(why) => {
+                    log!("refused {peer} on /signal: {} {why}", http::close::FORBIDDEN);
+                    server.metrics.refused(http::close::FORBIDDEN);
+                    if let Some(socket) = request.upgrade(stream, server) {
+                        http::close(socket, http::close::FORBIDDEN, &why);
+                    }
                 }
             }
-        },
+        }
         ("/codes", true) => ingress::serve(
             server,
             &request,
@@ -614,6 +679,7 @@ fn serve(server: &Server, stream: TcpStream, peer: SocketAddr, side: Side) {
             let status = serde_json::json!({
                 "sessions": sessions,
                 "pipelines": session::live_pipelines(),
+                "draining": server.sessions.draining().is_some(),
                 "capacity": server.metrics.capacity.report(sessions),
             });
             http::respond(stream, "200 OK", "application/json", &status.to_string())

@@ -97,7 +97,11 @@ impl Metrics {
         };
         let step_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
         let batch_rows = Histogram::new(exponential_buckets(1.0, 2.0, 8));
-        registry.register("sessions", "Sessions open: browsers' and broadcasts", metrics.sessions.clone());
+        registry.register(
+            "sessions",
+            "Sessions open: browsers' and broadcasts",
+            metrics.sessions.clone(),
+        );
         registry.register(
             "sessions_most",
             "The most sessions admitted: measured at start (--admission measured), or --max-sessions",

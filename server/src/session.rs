@@ -121,6 +121,9 @@ pub struct Session {
     to_browser: Sender<serde_json::Value>,
     /// Why the session ended, once it has: its connections close with it.
     ended: Mutex<Option<String>>,
+    /// How long the clocksync holds each packet past its time (see `sync_after_latency`): the
+    /// audio of a frame has left when its end plus this has passed.
+    held_latency: Arc<AtomicU64>,
 }
 
 /// Who feeds a session: one sender at a time, each known by its number.
@@ -259,6 +262,7 @@ impl Session {
             sender: Mutex::default(),
             to_browser,
             ended: Mutex::new(None),
+            held_latency,
         };
         session.pipeline.set_state(gst::State::Playing).map_err(|_| {
             session
@@ -266,7 +270,7 @@ impl Session {
                 .unwrap_or_else(|| "the pipeline does not start".into())
         })?;
         // The decoder set its latency on its way to PAUSED.
-        sync_after_latency(&session.pipeline, &clocksync, held_latency);
+        sync_after_latency(&session.pipeline, &clocksync, session.held_latency.clone());
         Ok(session)
     }
 
@@ -359,6 +363,26 @@ impl Session {
         } else if speaking {
             self.cancel();
         }
+    }
+
+    /// Whether the session's speech is over and its audio has left `tail` ago: no speech yet
+    /// (or cancelled), or the last frame's audio out of the clocksync, and its speech ended
+    /// (`end`, or the sender left) or no frame came for [`SLACK`] past it (a frame then would
+    /// start new speech). What a draining server waits for before it ends the session.
+    pub fn speech_over(&self, tail: gst::ClockTime) -> bool {
+        let now = self.appsrc.current_running_time().unwrap_or(gst::ClockTime::ZERO);
+        let held = gst::ClockTime::from_nseconds(self.held_latency.load(Ordering::Relaxed));
+        let timeline = self.timeline.lock().unwrap();
+        let Some(speech_end) = timeline.next_pts else {
+            return true;
+        };
+        let out = speech_end + held;
+        let over = if timeline.ended {
+            out
+        } else {
+            out.max(speech_end + SLACK)
+        };
+        now >= over + tail
     }
 
     /// A message for the browser, on its signalling connection.
@@ -811,7 +835,7 @@ struct Registry {
     /// Sessions whose pipelines are being built: their ids are taken, and they count against
     /// the cap.
     starting: HashSet<String>,
-    /// Why no session opens any more (the server shuts down), once that is so.
+    /// Why no session opens any more (the server drains or shuts down), once that is so.
     closed: Option<String>,
 }
 
@@ -856,7 +880,7 @@ impl Sessions {
         {
             let mut registry = self.registry.lock().unwrap();
             if let Some(why) = &registry.closed {
-                return Err((close::GOING_AWAY, why.clone()));
+                return Err((close::DRAINING, why.clone()));
             }
             let sessions = registry.open.len() + registry.starting.len();
             if sessions >= self.max {
@@ -880,10 +904,10 @@ impl Sessions {
             started.map_err(|err| (close::SERVER_ERROR, format!("cannot start a pipeline: {err}")))?,
         );
         if let Some(why) = registry.closed.clone() {
-            // The server began to shut down while the pipeline was built.
+            // The server began to drain while the pipeline was built.
             drop(registry);
             session.stop(&why);
-            return Err((close::GOING_AWAY, why));
+            return Err((close::DRAINING, why));
         }
         registry.open.insert(id, session.clone());
         Ok(session)
@@ -901,12 +925,45 @@ impl Sessions {
         }
     }
 
+    /// Opens no session from now on (the server drains: SIGTERM), a join refused with 4503
+    /// `refusal`; `/status` and the metrics say it admits none.
+    pub fn drain(&self, refusal: &str) {
+        self.registry.lock().unwrap().closed = Some(refusal.to_owned());
+        self.settings.metrics.capacity.drain(refusal);
+    }
+
+    /// Why a join is refused now that the server drains, if it does.
+    pub fn draining(&self) -> Option<String> {
+        self.registry.lock().unwrap().closed.clone()
+    }
+
+    /// Ends each session whose speech is over and whose audio left `tail` ago
+    /// ([`Session::speech_over`]), saying why; the sessions left.
+    pub fn close_where_speech_over(&self, tail: gst::ClockTime, why: &str) -> usize {
+        let (over, left): (Vec<Arc<Session>>, usize) = {
+            let mut registry = self.registry.lock().unwrap();
+            let ids: Vec<String> = registry
+                .open
+                .iter()
+                .filter(|(_, session)| session.speech_over(tail))
+                .map(|(id, _)| id.clone())
+                .collect();
+            let over = ids.iter().filter_map(|id| registry.open.remove(id)).collect();
+            (over, registry.open.len())
+        };
+        for session in over {
+            log!("session {}: its speech is over, ended ({why})", session.id);
+            session.stop(why);
+        }
+        left
+    }
+
     /// Ends every session (the server shuts down), and opens none from now on: each one's
     /// connections close, saying why.
     pub fn close_all(&self, why: &str) {
         let sessions: Vec<Arc<Session>> = {
             let mut registry = self.registry.lock().unwrap();
-            registry.closed = Some(why.to_owned());
+            registry.closed.get_or_insert_with(|| why.to_owned());
             registry.open.values().cloned().collect()
         };
         for session in sessions {

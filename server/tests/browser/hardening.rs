@@ -6,7 +6,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use super::server::{self, Server};
+use super::server::{self, Client, Server};
 
 /// Reads what the server answers on a raw connection until it closes it (or `patience` runs
 /// out: then None).
@@ -115,27 +115,161 @@ fn other_origins_too_many_connections_and_slow_heads_are_refused() {
     );
 }
 
+/// SIGTERM drains: no new session (a new `/signal` answered 503, a join 4503, `/status` says
+/// so), an idle session ended at once, a speaking one once its speech has played, one with more
+/// queued than `--drain-timeout` at the timeout; then the server exits 0.
 #[test]
 #[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
-fn sigterm_ends_every_session_cleanly_and_exits_0() {
-    if !server::in_own_network("hardening::sigterm_ends_every_session_cleanly_and_exits_0") {
+fn sigterm_drains_each_session_after_its_speech_and_exits_0() {
+    if !server::in_own_network("hardening::sigterm_drains_each_session_after_its_speech_and_exits_0") {
+        return;
+    }
+    const DRAIN_TIMEOUT_S: u64 = 4;
+    let mut server = Server::start(&["--drain-timeout", &DRAIN_TIMEOUT_S.to_string()]);
+    let speech = super::Speech::load();
+    let join = || {
+        let mut signalling = server.connect("/signal", None);
+        signalling.send_text(r#"{"type":"join"}"#);
+        let id = signalling.receive_json()["id"].as_str().unwrap().to_string();
+        (signalling, id)
+    };
+    let (idle, _) = join();
+    let (speaking, speaking_id) = join();
+    let (long, long_id) = join();
+    // Connected before the signal, joins after it.
+    let mut late_join = server.connect("/signal", None);
+    let mut speaking_sender = server.sender(&speaking_id);
+    let mut long_sender = server.sender(&long_id);
+    // 2 s of speech, ended; and 40 s, more than the drain waits for.
+    let speaking_frames = 25;
+    let speech_sent = Instant::now();
+    speech.send_burst(&mut speaking_sender, speaking_frames);
+    speaking_sender.send_text(r#"{"type":"end"}"#);
+    long_sender.send_binary((0..500).flat_map(|index| speech.frame(index)).collect());
+    std::thread::sleep(Duration::from_millis(300));
+
+    server.send_sigterm();
+    let signalled = Instant::now();
+    // Each connection's close, and when it came, read on a thread of its own.
+    let closed = |mut client: Client| {
+        std::thread::spawn(move || {
+            let (code, reason) = client.close_reason();
+            (code, reason, Instant::now())
+        })
+    };
+    let [idle, speaking, speaking_sender, long, long_sender] =
+        [idle, speaking, speaking_sender, long, long_sender].map(closed);
+
+    // Draining: /status says so, and no session is taken.
+    assert!(
+        server.await_log(|line| line.contains("draining"), Duration::from_secs(2)),
+        "no draining in the log"
+    );
+    let status: serde_json::Value = serde_json::from_str(&server.get("/status").1).unwrap();
+    println!("status while draining: {status}");
+    assert_eq!(status["draining"], true, "{status}");
+    assert_eq!(status["capacity"]["admitting"], false, "{status}");
+    assert!(
+        status["capacity"]["refusal"]
+            .as_str()
+            .is_some_and(|why| why.contains("draining")),
+        "{status}"
+    );
+    let mut new_signal = TcpStream::connect(&server.address).unwrap();
+    write!(
+        new_signal,
+        "GET /signal HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        server.address
+    )
+    .unwrap();
+    let answer =
+        answer_until_closed(&mut new_signal, Duration::from_secs(2)).expect("a new /signal left open");
+    println!("a new /signal while draining: {:?}", answer.lines().next());
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+    assert!(answer.contains("the server is draining"), "{answer:?}");
+    late_join.send_text(r#"{"type":"join"}"#);
+    let (code, reason) = late_join.close_reason();
+    println!("a join while draining: {code} {reason}");
+    assert_eq!(code, 4503, "{reason}");
+    assert!(reason.contains("join another server"), "{reason}");
+
+    let [idle, speaking, speaking_sender, long, long_sender] =
+        [idle, speaking, speaking_sender, long, long_sender].map(|closed| closed.join().unwrap());
+    let status = server.await_exit(Duration::from_secs(15));
+    for (what, (code, reason, at)) in [
+        ("idle browser", &idle),
+        ("speaking browser", &speaking),
+        ("speaking sender", &speaking_sender),
+        ("browser of 40 s", &long),
+        ("sender of 40 s", &long_sender),
+    ] {
+        println!(
+            "{what}: {code} {reason}, {:.0} ms after the signal",
+            at.duration_since(signalled).as_secs_f64() * 1e3
+        );
+    }
+    // The idle session at once, before the speaking one: the old shutdown ended both at once.
+    assert_eq!(idle.0, 1001, "{}", idle.1);
+    assert!(idle.1.contains("the server is shutting down"), "{}", idle.1);
+    assert!(
+        idle.2 < speaking.2,
+        "the idle session ended after the speaking one"
+    );
+    // The speaking one once its speech had played (the server plays it in real time).
+    assert_eq!(speaking.0, 1001, "{}", speaking.1);
+    assert_eq!(speaking_sender.0, 4410, "{}", speaking_sender.1);
+    assert!(
+        speaking_sender.1.contains("the server is shutting down"),
+        "{}",
+        speaking_sender.1
+    );
+    let speech_s = speech.seconds(speaking_frames);
+    let played_for = speaking_sender.2.duration_since(speech_sent).as_secs_f64();
+    assert!(
+        played_for >= speech_s,
+        "the speaking session ended {played_for:.3} s after its {speech_s:.3} s of speech was sent"
+    );
+    // The one with more speech than the drain waits for, at the drain timeout.
+    assert_eq!(long.0, 1001, "{}", long.1);
+    assert_eq!(long_sender.0, 4410, "{}", long_sender.1);
+    assert!(long_sender.1.contains("--drain-timeout"), "{}", long_sender.1);
+    assert!(
+        long_sender.2.duration_since(signalled) >= Duration::from_secs(DRAIN_TIMEOUT_S),
+        "the session of 40 s ended before the drain timeout"
+    );
+    assert!(status.success(), "the server exited with {status}");
+}
+
+/// A second SIGTERM while the server drains ends the sessions left at once.
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn a_second_sigterm_ends_the_drain_at_once() {
+    if !server::in_own_network("hardening::a_second_sigterm_ends_the_drain_at_once") {
         return;
     }
     let mut server = Server::start(&[]);
+    let speech = super::Speech::load();
     let mut signalling = server.connect("/signal", None);
     signalling.send_text(r#"{"type":"join"}"#);
     let session = signalling.receive_json()["id"].as_str().unwrap().to_string();
     let mut sender = server.sender(&session);
-    sender.send_binary(vec![0; 32]);
+    // 40 s queued: the first signal's drain would wait for it, up to its 30 s timeout.
+    sender.send_binary((0..500).flat_map(|index| speech.frame(index)).collect());
     std::thread::sleep(Duration::from_millis(300));
-    let status = server.terminate();
+    server.send_sigterm();
+    assert!(
+        server.await_log(|line| line.contains("draining"), Duration::from_secs(2)),
+        "no draining in the log"
+    );
+    server.send_sigterm();
     let (code, reason) = sender.close_reason();
-    println!("sender: {code} {reason}");
+    println!("sender after the second signal: {code} {reason}");
     assert_eq!(code, 4410, "{reason}");
-    assert!(reason.contains("the server is shutting down"), "{reason}");
+    assert!(reason.contains("a second signal"), "{reason}");
     let (code, reason) = signalling.close_reason();
-    println!("signalling: {code} {reason}");
     assert_eq!(code, 1001, "{reason}");
+    let status = server.await_exit(Duration::from_secs(10));
     assert!(status.success(), "the server exited with {status}");
 }
 

@@ -254,19 +254,26 @@ pub fn connect_at(address: &str, path: &str, headers: &[(&str, &str)]) -> Client
 }
 
 impl Server {
-    /// Sends SIGTERM and waits for the server to exit; its exit status.
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
+    /// Sends SIGTERM: the server drains.
+    pub fn send_sigterm(&self) {
         let sent = Command::new("kill")
             .args(["-TERM", &self.process.id().to_string()])
             .status()
             .unwrap();
         assert!(sent.success(), "kill -TERM");
-        let deadline = Instant::now() + Duration::from_secs(15);
+    }
+
+    /// Waits up to `within` for the server to exit; its exit status.
+    pub fn await_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self.process.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "the server did not exit after SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "the server did not exit within {within:?} after SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
