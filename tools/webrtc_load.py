@@ -999,7 +999,7 @@ async def run_broadcast(target: Target, api: str, samplers: dict, count: int, op
         await asyncio.gather(*(ready.wait() for ready in readies))
         await asyncio.sleep(0.5)  # the last answers' DTLS settled
         loop_lag.start()
-        cpu_before, start = client_cpu_s(), time.monotonic()
+        cpu_before, host_before, start = client_cpu_s(), host_cpu_s(), time.monotonic()
         for sampler in samplers.values():
             sampler.sample_now()
         try:
@@ -1007,7 +1007,7 @@ async def run_broadcast(target: Target, api: str, samplers: dict, count: int, op
             await asyncio.sleep(0.5)  # the last packets' way through the server and Janus
         finally:
             spoken.set()
-        end = time.monotonic()
+        end, host_after = time.monotonic(), host_cpu_s()
         for sampler in samplers.values():
             sampler.sample_now()
         client = {
@@ -1015,6 +1015,16 @@ async def run_broadcast(target: Target, api: str, samplers: dict, count: int, op
             "loop_lag": await loop_lag.stop(),
         }
         sessions = await asyncio.gather(*listeners)
+    server, janus = samplers["server"].summary(start, end) or {}, samplers["janus"].summary(start, end) or {}
+    # The machine's CPU over the speech, all processes: what the server, Janus and this process
+    # leave of it is the rest of the machine (another user's build, say).
+    host = {"busy_percent": round(100 * (host_after - host_before) / (end - start), 1), "cores": os.cpu_count()}
+    host["others_percent"] = round(
+        host["busy_percent"]
+        - sum(x.get("cpu_percent") or 0 for x in (server, janus))
+        - client["cpu_percent"],
+        1,
+    )
     results = [analyse_session(s, options) for s in sessions]
     return {
         "listeners": count,
@@ -1022,11 +1032,18 @@ async def run_broadcast(target: Target, api: str, samplers: dict, count: int, op
         "mountpoint": announced["mountpoint"],
         "results": results,
         "summary": summarise(results),
-        "server_process": samplers["server"].summary(start, end),
-        "janus_process": samplers["janus"].summary(start, end),
+        "server_process": server,
+        "janus_process": janus,
         "client": client,
+        "host": host,
         "load_average": os.getloadavg(),
     }
+
+
+def host_cpu_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores, /proc/stat: all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def interface_address(interface: str) -> str:
@@ -1256,8 +1273,9 @@ def markdown_capacity(report: dict) -> list[str]:
 def markdown_broadcast(report: dict) -> list[str]:
     lines = [
         row("listeners", "connected", "first audio p50 / p95 / max ms", "received min %", "underran")
-        + " server CPU % (decoder / rest) | Janus CPU % | load generator CPU % | loop lag p99 ms | load avg |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        + " server CPU % (decoder / rest) | Janus CPU % | load generator CPU % | loop lag p99 ms"
+        + " | other processes CPU % | load avg |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for step in report["broadcast"]["steps"]:
         s, p, j = step["summary"], step["server_process"] or {}, step["janus_process"] or {}
@@ -1279,13 +1297,15 @@ def markdown_broadcast(report: dict) -> list[str]:
             + row(
                 step["client"]["cpu_percent"],
                 step["client"]["loop_lag"]["p99_ms"],
+                step["host"]["others_percent"],
                 " ".join(f"{x:.2f}" for x in step["load_average"]),
             )[1:]
         )
     return lines + [
         "",
-        "CPU in % of one core over the speech (its first frame sent to 0.5 s after its last); the "
-        "load average (1, 5, 15 min) at the step's end.",
+        "CPU in % of one core over the speech (its first frame sent to 0.5 s after its last); other "
+        "processes: the machine's busy CPU (/proc/stat) less the server's, Janus's and the load "
+        "generator's; the load average (1, 5, 15 min) at the step's end.",
     ]
 
 
