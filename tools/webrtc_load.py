@@ -1136,7 +1136,10 @@ async def broadcasts(target: Target, janus: JanusProcess, server_sampler: "Sampl
     steps = []
     try:
         for count in options.janus_listeners:
-            step = await run_broadcast(target, janus.api, samplers, count, options)
+            try:
+                step = await run_broadcast(target, janus.api, samplers, count, options)
+            except websockets.ConnectionClosed as err:  # refused: admission, Janus, the token
+                raise RuntimeError(f"/broadcast for {count} listeners: {close_reason(err)}") from None
             s, p, j = step["summary"], step["server_process"] or {}, step["janus_process"] or {}
             print_progress(
                 f"broadcast: {count} listeners: {s['failed']} failed, {s['underran']} underran, first audio "
