@@ -992,7 +992,9 @@ async def run_broadcast(target: Target, api: str, samplers: dict, count: int, op
         readies = [asyncio.Event() for _ in range(count)]
         listeners = [
             asyncio.ensure_future(
-                run_listener(api, announced["mountpoint"], Session(i, utterances), readies[i], spoken, options)
+                run_listener(
+                    api, announced["mountpoint"], Session(i, utterances), readies[i], spoken, options
+                )
             )
             for i in range(count)
         ]
@@ -1018,7 +1020,10 @@ async def run_broadcast(target: Target, api: str, samplers: dict, count: int, op
     server, janus = samplers["server"].summary(start, end) or {}, samplers["janus"].summary(start, end) or {}
     # The machine's CPU over the speech, all processes: what the server, Janus and this process
     # leave of it is the rest of the machine (another user's build, say).
-    host = {"busy_percent": round(100 * (host_after - host_before) / (end - start), 1), "cores": os.cpu_count()}
+    host = {
+        "busy_percent": round(100 * (host_after - host_before) / (end - start), 1),
+        "cores": os.cpu_count(),
+    }
     host["others_percent"] = round(
         host["busy_percent"]
         - sum(x.get("cpu_percent") or 0 for x in (server, janus))
@@ -1131,7 +1136,10 @@ class JanusProcess:
 
 async def broadcasts(target: Target, janus: JanusProcess, server_sampler: "Sampler", options) -> dict:
     """One broadcast per step of --janus-listeners, one after the other, on the same server and Janus."""
-    samplers = {"server": server_sampler, "janus": Sampler(ServerProcess(janus.proc.pid), options.sample_interval)}
+    samplers = {
+        "server": server_sampler,
+        "janus": Sampler(ServerProcess(janus.proc.pid), options.sample_interval),
+    }
     samplers["janus"].start()
     steps = []
     try:
@@ -1285,7 +1293,8 @@ def markdown_broadcast(report: dict) -> list[str]:
         fa = s["first_audio_ms"]
         fractions = [r["received_fraction"] for r in step["results"] if r["received_fraction"] is not None]
         server_cpu = (
-            f"{fmt(p.get('cpu_percent'))} ({fmt(p.get('decoder_cpu_percent'))} / {fmt(p.get('other_cpu_percent'))})"
+            f"{fmt(p.get('cpu_percent'))} "
+            f"({fmt(p.get('decoder_cpu_percent'))} / {fmt(p.get('other_cpu_percent'))})"
         )
         lines.append(
             row(
