@@ -11,6 +11,11 @@ resident memory, threads and open file descriptors.
     python tools/webrtc_load.py --sessions N [--stagger-ms MS]
     python tools/webrtc_load.py --churn TOTAL --batch B
     python tools/webrtc_load.py --find-capacity [--capacity-max N]
+    python tools/webrtc_load.py --janus-listeners 1,10,50
+
+--janus-listeners starts Janus here (Debian's janus) and the server with --janus, and per step one
+broadcast (/broadcast) heard by N aiortc listeners through Janus's Streaming plugin: per listener
+the same measures, and the CPU of the server and of Janus over the speech.
 
 The server is started here (--server-binary, --model, --dtype, --chunk-frames, --max-sessions,
 --device, --admission are passed on to it), or an already running one is used (--server ADDR --token T).
@@ -30,10 +35,13 @@ import os
 import re
 import resource
 import secrets
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import urllib.parse
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -460,6 +468,8 @@ class ServerProcess:
             # Every peer here is one client (127.0.0.1): no cap per client on its sessions and joins.
             "--max-sessions-per-address", "0", "--max-joins-per-minute", "0",
         ]  # fmt: skip
+        if options.janus_api:
+            command += ["--janus", options.janus_api]
         env = dict(os.environ)
         env.setdefault("GOMP_SPINCOUNT", "1000")  # as make serve: short OpenMP spinning (docs/element.md, "Threads")
         proc = await asyncio.create_subprocess_exec(
@@ -844,6 +854,314 @@ def print_progress(line: str):
     print(line, file=sys.stderr, flush=True)
 
 
+# --- broadcasts through Janus ---------------------------------------------------------------------
+#
+# --janus-listeners N[,N…]: Janus is started here (its Streaming plugin and HTTP transport alone,
+# with a config written into a temporary folder), the server with --janus; per step one broadcast
+# (/broadcast) and N aiortc listeners that watch its mountpoint through Janus's HTTP API. The
+# speech is decoded once by the server and copied to every listener by Janus.
+
+JANUS_PLUGIN = "janus.plugin.streaming"
+JANUS_KEEPALIVE_S = 25.0  # Janus ends a session that is silent for 60 s (session_timeout)
+
+
+async def http_json(url: str, body: dict | None = None, timeout: float = 40.0) -> dict:
+    """POST body as JSON to an http:// URL (GET when None); the JSON answer."""
+    parts = urllib.parse.urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
+    try:
+        data = json.dumps(body).encode() if body is not None else b""
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        writer.write(
+            # HTTP/1.0: the answer ends with the connection, never chunked.
+            f"{'POST' if body is not None else 'GET'} {path} HTTP/1.0\r\nHost: {parts.netloc}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+        await writer.drain()
+        response = await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+    return json.loads(response.partition(b"\r\n\r\n")[2])
+
+
+async def janus_call(url: str, message: dict) -> dict:
+    """One request to Janus's API; its answer, or SessionFailed with Janus's error."""
+    answer = await http_json(url, {**message, "transaction": secrets.token_hex(6)})
+    if answer.get("janus") not in ("success", "ack"):
+        raise SessionFailed(f"Janus at {url}: {answer.get('error', answer)}")
+    return answer
+
+
+async def janus_offer(api: str, janus_session: int) -> dict:
+    """Long-polls the Janus session's events until the Streaming plugin's answer to watch: its
+    JSEP offer (or SessionFailed with the plugin's error)."""
+    while True:
+        event = await http_json(f"{api}/{janus_session}?maxev=1&rid={secrets.token_hex(4)}")
+        events = event if isinstance(event, list) else [event]
+        for e in events:
+            data = e.get("plugindata", {}).get("data", {})
+            if "error" in data:
+                raise SessionFailed(f"Janus's Streaming plugin: {data['error']}")
+            if e.get("jsep", {}).get("type") == "offer":
+                return e["jsep"]
+
+
+async def janus_keepalive(api: str, janus_session: int):
+    while True:
+        await asyncio.sleep(JANUS_KEEPALIVE_S)
+        await janus_call(f"{api}/{janus_session}", {"janus": "keepalive"})
+
+
+async def run_listener(api: str, mountpoint: int, session: Session, ready: asyncio.Event,
+                       spoken: asyncio.Event, options) -> Session:
+    """One listener of a broadcast: a Janus session, watch, answer, then the speech until it has
+    played out; failures end up in session.error."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # no STUN: nothing leaves the machine
+    tasks, janus_session = [], None
+
+    @pc.on("track")
+    def on_track(track):
+        tasks.append(asyncio.ensure_future(record_levels(track, session)))
+
+    try:
+        session.join_sent = time.monotonic()
+        janus_session = (await janus_call(api, {"janus": "create"}))["data"]["id"]
+        tasks.append(asyncio.ensure_future(janus_keepalive(api, janus_session)))
+        handle = (await janus_call(f"{api}/{janus_session}", {"janus": "attach", "plugin": JANUS_PLUGIN}))[
+            "data"
+        ]["id"]
+        handle_url = f"{api}/{janus_session}/{handle}"
+        await janus_call(handle_url, {"janus": "message", "body": {"request": "watch", "id": mountpoint}})
+        offer = await asyncio.wait_for(janus_offer(api, janus_session), options.connect_timeout)
+        await pc.setRemoteDescription(RTCSessionDescription(offer["sdp"], "offer"))
+        for transceiver in pc.getTransceivers():
+            PACKET_LOGS[id(transceiver.receiver)] = session.packets
+        await pc.setLocalDescription(await pc.createAnswer())
+        answer = {"type": "answer", "sdp": pc.localDescription.sdp}  # its candidates in it
+        await janus_call(handle_url, {"janus": "message", "body": {"request": "start"}, "jsep": answer})
+        await wait_until_connected(pc, options.connect_timeout)
+        session.connected_at = time.monotonic()
+        ready.set()
+        await spoken.wait()
+        await wait_for_audio_tail(session, session.utterances[-1].end_sent)
+    except TimeoutError:
+        session.error = f"not connected within {options.connect_timeout} s"
+    except SessionFailed as err:
+        session.error = str(err)
+    except Exception as err:  # noqa: BLE001 - any failure of one listener is a result, not a crash
+        session.error = f"{type(err).__name__}: {err}"
+    finally:
+        ready.set()
+        session.closed_at = time.monotonic()
+        receivers = [t.receiver for t in pc.getTransceivers()]
+        if receivers:
+            mapper = getattr(receivers[0], "_RTCRtpReceiver__timestamp_mapper", None)
+            session.rtp_origin = getattr(mapper, "_origin", None)
+        await close_quietly(pc)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if janus_session is not None:
+            try:
+                await janus_call(f"{api}/{janus_session}", {"janus": "destroy"})
+            except Exception:  # noqa: BLE001 - Janus ends it after its timeout anyway
+                pass
+        for receiver in receivers:
+            PACKET_LOGS.pop(id(receiver), None)
+    return session
+
+
+async def run_broadcast(target: Target, api: str, samplers: dict, count: int, options) -> dict:
+    """One broadcast with count listeners: they connect, then the speech is sent once; each
+    listener's results, and the CPU of the server, Janus and this process over the speech."""
+    frames = round(options.seconds * options.frame_rate)
+    utterances = [Utterance(frames) for _ in range(options.utterances)]
+    loop_lag = LoopLag()
+    async with websockets.connect(
+        f"ws://{target.address}/broadcast",
+        additional_headers={"Authorization": f"Bearer {target.token}"},
+        compression=None,
+        ping_interval=None,
+    ) as broadcast:
+        announced = json.loads(await broadcast.recv())
+        if announced.get("type") != "broadcast":
+            raise RuntimeError(f"/broadcast answered {announced}")
+        sender = Session(-1, utterances, id=announced["id"])
+        spoken = asyncio.Event()
+        readies = [asyncio.Event() for _ in range(count)]
+        listeners = [
+            asyncio.ensure_future(
+                run_listener(
+                    api, announced["mountpoint"], Session(i, utterances), readies[i], spoken, options
+                )
+            )
+            for i in range(count)
+        ]
+        await asyncio.gather(*(ready.wait() for ready in readies))
+        await asyncio.sleep(0.5)  # the last answers' DTLS settled
+        loop_lag.start()
+        cpu_before, host_before, start = client_cpu_s(), host_cpu_s(), time.monotonic()
+        for sampler in samplers.values():
+            sampler.sample_now()
+        try:
+            await send_utterances(target, sender, options.pause_s)
+            await asyncio.sleep(0.5)  # the last packets' way through the server and Janus
+        finally:
+            spoken.set()
+        end, host_after = time.monotonic(), host_cpu_s()
+        for sampler in samplers.values():
+            sampler.sample_now()
+        client = {
+            "cpu_percent": round(100 * (client_cpu_s() - cpu_before) / (end - start), 1),
+            "loop_lag": await loop_lag.stop(),
+        }
+        sessions = await asyncio.gather(*listeners)
+    server, janus = samplers["server"].summary(start, end) or {}, samplers["janus"].summary(start, end) or {}
+    # The machine's CPU over the speech, all processes: what the server, Janus and this process
+    # leave of it is the rest of the machine (another user's build, say).
+    host = {
+        "busy_percent": round(100 * (host_after - host_before) / (end - start), 1),
+        "cores": os.cpu_count(),
+    }
+    host["others_percent"] = round(
+        host["busy_percent"]
+        - sum(x.get("cpu_percent") or 0 for x in (server, janus))
+        - client["cpu_percent"],
+        1,
+    )
+    results = [analyse_session(s, options) for s in sessions]
+    return {
+        "listeners": count,
+        "session": announced["id"],
+        "mountpoint": announced["mountpoint"],
+        "results": results,
+        "summary": summarise(results),
+        "server_process": server,
+        "janus_process": janus,
+        "client": client,
+        "host": host,
+        "load_average": os.getloadavg(),
+    }
+
+
+def host_cpu_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores, /proc/stat: all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def interface_address(interface: str) -> str:
+    """The IPv4 address of a network interface (ip -o -4 addr show dev IF)."""
+    shown = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show", "dev", interface], capture_output=True, text=True
+    ).stdout
+    match = re.search(r"inet (\S+)/", shown)
+    if not match:
+        raise RuntimeError(f"no IPv4 address on {interface} (tools/janus-load.sh makes one)")
+    return match.group(1)
+
+
+class JanusProcess:
+    """Debian's Janus, started with a config of its own: the Streaming plugin and the HTTP
+    transport alone, its API on 127.0.0.1, ICE on one interface (--janus-ice-interface)."""
+
+    def __init__(self, proc, folder: Path, api: str):
+        self.proc, self.folder, self.api = proc, folder, api
+
+    @classmethod
+    async def start(cls, options) -> "JanusProcess":
+        modules = next(
+            (p for p in Path("/usr/lib").glob("*/janus") if (p / "plugins/libjanus_streaming.so").exists()),
+            None,
+        )
+        if modules is None:
+            raise RuntimeError("no Janus plugins under /usr/lib/*/janus (Debian's janus)")
+        folder = Path(tempfile.mkdtemp(prefix="webrtc-load-janus-"))
+
+        def others(kind: str, keep: str) -> str:
+            return ",".join(p.name for p in sorted((modules / kind).glob("*.so")) if p.name != keep)
+
+        with socket.socket() as probe:  # a free port for the API
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        (folder / "janus.jcfg").write_text(
+            f'general: {{ configs_folder = "{folder}" plugins_folder = "{modules}/plugins" '
+            f'transports_folder = "{modules}/transports" events_folder = "{modules}/events" '
+            f'loggers_folder = "{modules}/loggers" debug_level = 3 }}\n'
+            f'media: {{ rtp_port_range = "{options.janus_rtp_ports}" }}\n'
+            f'nat: {{ ice_enforce_list = "{options.janus_ice_interface}" }}\n'
+            f'plugins: {{ disable = "{others("plugins", "libjanus_streaming.so")}" }}\n'
+            f'transports: {{ disable = "{others("transports", "libjanus_http.so")}" }}\n'
+            "events: { broadcast = false }\n"
+            f'loggers: {{ disable = "{others("loggers", "")}" }}\n'
+        )
+        (folder / "janus.transport.http.jcfg").write_text(
+            f'general: {{ base_path = "/janus" http = true port = {port} ip = "127.0.0.1" https = false }}\n'
+            "admin: { admin_http = false }\n"
+        )
+        (folder / "janus.plugin.streaming.jcfg").write_text("general: { }\n")
+        log = open(folder / "janus.log", "w")
+        proc = await asyncio.create_subprocess_exec(
+            options.janus_binary, "--configs-folder", str(folder), "--disable-colors", stdout=log, stderr=log
+        )
+        log.close()
+        janus = cls(proc, folder, f"http://127.0.0.1:{port}/janus")
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                await http_json(janus.api + "/info", timeout=2)
+                return janus
+            except (OSError, ValueError, TimeoutError):
+                if proc.returncode is not None or time.monotonic() > deadline:
+                    await janus.stop()
+                    raise RuntimeError("Janus does not answer; its log:\n" + janus.log_tail()) from None
+                await asyncio.sleep(0.1)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join((self.folder / "janus.log").read_text().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    async def stop(self):
+        if self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+async def broadcasts(target: Target, janus: JanusProcess, server_sampler: "Sampler", options) -> dict:
+    """One broadcast per step of --janus-listeners, one after the other, on the same server and Janus."""
+    samplers = {
+        "server": server_sampler,
+        "janus": Sampler(ServerProcess(janus.proc.pid), options.sample_interval),
+    }
+    samplers["janus"].start()
+    steps = []
+    try:
+        for count in options.janus_listeners:
+            try:
+                step = await run_broadcast(target, janus.api, samplers, count, options)
+            except websockets.ConnectionClosed as err:  # refused: admission, Janus, the token
+                raise RuntimeError(f"/broadcast for {count} listeners: {close_reason(err)}") from None
+            s, p, j = step["summary"], step["server_process"] or {}, step["janus_process"] or {}
+            print_progress(
+                f"broadcast: {count} listeners: {s['failed']} failed, {s['underran']} underran, first audio "
+                f"p50 {fmt(s['first_audio_ms']['p50'])} ms; server CPU {fmt(p.get('cpu_percent'))} %, "
+                f"Janus {fmt(j.get('cpu_percent'))} %, this process {step['client']['cpu_percent']} %"
+            )
+            steps.append(step)
+            await wait_for_sessions_gone(target.address)
+            await asyncio.sleep(options.settle_s)
+    finally:
+        await samplers["janus"].stop()
+    return {"janus_api": janus.api, "janus_log": janus.log_tail(), "steps": steps}
+
+
 # --- the report ----------------------------------------------------------------------------------
 
 
@@ -963,6 +1281,46 @@ def markdown_capacity(report: dict) -> list[str]:
     return lines
 
 
+def markdown_broadcast(report: dict) -> list[str]:
+    lines = [
+        row("listeners", "connected", "first audio p50 / p95 / max ms", "received min %", "underran")
+        + " server CPU % (decoder / rest) | Janus CPU % | load generator CPU % | loop lag p99 ms"
+        + " | other processes CPU % | load avg |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for step in report["broadcast"]["steps"]:
+        s, p, j = step["summary"], step["server_process"] or {}, step["janus_process"] or {}
+        fa = s["first_audio_ms"]
+        fractions = [r["received_fraction"] for r in step["results"] if r["received_fraction"] is not None]
+        server_cpu = (
+            f"{fmt(p.get('cpu_percent'))} "
+            f"({fmt(p.get('decoder_cpu_percent'))} / {fmt(p.get('other_cpu_percent'))})"
+        )
+        lines.append(
+            row(
+                step["listeners"],
+                s["sessions"] - s["failed"],
+                f"{fmt(fa['p50'])} / {fmt(fa['p95'])} / {fmt(fa['max'])}",
+                round(100 * min(fractions), 1) if fractions else None,
+                s["underran"],
+                server_cpu,
+                j.get("cpu_percent"),
+            )
+            + row(
+                step["client"]["cpu_percent"],
+                step["client"]["loop_lag"]["p99_ms"],
+                step["host"]["others_percent"],
+                " ".join(f"{x:.2f}" for x in step["load_average"]),
+            )[1:]
+        )
+    return lines + [
+        "",
+        "CPU in % of one core over the speech (its first frame sent to 0.5 s after its last); other "
+        "processes: the machine's busy CPU (/proc/stat) less the server's, Janus's and the load "
+        "generator's; the load average (1, 5, 15 min) at the step's end.",
+    ]
+
+
 def markdown_churn(report: dict) -> list[str]:
     churn_report = report["churn"]
     base = churn_report["baseline"] or {}
@@ -992,6 +1350,8 @@ def markdown_report(report: dict) -> str:
         lines += markdown_sessions_table(run["results"]) + [""] + markdown_run_summary(run)
     elif report["mode"] == "capacity":
         lines += markdown_capacity(report)
+    elif report["mode"] == "broadcast":
+        lines += markdown_broadcast(report)
     else:
         lines += markdown_churn(report)
     lines += ["", "**Clean**: yes" if not report["problems"] else "**Problems**:"]
@@ -1005,6 +1365,13 @@ def report_problems(report: dict) -> list[str]:
     """Everything that --expect-clean fails on."""
     if report["mode"] == "sessions":
         return [f"session {r['index']}: {p}" for r in report["run"]["results"] for p in r["problems"]]
+    if report["mode"] == "broadcast":
+        return [
+            f"{step['listeners']} listeners: listener {r['index']}: {p}"
+            for step in report["broadcast"]["steps"]
+            for r in step["results"]
+            for p in r["problems"]
+        ]
     if report["mode"] == "capacity":
         return [] if report["capacity"]["largest_passing"] else ["not even the first step passed"]
     problems = [f"batch {b['batch']}: {p}" for b in report["churn"]["batches"] for p in b["problems"]]
@@ -1028,6 +1395,12 @@ def parse_options(argv=None):
     )
     mode.add_argument(
         "--find-capacity", action="store_true", help="the most sessions that play cleanly at once"
+    )
+    mode.add_argument(
+        "--janus-listeners",
+        metavar="N[,N...]",
+        type=lambda text: [int(n) for n in text.split(",")],
+        help="one broadcast per N, heard by N listeners through Janus (started here)",
     )
     parser.add_argument("--batch", type=int, default=8, help="sessions at once in --churn (8)")
     parser.add_argument("--stagger-ms", type=float, default=0, help="between session starts (0)")
@@ -1088,9 +1461,23 @@ def parse_options(argv=None):
     server.add_argument(
         "--start-timeout", type=float, default=120.0, help="seconds for the server to load its model"
     )
+    janus = parser.add_argument_group("Janus (--janus-listeners)")
+    janus.add_argument("--janus-binary", default="janus")
+    janus.add_argument(
+        "--janus-ice-interface",
+        help="the interface Janus and the listeners gather ICE candidates on: not lo, where Janus "
+        "gathers none (tools/janus-load.sh makes one, qwload0, in a network namespace)",
+    )
+    janus.add_argument("--janus-rtp-ports", default="20000-40000", help="Janus's RTP port range")
     options = parser.parse_args(argv)
     if options.server and not options.token:
         parser.error("--server needs --token")
+    if options.janus_listeners and options.server:
+        parser.error("--janus-listeners starts its own server (with --janus)")
+    if options.janus_listeners and not options.janus_ice_interface:
+        parser.error("--janus-listeners needs --janus-ice-interface (tools/janus-load.sh gives it)")
+    if options.janus_listeners and min(options.janus_listeners) < 1:
+        parser.error("--janus-listeners takes counts of at least 1")
     for name in ("sessions", "churn", "batch", "utterances", "capacity_start", "capacity_max"):
         value = getattr(options, name)
         if value is not None and value < 1:
@@ -1118,11 +1505,24 @@ def parse_options(argv=None):
 
 async def main_async(options) -> int:
     server_process, address, token = None, options.server, options.token
+    janus, options.janus_api = None, None
+    if options.janus_listeners:
+        # The listeners' ICE candidates on the interface Janus gathers its own on.
+        ice_address = interface_address(options.janus_ice_interface)
+        aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: [ice_address]
+        janus = await JanusProcess.start(options)
+        options.janus_api = janus.api
+        print_progress(f"Janus at {janus.api} (pid {janus.proc.pid}, config and log in {janus.folder})")
     if options.server:
         port = int(options.server.rsplit(":", 1)[1])
         server_process = ServerProcess(options.server_pid or pid_listening_on(port))
     else:
-        server_process, address, token = await ServerProcess.start(options)
+        try:
+            server_process, address, token = await ServerProcess.start(options)
+        except BaseException:
+            if janus:
+                await janus.stop()
+            raise
     print_progress(f"server at {address} (pid {server_process.pid})")
     codes = options.codes.read_bytes()
     frame_bytes = 2 * options.codebooks
@@ -1157,6 +1557,9 @@ async def main_async(options) -> int:
         if options.sessions:
             report["mode"] = "sessions"
             report["run"] = await run_sessions_at_once(target, sampler, options.sessions, options)
+        elif options.janus_listeners:
+            report["mode"] = "broadcast"
+            report["broadcast"] = await broadcasts(target, janus, sampler, options)
         elif options.churn:
             report["mode"] = "churn"
             report["churn"] = await churn(target, sampler, options)
@@ -1171,6 +1574,8 @@ async def main_async(options) -> int:
         await sampler.stop()
         if not options.server:
             await server_process.stop()
+        if janus:
+            await janus.stop()
     report["server_samples"] = sampler.samples
     report["server_exit"] = server_process.exited()
     report["problems"] = report_problems(report)
