@@ -1,0 +1,192 @@
+"""Stream Qwen3-TTS 12 Hz talker codes frame by frame, on upstream's own code.
+
+The talker (qwen-tts 0.1.1, Qwen3TTSForConditionalGeneration) predicts
+codebook 0 of a frame; on the NEXT talker step its code predictor fills in
+codebooks 1-15 of that frame (Qwen3TTSTalkerForConditionalGeneration.forward,
+returned in `hidden_states[1]`). We run upstream's unmodified `generate` in a
+worker thread and read each finished frame from a forward hook on the talker,
+so the prompt, sampling and stopping are upstream's by construction and every
+frame is handed out the moment its talker step returns.
+"""
+
+import importlib
+import importlib.util
+import json
+import queue
+import sys
+import threading
+import types
+from pathlib import Path
+
+import torch
+
+CODEBOOKS = 16
+
+
+def _shim(name, **attrs):
+    module = types.ModuleType(name)
+    module.__dict__.update(attrs)
+    sys.modules[name] = module
+    return module
+
+
+def _unavailable(what):
+    def fail(*args, **kwargs):
+        raise RuntimeError(f"{what} is not installed; only needed to encode reference audio")
+    return fail
+
+
+def load_upstream():
+    """Import upstream's talker modules without qwen_tts/__init__.
+
+    That __init__ (and qwen_tts.core's) pulls in the whole stack. The modeling
+    module imports two things the talker never calls: librosa's mel filter
+    (speaker-encoder front end, reference audio only) and the speech
+    tokenizer wrapper (used by its from_pretrained, which we bypass). Both are
+    shimmed with stand-ins that raise if ever called.
+    """
+    if "qwen_tts.core.models.modeling_qwen3_tts" in sys.modules:
+        mods = sys.modules
+        return (mods["qwen_tts.core.models.configuration_qwen3_tts"],
+                mods["qwen_tts.core.models.modeling_qwen3_tts"])
+    spec = importlib.util.find_spec("qwen_tts")
+    if spec is None:
+        sys.exit("qwen-tts is not installed: run tools/setup-reference.sh")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    for name, sub in (("qwen_tts", ""), ("qwen_tts.core", "core"),
+                      ("qwen_tts.core.models", "core/models"),
+                      ("qwen_tts.inference", "inference")):
+        if name not in sys.modules:
+            _shim(name, __path__=[str(root / sub)])
+    # transformers probes for librosa at import: let it see the real state
+    # before the stand-in exists.
+    import transformers  # noqa: F401
+    if importlib.util.find_spec("librosa") is None:
+        librosa = _shim("librosa")
+        librosa.filters = _shim("librosa.filters", mel=_unavailable("librosa"))
+    if "qwen_tts.inference.qwen3_tts_tokenizer" not in sys.modules:
+        class Qwen3TTSTokenizer:  # noqa: D401 - stand-in, see docstring
+            from_pretrained = staticmethod(_unavailable("the speech tokenizer"))
+        _shim("qwen_tts.inference.qwen3_tts_tokenizer", Qwen3TTSTokenizer=Qwen3TTSTokenizer)
+    configuration = importlib.import_module("qwen_tts.core.models.configuration_qwen3_tts")
+    modeling = importlib.import_module("qwen_tts.core.models.modeling_qwen3_tts")
+    return configuration, modeling
+
+
+def load_model(model_dir, dtype=torch.float32, device="cpu"):
+    """Load a checkpoint folder in the published layout (config.json,
+    model.safetensors, generation_config.json). Upstream's own
+    from_pretrained also loads speech_tokenizer/ (the decoder, which the
+    GStreamer element does); we call the transformers loader beneath it."""
+    _, modeling = load_upstream()
+    cls = modeling.Qwen3TTSForConditionalGeneration
+    model = modeling.PreTrainedModel.from_pretrained.__func__(
+        cls, str(model_dir), dtype=dtype, local_files_only=True,
+        attn_implementation="eager")
+    model.to(device).eval()
+    gen_path = Path(model_dir) / "generation_config.json"
+    model.load_generate_config(json.loads(gen_path.read_text()) if gen_path.exists() else {})
+    return model
+
+
+# Upstream's wrapper defaults (inference/qwen3_tts_model.py, hard_defaults),
+# overridden by generation_config.json, then by the caller.
+HARD_DEFAULTS = dict(do_sample=True, top_k=50, top_p=1.0, temperature=0.9,
+                     repetition_penalty=1.05, subtalker_dosample=True,
+                     subtalker_top_k=50, subtalker_top_p=1.0,
+                     subtalker_temperature=0.9, max_new_tokens=2048)
+
+
+def generate_kwargs(model, greedy=False, **overrides):
+    """Sampling options as upstream's wrapper merges them; greedy turns off
+    sampling in both the talker and the code predictor."""
+    merged = {k: (model.generate_config or {}).get(k, v) for k, v in HARD_DEFAULTS.items()}
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    if greedy:
+        merged.update(do_sample=False, subtalker_dosample=False)
+    return merged
+
+
+class _Stop(Exception):
+    pass
+
+
+def stream_codes(model, *, input_ids, instruct_ids=None, ref_ids=None,
+                 voice_clone_prompt=None, language="auto", speaker=None,
+                 non_streaming_mode=False, seed=None, cancel=None, **gen):
+    """Yield each frame's 16 codes (list of ints) as soon as it is made.
+
+    Arguments are those of upstream's `Qwen3TTSForConditionalGeneration.generate`
+    for one utterance (input_ids etc. as [1, T] tensors; voice_clone_prompt a
+    dict of one-element lists), plus `seed` (torch.manual_seed right before
+    generation, as a caller of upstream would) and `cancel` (a
+    threading.Event). Stopping: set `cancel`, or stop iterating / close() the
+    generator; generation ends before the next talker step either way.
+    """
+    frames = queue.Queue()
+    stop = threading.Event()
+    eos = model.config.talker_config.codec_eos_token_id
+    done = object()
+
+    def hook(module, args, output):
+        if stop.is_set() or (cancel is not None and cancel.is_set()):
+            raise _Stop()
+        codec_ids = output.hidden_states[1]  # [1, 16] of the previous frame, or None at prefill
+        if codec_ids is not None:
+            frames.put(codec_ids[0].tolist())
+
+    def work():
+        handle = model.talker.register_forward_hook(hook)
+        try:
+            if seed is not None:
+                torch.manual_seed(seed)
+            model.generate(
+                input_ids=[input_ids],
+                instruct_ids=None if instruct_ids is None else [instruct_ids],
+                ref_ids=None if ref_ids is None else [ref_ids],
+                voice_clone_prompt=voice_clone_prompt,
+                languages=[language], speakers=[speaker],
+                non_streaming_mode=non_streaming_mode, **gen)
+            frames.put(done)
+        except _Stop:
+            frames.put(done)
+        except BaseException as error:  # handed to the consumer
+            frames.put(error)
+        finally:
+            handle.remove()
+
+    worker = threading.Thread(target=work, name="qwencodec-talker", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = frames.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            # Upstream cuts the codes at the first EOS in codebook 0; the EOS
+            # frame never reaches the hook (generation ends on it), but stop
+            # here too rather than hand one out.
+            if item[0] == eos:
+                return
+            yield item
+    finally:
+        stop.set()
+        worker.join()
+
+
+def assistant_text(text):
+    """The prompt text upstream's wrapper tokenizes (_build_assistant_text)."""
+    return f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def instruct_text(instruct):
+    return f"<|im_start|>user\n{instruct}<|im_end|>\n"
+
+
+def tokenize(model_dir, text):
+    """Token ids [1, T] with the checkpoint's own text tokenizer (Qwen2
+    vocab.json/merges.txt of a real download)."""
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    return torch.tensor([tokenizer(text)["input_ids"]], dtype=torch.long)

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Streamed talker frames == upstream's non-streaming generate, frame for frame.
+
+For each model kind's prompt shape (CustomVoice: speaker id, incl. a dialect
+speaker; VoiceDesign: instruct text; Base: voice clone by x-vector only and
+in ICL mode with reference codes), on a tiny random talker that
+tools/make_talker_fixture.py builds with upstream's classes, and for greedy
+and seeded sampling: the frames stream_codes yields must equal the codes
+upstream's Qwen3TTSForConditionalGeneration.generate returns (same count,
+same 16 values each). Also checked: frames arrive before generation ends,
+and closing the stream stops generation at once.
+
+    python tests/talker/test_exact.py FIXTURE_ROOT   (holds custom_voice/, voice_design/, base/)
+"""
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+import qwencodec_talker as qt  # noqa: E402
+
+MAX_NEW = 12
+
+
+def ids(generator, n, low=100, high=150000):
+    return torch.randint(low, high, (1, n), generator=generator)
+
+
+def wrap(body):
+    """[1, T] ids shaped like the tokenized assistant text: 3 role tokens,
+    the text, then <|im_end|>\\n<|im_start|>assistant\\n (5 tokens)."""
+    role = torch.tensor([[151644, 77091, 198]])
+    tail = torch.tensor([[151645, 198, 151644, 77091, 198]])
+    return torch.cat([role, body, tail], dim=1)
+
+
+def cases(root):
+    g = torch.Generator().manual_seed(1234)
+    text = wrap(ids(g, 7))
+    long_text = wrap(ids(g, 30))
+    out = []
+    cv = qt.load_model(root / "custom_voice")
+    out += [("custom_voice/vivian/auto", cv, dict(input_ids=text, speaker="vivian")),
+            ("custom_voice/vivian/english", cv, dict(input_ids=text, speaker="vivian", language="english")),
+            ("custom_voice/dylan(dialect)", cv, dict(input_ids=long_text, speaker="dylan", language="chinese")),
+            ("custom_voice/non_streaming_mode", cv, dict(input_ids=text, speaker="vivian", non_streaming_mode=True))]
+    vd = qt.load_model(root / "voice_design")
+    instruct = torch.cat([torch.tensor([[151644, 872, 198]]), ids(g, 9), torch.tensor([[151645, 198]])], 1)
+    out += [("voice_design/instruct", vd, dict(input_ids=text, instruct_ids=instruct, language="english"))]
+    base = qt.load_model(root / "base")
+    hidden = base.config.talker_config.hidden_size
+    spk = torch.randn(hidden, generator=g)
+    ref_code = torch.randint(0, 2048, (6, 16), generator=g)
+    ref_ids = torch.cat([torch.tensor([[151644, 77091, 198]]), ids(g, 5), torch.tensor([[151645, 198]])], 1)
+    xvec = dict(ref_code=[None], ref_spk_embedding=[spk], x_vector_only_mode=[True], icl_mode=[False])
+    icl = dict(ref_code=[ref_code], ref_spk_embedding=[spk], x_vector_only_mode=[False], icl_mode=[True])
+    out += [("base/x_vector_only", base, dict(input_ids=text, voice_clone_prompt=xvec)),
+            ("base/icl", base, dict(input_ids=long_text, ref_ids=ref_ids, voice_clone_prompt=icl)),
+            ("base/icl_short_text", base, dict(input_ids=text, ref_ids=ref_ids, voice_clone_prompt=icl))]
+    return out
+
+
+def upstream(model, prompt, seed, gen):
+    """Upstream's own non-streaming call, as its wrapper makes it."""
+    torch.manual_seed(seed)
+    p = dict(prompt)
+    codes, _ = model.generate(
+        input_ids=[p.pop("input_ids")],
+        instruct_ids=[p["instruct_ids"]] if p.get("instruct_ids") is not None else None,
+        ref_ids=[p["ref_ids"]] if p.get("ref_ids") is not None else None,
+        voice_clone_prompt=p.get("voice_clone_prompt"),
+        languages=[p.get("language", "auto")], speakers=[p.get("speaker")],
+        non_streaming_mode=p.get("non_streaming_mode", False), **gen)
+    return codes[0].tolist()
+
+
+def main():
+    root = Path(sys.argv[1])
+    torch.set_num_threads(1)
+    # Greedy on every prompt shape; seeded sampling (the checkpoint's
+    # defaults, and explicit temperature/top-k/top-p) on one shape per kind.
+    greedy = [("greedy", 0, dict(greedy=True))]
+    sampled = [("sampled", 7, dict(temperature=0.8, top_k=40, top_p=0.9)),
+               ("sampled", 8, dict())]
+    sampled_on = {"custom_voice/vivian/auto", "voice_design/instruct", "base/icl"}
+    failures, checked, frames_total, eos_ended, lengths = [], 0, 0, 0, []
+    for name, model, prompt in cases(root):
+        for mode, seed, opts in greedy + (sampled if name in sampled_on else []):
+            gen = qt.generate_kwargs(model, max_new_tokens=MAX_NEW, **opts)
+            expected = upstream(model, prompt, seed, gen)
+            streamed = list(qt.stream_codes(model, seed=seed, **prompt, **gen))
+            checked += 1
+            frames_total += len(streamed)
+            lengths.append(len(expected))
+            if len(expected) < MAX_NEW - 1:
+                eos_ended += 1
+            if len(expected) == 0 or any(len(f) != 16 for f in expected):
+                failures.append(f"{name} {mode}: upstream made {len(expected)} frames")
+            if streamed != expected:
+                first = next((i for i, (a, b) in enumerate(zip(streamed, expected)) if a != b), None)
+                failures.append(f"{name} {mode} seed {seed}: {len(streamed)} streamed vs "
+                                f"{len(expected)} upstream frames, first differing frame {first}")
+
+    # Streaming and stopping, on one CustomVoice case: the first frame must
+    # come while generation still runs, and close() must end it at once.
+    cv = qt.load_model(root / "custom_voice")
+    g = torch.Generator().manual_seed(1234)
+    prompt = dict(input_ids=wrap(ids(g, 7)), speaker="vivian")
+    steps = []
+    handle = cv.talker.register_forward_hook(lambda *a: steps.append(time.monotonic()))
+    stream = qt.stream_codes(cv, seed=0, **prompt, **qt.generate_kwargs(cv, greedy=True, max_new_tokens=MAX_NEW))
+    next(stream)
+    at_first = len(steps)
+    stream.close()
+    after_close = len(steps)
+    time.sleep(0.2)
+    handle.remove()
+    if not at_first < MAX_NEW:
+        failures.append(f"first frame only after {at_first} talker steps")
+    if len(steps) != after_close or after_close > at_first + 2:
+        failures.append(f"close() did not stop: {at_first} steps at first frame, {len(steps)} in all")
+    # cancel event
+    cancel = threading.Event()
+    got = []
+    for frame in qt.stream_codes(cv, seed=0, cancel=cancel, **prompt,
+                                 **qt.generate_kwargs(cv, greedy=True, max_new_tokens=MAX_NEW)):
+        got.append(frame)
+        if len(got) == 3:
+            cancel.set()
+    if not 3 <= len(got) <= 4:
+        failures.append(f"cancel after 3 frames gave {len(got)}")
+
+    if eos_ended == 0:
+        failures.append("no run ended on EOS: the EOS cut was not exercised")
+    if eos_ended == checked:
+        failures.append("every run ended on EOS: the max_new_tokens end was not exercised")
+    print("frames per run (upstream):", lengths)
+    for f in failures:
+        print("FAIL", f)
+    print(f"talker exactness: {checked} runs ({checked - len([f for f in failures if ' seed ' in f])} equal), "
+          f"{frames_total} frames, {eos_ended} ended on EOS; stream/close/cancel "
+          f"{'ok' if not any(k in ' '.join(failures) for k in ('close', 'first frame', 'cancel')) else 'FAILED'}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

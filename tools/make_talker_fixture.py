@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Make a tiny random-weight Qwen3-TTS 12 Hz talker in the published layout.
+
+Upstream's own classes (qwen-tts 0.1.1, Qwen3TTSForConditionalGeneration)
+build the model from a tiny Qwen3TTSConfig with the released structure
+(16 code groups, codebook 2048, mrope, the released special text token ids)
+at tiny widths; save_pretrained writes config.json and model.safetensors,
+and generation_config.json holds the sampling defaults as a real download
+does. No text tokenizer files: the tests build prompt token ids directly.
+Deterministic by --seed.
+
+    python tools/make_talker_fixture.py --kind custom_voice --out DIR
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+from qwencodec_talker import load_upstream  # noqa: E402
+
+CODEC = dict(codec_pad_id=2148, codec_bos_id=2149, codec_eos_token_id=2150,
+             codec_think_id=2154, codec_nothink_id=2155,
+             codec_think_bos_id=2156, codec_think_eos_id=2157)
+LANGUAGES = {"chinese": 2055, "english": 2050, "beijing_dialect": 2074}
+SPEAKERS = {"vivian": 3065, "dylan": 2878}
+DIALECT = {"vivian": False, "dylan": "beijing_dialect"}
+
+
+def tiny_config(kind):
+    talker = dict(
+        vocab_size=3072, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, text_hidden_size=32, text_vocab_size=151936,
+        num_code_groups=16, max_position_embeddings=4096,
+        rope_scaling={"interleaved": True, "mrope_section": [4, 2, 2],
+                      "rope_type": "default", "type": "default"},
+        code_predictor_config=dict(
+            vocab_size=2048, hidden_size=48, intermediate_size=96,
+            num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=12, num_code_groups=16,
+            max_position_embeddings=64),
+        codec_language_id=LANGUAGES,
+        **CODEC)
+    if kind == "custom_voice":
+        talker.update(spk_id=SPEAKERS, spk_is_dialect=DIALECT)
+    else:
+        talker.update(spk_id={}, spk_is_dialect={})
+    return dict(
+        talker_config=talker,
+        # enc_dim is the talker width: the x-vector is one talker input.
+        speaker_encoder_config=dict(
+            mel_dim=128, enc_dim=64, enc_channels=[32, 32, 32, 32, 96],
+            enc_kernel_sizes=[5, 3, 3, 3, 1], enc_dilations=[1, 2, 3, 4, 1],
+            enc_attention_channels=16, enc_res2net_scale=4, enc_se_channels=16),
+        tokenizer_type="qwen3_tts_tokenizer_12hz", tts_model_size="0b6",
+        tts_model_type=kind)
+
+
+GENERATION = dict(do_sample=True, top_k=50, top_p=1.0, temperature=0.9,
+                  repetition_penalty=1.05, subtalker_dosample=True,
+                  subtalker_top_k=50, subtalker_top_p=1.0,
+                  subtalker_temperature=0.9, max_new_tokens=8192)
+
+
+def make(kind, out, seed):
+    configuration, modeling = load_upstream()
+    config = configuration.Qwen3TTSConfig(**tiny_config(kind))
+    torch.manual_seed(seed)
+    model = modeling.Qwen3TTSForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        # Upstream's init (std 0.02) makes near-uniform logits; larger
+        # weights give the talker distinct, input-dependent choices, so a
+        # wrong prompt or frame order would change the codes.
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.3 if "embed" in name else 0.15)
+        # Random weights almost never pick EOS, which would leave upstream's
+        # EOS cut untested: point EOS's codec_head row along the codes a
+        # short greedy run picks (their mean row, at 2.5 times a row's
+        # typical norm), so EOS competes
+        # with the model's favourite codes and some runs end on it.
+        eos = config.talker_config.codec_eos_token_id
+        head = model.talker.codec_head.weight
+        probe = torch.tensor([[151644, 77091, 198, *range(1000, 1008), 151645, 198, 151644, 77091, 198]])
+        codes, _ = model.generate(input_ids=[probe], languages=["auto"], speakers=[None],
+                                  do_sample=False, subtalker_dosample=False, max_new_tokens=12)
+        direction = head[codes[0][:, 0]].mean(0)
+        head[eos] = 2.5 * head.norm(dim=1).mean() * direction / direction.norm()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    # save_pretrained's config.json spells out every PretrainedConfig default
+    # in the sub-configs, which upstream's Qwen3TTSSpeakerEncoderConfig then
+    # refuses on load (`model_type`); the published config.json holds only
+    # the model's own keys, so write that.
+    published = dict(architectures=["Qwen3TTSForConditionalGeneration"],
+                     model_type="qwen3_tts", **tiny_config(kind),
+                     im_start_token_id=151644, im_end_token_id=151645,
+                     tts_pad_token_id=151671, tts_bos_token_id=151672,
+                     tts_eos_token_id=151673, transformers_version="4.57.3")
+    (out / "config.json").write_text(json.dumps(published, indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(GENERATION, indent=2) + "\n")
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", choices=["custom_voice", "voice_design", "base", "all"], required=True,
+                        help="all: one subfolder per kind under --out")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.kind == "all":
+        for kind in ("custom_voice", "voice_design", "base"):
+            make(kind, Path(args.out) / kind, args.seed)
+    else:
+        make(args.kind, args.out, args.seed)
+
+
+if __name__ == "__main__":
+    main()
