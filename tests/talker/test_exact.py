@@ -8,7 +8,8 @@ tools/make_talker_fixture.py builds with upstream's classes, and for greedy
 and seeded sampling: the frames stream_codes yields must equal the codes
 upstream's Qwen3TTSForConditionalGeneration.generate returns (same count,
 same 16 values each). Also checked: frames arrive before generation ends,
-and closing the stream stops generation at once.
+and closing the stream stops generation at once; the CLI's
+S16LE output equals upstream's codes byte for byte.
 
     python tests/talker/test_exact.py FIXTURE_ROOT   (holds custom_voice/, voice_design/, base/)
 """
@@ -134,6 +135,25 @@ def main():
     if not 3 <= len(got) <= 4:
         failures.append(f"cancel after 3 frames gave {len(got)}")
 
+    # The CLI's bytes: S16LE, 16 codes a frame, frame-major, equal to
+    # upstream's codes for the same prompt and seed (sampled, VoiceDesign
+    # shape without instruct).
+    import struct
+    import tempfile
+    from qwencodec_talker.__main__ import main as cli
+    vd = qt.load_model(root / "voice_design")
+    text = wrap(torch.arange(2000, 2030).unsqueeze(0))
+    gen = qt.generate_kwargs(vd, max_new_tokens=MAX_NEW)
+    expected = upstream(vd, dict(input_ids=text), 2, gen)
+    with tempfile.NamedTemporaryFile(suffix=".raw") as raw:
+        cli(["--model", str(root / "voice_design"), "--text-ids", ",".join(map(str, text[0].tolist())),
+             "--seed", "2", "--max-new-tokens", str(MAX_NEW), "--out", raw.name])
+        data = Path(raw.name).read_bytes()
+    want = b"".join(struct.pack("<16h", *f) for f in expected)
+    if not expected or data != want:
+        failures.append(f"CLI wrote {len(data)} bytes, upstream's {len(expected)} frames are {len(want)} bytes"
+                        f"{'' if len(data) != len(want) else ', values differ'}")
+
     if eos_ended == 0:
         failures.append("no run ended on EOS: the EOS cut was not exercised")
     if eos_ended == checked:
@@ -143,7 +163,8 @@ def main():
         print("FAIL", f)
     print(f"talker exactness: {checked} runs ({checked - len([f for f in failures if ' seed ' in f])} equal), "
           f"{frames_total} frames, {eos_ended} ended on EOS; stream/close/cancel "
-          f"{'ok' if not any(k in ' '.join(failures) for k in ('close', 'first frame', 'cancel')) else 'FAILED'}")
+          f"{'ok' if not any(k in ' '.join(failures) for k in ('close', 'first frame', 'cancel')) else 'FAILED'}; "
+          f"CLI bytes {'FAILED' if 'CLI' in ' '.join(failures) else 'equal'} ({len(expected)} frames)")
     sys.exit(1 if failures else 0)
 
 
