@@ -6,8 +6,10 @@ build the model from a tiny Qwen3TTSConfig with the released structure
 (16 code groups, codebook 2048, mrope, the released special text token ids)
 at tiny widths; save_pretrained writes config.json and model.safetensors,
 and generation_config.json holds the sampling defaults as a real download
-does. No text tokenizer files: the tests build prompt token ids directly.
-Deterministic by --seed.
+does. The text tokenizer is a real Qwen2 byte-level BPE in the published
+files (vocab.json, merges.txt, tokenizer_config.json) with one token per
+byte and the chat special tokens at their released ids, so `--text` and
+the agents' adapters take text as with a download. Deterministic by --seed.
 
     python tools/make_talker_fixture.py --kind custom_voice --out DIR
 """
@@ -66,6 +68,36 @@ GENERATION = dict(do_sample=True, top_k=50, top_p=1.0, temperature=0.9,
                   subtalker_temperature=0.9, max_new_tokens=8192)
 
 
+SPECIAL_TOKENS = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"}
+
+
+def byte_tokens():
+    """GPT-2's byte-to-character table, which byte-level BPE vocabularies are spelled in."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            table[byte] = chr(byte)
+        else:
+            table[byte] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def write_tokenizer(out):
+    vocab = {char: byte for byte, char in byte_tokens().items()}
+    vocab.update({token: id for id, token in SPECIAL_TOKENS.items()})
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    (out / "merges.txt").write_text("#version: 0.2\n")
+    added = {str(id): dict(content=token, special=True, lstrip=False, rstrip=False,
+                           normalized=False, single_word=False)
+             for id, token in SPECIAL_TOKENS.items()}
+    config = dict(tokenizer_class="Qwen2Tokenizer", model_max_length=32768, errors="replace",
+                  eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None,
+                  unk_token=None, clean_up_tokenization_spaces=False, added_tokens_decoder=added)
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
 def make(kind, out, seed):
     configuration, modeling = load_upstream()
     config = configuration.Qwen3TTSConfig(**tiny_config(kind))
@@ -104,6 +136,7 @@ def make(kind, out, seed):
                      tts_eos_token_id=151673, transformers_version="4.57.3")
     (out / "config.json").write_text(json.dumps(published, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps(GENERATION, indent=2) + "\n")
+    write_tokenizer(out)
     return out
 
 
