@@ -1,0 +1,212 @@
+"""Text in, audio out, in this process: the talker's frames into appsrc ! qwencodecdec ! appsink.
+
+`Speaker(talker_dir).speak(text)` yields 16-bit mono PCM as each decode step finishes, while the
+talker is still generating; the voice-agent adapters (python/qwencodec_agents) are built on it.
+It needs the plugin (`make build`) and Debian's PyGObject linked into the venv
+(tools/setup-agents.sh).
+"""
+
+import json
+import threading
+from pathlib import Path
+
+import torch
+
+from . import assistant_text, generate_kwargs, instruct_text, load_model, stream_codes, tokenize
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _gst():
+    import gi
+
+    gi.require_version("Gst", "1.0")
+    gi.require_version("GstApp", "1.0")
+    from gi.repository import Gst, GstApp  # noqa: F401 - GstApp gives appsrc and appsink their methods
+
+    if not Gst.is_initialized():
+        Gst.init(None)
+    return Gst
+
+
+def decoder_geometry(model_dir):
+    """(codebooks, frame rate as (num, den), sample rate, samples per frame) from the speech
+    tokenizer's config.json (its folder, or a checkpoint holding speech_tokenizer/)."""
+    folder = Path(model_dir)
+    if (folder / "speech_tokenizer").is_dir():
+        folder = folder / "speech_tokenizer"
+    config = json.loads((folder / "config.json").read_text())
+    codebooks = config["decoder_config"].get("num_quantizers", 16)
+    rate, per_frame = config["output_sample_rate"], config["decode_upsample_rate"]
+    return codebooks, (rate, per_frame), rate, per_frame
+
+
+class Decoder:
+    """appsrc ! qwencodecdec ! appsink, one utterance at a time: `push` frames, `drain` at the
+    utterance's end (the element's qwencodec-drain event: its held-back frames are decoded, the
+    next frame starts a fresh decode), `flush` to drop everything not yet pulled (barge-in)."""
+
+    def __init__(self, model_dir, *, chunk_frames=None, device="cpu", plugin_dir=None):
+        Gst = self.Gst = _gst()
+        plugin_dir = Path(plugin_dir or ROOT / "target" / "release")
+        if Gst.ElementFactory.find("qwencodecdec") is None:
+            Gst.Registry.get().scan_path(str(plugin_dir))
+        if Gst.ElementFactory.find("qwencodecdec") is None:
+            raise RuntimeError(f"no qwencodecdec element in {plugin_dir}: build the plugin (make build)")
+        codebooks, (num, den), self.sample_rate, self.samples_per_frame = decoder_geometry(model_dir)
+        self.frame_bytes = 2 * codebooks
+        self.frame_ns = den * Gst.SECOND // num
+        self.pipeline = Gst.Pipeline.new("qwencodec-speech")
+        self.appsrc = Gst.ElementFactory.make("appsrc")
+        self.appsrc.set_property("format", Gst.Format.TIME)
+        self.appsrc.set_caps(Gst.Caps.from_string(
+            f"audio/x-qwen3-tts-codes,codebooks={codebooks},framerate={num}/{den}"))
+        decoder = Gst.ElementFactory.make("qwencodecdec")
+        decoder.set_property("model-path", str(model_dir))
+        decoder.set_property("device", device)
+        if chunk_frames is not None:
+            decoder.set_property("chunk-frames", chunk_frames)
+        convert = Gst.ElementFactory.make("audioconvert")
+        self.appsink = Gst.ElementFactory.make("appsink")
+        self.appsink.set_property("sync", False)
+        self.appsink.set_caps(Gst.Caps.from_string("audio/x-raw,format=S16LE,channels=1"))
+        for element in (self.appsrc, decoder, convert, self.appsink):
+            self.pipeline.add(element)
+        self.appsrc.link(decoder)
+        decoder.link(convert)
+        convert.link(self.appsink)
+        self.bus = self.pipeline.get_bus()
+        if self.pipeline.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:
+            raise RuntimeError(self._error() or "the decoding pipeline does not start")
+        self.frames = 0
+
+    def _error(self):
+        message = self.bus.pop_filtered(self.Gst.MessageType.ERROR)
+        if message is None:
+            return None
+        error, debug = message.parse_error()
+        return f"{message.src.get_name()}: {error.message} ({debug})"
+
+    def push(self, codes):
+        """One frame's codes (ints)."""
+        Gst = self.Gst
+        data = torch.tensor(codes, dtype=torch.int16).numpy().tobytes()
+        if len(data) != self.frame_bytes:
+            raise ValueError(f"a frame has {self.frame_bytes // 2} codes, not {len(codes)}")
+        buffer = Gst.Buffer.new_wrapped(data)
+        buffer.pts = self.frames * self.frame_ns
+        buffer.duration = self.frame_ns
+        self.frames += 1
+        if self.appsrc.emit("push-buffer", buffer) != Gst.FlowReturn.OK:
+            raise RuntimeError(self._error() or "the decoder took no more frames")
+
+    def drain(self):
+        Gst = self.Gst
+        self.appsrc.send_event(Gst.Event.new_custom(
+            Gst.EventType.CUSTOM_DOWNSTREAM, Gst.Structure.new_empty("qwencodec-drain")))
+
+    def pull(self, timeout_s):
+        """The next decoded audio (bytes, S16LE mono), or None after `timeout_s`."""
+        sample = self.appsink.try_pull_sample(int(timeout_s * self.Gst.SECOND))
+        if sample is None:
+            error = self._error()
+            if error:
+                raise RuntimeError(error)
+            return None
+        buffer = sample.get_buffer()
+        return buffer.extract_dup(0, buffer.get_size())
+
+    def flush(self):
+        """Drops every frame and sample not yet pulled; the next frame starts a fresh decode."""
+        Gst = self.Gst
+        self.appsrc.send_event(Gst.Event.new_flush_start())
+        self.appsrc.send_event(Gst.Event.new_flush_stop(True))
+        self.frames = 0
+
+    def close(self):
+        self.pipeline.set_state(self.Gst.State.NULL)
+
+
+class Speaker:
+    """A talker and an in-process qwencodecdec: text in, audio out as each step finishes.
+
+    talker_dir: a Qwen3-TTS 12 Hz checkpoint folder (published layout); decoder_dir: its
+    speech tokenizer (default talker_dir/speech_tokenizer). One `speak` at a time.
+    """
+
+    def __init__(self, talker_dir, *, decoder_dir=None, chunk_frames=None, device="cpu",
+                 dtype=torch.float32, plugin_dir=None):
+        self.talker_dir = Path(talker_dir)
+        self.model = load_model(self.talker_dir, dtype=dtype, device=device)
+        self.decoder = Decoder(decoder_dir or self.talker_dir / "speech_tokenizer",
+                               chunk_frames=chunk_frames, device=device, plugin_dir=plugin_dir)
+        self.sample_rate = self.decoder.sample_rate
+        self.frames_made = 0
+        self._lock = threading.Lock()
+
+    def speak(self, text, *, speaker=None, instruct=None, language="auto", seed=None,
+              greedy=False, cancel=None, **sampling):
+        """Yields bytes of S16LE mono audio at `sample_rate` as the decoder makes them.
+
+        The utterance's audio is exactly the talker's frames decoded (samples_per_frame each).
+        Stopping early (closing the generator, or setting the threading.Event `cancel`) stops
+        the talker before its next step and drops the decoder's queued frames and audio.
+        `sampling`: upstream's options (temperature, top_k, top_p, repetition_penalty,
+        max_new_tokens, subtalker_*).
+        """
+        with self._lock:
+            yield from self._speak(text, speaker, instruct, language, seed, greedy, cancel, sampling)
+
+    def _speak(self, text, speaker, instruct, language, seed, greedy, cancel, sampling):
+        stop = threading.Event()
+        decoder = self.decoder
+        progress = {"frames": 0, "done": False, "error": None}
+        input_ids = tokenize(self.talker_dir, assistant_text(text))
+        instruct_ids = tokenize(self.talker_dir, instruct_text(instruct)) if instruct else None
+        options = generate_kwargs(self.model, greedy=greedy, **sampling)
+
+        def talk():
+            try:
+                for frame in stream_codes(self.model, input_ids=input_ids, instruct_ids=instruct_ids,
+                                          language=language, speaker=speaker, seed=seed,
+                                          cancel=stop, **options):
+                    decoder.push(frame)
+                    progress["frames"] += 1
+                if not stop.is_set():
+                    decoder.drain()
+            except BaseException as error:  # handed to the consumer
+                progress["error"] = error
+            finally:
+                progress["done"] = True
+
+        self.frames_made = 0
+        talker = threading.Thread(target=talk, name="qwencodec-speaker", daemon=True)
+        talker.start()
+        samples = 0
+        finished = False
+        try:
+            while not (cancel is not None and cancel.is_set()):
+                audio = decoder.pull(0.02)
+                if audio is not None:
+                    samples += len(audio) // 2
+                    yield audio
+                if progress["error"] is not None:
+                    raise progress["error"]
+                if progress["done"] and samples >= progress["frames"] * decoder.samples_per_frame:
+                    finished = True
+                    break
+        finally:
+            stop.set()
+            talker.join()
+            self.frames_made = progress["frames"]
+            if not finished:
+                decoder.flush()
+
+    def close(self):
+        self.decoder.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
