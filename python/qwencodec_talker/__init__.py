@@ -120,8 +120,8 @@ def stream_codes(model, *, input_ids, instruct_ids=None, ref_ids=None,
     for one utterance (input_ids etc. as [1, T] tensors; voice_clone_prompt a
     dict of one-element lists), plus `seed` (torch.manual_seed right before
     generation, as a caller of upstream would) and `cancel` (a
-    threading.Event). Stopping: set `cancel`, or stop iterating / close() the
-    generator; generation ends before the next talker step either way.
+    threading.Event). Stopping: set `cancel` (no frame is handed out after it), or stop
+    iterating / close() the generator; generation ends before the next talker step either way.
     """
     frames = queue.Queue()
     stop = threading.Event()
@@ -159,7 +159,13 @@ def stream_codes(model, *, input_ids, instruct_ids=None, ref_ids=None,
     worker.start()
     try:
         while True:
-            item = frames.get()
+            # A cancel ends the iteration at once; generation ends before its next step.
+            if cancel is not None and cancel.is_set():
+                return
+            try:
+                item = frames.get(timeout=0.02)
+            except queue.Empty:
+                continue
             if item is done:
                 return
             if isinstance(item, BaseException):

@@ -1,26 +1,32 @@
-"""Stream talker codes as raw S16LE frames (16 codes each, frame-major).
+"""Stream talker codes as they are made: raw S16LE frames (16 codes each, frame-major) to
+standard output or a file, the media server's /codes WebSocket, or RTP to a host and port.
 
     PYTHONPATH=python python -m qwencodec_talker --model DIR --text "Hello." \\
         --speaker vivian --out - | gst-launch-1.0 fdsrc fd=0 \\
         ! audio/x-qwen3-tts-codes,codebooks=16,framerate=25/2 \\
         ! qwencodecdec model-path=DIR/speech_tokenizer ! audioconvert ! autoaudiosink
 
-Each frame is written and flushed as soon as upstream's talker has made it.
-Text goes through the checkpoint's own tokenizer (vocab.json/merges.txt of a
-real download); --text-ids takes token ids instead (the tiny test talkers
-have no tokenizer). Base (voice clone) needs reference audio encoded by the
-speech tokenizer and is not offered here.
+    ... --server "ws://HOST:8080/codes?session=ID" --token TOKEN   (add &transport=rtp for RTP)
+    ... --rtp HOST:PORT                  (rtpqwencodespay; udpsrc ! rtpqwencodesdepay at the other end)
+
+Each frame goes out as soon as upstream's talker has made it. SIGINT or SIGTERM is a barge-in:
+generation stops before the talker's next step, the server is sent a cancel, and the count of
+frames sent is printed. Text goes through the checkpoint's own tokenizer; --text-ids takes the
+token ids of the whole assistant prompt instead. Base (voice clone) needs reference audio
+encoded by the speech tokenizer and is not offered here.
 """
 
 import argparse
 import os
-import struct
+import signal
 import sys
+import threading
 
 import torch
 
 from . import (assistant_text, generate_kwargs, instruct_text, load_model,
                stream_codes, tokenize)
+from .destinations import RawCodes, Rtp, Server
 
 
 def main(argv=None):
@@ -40,7 +46,12 @@ def main(argv=None):
     p.add_argument("--repetition-penalty", type=float)
     p.add_argument("--max-new-tokens", type=int)
     p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--out", default="-", help="'-' for standard output, else a file")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", default="-", help="raw codes: '-' for standard output, else a file")
+    where.add_argument("--server", help="the media server's ws://HOST:PORT/codes?session=ID[&transport=rtp]")
+    where.add_argument("--rtp", metavar="HOST:PORT", help="RTP (rtpqwencodespay) to HOST:PORT")
+    p.add_argument("--token", default=os.environ.get("QWENCODEC_TOKEN"),
+                   help="--server's bearer token (default: $QWENCODEC_TOKEN)")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -54,25 +65,41 @@ def main(argv=None):
     gen = generate_kwargs(model, greedy=a.greedy, temperature=a.temperature, top_k=a.top_k,
                           top_p=a.top_p, repetition_penalty=a.repetition_penalty,
                           max_new_tokens=a.max_new_tokens)
-    out = sys.stdout.buffer if a.out == "-" else open(a.out, "wb")
+    if a.server:
+        destination = Server(a.server, a.token)
+    elif a.rtp:
+        host, _, port = a.rtp.rpartition(":")
+        destination = Rtp(host, int(port))
+    else:
+        destination = RawCodes(sys.stdout.buffer if a.out == "-" else open(a.out, "wb"))
+
+    cancel = threading.Event()
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *_: cancel.set())
     frames = 0
     stream = stream_codes(model, input_ids=input_ids, instruct_ids=instruct_ids,
-                          language=a.language, speaker=a.speaker, seed=a.seed, **gen)
+                          language=a.language, speaker=a.speaker, seed=a.seed, cancel=cancel, **gen)
     try:
         for frame in stream:
-            out.write(struct.pack("<16h", *frame))
-            out.flush()
+            destination.send(frame)
             frames += 1
+        if cancel.is_set():
+            destination.cancel()
+        else:
+            destination.end()
+    except RuntimeError as error:
+        print(f"qwencodec_talker: {error}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # The reader went away: stop generating at once, quietly.
         stream.close()
-        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     finally:
         stream.close()
-        if out is not sys.stdout.buffer:
-            out.close()
-    print(f"qwencodec_talker: {frames} frames", file=sys.stderr)
+        destination.close()
+    how = "cancelled after" if cancel.is_set() else "sent"
+    print(f"qwencodec_talker: {how} {frames} frames", file=sys.stderr)
     return 0
 
 

@@ -17,7 +17,9 @@ from . import assistant_text, generate_kwargs, instruct_text, load_model, stream
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _gst():
+def load_plugin(plugin_dir=None):
+    """GStreamer (initialised) with this project's plugin registered from `plugin_dir` (default:
+    the repository's target/release) unless GStreamer finds it already."""
     import gi
 
     gi.require_version("Gst", "1.0")
@@ -26,6 +28,11 @@ def _gst():
 
     if not Gst.is_initialized():
         Gst.init(None)
+    plugin_dir = Path(plugin_dir or ROOT / "target" / "release")
+    if Gst.ElementFactory.find("qwencodecdec") is None:
+        Gst.Registry.get().scan_path(str(plugin_dir))
+    if Gst.ElementFactory.find("qwencodecdec") is None:
+        raise RuntimeError(f"no qwencodecdec element in {plugin_dir}: build the plugin (make build)")
     return Gst
 
 
@@ -47,12 +54,7 @@ class Decoder:
     next frame starts a fresh decode), `flush` to drop everything not yet pulled (barge-in)."""
 
     def __init__(self, model_dir, *, chunk_frames=None, device="cpu", plugin_dir=None):
-        Gst = self.Gst = _gst()
-        plugin_dir = Path(plugin_dir or ROOT / "target" / "release")
-        if Gst.ElementFactory.find("qwencodecdec") is None:
-            Gst.Registry.get().scan_path(str(plugin_dir))
-        if Gst.ElementFactory.find("qwencodecdec") is None:
-            raise RuntimeError(f"no qwencodecdec element in {plugin_dir}: build the plugin (make build)")
+        Gst = self.Gst = load_plugin(plugin_dir)
         codebooks, (num, den), self.sample_rate, self.samples_per_frame = decoder_geometry(model_dir)
         self.frame_bytes = 2 * codebooks
         self.frame_ns = den * Gst.SECOND // num
