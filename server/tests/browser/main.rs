@@ -15,6 +15,7 @@ mod remote;
 mod rtp_codes;
 mod scale_out;
 mod server;
+mod talker;
 mod vanish;
 mod webdriver;
 
@@ -197,10 +198,14 @@ fn connect_page(browser: &Browser, server: &Server, speech: &Speech) -> String {
 
 /// The same, with the page at `url` (behind a proxy).
 fn connect_page_at(browser: &Browser, url: &str, speech: &Speech) -> String {
+    connect_page_with_threshold(browser, url, speech.sound_threshold())
+}
+
+/// The page at `url` connected, counting a level above `threshold` as sound; its session.
+fn connect_page_with_threshold(browser: &Browser, url: &str, threshold: f64) -> String {
     browser.open(url);
     browser.run(&format!(
-        "speech.threshold = {}; document.getElementById('connect').click();",
-        speech.sound_threshold()
+        "speech.threshold = {threshold}; document.getElementById('connect').click();"
     ));
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
