@@ -10,7 +10,7 @@ export QWENCODEC_WERROR := 1
 
 PLUGIN := target/release/libgstqwencodec.so
 
-.PHONY: setup setup-reference setup-load build install uninstall demo test lint soak kernels-ab fixtures \
+.PHONY: setup setup-reference setup-load setup-agents build install uninstall demo test lint soak kernels-ab fixtures \
 	released-fixture bench profile gpu-bundle serve load mutants
 
 # make install puts the plugin where GStreamer looks for it: its own plugin folder, or the same
@@ -23,9 +23,13 @@ setup:
 	@bash tools/setup.sh
 
 # The upstream Python decoder, for the fixtures (the released-geometry one included) and the
-# benchmark.
+# benchmark; and upstream's talker, for python/qwencodec_talker.
 setup-reference: setup
 	@bash tools/setup-reference.sh
+
+# pipecat and LiveKit Agents for python/qwencodec_agents, in a venv of their own on the torch venv.
+setup-agents: setup-reference
+	@bash tools/setup-agents.sh
 
 build: setup
 	cargo build --release
@@ -41,7 +45,7 @@ uninstall:
 
 # The main job: a gst-launch pipeline decoding codes to a WAV (bundled test checkpoint unless
 # MODEL=<checkpoint> and CODES=<codes.raw> are given).
-demo: build
+demo: build setup-reference
 	@bash tools/demo.sh
 
 # The TTS media server (server/, the binary qwencodec-server) with the bundled test checkpoint; it
@@ -63,7 +67,7 @@ lint: setup
 # by name. (The element computes nothing of its own: its tests would take the library's paths
 # again. Each rerun takes the tests whose paths it changes: both reran everything until
 # 2026-12-04, 700 s of make test's 1500.)
-test: build lint released-fixture
+test: build lint released-fixture setup-load setup-agents
 	python3 tools/check-links.py
 	bash tools/check-inspect.sh
 	bash tools/check-install.sh
@@ -72,6 +76,7 @@ test: build lint released-fixture
 	cargo build --release -p qwencodec-server
 	bash tools/check-plain-cargo.sh
 	bash tools/check-load.sh
+	bash tools/check-talker.sh
 	G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} cargo test --release --workspace
 	QWENCODEC_CPU_KERNELS=avx2 G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} \
 	  cargo test --release --lib --test model_parity --test released_geometry
