@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Talker streaming exactness (issue 48 section 1): builds the tiny random
 # talkers with upstream's classes into a temp folder, then checks that
-# python/qwencodec_talker streams exactly upstream's non-streaming codes.
-# Needs the venv with tools/setup-reference.sh applied.
+# python/qwencodec_talker streams exactly upstream's non-streaming codes, and that its command
+# line's destinations (raw codes, RTP, the media server's /codes, SIGINT's cancel) carry exactly
+# its frames.
+# Needs the venv with tools/setup-reference.sh, setup-load.sh (websockets) and setup-agents.sh
+# (PyGObject) applied, and the plugin built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python="${QWENCODEC_CACHE:-/var/cache/qwencodec}/venv/bin/python"
@@ -20,4 +23,10 @@ if ! "$python" tests/talker/test_exact.py "$tmp/models" >"$log" 2>&1; then
   echo "check-talker: FAILED ($((SECONDS - start)) s)" >&2
   exit 1
 fi
-echo "check-talker: ok, $(grep '^talker exactness' "$log" | sed 's/^talker exactness: //') ($((SECONDS - start)) s)"
+exactness="$(grep '^talker exactness' "$log" | sed 's/^talker exactness: //')"
+if ! "$python" tests/talker/test_destinations.py "$tmp/models" >"$log" 2>&1; then
+  grep -v "pad_token_id" "$log" >&2
+  echo "check-talker: destinations FAILED ($((SECONDS - start)) s)" >&2
+  exit 1
+fi
+echo "check-talker: ok, $exactness; $(grep '^talker destinations' "$log" | sed 's/^talker destinations: //') ($((SECONDS - start)) s)"

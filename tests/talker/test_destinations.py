@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""The talker command line's destinations carry exactly its frames, and SIGINT is a barge-in.
+
+On the tiny CustomVoice talker (seed fixed, so the same frames every run): the frames written
+with --out are the reference; --rtp to a udpsrc ! rtpqwencodesdepay pipeline in this process
+delivers the same frames, the first packet marked; --server to a stand-in for the media
+server's /codes (websockets) gets them as binary messages then {"type":"end"}, and with
+transport=rtp as RTP to the port it names with end on the WebSocket; a SIGINT during a long
+run sends {"type":"cancel"} after the frames it counts, and none after.
+
+    python tests/talker/test_destinations.py FIXTURE_ROOT   (holds custom_voice/)
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+from qwencodec_talker.speech import load_plugin  # noqa: E402
+
+from websockets.sync.server import serve  # noqa: E402
+
+TEXT = "Hello there, a test of where the frames go."
+FRAME_BYTES = 32
+
+
+def talker(model, *args, max_frames=40, **popen):
+    command = [sys.executable, "-m", "qwencodec_talker", "--model", str(model), "--text", TEXT,
+               "--speaker", "vivian", "--seed", "1", "--max-new-tokens", str(max_frames), *args]
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    return subprocess.Popen(command, env=env, stderr=subprocess.PIPE, **popen)
+
+
+def finished(process, what):
+    _, stderr = process.communicate(timeout=120)
+    stderr = stderr.decode()
+    if process.returncode != 0:
+        raise AssertionError(f"{what}: exit {process.returncode}\n{stderr}")
+    return stderr
+
+
+class RtpReceiver:
+    """udpsrc ! rtpqwencodesdepay ! appsink on a free port: the frames, and which were marked."""
+
+    def __init__(self):
+        Gst = self.Gst = load_plugin()
+        self.pipeline = Gst.parse_launch(
+            "udpsrc name=net address=127.0.0.1 port=0 caps=\"application/x-rtp,media=audio,"
+            "clock-rate=24000,encoding-name=X-QWEN3-TTS-CODES,payload=96,version=(string)1,"
+            "codebooks=(string)16,codebook-size=(string)2048,samples-per-frame=(string)1920\" "
+            "! rtpqwencodesdepay ! appsink name=out sync=false")
+        self.pipeline.set_state(Gst.State.PLAYING)
+        self.pipeline.get_state(5 * Gst.SECOND)
+        self.port = self.pipeline.get_by_name("net").get_property("port")
+        if self.port == 0:
+            self.port = self.pipeline.get_by_name("net").get_property("used-socket").get_local_address().get_port()
+        self.sink = self.pipeline.get_by_name("out")
+
+    def frames(self, expected, within_s=10):
+        """(bytes of the frames, indices of the frames whose buffer was marked)."""
+        data, marked = b"", []
+        deadline = time.monotonic() + within_s
+        while len(data) < expected * FRAME_BYTES and time.monotonic() < deadline:
+            sample = self.sink.try_pull_sample(100 * self.Gst.MSECOND)
+            if sample is None:
+                continue
+            buffer = sample.get_buffer()
+            if buffer.has_flags(self.Gst.BufferFlags.MARKER):
+                marked.append(len(data) // FRAME_BYTES)
+            data += buffer.extract_dup(0, buffer.get_size())
+        return data, marked
+
+    def close(self):
+        self.pipeline.set_state(self.Gst.State.NULL)
+
+
+class CodesServer:
+    """A stand-in for qwencodec-server's /codes: records what a sender sends, and with
+    transport=rtp first names `rtp_port`."""
+
+    def __init__(self, rtp_port=None):
+        self.messages = []
+        self.headers = None
+        self.rtp_port = rtp_port
+        self.closed = threading.Event()
+        self.server = serve(self.handle, "127.0.0.1", 0)
+        self.port = self.server.socket.getsockname()[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def handle(self, connection):
+        self.headers = connection.request.headers
+        self.path = connection.request.path
+        if "transport=rtp" in self.path:
+            connection.send(json.dumps({"type": "rtp", "port": self.rtp_port, "sdp": ""}))
+        try:
+            for message in connection:
+                self.messages.append(message)
+        finally:
+            self.closed.set()
+
+    def binary(self):
+        return b"".join(m for m in self.messages if isinstance(m, bytes))
+
+    def texts(self):
+        return [json.loads(m)["type"] for m in self.messages if isinstance(m, str)]
+
+    def close(self):
+        self.server.shutdown()
+
+
+def main():
+    model = Path(sys.argv[1]) / "custom_voice"
+    failures = []
+
+    def check(what, ok, detail=""):
+        print(f"{'ok' if ok else 'FAILED'}: {what}{' ' + detail if detail else ''}")
+        if not ok:
+            failures.append(what)
+
+    # The reference: the run's frames as raw codes.
+    reference = talker(model, "--out", "-", stdout=subprocess.PIPE)
+    codes, _ = reference.communicate(timeout=120)
+    check("--out - exits 0", reference.returncode == 0)
+    frames = len(codes) // FRAME_BYTES
+    check("--out - wrote whole frames", len(codes) == frames * FRAME_BYTES and frames >= 5, f"({len(codes)} bytes)")
+
+    # RTP to a host and port.
+    receiver = RtpReceiver()
+    stderr = finished(talker(model, "--rtp", f"127.0.0.1:{receiver.port}"), "--rtp")
+    data, marked = receiver.frames(frames)
+    check("--rtp delivers the frames of --out", data == codes, f"({len(data) // FRAME_BYTES} of {frames} frames)")
+    check("--rtp marks the utterance's first packet alone", marked == [0], f"(marked {marked})")
+    check("--rtp reports its frames", f"sent {frames} frames" in stderr, stderr.strip().splitlines()[-1])
+
+    # The media server's /codes: binary messages, the token, then end.
+    server = CodesServer()
+    url = f"ws://127.0.0.1:{server.port}/codes?session=s1"
+    finished(talker(model, "--server", url, "--token", "secret"), "--server")
+    server.closed.wait(10)
+    check("--server sends the frames of --out, a message each",
+          server.binary() == codes and len([m for m in server.messages if isinstance(m, bytes)]) == frames)
+    check("--server ends with end", server.texts() == ["end"], f"({server.texts()})")
+    check("--server sends the bearer token", server.headers.get("Authorization") == "Bearer secret")
+    server.close()
+
+    # transport=rtp: the frames as RTP to the port the server names, end on the WebSocket.
+    receiver2 = RtpReceiver()
+    server = CodesServer(rtp_port=receiver2.port)
+    url = f"ws://127.0.0.1:{server.port}/codes?session=s1&transport=rtp"
+    finished(talker(model, "--server", url, "--token", "secret"), "--server transport=rtp")
+    data, marked = receiver2.frames(frames)
+    server.closed.wait(10)
+    check("transport=rtp delivers the frames of --out over RTP", data == codes and marked == [0])
+    check("transport=rtp sends no frames in messages, and end", server.binary() == b"" and server.texts() == ["end"],
+          f"({server.texts()})")
+    server.close()
+    receiver.close()
+    receiver2.close()
+
+    # SIGINT during a long run: cancel after the frames counted, nothing after it.
+    server = CodesServer()
+    url = f"ws://127.0.0.1:{server.port}/codes?session=s1"
+    long = talker(model, "--server", url, "--token", "secret", max_frames=2000)
+    deadline = time.monotonic() + 60
+    while len(server.messages) < 8 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sent_at_signal = len(server.messages)
+    long.send_signal(signal.SIGINT)
+    stderr = finished(long, "--server after SIGINT")
+    server.closed.wait(10)
+    binary = [m for m in server.messages if isinstance(m, bytes)]
+    check("SIGINT: the run says how many frames it sent", f"cancelled after {len(binary)} frames" in stderr,
+          stderr.strip().splitlines()[-1])
+    check("SIGINT: cancel is the last message, after the frames", server.texts() == ["cancel"]
+          and isinstance(server.messages[-1], str), f"({server.texts()})")
+    check("SIGINT: at most 2 frames after the signal", len(binary) - sent_at_signal <= 2,
+          f"({sent_at_signal} before it, {len(binary)} in all)")
+    check("SIGINT: the long run stopped", len(binary) < 2000)
+    server.close()
+
+    print(f"talker destinations: {frames} frames; {'FAILED ' + ', '.join(failures) if failures else 'all ok'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
