@@ -17,9 +17,9 @@ use super::{LEAD_IN_S, Measure, OPUS_PACKET_S, SOUND_SHARE, connect_page_with_th
 
 /// A SIGINT's silence in the page, for good: twice the most measured, 28-360 ms in 12 runs
 /// (2026-12-04, AMD EPYC, docs/testing.md). More than [`super::CANCEL_MS`]: the tiny talker is
-/// about as fast as real time here, so the browser's jitter buffer has grown on late frames,
-/// and a frame sent just before the SIGINT still plays. A talker that goes on is caught anyway:
-/// the page would still hear it 2.5 s later.
+/// slower than real time here (about 9 frames a second), so the browser's jitter buffer has
+/// grown on late frames, and a frame sent just before the SIGINT still plays. A talker that
+/// goes on is caught anyway: the page would still hear it 2.5 s later.
 const SIGINT_MS: f64 = 750.0;
 const TEXT: &str = "Hello there. This is a test of speech streamed as it is made.";
 /// Frames at the talker's rate: 80 ms each (the tiny decoder's 1920 samples at 24 kHz).
@@ -235,7 +235,7 @@ fn the_talkers_speech_is_heard_as_it_is_made_and_a_sigint_stops_it() {
 
     wait_ms(2500.0);
     let after = Measure::take(&browser);
-    // The talker is about as fast as real time here, so the page may fall silent between two
+    // The talker is slower than real time here, so the page may fall silent between two
     // frames before the cancel as well, and a frame sent just before the SIGINT still plays:
     // what is asserted is when the page went silent for good.
     let (last_change, sounding) = after.changes().last().copied().expect("the page heard nothing");
