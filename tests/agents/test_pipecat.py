@@ -180,25 +180,26 @@ async def test_text_in_audio_out(speaker, tmp):
     off = int(abs(ours - theirs).max())
     assert off <= 1, f"the service's audio differs from gst-launch's decode by up to {off}"
 
-    # Streaming: the first audio left while the talker was still making frames.
     pushed_audio = [(t, s) for t, s, f in watch.pushed if isinstance(f, TTSAudioRawFrame)]
-    first_t, first_steps = pushed_audio[0]
+    _, first_steps = pushed_audio[0]
     last_t, _ = pushed_audio[-1]
-    assert first_steps <= made - 2, f"first audio after {first_steps} talker steps of {made + 1}"
 
-    # 3. TTFB, reported as pipecat's services report it.
-    # The service's own (the worker's first MetricsFrame, passed on, has a zero for each processor).
+    # 3. TTFB, reported as pipecat's services report it: the service's own MetricsFrame (the
+    # worker's first one, passed on, holds a zero for every processor), reaching the sink.
     ttfbs = [d.value for _, _, f in watch.pushed
              if isinstance(f, MetricsFrame) and id(f) not in watch.received for d in f.data
              if isinstance(d, TTFBMetricsData) and d.processor == service.name]
-    assert any(f for f in down if isinstance(f, MetricsFrame) and
-               any(isinstance(d, TTFBMetricsData) and d.value == ttfbs[0] for d in f.data))
     assert len(ttfbs) == 1, ttfbs
     ttfb, span = ttfbs[0], last_t - started
+    assert any(isinstance(d, TTFBMetricsData) and d.value == ttfb
+               for f in down if isinstance(f, MetricsFrame) for d in f.data)
     assert utterance.first_audio_s - 0.005 <= ttfb < span / 2, (ttfb, utterance.first_audio_s, span)
+
+    # Streaming: the first audio left while the talker was still making frames.
+    assert first_steps <= made - 2, f"first audio after {first_steps} talker steps of {made + 1}"
     assert lag.worst < 0.5, f"the event loop stalled {lag.worst:.2f} s while the talker spoke"
-    return dict(frames=made, differ=differ, lag=round(lag.worst, 3), chunks=len(audio_frames), ttfb=ttfb, first_steps=first_steps,
-                wall=last_t - started)
+    return dict(frames=made, differ=differ, lag=round(lag.worst, 3), chunks=len(audio_frames),
+                ttfb=ttfb, first_steps=first_steps, wall=last_t - started)
 
 
 async def test_interruption(speaker):
@@ -234,7 +235,8 @@ async def test_interruption(speaker):
     before, after = down[:cut], down[cut + 1:]
     heard = b"".join(f.audio for f in before if isinstance(f, TTSAudioRawFrame))
     assert all(f.context_id == first.context_id for f in before if isinstance(f, TTSAudioRawFrame))
-    assert heard and len(heard) // 2 % SAMPLES_PER_FRAME == 0, len(heard)
+    assert heard, "no audio before the interruption: it was not mid-utterance"
+    assert (len(heard) // 2) % SAMPLES_PER_FRAME == 0, len(heard)
     late = [f for f in after if isinstance(f, TTSAudioRawFrame) and f.context_id != second.context_id]
     assert not late, f"{len(late)} audio frames of the interrupted utterance after the interruption"
     assert shape(after) == "S" + "A" * (len(shape(after)) - 2) + "T", shape(after)
