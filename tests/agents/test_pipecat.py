@@ -212,7 +212,7 @@ async def test_interruption(speaker):
     try:
         down, _ = await run_test(service, observers=[watch], frames_to_send=[
             TTSSpeakFrame(text),
-            SleepFrame(sleep=1.2),
+            SleepFrame(sleep=1.5),
             InterruptionFrame(),
             SleepFrame(sleep=0.1),
             TTSUpdateSettingsFrame(delta=QwenCodecTTSService.Settings(
