@@ -27,6 +27,7 @@ pipeline, so a dropped, repeated or reordered chunk fails, and so does silence:
 """
 
 import asyncio
+import faulthandler
 import os
 import subprocess
 import sys
@@ -85,12 +86,15 @@ class References:
         self.decoder = Decoder(DECODER)
         self.cache = {}
 
+    def frames(self, text):
+        return list(stream_codes(
+            self.model, input_ids=tokenize(self.talker_dir, assistant_text(text)),
+            language="auto", speaker=VOICE, seed=SEED,
+            **generate_kwargs(self.model, max_new_tokens=MAX_NEW_TOKENS)))
+
     def audio(self, text):
         if text not in self.cache:
-            frames = list(stream_codes(
-                self.model, input_ids=tokenize(self.talker_dir, assistant_text(text)),
-                language="auto", speaker=VOICE, seed=SEED,
-                **generate_kwargs(self.model, max_new_tokens=MAX_NEW_TOKENS)))
+            frames = self.frames(text)
             for frame in frames:
                 self.decoder.push(frame)
             self.decoder.drain()
@@ -231,8 +235,8 @@ async def test_aclose(tts, speaker, refs, counter):
         await asyncio.wait_for(heard.wait(), 60)
     except asyncio.TimeoutError:
         pass
-    check(heard.is_set(), "aclose: two frames of audio heard before the talker finished")
     at_close = counter.frames - started
+    check(heard.is_set(), f"aclose: two frames of audio heard, after {at_close} frames made")
     t0 = time.monotonic()
     await stream.aclose()
     close_s = time.monotonic() - t0
@@ -251,6 +255,12 @@ async def test_aclose(tts, speaker, refs, counter):
     check(not after, f"aclose: nothing emitted after aclose ({len(after)} events)")
     left = speaker.decoder.pull(0.3)
     check(left is None, f"aclose: the decoder was flushed ({len(left or b'')} bytes left)")
+
+    if later != at_return or left is not None:
+        return at_close, at_return - at_close, close_s  # the talker runs on: a new stream waits
+    whole = len(refs.frames(LONG))
+    check(at_close + CANCEL_SLACK < whole,
+          f"aclose: closed mid-sentence ({at_close} + {CANCEL_SLACK} of its {whole} frames)")
 
     # A new stream works, and starts with none of the cancelled utterance's audio.
     stream = tts.stream()
@@ -290,6 +300,7 @@ async def main(talker_dir):
 
 
 if __name__ == "__main__":
+    faulthandler.dump_traceback_later(300, exit=True)  # a hang fails, with its stacks
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         talker = Path(tmp) / "cv"
