@@ -83,10 +83,9 @@ class TTS(tts.TTS):
         # One utterance at a time on the Speaker; waiting here (not on the Speaker's own lock in
         # a thread) lets a stream that is closed while it waits stop at once.
         self._lock = asyncio.Lock()
-        # The emitter's frames are one decode step long (80 ms a frame at 12.5 Hz).
-        decoder = speaker.decoder
-        step_samples = decoder.samples_per_frame * max(1, chunk_frames or 1)
-        self._frame_size_ms = max(10, step_samples * 1000 // speaker.sample_rate)
+        # The emitter's frames are one talker frame long (80 ms at 12.5 Hz), so a decode step's
+        # audio leaves whole; by default (200 ms) the emitter would hold steps back to fill one.
+        self._frame_size_ms = max(10, speaker.decoder.samples_per_frame * 1000 // speaker.sample_rate)
 
     @property
     def speaker(self) -> Speaker:
