@@ -1,0 +1,222 @@
+"""A LiveKit Agents TTS (livekit-agents 1.8.9) on `qwencodec_talker.speech.Speaker`.
+
+    from qwencodec_agents.livekit import TTS
+    session = AgentSession(tts=TTS("/models/Qwen3-TTS-12Hz-0.6B-CustomVoice", voice="vivian"), ...)
+
+The talker runs in this process and its frames are decoded by qwencodecdec as they are made; the
+audio of each decode step is pushed to LiveKit's AudioEmitter ("audio/pcm", mono, the decoder's
+sample rate: 24000 for the released model) as soon as the step finishes.
+
+- `synthesize(text)` (a ChunkedStream) speaks the whole text as one utterance.
+- `stream()` (a SynthesizeStream, `capabilities.streaming`) cuts the pushed text into sentences
+  with LiveKit's own sentence tokenizer (by default the blingfire one its AgentSession puts in
+  front of a non-streaming TTS) and speaks each sentence as soon as the tokenizer hands it out,
+  while the text after it is still coming; a flush ends the segment.
+- Closing a stream (`aclose()`, which is how an AgentSession interrupts speech) sets the
+  Speaker's cancel: the talker stops before its next step and the decoder drops what it holds;
+  `aclose()` returns once that is done.
+
+The Speaker is synchronous (a generator yielding PCM as each step finishes); each utterance
+runs in a worker thread and hands its audio to the event loop as it comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from livekit.agents import APIConnectOptions, APIError, tokenize, tts, utils
+from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, NotGivenOr
+
+from qwencodec_talker.speech import Speaker
+
+__all__ = ["TTS", "ChunkedStream", "SynthesizeStream"]
+
+_DONE = object()
+
+
+async def _finish(future) -> None:
+    """Awaits `future` to its end even through cancellations, then re-raises the last one."""
+    cancelled = None
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError as error:
+            cancelled = error
+    if cancelled is not None:
+        raise cancelled
+
+
+class TTS(tts.TTS):
+    """Qwen3-TTS through qwencodecdec, as a LiveKit TTS.
+
+    talker_dir: a Qwen3-TTS 12 Hz checkpoint folder (published layout); or `speaker`, a
+    `qwencodec_talker.speech.Speaker` already made (then it is not closed by `aclose`).
+    voice: the CustomVoice speaker name (Speaker.speak's `speaker`, e.g. "vivian"); instruct:
+    a VoiceDesign instruction; language, seed, greedy and `sampling` (temperature, top_k, top_p,
+    repetition_penalty, max_new_tokens, subtalker_*) go to every `speak`.
+    decoder_dir, chunk_frames, device, plugin_dir: Speaker's, when it is made here.
+    sentence_tokenizer: how `stream()` cuts text (default
+    `tokenize.blingfire.SentenceTokenizer(retain_format=True)`, as AgentSession's StreamAdapter).
+    """
+
+    def __init__(self, talker_dir=None, *, speaker: Speaker | None = None, voice: str | None = None,
+                 instruct: str | None = None, language: str = "auto", seed: int | None = None,
+                 greedy: bool = False, decoder_dir=None, chunk_frames: int | None = None,
+                 device: str = "cpu", plugin_dir=None,
+                 sentence_tokenizer: NotGivenOr[tokenize.SentenceTokenizer] = NOT_GIVEN,
+                 **sampling) -> None:
+        if (speaker is None) == (talker_dir is None):
+            raise ValueError("give a talker_dir or a Speaker, not both")
+        self._owns_speaker = speaker is None
+        if speaker is None:
+            speaker = Speaker(talker_dir, decoder_dir=decoder_dir, chunk_frames=chunk_frames,
+                              device=device, plugin_dir=plugin_dir)
+        self._speaker = speaker
+        super().__init__(capabilities=tts.TTSCapabilities(streaming=True),
+                         sample_rate=speaker.sample_rate, num_channels=1)
+        self._options = dict(speaker=voice, instruct=instruct, language=language, seed=seed,
+                             greedy=greedy, **sampling)
+        self._sentence_tokenizer = (
+            sentence_tokenizer if utils.is_given(sentence_tokenizer)
+            else tokenize.blingfire.SentenceTokenizer(retain_format=True))
+        # One utterance at a time on the Speaker; waiting here (not on the Speaker's own lock in
+        # a thread) lets a stream that is closed while it waits stop at once.
+        self._lock = asyncio.Lock()
+        # The emitter's frames are one talker frame long (80 ms at 12.5 Hz), so a decode step's
+        # audio leaves whole; by default (200 ms) the emitter would hold steps back to fill one.
+        self._frame_size_ms = max(10, speaker.decoder.samples_per_frame * 1000 // speaker.sample_rate)
+
+    @property
+    def speaker(self) -> Speaker:
+        return self._speaker
+
+    @property
+    def model(self) -> str:
+        return self._speaker.talker_dir.name
+
+    @property
+    def provider(self) -> str:
+        return "qwencodec"
+
+    def synthesize(self, text: str, *,
+                   conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS) -> ChunkedStream:
+        return ChunkedStream(tts=self, input_text=text, conn_options=conn_options)
+
+    def stream(self, *,
+               conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS) -> SynthesizeStream:
+        return SynthesizeStream(tts=self, conn_options=conn_options)
+
+    async def aclose(self) -> None:
+        if self._owns_speaker:
+            async with self._lock:
+                self._speaker.close()
+
+    def _initialize(self, output_emitter: tts.AudioEmitter, *, stream: bool) -> None:
+        output_emitter.initialize(request_id=utils.shortuuid(), sample_rate=self.sample_rate,
+                                  num_channels=1, mime_type="audio/pcm",
+                                  frame_size_ms=self._frame_size_ms, stream=stream)
+
+    async def _speak(self, text: str, output_emitter: tts.AudioEmitter) -> None:
+        """Speaks one utterance, pushing each decode step's audio as it comes. Cancelled (the
+        stream closed), it stops the talker and flushes the decoder before it returns."""
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            audio: asyncio.Queue = asyncio.Queue()
+            cancel = threading.Event()
+
+            def hand(item) -> None:
+                try:
+                    loop.call_soon_threadsafe(audio.put_nowait, item)
+                except RuntimeError:  # the loop is gone
+                    cancel.set()
+
+            def work() -> None:
+                try:
+                    for chunk in self._speaker.speak(text, cancel=cancel, **self._options):
+                        hand(chunk)
+                except BaseException as error:  # handed to the event loop
+                    hand(error)
+                else:
+                    hand(_DONE)
+
+            worker = loop.run_in_executor(None, work)
+            try:
+                while True:
+                    item = await audio.get()
+                    if item is _DONE:
+                        break
+                    if isinstance(item, BaseException):
+                        raise APIError(f"qwencodec: {item}", retryable=False) from item
+                    output_emitter.push(item)
+            finally:
+                # The talker stops before its next step and the decoder is flushed before this
+                # returns, however often the task is cancelled meanwhile (a closed stream's
+                # gather cancels this task, then its cleanup cancels it again).
+                cancel.set()
+                await _finish(worker)
+
+
+class ChunkedStream(tts.ChunkedStream):
+    """`synthesize(text)`: the whole text as one utterance."""
+
+    def __init__(self, *, tts: TTS, input_text: str, conn_options: APIConnectOptions) -> None:
+        super().__init__(tts=tts, input_text=input_text, conn_options=conn_options)
+        self._tts: TTS = tts
+
+    async def _run(self, output_emitter: tts.AudioEmitter) -> None:
+        self._tts._initialize(output_emitter, stream=False)
+        await self._tts._speak(self._input_text, output_emitter)
+        output_emitter.flush()
+
+
+class SynthesizeStream(tts.SynthesizeStream):
+    """`stream()`: text pushed is cut into sentences, each spoken as soon as it is complete;
+    a flush ends the segment (its last sentence spoken, the segment's audio marked final)."""
+
+    def __init__(self, *, tts: TTS, conn_options: APIConnectOptions) -> None:
+        super().__init__(tts=tts, conn_options=conn_options)
+        self._tts: TTS = tts
+
+    async def _run(self, output_emitter: tts.AudioEmitter) -> None:
+        self._tts._initialize(output_emitter, stream=True)
+        # One sentence stream per segment (the text between flushes), opened by its first text.
+        segments = utils.aio.Chan[tokenize.SentenceStream]()
+        opened: list[tokenize.SentenceStream] = []
+
+        async def read_input() -> None:
+            sentences = None
+            async for data in self._input_ch:
+                if isinstance(data, self._FlushSentinel):
+                    if sentences is not None:
+                        sentences.end_input()
+                        sentences = None
+                    continue
+                if sentences is None:
+                    sentences = self._tts._sentence_tokenizer.stream()
+                    opened.append(sentences)
+                    segments.send_nowait(sentences)
+                sentences.push_text(data)
+            if sentences is not None:
+                sentences.end_input()
+            segments.close()
+
+        async def speak() -> None:
+            async for sentences in segments:
+                output_emitter.start_segment(segment_id=utils.shortuuid())
+                async for sentence in sentences:
+                    text = sentence.token.strip()
+                    if not text:
+                        continue
+                    self._mark_started()
+                    await self._tts._speak(text, output_emitter)
+                    output_emitter.flush()  # the held-back tail, before the next sentence's wait
+                output_emitter.end_segment()
+
+        tasks = [asyncio.create_task(read_input()), asyncio.create_task(speak())]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            await utils.aio.cancel_and_wait(*tasks)
+            for sentences in opened:
+                await sentences.aclose()
