@@ -77,6 +77,7 @@ test: build lint released-fixture setup-load setup-agents
 	bash tools/check-plain-cargo.sh
 	bash tools/check-load.sh
 	bash tools/check-talker.sh
+	bash tools/check-agents.sh
 	G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} cargo test --release --workspace
 	QWENCODEC_CPU_KERNELS=avx2 G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} \
 	  cargo test --release --lib --test model_parity --test released_geometry
