@@ -198,6 +198,7 @@ def worker(args):
     print(json.dumps(ready), flush=True)
     if sys.stdin.readline().strip() != "go":
         return
+    cpu0 = time.process_time()
     if args.in_process > 1:
         # Streams as threads of this process, sharing its weights (the hooks'
         # per-step split is per process, so it is not taken here).
@@ -226,9 +227,10 @@ def worker(args):
             t.start()
         for t in pool:
             t.join()
-        for o in outs:
-            print(json.dumps(dict(o, threads=torch.get_num_threads(), rss_gb=rss_gb(), pid=os.getpid())),
-                  flush=True)
+        cpu = time.process_time() - cpu0
+        for i, o in enumerate(outs):
+            print(json.dumps(dict(o, threads=torch.get_num_threads(), rss_gb=rss_gb(), pid=os.getpid(),
+                                  cpu_s=cpu if i == 0 else 0.0)), flush=True)
         return
     try:
         times, start = run(args.frames, args.seed, args.time_cap)
@@ -242,7 +244,7 @@ def worker(args):
                 cp_layers=s.get("cp_layers", 0.0))
            for s in steps]
     print(json.dumps(dict(times=times, steps=rel, threads=torch.get_num_threads(), rss_gb=rss_gb(),
-                          pid=os.getpid())), flush=True)
+                          pid=os.getpid(), cpu_s=time.process_time() - cpu0)), flush=True)
 
 
 def rss_gb():
@@ -327,16 +329,31 @@ print(json.dumps(dict(ok=msg.type == Gst.MessageType.EOS, buffers=len(stamps),
 
 # ---------------------------------------------------------------- orchestration
 
-def run_config(args, model, dtype, streams):
+def busy_cpu_s():
+    """CPU seconds all processes have run (user, nice, system, irq, softirq, steal)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_config(args, model, dtype, spec):
+    """spec: STREAMS[xTHREADS][t]: t runs the streams as threads of one process."""
+    spec = str(spec)
+    force_threads = spec.endswith("t")
+    spec = spec.rstrip("t")
+    streams, _, per = spec.partition("x")
+    streams = int(streams)
     cores = os.cpu_count()
-    threads = max(1, cores // streams)
+    threads = int(per) if per else max(1, cores // streams)
     config = json.loads((Path(model) / "config.json").read_text())
     # Peak resident size measured: 1.5x the weights (loading converts the bfloat16 file) + 0.3 GB.
     need = (param_count(config) * {"f32": 4, "bf16": 2, "f16": 2}[dtype] * 1.5 + 0.5e9) * streams + 1e9
     row = dict(model=Path(model).name, dtype=dtype, streams=streams, threads_per_stream=threads,
                frames_requested=args.frames)
     in_process = 1
-    if mem_available_bytes() < need:
+    if force_threads and streams > 1:
+        in_process = streams
+        row["mode"] = f"{streams} threads of one process"
+    elif mem_available_bytes() < need:
         one = need / streams
         if streams > 1 and mem_available_bytes() > one:
             # Separate processes would not fit: the streams run as threads of one process instead.
@@ -373,6 +390,7 @@ def run_config(args, model, dtype, streams):
     row["load_s"] = [r["load_s"] for r in ready]
     row["cold_ttff_s"] = [r["warmup_frames_s"][0] if r["warmup_frames_s"] else None for r in ready]
     row["loadavg_before"] = loadavg()
+    busy0, wall0 = busy_cpu_s(), time.perf_counter()
     for p in procs:
         p.stdin.write("go\n")
         p.stdin.flush()
@@ -383,6 +401,10 @@ def run_config(args, model, dtype, streams):
             results.append(json.loads(line) if line.strip() else dict(error=_tail(s, p)))
         p.wait()
     row["loadavg_after"] = loadavg()
+    busy = busy_cpu_s() - busy0
+    ours = sum(r.get("cpu_s", 0.0) for r in results)
+    row["cpu_s"] = dict(wall=round(time.perf_counter() - wall0, 2), all_processes=round(busy, 2),
+                        workers=round(ours, 2), others=round(busy - ours, 2))
     errors = [r["error"] for r in results if "error" in r]
     if errors:
         row["error"] = errors[0]
@@ -480,26 +502,28 @@ def markdown(report):
                      f"(1-minute load average below {report['quiet_below']} for {report['quiet_hold_s']} s).")
         lines.append("")
     lines += ["| model | dtype | streams x threads (how) | TTFF s (cold) | steady frames/s (slowest stream) | RTF | "
-              "aggregate frames/s | frames | load avg before / after |",
-              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+              "aggregate frames/s | frames | load avg before / after | CPU s: run's wall / all processes / others |",
+              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in report["runs"]:
         head = f"| {r['model']} | {r['dtype']} | {r['streams']} x {r['threads_per_stream']} ({r.get('mode', '')}) |"
         if "error" in r:
-            lines.append(f"{head} error: {r['error']} | | | | | |")
+            lines.append(f"{head} error: {r['error']} | | | | | | |")
             continue
         cold = ", ".join(f"{c:.2f}" for c in r["cold_ttff_s"] if c is not None)
         frames = ", ".join(str(s["frames"]) for s in r["per_stream"])
         lines.append(f"{head} {r['ttff_s']:.2f} ({cold}) | {r['fps']:.2f} | {r['rtf']:.2f} | "
-                     f"{r['aggregate_fps']:.2f} | {frames} | {r['loadavg_before'][0]:.2f} / {r['loadavg_after'][0]:.2f} |")
+                     f"{r['aggregate_fps']:.2f} | {frames} | {r['loadavg_before'][0]:.2f} / {r['loadavg_after'][0]:.2f} | "
+                     + (f"{r['cpu_s']['wall']:.1f} / {r['cpu_s']['all_processes']:.1f} / {r['cpu_s']['others']:.1f} |"
+                        if "cpu_s" in r else "– |"))
     lines += ["", "Where a steady frame's time goes (means over frames 10..N, or 2..N where fewer; one stream; ms):", "",
-              "| model | dtype | frame | talker backbone | code predictor generate (15 forwards, of which its 5 layers / machinery) | "
+              "| model | dtype | threads | frame | talker backbone | code predictor generate (15 forwards, of which its 5 layers / machinery) | "
               "rest of talker forward | outside the talker's forward | GFLOP a frame | achieved GFLOP/s (backbone / code predictor forwards) |",
-              "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
+              "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
     for r in report["runs"]:
-        if "error" in r or r["streams"] != 1:
+        if "error" in r or r["streams"] != 1 or "split" not in r["per_stream"][0]:
             continue
         s = r["per_stream"][0]["split"]
-        lines.append(f"| {r['model']} | {r['dtype']} | {s['frame_ms']:.1f} | {s['backbone_ms']:.1f} | "
+        lines.append(f"| {r['model']} | {r['dtype']} | {r['threads_per_stream']} | {s['frame_ms']:.1f} | {s['backbone_ms']:.1f} | "
                      f"{s['code_predictor_generate_ms']:.1f} ({s['code_predictor_forwards_ms']:.1f}, "
                      f"{s['code_predictor_layers_ms']:.1f} / "
                      f"{s['code_predictor_machinery_ms']:.1f}) | {s['talker_forward_other_ms']:.1f} | "
@@ -532,7 +556,9 @@ def main():
     parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--in-process", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--dtypes", default="f32,bf16,f16")
-    parser.add_argument("--streams", default="1,2")
+    parser.add_argument("--streams", default="1,2",
+                        help="runs, each STREAMS[xTHREADS][t]: THREADS torch threads a stream (default "
+                             "cores/STREAMS), t: the streams as threads of one process")
     parser.add_argument("--frames", type=int, default=50)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--time-cap", type=float, default=90.0,
@@ -550,6 +576,8 @@ def main():
                         help="dtypes run with --slow-frames and --slow-streams instead (e.g. bf16,f16 where "
                              "this CPU has no fast 16-bit products)")
     parser.add_argument("--slow-frames", type=int, default=12)
+    parser.add_argument("--plan", help="instead of every model x dtype x stream count: "
+                                       "MODEL_INDEX:DTYPE:SPEC,... (SPEC as in --streams)")
     parser.add_argument("--slow-streams", default="1")
     parser.add_argument("--json")
     parser.add_argument("--md")
@@ -578,14 +606,28 @@ def main():
         report["decoder"] = dict(decoder_step(args.decoder, args.plugin_path), model_path=args.decoder,
                                  loadavg_before=before, loadavg_after=loadavg())
     report["runs"] = []
-    for model in args.model:
+    if args.plan:
+        # MODEL_INDEX:DTYPE:SPEC entries, in order, all at --frames.
+        for entry in args.plan.split(","):
+            index, dtype, spec = entry.split(":")
+            model = args.model[int(index)]
+            config = json.loads((Path(model) / "config.json").read_text())
+            report.setdefault("geometries", {})[Path(model).name] = dict(
+                geometry(config), params=param_count(config),
+                cost_at_context_50=per_frame_cost(geometry(config), 50))
+            print(f"bench_talker: {Path(model).name} {dtype} {spec}", file=sys.stderr, flush=True)
+            row = run_config(args, model, dtype, spec)
+            report["runs"].append(row)
+            print(f"bench_talker:   {json.dumps({k: row.get(k) for k in ('ttff_s', 'fps', 'rtf', 'error', 'cpu_s')})}",
+                  file=sys.stderr, flush=True)
+    for model in ([] if args.plan else args.model):
         config = json.loads((Path(model) / "config.json").read_text())
         report.setdefault("geometries", {})[Path(model).name] = dict(
             geometry(config), params=param_count(config),
             cost_at_context_50=per_frame_cost(geometry(config), 50))
         for dtype in args.dtypes.split(","):
             slow = dtype in args.slow_dtypes.split(",")
-            for streams in [int(s) for s in (args.slow_streams if slow else args.streams).split(",")]:
+            for streams in (args.slow_streams if slow else args.streams).split(","):
                 print(f"bench_talker: {Path(model).name} {dtype} x{streams}", file=sys.stderr, flush=True)
                 run_args = argparse.Namespace(**{**vars(args), "frames": args.slow_frames if slow else args.frames})
                 row = run_config(run_args, model, dtype, streams)
