@@ -200,33 +200,49 @@ def worker(args):
         return
     cpu0 = time.process_time()
     if args.in_process > 1:
-        # Streams as threads of this process, sharing its weights (the hooks'
-        # per-step split is per process, so it is not taken here).
+        # Streams as threads of this process, sharing its weights. stream_codes'
+        # hook is on the (shared) talker and would see every thread's frames, so
+        # each thread calls upstream's generate itself and one hook files each
+        # finished frame under the thread that made it (the per-step split is
+        # not taken here; the threads share torch's global random generator).
         for h in handles:
             h.remove()
         predictor.generate = generate
+        per_thread = {}
+
+        class Stop(Exception):
+            pass
+
+        def frame_hook(module, a, out):
+            mine = per_thread.get(threading.get_ident())
+            if mine is None:
+                return
+            if out.hidden_states[1] is not None:
+                mine["times"].append(now() - mine["start"])
+                if len(mine["times"]) >= args.frames or mine["times"][-1] > args.time_cap:
+                    raise Stop()
+        hook = talker.register_forward_hook(frame_hook)
         outs = [None] * args.in_process
 
         def one(i):
-            times, start = [], now()
-            stream = stream_codes(model, input_ids=ids, language="english", speaker="vivian",
-                                  seed=args.seed, **gen)
+            mine = dict(times=[], start=now())
+            per_thread[threading.get_ident()] = mine
             try:
-                for _ in stream:
-                    times.append(now() - start)
-                    if len(times) >= args.frames or times[-1] > args.time_cap:
-                        break
+                model.generate(input_ids=[ids], instruct_ids=None, ref_ids=None, voice_clone_prompt=None,
+                               languages=["english"], speakers=["vivian"], non_streaming_mode=False, **gen)
+            except Stop:
+                pass
             except Exception as error:
                 outs[i] = dict(error=f"{type(error).__name__}: {error}")
                 return
-            finally:
-                stream.close()
-            outs[i] = dict(times=times, steps=[])
+            outs[i] = dict(times=mine["times"], steps=[])
+        torch.manual_seed(args.seed)
         pool = [threading.Thread(target=one, args=(i,)) for i in range(args.in_process)]
         for t in pool:
             t.start()
         for t in pool:
             t.join()
+        hook.remove()
         cpu = time.process_time() - cpu0
         for i, o in enumerate(outs):
             print(json.dumps(dict(o, threads=torch.get_num_threads(), rss_gb=rss_gb(), pid=os.getpid(),
