@@ -12,6 +12,13 @@ byte and the chat special tokens at their released ids, so `--text` and
 the agents' adapters take text as with a download. Deterministic by --seed.
 
     python tools/make_talker_fixture.py --kind custom_voice --out DIR
+
+`--geometry 0.6b|1.7b` makes instead a talker at a released model's shapes
+(Qwen3-TTS-12Hz-0.6B / 1.7B; the values and where each came from:
+bench/results/2026-12-04-amd-epyc-avx2-talker-speed.md) with upstream's own
+initialisation (std 0.02), stored in bfloat16 as the release is, for speed
+measurements (tools/bench_talker.py): no EOS trick, so runs end at
+max_new_tokens. 0.6B is 1.8 GB, 1.7B 3.9 GB.
 """
 
 import argparse
@@ -60,6 +67,78 @@ def tiny_config(kind):
             enc_attention_channels=16, enc_res2net_scale=4, enc_se_channels=16),
         tokenizer_type="qwen3_tts_tokenizer_12hz", tts_model_size="0b6",
         tts_model_type=kind)
+
+
+# The released geometries. Both sizes share the 28-layer talker's heads (16 of
+# 128, 8 key-value heads), the 5-layer code predictor of width 1024, the text
+# embedding (151936 x 2048), rope theta 1e6 and the interleaved mrope [24, 20,
+# 20]; they differ in the talker's width (1024 / 2048) and MLP (3072 / 6144).
+# At 1.7B the code predictor (1024) is narrower than the talker, so upstream
+# adds its small_to_mtp_projection (2048 -> 1024). CustomVoice, VoiceDesign and
+# Base have the same talker; Base adds the speaker encoder (enc_dim = talker
+# width), used only to encode reference audio.
+RELEASED = {
+    "0.6b": dict(hidden_size=1024, intermediate_size=3072, tts_model_size="0b6"),
+    "1.7b": dict(hidden_size=2048, intermediate_size=6144, tts_model_size="1b7"),
+}
+RELEASED_LANGUAGES = {"chinese": 2055, "english": 2050, "german": 2053, "italian": 2070,
+                      "portuguese": 2071, "spanish": 2054, "japanese": 2058, "korean": 2064,
+                      "french": 2061, "russian": 2069, "beijing_dialect": 2074,
+                      "sichuan_dialect": 2062}
+RELEASED_SPEAKERS = {"serena": 3066, "vivian": 3065, "uncle_fu": 3010, "ryan": 3061,
+                     "aiden": 2861, "ono_anna": 2873, "sohee": 2864, "eric": 2875, "dylan": 2878}
+RELEASED_DIALECT = {**{name: False for name in RELEASED_SPEAKERS},
+                    "eric": "sichuan_dialect", "dylan": "beijing_dialect"}
+
+
+def released_config(kind, geometry):
+    size = RELEASED[geometry]
+    talker = dict(
+        vocab_size=3072, hidden_size=size["hidden_size"],
+        intermediate_size=size["intermediate_size"], num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        hidden_act="silu", rms_norm_eps=1e-6, text_hidden_size=2048,
+        text_vocab_size=151936, num_code_groups=16, max_position_embeddings=32768,
+        position_id_per_seconds=13, rope_theta=1000000,
+        rope_scaling={"interleaved": True, "mrope_section": [24, 20, 20],
+                      "rope_type": "default", "type": "default"},
+        code_predictor_config=dict(
+            vocab_size=2048, hidden_size=1024, intermediate_size=3072,
+            num_hidden_layers=5, num_attention_heads=16, num_key_value_heads=8,
+            head_dim=128, hidden_act="silu", rms_norm_eps=1e-6, rope_theta=1000000,
+            num_code_groups=16, max_position_embeddings=65536),
+        codec_language_id=RELEASED_LANGUAGES,
+        **CODEC)
+    if kind == "custom_voice":
+        talker.update(spk_id=RELEASED_SPEAKERS, spk_is_dialect=RELEASED_DIALECT)
+    else:
+        talker.update(spk_id={}, spk_is_dialect={})
+    config = dict(talker_config=talker, tokenizer_type="qwen3_tts_tokenizer_12hz",
+                  tts_model_size=size["tts_model_size"], tts_model_type=kind)
+    if kind == "base":
+        config["speaker_encoder_config"] = dict(enc_dim=size["hidden_size"], sample_rate=24000)
+    return config
+
+
+def make_released(kind, geometry, out, seed):
+    """A random talker at a released geometry, upstream's init, saved in bfloat16."""
+    configuration, modeling = load_upstream()
+    config_dict = released_config(kind, geometry)
+    config = configuration.Qwen3TTSConfig(**config_dict)
+    torch.manual_seed(seed)
+    model = modeling.Qwen3TTSForConditionalGeneration(config).eval().to(torch.bfloat16)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    published = dict(architectures=["Qwen3TTSForConditionalGeneration"],
+                     model_type="qwen3_tts", **config_dict,
+                     im_start_token_id=151644, im_end_token_id=151645,
+                     tts_pad_token_id=151671, tts_bos_token_id=151672,
+                     tts_eos_token_id=151673, transformers_version="4.57.3")
+    (out / "config.json").write_text(json.dumps(published, indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(GENERATION, indent=2) + "\n")
+    write_tokenizer(out)
+    return out
 
 
 GENERATION = dict(do_sample=True, top_k=50, top_p=1.0, temperature=0.9,
@@ -146,12 +225,17 @@ def main():
                         help="all: one subfolder per kind under --out")
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--geometry", choices=["tiny", "0.6b", "1.7b"], default="tiny",
+                        help="tiny (default): the test talkers; 0.6b / 1.7b: the released shapes, "
+                             "upstream's init, for speed measurements")
     args = parser.parse_args()
+    build = make if args.geometry == "tiny" else (
+        lambda kind, out, seed: make_released(kind, args.geometry, out, seed))
     if args.kind == "all":
         for kind in ("custom_voice", "voice_design", "base"):
-            make(kind, Path(args.out) / kind, args.seed)
+            build(kind, Path(args.out) / kind, args.seed)
     else:
-        make(args.kind, args.out, args.seed)
+        build(args.kind, args.out, args.seed)
 
 
 if __name__ == "__main__":
