@@ -129,6 +129,10 @@ def stream_codes(model, *, input_ids, instruct_ids=None, ref_ids=None,
     done = object()
 
     def hook(module, args, output):
+        # The hook sits on the model, shared by every stream generating on it at once: each
+        # stream takes the steps of its own worker thread alone.
+        if threading.current_thread() is not worker:
+            return
         if stop.is_set() or (cancel is not None and cancel.is_set()):
             raise _Stop()
         codec_ids = output.hidden_states[1]  # [1, 16] of the previous frame, or None at prefill

@@ -140,6 +140,24 @@ def main():
     if not (3 <= len(got) <= 4 and got == full[:len(got)]):
         failures.append(f"cancel after 3 of {len(full)} frames gave {len(got)}")
 
+    # Two streams at once on one model (the hook is the model's): each gets its own frames,
+    # those it gets alone.
+    texts = [wrap(torch.arange(3000, 3009).unsqueeze(0)), wrap(torch.arange(5000, 5012).unsqueeze(0))]
+    alone = [list(qt.stream_codes(vd_model, input_ids=t, **gen)) for t in texts]
+    together = {}
+
+    def speak(index):
+        together[index] = list(qt.stream_codes(vd_model, input_ids=texts[index], **gen))
+
+    threads = [threading.Thread(target=speak, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if alone[0] == alone[1] or [together.get(0), together.get(1)] != alone:
+        failures.append(f"two streams at once: {[len(together.get(i, [])) for i in range(2)]} frames, "
+                        f"alone {[len(a) for a in alone]}")
+
     # The CLI's bytes: S16LE, 16 codes a frame, frame-major, equal to
     # upstream's codes for the same prompt and seed (sampled, VoiceDesign
     # shape without instruct).
@@ -167,8 +185,8 @@ def main():
     for f in failures:
         print("FAIL", f)
     print(f"talker exactness: {checked} runs ({checked - len([f for f in failures if ' seed ' in f])} equal), "
-          f"{frames_total} frames, {eos_ended} ended on EOS; stream/close/cancel "
-          f"{'ok' if not any(k in ' '.join(failures) for k in ('close', 'first frame', 'cancel')) else 'FAILED'}; "
+          f"{frames_total} frames, {eos_ended} ended on EOS; stream/close/cancel/two at once "
+          f"{'ok' if not any(k in ' '.join(failures) for k in ('close', 'first frame', 'cancel', 'two streams')) else 'FAILED'}; "
           f"CLI bytes {'FAILED' if 'CLI' in ' '.join(failures) else 'equal'} ({len(expected)} frames)")
     sys.exit(1 if failures else 0)
 
