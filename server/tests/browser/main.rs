@@ -181,6 +181,15 @@ impl Measure {
         total / 1e3
     }
 
+    /// When the page fell silent for good, and not before `since` (epoch ms). A dropout of a
+    /// loaded machine's jitter buffer just before a cancel is no silence for good: what was
+    /// still in flight plays after it (measured: 80 ms of sound after a dropout through Janus).
+    fn silent_for_good_since(&self, since: f64) -> f64 {
+        let (last_change, sounding) = self.changes().last().copied().expect("the page heard nothing");
+        assert!(!sounding, "the page still hears sound");
+        last_change.max(since)
+    }
+
     /// The first change to `sound` at or after `from`.
     fn first_change(&self, sound: bool, from: f64) -> Option<f64> {
         self.changes()
@@ -316,7 +325,7 @@ fn assert_silent(what: &str, speech: &Speech, before: &Measure, after: &Measure,
 }
 
 /// A cancel sent at `cancelled_at` (epoch ms) into playback: sound in the second before it,
-/// silence within [`CANCEL_MS`] after it, and none from then on.
+/// and the page silent for good within [`CANCEL_MS`] after it.
 fn assert_cancel_silences(browser: &Browser, cancelled_at: f64) {
     wait_ms(2500.0);
     let after_cancel = Measure::take(browser);
@@ -325,19 +334,11 @@ fn assert_cancel_silences(browser: &Browser, cancelled_at: f64) {
         sound_before_cancel > 0.8,
         "{sound_before_cancel:.3} s of sound in the second before the cancel"
     );
-    let silent_at = after_cancel
-        .first_change(false, cancelled_at)
-        .expect("no silence after the cancel");
-    let cancel_ms = silent_at - cancelled_at;
-    println!("cancel: silence in the browser {cancel_ms:.0} ms after the cancel was sent");
+    let cancel_ms = after_cancel.silent_for_good_since(cancelled_at) - cancelled_at;
+    println!("cancel: the browser silent for good {cancel_ms:.0} ms after the cancel was sent");
     assert!(
         cancel_ms < CANCEL_MS,
-        "silence {cancel_ms:.0} ms after the cancel"
-    );
-    assert_eq!(
-        after_cancel.sound_seconds(silent_at, after_cancel.number("now")),
-        0.0,
-        "the cancelled speech went on"
+        "silent for good {cancel_ms:.0} ms after the cancel"
     );
 }
 
