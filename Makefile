@@ -32,7 +32,7 @@ setup-agents: setup-reference
 	@bash tools/setup-agents.sh
 
 build: setup
-	cargo build --release
+	cargo build --release --workspace
 
 # The plugin keeps finding libtorch in the venv through its rpath: the venv must stay.
 install: build
@@ -52,7 +52,7 @@ demo: build setup-reference
 # prints the page's URL and the codes ingress's token. SERVE_ARGS: more options, e.g. --bind
 # 0.0.0.0:8080.
 serve: setup
-	cargo build --release -p qwencodec-server
+	cargo build --release --workspace
 	GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} target/release/qwencodec-server $(SERVE_ARGS)
 
 lint: setup
@@ -73,7 +73,6 @@ test: build lint released-fixture setup-load setup-agents
 	bash tools/check-install.sh
 	bash tools/check-profile.sh
 	bash tools/fuzz-short.sh
-	cargo build --release -p qwencodec-server
 	bash tools/check-plain-cargo.sh
 	bash tools/check-load.sh
 	bash tools/check-talker.sh
@@ -107,7 +106,7 @@ setup-load: setup
 # $(QWENCODEC_CACHE)/fixtures/full-release-80 --dtype f16 --seconds 10 --json capacity.json.
 LOAD_ARGS ?= --sessions 4
 load: setup-load
-	cargo build --release -p qwencodec-server
+	cargo build --release --workspace
 	GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} $(VENV)/bin/python tools/webrtc_load.py $(LOAD_ARGS)
 
 fixtures: setup-reference

@@ -16,7 +16,7 @@ fail() {
   exit 1
 }
 
-[ -x "$server" ] || fail "no $server: build it first (cargo build --release -p qwencodec-server)"
+[ -x "$server" ] || fail "no $server: build it first (make build)"
 bash tools/setup-load.sh
 
 scratch="$(mktemp -d)"
