@@ -121,6 +121,8 @@ released-fixture: setup-reference
 # The benchmark (not a test): upstream Python decoder and ours on the released geometry with
 # random weights, side by side, each decode timed BENCH_REPEATS times after a warm-up; writes
 # bench/results/<date>-<cpu>-<device>-<dtype>.{md,json} and the table of every result in docs/performance.md.
+# The element as users run it too: a gst-launch-1.0 process per run, in f32, f16 and bf16, at
+# chunk-frames 1 and 4 (--launch-dtypes, --launch-chunks).
 # BENCH_ARGS: more options of benches/decode/main.rs (--chunks, --dtype, --steady-frames). Then many
 # streams on one model, batched and not (benches/streams.rs, STREAMS_ARGS: --streams, --live, ...),
 # and the time a seek or a stop takes during playback (benches/effect.rs, EFFECT_ARGS: --runs, ...).

@@ -4,6 +4,7 @@
 //! cargo bench --bench decode -- --model DIR --upstream upstream.json --reference reference.f32
 //!     [--out bench/results] [--chunks 1,2,4,8] [--device cpu] [--dtype f32] [--alongside f32]
 //!     [--repeats 5] [--steady-model DIR] [--steady-frames 20000] [--python python3]
+//!     [--launch-dtypes f32,f16,bf16] [--launch-chunks 1,4]
 //!
 //! Both sides are measured alike: every decode runs once as a warm-up, then `--repeats` times,
 //! and each row gives the best and the median of those runs. Upstream's full decode, the one
@@ -23,6 +24,10 @@
 //! (on a machine whose load changes, a ratio between dtypes is only fair from the same
 //! moments), and reports the ratio.
 //!
+//! The element as a user runs it (`gst_launch.rs`): at each of `--launch-chunks`, for each of
+//! `--launch-dtypes`, a `gst-launch-1.0 filesrc ! ... ! qwencodecdec ! fakesink` process per run,
+//! its runs taking turns with the others of the same rounds; `--launch-dtypes ''` skips them.
+//!
 //! The cost of a frame late in a long stream: a stream `--steady-frames` frames in and a fresh
 //! one take one-frame steps in turn, 1,000 each (alternated, so that the machine's drift, which
 //! moved an end-against-start comparison by 0.65-1.48x, falls on both alike). By default those
@@ -36,6 +41,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod element;
+mod gst_launch;
 mod report;
 mod upstream;
 
@@ -45,6 +51,7 @@ use std::time::Instant;
 
 use common::{machine, mean, percentile, read_codes, relative_l2, sorted};
 use element::ElementBench;
+use gst_launch::{LaunchBench, LaunchFiles};
 use gstqwencodec::model::{Dtype, Model, StepLimits, StreamDecoder, TailStrategy, parse_device};
 use report::markdown;
 use serde_json::{Value, json};
@@ -66,6 +73,8 @@ struct Args {
     steady_model: PathBuf,
     steady_frames: usize,
     python: String,
+    launch_dtypes: Vec<Dtype>,
+    launch_chunks: Vec<usize>,
 }
 
 /// The options, all of them read before any work (see `common::read_options`).
@@ -98,6 +107,12 @@ fn parse_args() -> Args {
                 .map_or_else(|| fixtures.join("release-tiny"), PathBuf::from),
             steady_frames: options.take_parsed("--steady-frames", 20_000)?,
             python: options.take("--python")?.unwrap_or_else(|| "python3".into()),
+            launch_dtypes: match options.take("--launch-dtypes")?.as_deref() {
+                Some("") => Vec::new(),
+                Some(list) => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
+                None => vec![Dtype::F32, Dtype::F16, Dtype::Bf16],
+            },
+            launch_chunks: options.take_list("--launch-chunks", &[1, 4])?,
         })
     })
 }
@@ -215,20 +230,32 @@ impl CoreBench {
     }
 }
 
+/// What every run decodes: the benchmark's codes, in memory and as files for `gst-launch-1.0`,
+/// and upstream's float64 decode of them.
+struct Input<'a> {
+    codes: &'a [i16],
+    files: &'a LaunchFiles,
+    reference: &'a [f32],
+}
+
 /// The rows of one chunk size: the core for `model` (with and without CUDA graphs where the
 /// device has them), for the `alongside` model (another dtype), and the element, their runs
 /// taking turns with each other and with upstream's full decode so that all see the same load
-/// on the machine (its speed drifts by 20% within minutes); and the seconds of upstream's timed
-/// decodes. Each row's `vs_upstream_full` is its time over upstream's in those rounds.
+/// on the machine (its speed drifts by 20% within minutes), and `gst-launch-1.0` where
+/// `--launch-chunks` has this size; and the seconds of upstream's timed decodes. Each row's `vs_upstream_full` is its time over upstream's in those rounds.
 fn bench_chunk(
     args: &Args,
     model: &Arc<Model>,
     alongside: Option<&Arc<Model>>,
     upstream: &mut UpstreamFull,
-    codes: &[i16],
+    input: &Input,
     chunk_frames: usize,
-    reference: &[f32],
 ) -> (Vec<Value>, Vec<f64>) {
+    let Input {
+        codes,
+        files,
+        reference,
+    } = *input;
     let graph_choices: &[bool] = if model.device().is_cuda() {
         &[false, true]
     } else {
@@ -243,6 +270,14 @@ fn bench_chunk(
         })
         .collect();
     let mut element = ElementBench::default();
+    let mut launches: Vec<LaunchBench> = if args.launch_chunks.contains(&chunk_frames) {
+        args.launch_dtypes
+            .iter()
+            .map(|&dtype| LaunchBench::new(dtype))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let mut upstream_seconds = Vec::new();
     // Run 0 is the warm-up.
     for run in 0..=args.repeats {
@@ -254,6 +289,9 @@ fn bench_chunk(
             core.run(codes, reference, run == 0);
         }
         element.run(args, model, codes, chunk_frames, reference, run == 0);
+        for launch in &mut launches {
+            launch.run(args, files, model, chunk_frames, reference, run == 0);
+        }
     }
     let mut rows: Vec<Value> = cores
         .iter()
@@ -267,6 +305,11 @@ fn bench_chunk(
         })
         .collect();
     rows.push(element.row(chunk_frames));
+    rows.extend(
+        launches
+            .iter()
+            .map(|launch| launch.row(model, chunk_frames, json!(tch::get_num_threads()))),
+    );
     let audio_seconds = (codes.len() / model.config().num_quantizers) as f64 * frame_period(model);
     let upstream_speeds: Vec<f64> = upstream_seconds.iter().map(|s| s / audio_seconds).collect();
     let upstream_speed = best_and_median(&upstream_speeds);
@@ -395,6 +438,7 @@ fn main() {
     let alongside = args
         .alongside
         .map(|dtype| Model::shared(&args.model, device, dtype).unwrap());
+    let launch_files = LaunchFiles::write(&codes, config.num_quantizers, Path::new("bench/cache/launch"));
     let mut upstream_full = UpstreamFull::start(&args);
     let mut rows = Vec::new();
     let mut upstream_seconds = Vec::new();
@@ -404,9 +448,12 @@ fn main() {
             &model,
             alongside.as_ref(),
             &mut upstream_full,
-            &codes,
+            &Input {
+                codes: &codes,
+                files: &launch_files,
+                reference: &reference,
+            },
             chunk_frames,
-            &reference,
         );
         for r in chunk_rows {
             eprintln!("{r}");
