@@ -334,10 +334,20 @@ fn run() -> Result<(), Box<dyn Error>> {
     // or device fails the start instead of the first session.
     let model = Model::shared(&model_path, parse_device(&device)?, dtype)?;
     // Before the capacity is measured: it is measured on the threads the decoder will have.
-    if let Some(cores) = cores {
-        let threads = model.limit_compute_threads(cores);
-        log!("--cores {cores}: the decoder computes on {threads} threads (the host has {host_cores} cores)");
+    // One server decodes for all its sessions: its threads are its own to spin. Several decoding
+    // processes on one host each take a share of the cores (--cores), which a spin cannot starve.
+    let threads = match cores {
+        Some(cores) => model.limit_compute_threads(cores),
+        None => model.compute_threads(),
+    };
+    if let Some(why) = dtype.slow_on(model.device()) {
+        log!("--dtype {dtype}: {why}");
     }
+    let share = cores.map_or_else(|| "all".to_owned(), |cores| format!("--cores {cores} of"));
+    log!(
+        "the decoder computes on {threads} threads ({share} the host's {host_cores} cores); {}",
+        gstqwencodec::model::wait_policy()
+    );
     let frame = Duration::from_secs_f64(config.samples_per_frame() as f64 / config.sample_rate as f64);
     let max_sessions = match admission.as_str() {
         "measured" => {

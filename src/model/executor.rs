@@ -23,6 +23,37 @@ pub fn run<R: Send>(device: Device, work: impl FnOnce() -> R + Send) -> R {
     }
 }
 
+/// How the compute thread's OpenMP workers wait between ops, as libgomp read it from the
+/// environment when libtorch loaded (it cannot change after): a sentence for a start-up log.
+/// Spinning, libgomp's default, is the fastest for the one decoding process on its cores; a
+/// shorter spin or a passive wait is for several decoding processes sharing cores, which
+/// would otherwise starve each other (docs/element.md, "Threads").
+pub fn wait_policy() -> String {
+    wait_policy_of(
+        std::env::var("OMP_WAIT_POLICY").ok().as_deref(),
+        std::env::var("GOMP_SPINCOUNT").ok().as_deref(),
+    )
+}
+
+fn wait_policy_of(wait_policy: Option<&str>, spin_count: Option<&str>) -> String {
+    let is = |name: &str| wait_policy.is_some_and(|policy| policy.eq_ignore_ascii_case(name));
+    if is("active") {
+        return "OpenMP workers spin between ops and never sleep (OMP_WAIT_POLICY=active)".into();
+    }
+    match (is("passive"), spin_count) {
+        (true, _) => "OpenMP workers sleep between ops (OMP_WAIT_POLICY=passive: for decoding \
+                      processes sharing cores; alone, a step is slower)"
+            .into(),
+        (false, Some(count)) => format!(
+            "OpenMP workers spin {count} times before they sleep between ops (GOMP_SPINCOUNT={count}: \
+             for decoding processes sharing cores; alone, a step may be slower)"
+        ),
+        (false, None) => "OpenMP workers spin between ops (libgomp's default: the fastest for \
+                          the one decoding process on its cores)"
+            .into(),
+    }
+}
+
 fn thread_for(device: Device) -> Option<Arc<rayon_core::ThreadPool>> {
     static THREADS: LazyLock<Mutex<HashMap<Device, Arc<rayon_core::ThreadPool>>>> =
         LazyLock::new(Default::default);
@@ -59,6 +90,14 @@ mod tests {
         assert_ne!(run(Device::Cuda(0), || std::thread::current().id()), cpu);
         // Nested calls run in place instead of waiting for themselves.
         assert_eq!(run(Device::Cpu, || run(Device::Cpu, || 7)), 7);
+    }
+
+    #[test]
+    fn the_wait_policy_names_what_the_environment_set() {
+        assert!(wait_policy_of(None, None).contains("libgomp's default"));
+        assert!(wait_policy_of(None, Some("1000")).contains("GOMP_SPINCOUNT=1000"));
+        assert!(wait_policy_of(Some("PASSIVE"), Some("1000")).contains("OMP_WAIT_POLICY=passive"));
+        assert!(wait_policy_of(Some("active"), None).contains("never sleep"));
     }
 
     #[test]

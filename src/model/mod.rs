@@ -25,6 +25,7 @@ pub use checkpoint::CheckpointFiles;
 pub use config::DecoderConfig;
 pub use engine::{BatchRun, GraphReport, MAX_GRAPHS, REJOIN_GRACE, max_batch_frames};
 pub use error::{DecodeError, GraphError, ModelError};
+pub use executor::wait_policy;
 pub use kernels::shim::{Allowed, CpuKernels, KERNELS_ENV, Kernel, cpu_kernels, widest_kernels};
 pub use op_profiler::OpProfiler;
 pub use stream_decoder::{StepLimits, StreamDecoder, TailStrategy};
@@ -55,6 +56,30 @@ impl Dtype {
             Dtype::Bf16 => Kind::BFloat16,
             Dtype::F16 => Kind::Half,
         }
+    }
+
+    /// Why this dtype is a slow choice on `device` of this machine, where it is: for a
+    /// warning at start. bfloat16 products on a CPU without bfloat16 arithmetic (AVX512_BF16,
+    /// AMX-BF16) are emulated by libtorch, slower than float32's; f16 keeps float32 products
+    /// there (docs/performance.md, "dtypes").
+    pub fn slow_on(self, device: Device) -> Option<&'static str> {
+        (self == Dtype::Bf16 && device == Device::Cpu && !cpu_has_bf16_arithmetic()).then_some(
+            "this CPU has no bfloat16 arithmetic (AVX512_BF16, AMX-BF16): libtorch emulates bf16's \
+             products, slower than f32's; f16 is the fastest dtype here, f32 the most precise",
+        )
+    }
+}
+
+fn cpu_has_bf16_arithmetic() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // Every CPU with AMX-BF16 has AVX512_BF16 too.
+        std::is_x86_feature_detected!("avx512bf16")
+    }
+    // Elsewhere unknown here: no warning.
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        true
     }
 }
 

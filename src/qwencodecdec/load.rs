@@ -125,6 +125,16 @@ impl QwenCodecDec {
             config.sample_rate,
             model.samples_per_frame()
         );
+        if let Some(why) = wanted.dtype.slow_on(wanted.device) {
+            gst::warning!(CAT, imp = self, "dtype {}: {why}", wanted.dtype);
+        }
+        gst::info!(
+            CAT,
+            imp = self,
+            "Computing on {} threads; {}",
+            model.compute_threads(),
+            model::wait_policy()
+        );
         Ok(LoadedModel {
             model,
             path: wanted.path.clone(),

@@ -60,7 +60,7 @@ fn a_join_is_refused_while_the_margin_is_below_the_floor_and_admitted_after() {
     ]);
     assert!(
         server.await_log(
-            |line| line.contains("--cores 1: the decoder computes on 1 threads"),
+            |line| line.contains("the decoder computes on 1 threads (--cores 1 of"),
             Duration::from_secs(2)
         ),
         "--cores 1 not taken"
