@@ -53,7 +53,7 @@ demo: build setup-reference
 # 0.0.0.0:8080.
 serve: setup
 	cargo build --release --workspace
-	GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} target/release/qwencodec-server $(SERVE_ARGS)
+	target/release/qwencodec-server $(SERVE_ARGS)
 
 lint: setup
 	cargo fmt --all -- --check
@@ -107,7 +107,7 @@ setup-load: setup
 LOAD_ARGS ?= --sessions 4
 load: setup-load
 	cargo build --release --workspace
-	GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} $(VENV)/bin/python tools/webrtc_load.py $(LOAD_ARGS)
+	$(VENV)/bin/python tools/webrtc_load.py $(LOAD_ARGS)
 
 fixtures: setup-reference
 	$(VENV)/bin/python tools/make_fixtures.py --out tests/fixtures

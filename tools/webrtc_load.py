@@ -470,10 +470,9 @@ class ServerProcess:
         ]  # fmt: skip
         if options.janus_api:
             command += ["--janus", options.janus_api]
-        env = dict(os.environ)
-        env.setdefault("GOMP_SPINCOUNT", "1000")  # as make serve: short OpenMP spinning (docs/element.md, "Threads")
+        # The server's threads as it chooses them: the environment passes through (docs/element.md, "Threads").
         proc = await asyncio.create_subprocess_exec(
-            *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env
+            *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
         )
         server = cls(proc.pid)
         server.proc = proc
