@@ -322,3 +322,26 @@ impl Model {
         &self.engine
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_bf16_on_a_cpu_without_bfloat16_arithmetic_is_called_slow() {
+        for dtype in [Dtype::F32, Dtype::F16] {
+            assert_eq!(dtype.slow_on(Device::Cpu), None);
+        }
+        assert_eq!(Dtype::Bf16.slow_on(Device::Cuda(0)), None);
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let has_avx512_bf16 = cpuinfo
+            .lines()
+            .find(|line| line.starts_with("flags"))
+            .is_some_and(|flags| flags.split_whitespace().any(|flag| flag == "avx512_bf16"));
+        let warning = Dtype::Bf16.slow_on(Device::Cpu);
+        assert_eq!(warning.is_some(), !has_avx512_bf16, "{warning:?}");
+        if let Some(why) = warning {
+            assert!(why.contains("f16 is the fastest"), "{why}");
+        }
+    }
+}
