@@ -375,6 +375,18 @@ def lateness_s(packets: PacketLog) -> list[float]:
     ]
 
 
+def lateness_per_second_ms(packets: PacketLog, late: list[float]) -> list[float]:
+    """The largest of `late` (lateness_s of `packets`) in each second of the schedule."""
+    if not late:
+        return []
+    stamps = unwrap(packets.timestamps, 32)
+    seconds = [int((stamp - stamps[0]) / OPUS_RATE) for stamp in stamps]
+    worst = [float("-inf")] * (max(seconds) + 1)
+    for second, lateness in zip(seconds, late, strict=True):
+        worst[second] = max(worst[second], lateness)
+    return [round(x * 1000, 1) if x != float("-inf") else None for x in worst]
+
+
 def lost_packets(packets: PacketLog) -> int:
     """Sequence numbers missing between the first and the last packet received."""
     if not packets.sequence:
@@ -403,6 +415,9 @@ def analyse_session(session: Session, options) -> dict:
         "received_fraction": round(received_s / sent_s, 3) if sent_s else None,
         "packets": len(session.packets.arrivals),
         "max_lateness_ms": round(max(late) * 1000, 1) if late else None,
+        # Whether a session fell behind at once or drifted: the largest lateness in each second
+        # of its schedule.
+        "max_lateness_ms_per_second": lateness_per_second_ms(session.packets, late),
         "late_packets": late_packets,
         "lost_packets": lost,
         "underran": late_packets > 0 or lost > 0,
