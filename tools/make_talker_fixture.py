@@ -127,18 +127,7 @@ def make_released(kind, geometry, out, seed):
     config = configuration.Qwen3TTSConfig(**config_dict)
     torch.manual_seed(seed)
     model = modeling.Qwen3TTSForConditionalGeneration(config).eval().to(torch.bfloat16)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    published = dict(architectures=["Qwen3TTSForConditionalGeneration"],
-                     model_type="qwen3_tts", **config_dict,
-                     im_start_token_id=151644, im_end_token_id=151645,
-                     tts_pad_token_id=151671, tts_bos_token_id=151672,
-                     tts_eos_token_id=151673, transformers_version="4.57.3")
-    (out / "config.json").write_text(json.dumps(published, indent=2) + "\n")
-    (out / "generation_config.json").write_text(json.dumps(GENERATION, indent=2) + "\n")
-    write_tokenizer(out)
-    return out
+    return save_published(model, config_dict, out)
 
 
 GENERATION = dict(do_sample=True, top_k=50, top_p=1.0, temperature=0.9,
@@ -201,15 +190,22 @@ def make(kind, out, seed):
                                   do_sample=False, subtalker_dosample=False, max_new_tokens=12)
         direction = head[codes[0][:, 0]].mean(0)
         head[eos] = 2.5 * head.norm(dim=1).mean() * direction / direction.norm()
+    return save_published(model, tiny_config(kind), out)
+
+
+def save_published(model, config_dict, out):
+    """`model` in the published layout in `out`: weights, config, generation config, tokenizer.
+
+    save_pretrained's config.json spells out every PretrainedConfig default
+    in the sub-configs, which upstream's Qwen3TTSSpeakerEncoderConfig then
+    refuses on load (`model_type`); the published config.json holds only
+    the model's own keys, so write that.
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
-    # save_pretrained's config.json spells out every PretrainedConfig default
-    # in the sub-configs, which upstream's Qwen3TTSSpeakerEncoderConfig then
-    # refuses on load (`model_type`); the published config.json holds only
-    # the model's own keys, so write that.
     published = dict(architectures=["Qwen3TTSForConditionalGeneration"],
-                     model_type="qwen3_tts", **tiny_config(kind),
+                     model_type="qwen3_tts", **config_dict,
                      im_start_token_id=151644, im_end_token_id=151645,
                      tts_pad_token_id=151671, tts_bos_token_id=151672,
                      tts_eos_token_id=151673, transformers_version="4.57.3")

@@ -14,8 +14,8 @@ use std::time::Instant;
 use gstqwencodec::model::{Dtype, Model};
 use serde_json::{Value, json};
 
-use crate::common::relative_l2;
-use crate::{Args, best_and_median, frame_period};
+use crate::common::{percentile, relative_l2};
+use crate::{Args, best_and_median, frame_period, read_f32};
 
 /// The long file holds the benchmark's codes this many times.
 const LONG_REPEATS: usize = 3;
@@ -146,11 +146,7 @@ impl LaunchBench {
         if warm_up {
             return;
         }
-        let audio: Vec<f32> = std::fs::read(&audio_path)
-            .unwrap()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
+        let audio = read_f32(&audio_path);
         self.error = self.error.max(relative_l2(&audio, reference));
         let steps = |frames: usize| frames.div_ceil(chunk_frames) as f64;
         let extra_steps = steps(files.frames * LONG_REPEATS) - steps(files.frames);
@@ -166,7 +162,7 @@ impl LaunchBench {
             "runs": self.step_ms.len(),
             "seconds_per_audio_second": best_and_median(&speed),
             "first_audio_ms": Value::Null,
-            "step_ms": {"p50": crate::common::percentile(&self.step_ms, 0.5), "p99": Value::Null},
+            "step_ms": {"p50": percentile(&self.step_ms, 0.5), "p99": Value::Null},
             "relative_l2": self.error,
         })
     }
