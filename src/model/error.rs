@@ -54,6 +54,8 @@ pub enum GraphError {
     Unavailable,
     #[error("CUDA graph: {0}")]
     Cuda(String),
+    #[error("a graph replayed on state memory that moved after it was recorded")]
+    Stale,
     #[error("while capturing a CUDA graph: {0}")]
     Torch(#[from] tch::TchError),
 }

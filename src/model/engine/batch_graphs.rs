@@ -47,8 +47,10 @@ enum Replay {
     /// The CPU's stand-in for a graph: the recorded step run again at each replay, on the same
     /// input and output tensors. Everything around the graphs (buckets, padding with the
     /// scratch row, the rows as a tensor of arena indices, graphs dropped when the arena
-    /// moves) then runs, and is tested, where no GPU is.
-    Eager,
+    /// moves) then runs, and is tested, where no GPU is. It keeps where the arena's memory lay
+    /// when it was recorded and refuses to replay elsewhere: a CUDA graph kept past a move
+    /// would step on freed memory, which an eager step on the live arena would hide.
+    Eager { recorded_on: Vec<usize> },
 }
 
 struct BatchGraph {
@@ -178,7 +180,10 @@ impl BatchGraphs {
         graph.codes.f_narrow(0, 0, used)?.f_copy_(codes)?;
         match &graph.replay {
             Replay::Cuda(cuda) => cuda.replay()?,
-            Replay::Eager => {
+            Replay::Eager { recorded_on } => {
+                if *recorded_on != arena.state().addresses() {
+                    return Err(GraphError::Stale);
+                }
                 let audio = step_rows(network, arena, &graph.rows, &graph.codes, tables)?;
                 graph.audio.f_copy_(&audio)?;
             }
@@ -205,7 +210,9 @@ impl BatchGraphs {
             // The stand-in's output: the step run once on the scratch row, as a capture would.
             let audio = step_rows(network, arena, &rows, &codes, tables)?;
             return Ok(BatchGraph {
-                replay: Replay::Eager,
+                replay: Replay::Eager {
+                    recorded_on: arena.state().addresses(),
+                },
                 rows,
                 codes,
                 audio,
@@ -215,7 +222,7 @@ impl BatchGraphs {
         let before = cuda_graph::reserved_bytes(device)?;
         let share_pool_of = self.graphs.values().find_map(|graph| match &graph.replay {
             Replay::Cuda(cuda) => Some(cuda),
-            Replay::Eager => None,
+            Replay::Eager { .. } => None,
         });
         let (graph, audio) = CudaGraph::capture(
             device,
@@ -237,5 +244,95 @@ impl BatchGraphs {
             audio,
             _tables: tables.shallow_clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tch::Device;
+
+    use super::*;
+
+    /// An arena of `count` streams' rows (their numbers) besides the scratch row.
+    fn arena_with(network: &Network, count: usize) -> (Arena, Vec<i64>) {
+        let mut arena = Arena::default();
+        let rows = (0..count)
+            .map(|_| arena.allocate(network).unwrap().index())
+            .collect();
+        (arena, rows)
+    }
+
+    fn codes(network: &Network, rows: usize, frames: usize) -> Tensor {
+        let codebooks = network.config().num_quantizers as i64;
+        Tensor::zeros([rows as i64, frames as i64, codebooks], (Kind::Int64, Device::Cpu))
+    }
+
+    /// A batch replays the graph of the smallest bucket that holds it, none beyond the largest;
+    /// a model records at most [`MAX_GRAPHS`], steps of further shapes then run eagerly while
+    /// the shapes recorded go on replaying. The CPU engine's batches stop at 8 frames in all
+    /// (`max_batch_frames`), so the larger buckets and the limit are reached here only.
+    #[test]
+    fn a_batch_takes_the_smallest_bucket_that_holds_it_and_graphs_stop_at_the_limit() {
+        let network = Network::fixture("release-tiny");
+        let (mut arena, rows) = arena_with(&network, 65);
+        let mut graphs = BatchGraphs::eager();
+        let one_frame = network.step_tables(1).unwrap();
+        let mut run = |graphs: &mut BatchGraphs, tables: &StepTables, count: usize| {
+            let codes = codes(&network, count, tables.frames());
+            graphs
+                .run(&network, &mut arena, tables, &rows[..count], &codes)
+                .unwrap()
+                .map(|audio| audio.size()[0] as usize)
+        };
+        for (count, bucket) in [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8), (9, 16), (17, 32), (33, 64), (64, 64)] {
+            assert_eq!(run(&mut graphs, &one_frame, count), Some(count), "{count} rows");
+            assert!(
+                graphs.graphs.contains_key(&(bucket, 1)),
+                "{count} rows replay the bucket of {bucket}"
+            );
+        }
+        assert_eq!(graphs.count(), BUCKETS.len());
+        assert_eq!(run(&mut graphs, &one_frame, 65), None, "65 rows: beyond the largest bucket");
+        assert_eq!(graphs.count(), BUCKETS.len());
+
+        // One row in steps of 2, 3, ... frames: a graph each until the limit.
+        let recordable = MAX_GRAPHS - BUCKETS.len();
+        for frames in 2..=recordable + 2 {
+            let tables = network.step_tables(frames).unwrap();
+            let replayed = run(&mut graphs, &tables, 1);
+            if frames <= recordable + 1 {
+                assert_eq!(replayed, Some(1), "steps of {frames} frames");
+            } else {
+                assert_eq!(replayed, None, "steps of {frames} frames, past the limit: eager");
+            }
+        }
+        assert_eq!(graphs.count(), MAX_GRAPHS);
+        assert_eq!(run(&mut graphs, &one_frame, 3), Some(3), "a shape recorded before the limit");
+    }
+
+    /// A graph kept past a move of the arena would, on CUDA, step on the memory the arena left:
+    /// the stand-in refuses to replay there, so that the CPU tests catch it. `run` drops the
+    /// graphs when the arena moves, and records them again.
+    #[test]
+    fn the_stand_in_refuses_a_graph_recorded_on_memory_the_arena_left() {
+        let network = Network::fixture("release-tiny");
+        let (mut arena, mut rows) = arena_with(&network, 2);
+        let mut graphs = BatchGraphs::eager();
+        let tables = network.step_tables(1).unwrap();
+        let codes = codes(&network, 2, 1);
+        _ = graphs.run(&network, &mut arena, &tables, &rows, &codes).unwrap().unwrap();
+        rows.push(arena.allocate(&network).unwrap().index());
+        rows.push(arena.allocate(&network).unwrap().index());
+        assert_eq!(arena.rows(), 8, "grown, in new memory");
+
+        // As if the move had been missed.
+        let generation = graphs.arena_generation;
+        graphs.arena_generation = arena.generation();
+        let stale = graphs.run(&network, &mut arena, &tables, &rows[..2], &codes);
+        assert!(matches!(stale, Err(GraphError::Stale)), "a stale graph replayed");
+
+        graphs.arena_generation = generation;
+        _ = graphs.run(&network, &mut arena, &tables, &rows[..2], &codes).unwrap().unwrap();
+        assert_eq!((graphs.dropped(), graphs.count()), (1, 1), "dropped and recorded again");
     }
 }

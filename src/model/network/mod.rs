@@ -79,6 +79,11 @@ impl State {
         self.key_bias.size()[0]
     }
 
+    /// Where its tensors lie: a CUDA graph recorded on this state reads and writes there.
+    pub fn addresses(&self) -> Vec<usize> {
+        self.tensors().map(|t| t.data_ptr() as usize).collect()
+    }
+
     pub fn bytes(&self) -> usize {
         self.tensors()
             .map(|t| t.numel() * t.kind().elt_size_in_bytes())
@@ -175,6 +180,21 @@ pub struct Network {
 // are written only while loading, before the network is shared, and only read afterwards
 // (every op here allocates its result, none works in place on a weight).
 unsafe impl Sync for Network {}
+
+#[cfg(test)]
+impl Network {
+    /// A committed fixture's network (tests/fixtures/`name`), float32 on the CPU.
+    pub fn fixture(name: &str) -> Self {
+        use crate::model::checkpoint::CheckpointFiles;
+        let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
+        let files = CheckpointFiles::locate(&folder).unwrap();
+        let config = DecoderConfig::from_file(&files.config).unwrap();
+        let weights = WeightFile::open(&files.weights, Device::Cpu, tch::Kind::Float, false).unwrap();
+        Self::load(&weights, &config).unwrap()
+    }
+}
 
 impl Network {
     pub fn load(file: &WeightFile, config: &DecoderConfig) -> Result<Self, ModelError> {
