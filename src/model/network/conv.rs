@@ -260,7 +260,14 @@ impl CausalTransConv {
         kernel: usize,
         stride: usize,
     ) -> Result<Self, ModelError> {
-        debug_assert!(kernel == stride || kernel == 2 * stride);
+        if kernel != stride && kernel != 2 * stride {
+            // Only then does each input column's output overlap the next one's alone, which is
+            // all the state a step carries.
+            return Err(ModelError::Config(format!(
+                "a transposed convolution of kernel {kernel} and stride {stride}: streaming \
+                 needs a kernel of one or two strides"
+            )));
+        }
         let weights = weights.at("conv");
         let weight = weights.get("weight", &[in_channels, out_channels, kernel])?;
         let matrix = Matrix::new(
