@@ -256,6 +256,26 @@ fn mkl_runs_avx512() -> bool {
 mod tests {
     use super::*;
 
+    /// The instruction sets the build announced (build.rs's `host_avx2`, `host_avx512`, which
+    /// decide whether the kernels' tests run or are ignored) are this CPU's: a build that missed
+    /// AVX-512 on a CPU that has it would ignore every AVX-512 kernel test, and pass.
+    #[test]
+    fn the_build_announced_the_instruction_sets_of_this_cpu() {
+        let announced = if cfg!(host_avx512) {
+            CpuKernels::Avx512
+        } else if cfg!(host_avx2) {
+            CpuKernels::Avx2
+        } else {
+            CpuKernels::Off
+        };
+        assert_eq!(
+            announced,
+            widest_kernels(),
+            "build.rs announced {announced:?} kernels' tests, this CPU runs {:?}",
+            widest_kernels()
+        );
+    }
+
     fn parsed(value: &str) -> Allowed {
         Allowed::parse(value).unwrap()
     }
