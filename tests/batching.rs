@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use common::batching::{
     Outcome, Plan, check, decode_together, equal_plans, plans, three_streams_in_one_batch,
+    three_streams_of_different_ages,
 };
 use common::{Fixture, load_fixture};
 use gstqwencodec::model::{Dtype, Model, StepLimits, StreamDecoder, TailStrategy};
@@ -29,6 +30,25 @@ fn streams_of_every_age_length_and_chunk_size_batched_together_stay_exact() {
         let rows: Vec<usize> = outcomes.iter().map(|o| o.max_rows).collect();
         println!("{name}: the most rows each stream's steps ran in: {rows:?}");
         check(&fixture, &model, &plans, &outcomes);
+    }
+}
+
+/// A batch formed by count of three streams of different ages and codes, their arena rows out
+/// of order, eagerly and through the graphs' stand-in: each stream is its solo decode and
+/// upstream's. (Every other batch here holds streams of the same codes at the same age, where
+/// rows swapped would give the same audio.)
+#[test]
+fn streams_of_different_ages_batched_with_their_rows_out_of_order_stay_exact() {
+    for name in ["release-tiny", "gqa-bias"] {
+        for graphs in [false, true] {
+            let fixture = load_fixture(name);
+            let model = load(&fixture);
+            if graphs {
+                model.replay_graphs_eagerly();
+            }
+            let (plans, outcomes) = three_streams_of_different_ages(&fixture, &model);
+            check(&fixture, &model, &plans, &outcomes);
+        }
     }
 }
 
