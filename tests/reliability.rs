@@ -5,7 +5,8 @@
 
 mod common;
 
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use common::{
@@ -15,7 +16,7 @@ use common::{
 use gst::prelude::*;
 use gstqwencodec::model::{Dtype, Model};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
 /// Longer than any of these runs takes on two busy cores: past it, something hangs.
 const HANG: Duration = Duration::from_secs(120);
@@ -34,6 +35,73 @@ fn within_hang_limit<R: Send + 'static>(what: &str, work: impl FnOnce() -> R + S
     thread
         .join()
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+/// A copy of a committed fixture's checkpoint in a folder of its own: elements given it load a
+/// model no other test of this binary shares, so that holding its steps holds theirs only.
+fn private_checkpoint(name: &str) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture_dir(name)).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
+    }
+    copy
+}
+
+/// Holds a step of a model in flight on request: the model's next batch after [`StepHold::arm`],
+/// its compute done, waits in the model's batch observer until [`StepHold::release`], its
+/// stream's step thread waiting for it meanwhile.
+struct StepHold {
+    armed: Arc<AtomicBool>,
+    entered: mpsc::Receiver<()>,
+    resume: mpsc::Sender<()>,
+}
+
+impl StepHold {
+    fn on(model: &Model) -> Self {
+        let armed = Arc::new(AtomicBool::new(false));
+        let (entered_tx, entered) = mpsc::channel();
+        let (resume, resumed) = mpsc::channel();
+        let resumed = Mutex::new(resumed);
+        model.observe_batches({
+            let armed = armed.clone();
+            move |_| {
+                if armed.swap(false, Ordering::SeqCst) {
+                    entered_tx.send(()).unwrap();
+                    _ = resumed.lock().unwrap().recv_timeout(HANG);
+                }
+            }
+        });
+        Self {
+            armed,
+            entered,
+            resume,
+        }
+    }
+
+    fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Until a step is held.
+    fn wait_held(&self, what: &str) {
+        self.entered
+            .recv_timeout(HANG)
+            .unwrap_or_else(|_| panic!("{what}: no decode step ran"));
+    }
+
+    fn release(&self) {
+        self.resume.send(()).unwrap();
+    }
+}
+
+/// Until `pad` is flushing: a flush-start or a deactivation has gone through it.
+fn await_flushing(pad: &gst::Pad, what: &str) {
+    let deadline = Instant::now() + HANG;
+    while !pad.pad_flags().contains(gst::PadFlags::FLUSHING) {
+        assert!(Instant::now() < deadline, "{what}: {} never flushing", pad.name());
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// `appsrc ! qwencodecdec ! appsink` in a pipeline.
@@ -140,17 +208,23 @@ fn sixty_four_elements_on_their_own_threads_are_exact_and_share_one_model() {
     );
 }
 
+/// PLAYING to NULL while a step is in flight, held there until the state change has reached
+/// the element (its pads flushing), twelve times; then the element decodes a stream exactly.
 #[test]
 fn playing_to_null_in_the_middle_of_a_step_then_reuse() {
     init();
     let fixture = load_fixture("release-tiny");
+    let checkpoint = private_checkpoint("release-tiny");
+    let model = Model::shared(checkpoint.path(), tch::Device::Cpu, Dtype::F32).unwrap();
+    let hold = StepHold::on(&model);
     let bytes = code_bytes(&fixture.codes);
     let mut rng = StdRng::seed_from_u64(7);
-    // Big steps, so that the state change often lands inside one.
-    let decoder = decoder(&fixture.dir, &[("chunk-frames", &32u32)]);
+    let decoder = decoder(checkpoint.path(), &[("chunk-frames", &32u32)]);
     let branch = Arc::new(Branch::new(&[&decoder], &fixture.caps()));
     for round in 0..12 {
+        // Once started: the start runs a warm-up step of its own.
         branch.pipeline.set_state(gst::State::Playing).unwrap();
+        hold.arm();
         let feeder = {
             let (branch, bytes) = (branch.clone(), bytes.clone());
             std::thread::spawn(move || {
@@ -170,11 +244,15 @@ fn playing_to_null_in_the_middle_of_a_step_then_reuse() {
             let sink = branch.sink.clone();
             std::thread::spawn(move || while sink.pull_sample().is_ok() {})
         };
-        std::thread::sleep(Duration::from_millis(rng.random_range(0..60)));
-        let pipeline = branch.pipeline.clone();
-        within_hang_limit(&format!("round {round}: PLAYING to NULL"), move || {
-            pipeline.set_state(gst::State::Null).unwrap();
-        });
+        let what = format!("round {round}: PLAYING to NULL");
+        hold.wait_held(&what);
+        let stopping = {
+            let pipeline = branch.pipeline.clone();
+            std::thread::spawn(move || pipeline.set_state(gst::State::Null).unwrap())
+        };
+        await_flushing(&decoder.static_pad("src").unwrap(), &what);
+        hold.release();
+        within_hang_limit(&what, move || stopping.join().unwrap());
         feeder.join().unwrap();
         drain.join().unwrap();
     }
@@ -272,23 +350,37 @@ impl Drop for Wired {
     }
 }
 
-/// A stream is fed from one thread while the test flushes from another, at a random moment
-/// (in the middle of a decode step, or of the EOS drain when `then_eos`); then the stream
-/// after the flush must come out exactly, with nothing of the one before.
+/// A stream is fed from one thread while the test flushes from another with a step in flight,
+/// held there until the flush-start has gone through the element (with `then_eos`, the feeder
+/// asks for the hold as it sends EOS after the last frame, so that the flush meets the drain);
+/// then the stream after the flush must come out exactly, with nothing of the one before.
 fn flush_while_decoding(then_eos: bool, seed: u64) {
     init();
     let fixture = Arc::new(load_fixture("gqa-bias"));
+    let checkpoint = private_checkpoint("gqa-bias");
+    let model = Model::shared(checkpoint.path(), tch::Device::Cpu, Dtype::F32).unwrap();
+    let hold = StepHold::on(&model);
     let mut rng = StdRng::seed_from_u64(seed);
     for round in 0..8 {
-        let chunk_frames = [1u32, 4, 16, 64][round % 4];
+        // With EOS, a frame short, so that every chunk size leaves a tail for the drain to
+        // step on, and a step comes after the hold is asked for.
+        let chunk_frames = if then_eos {
+            [2u32, 4, 16, 64][round % 4]
+        } else {
+            [1u32, 4, 16, 64][round % 4]
+        };
+        let frames = fixture.frames - usize::from(then_eos);
         let wired = Arc::new(Wired::new(
-            decoder(&fixture.dir, &[("chunk-frames", &chunk_frames)]),
+            decoder(checkpoint.path(), &[("chunk-frames", &chunk_frames)]),
             &fixture.caps(),
         ));
+        if !then_eos {
+            hold.arm();
+        }
         let feeder = {
-            let (wired, fixture) = (wired.clone(), fixture.clone());
+            let (wired, fixture, armed) = (wired.clone(), fixture.clone(), hold.armed.clone());
             std::thread::spawn(move || {
-                for frame in fixture.codes.chunks(fixture.codebooks) {
+                for frame in fixture.codes.chunks(fixture.codebooks).take(frames) {
                     if wired
                         .feed
                         .push(gst::Buffer::from_slice(code_bytes(frame)))
@@ -298,15 +390,17 @@ fn flush_while_decoding(then_eos: bool, seed: u64) {
                     }
                 }
                 if then_eos {
+                    armed.store(true, Ordering::SeqCst);
                     wired.feed.push_event(gst::event::Eos::new());
                 }
             })
         };
-        std::thread::sleep(Duration::from_millis(rng.random_range(0..80)));
-        let after = {
+        let what = format!("round {round}: flush");
+        hold.wait_held(&what);
+        let flushing = {
             let (wired, fixture) = (wired.clone(), fixture.clone());
             let buffers = random_buffers(&code_bytes(&fixture.codes), 2 * fixture.codebooks, &mut rng);
-            within_hang_limit(&format!("round {round}: flush"), move || {
+            std::thread::spawn(move || {
                 wired.feed.push_event(gst::event::FlushStart::new());
                 feeder.join().unwrap();
                 wired.feed.push_event(gst::event::FlushStop::new(true));
@@ -320,7 +414,9 @@ fn flush_while_decoding(then_eos: bool, seed: u64) {
                 wired.after_last_flush()
             })
         };
-        let (audio, eos) = after;
+        await_flushing(&wired.decoder.static_pad("src").unwrap(), &what);
+        hold.release();
+        let (audio, eos) = within_hang_limit(&what, move || flushing.join().unwrap());
         assert!(eos, "round {round}: EOS after the flush");
         fixture.assert_matches(
             &audio,
