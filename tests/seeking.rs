@@ -228,24 +228,40 @@ fn a_stop_during_playback_costs_at_most_the_step_in_flight() {
 }
 
 /// Upstream waits for the decoder: what the decoder has taken stays within its read-ahead
-/// (two steps of max-step-frames) of what it has decoded, however fast upstream could go.
+/// (two steps of max-step-frames) of what it has decoded, however fast upstream could go (the
+/// whole file is there to read), and it has taken frames ahead of its audio. Sampled until the
+/// sink has played 8 frames, every 50 ms.
 #[test]
 fn a_fast_upstream_waits_for_the_decoder() {
     let fixture = load_fixture("release-tiny");
     let playback = Playback::new(&fixture);
-    let stats = || playback.decoder.property::<gst::Structure>("stats");
     let samples_per_frame = fixture.samples_per_frame as u64;
-    for _ in 0..20 {
+    let deadline = Instant::now() + PATIENCE;
+    let mut seen = Vec::new();
+    loop {
         std::thread::sleep(Duration::from_millis(50));
-        let stats = stats();
+        let stats = playback.decoder.property::<gst::Structure>("stats");
         let taken = stats.get::<u64>("frames-in").unwrap();
         let decoded = stats.get::<u64>("samples-out").unwrap() / samples_per_frame;
+        seen.push((taken, decoded));
         // 16 waiting, a step of 8 in flight, and the buffer that went over the read-ahead.
         assert!(
             taken <= decoded + 16 + 8 + 1,
             "{taken} frames taken, {decoded} decoded: upstream was not held back"
         );
+        if decoded >= 8 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the file never played: (taken, decoded) {seen:?}");
     }
+    assert!(
+        seen.iter().any(|(taken, decoded)| taken > decoded),
+        "the decoder never read ahead of its audio: (taken, decoded) {seen:?}"
+    );
+    assert!(
+        seen.last().unwrap().0 < FILE_FRAMES as u64,
+        "the whole file was taken: {seen:?}"
+    );
 }
 
 /// A segment seek looping the file: after the loop point, the frames are not the continuation
