@@ -15,8 +15,8 @@ use common::{
 };
 use gst::prelude::*;
 use gstqwencodec::model::{Dtype, Model};
-use rand::rngs::StdRng;
 use rand::SeedableRng;
+use rand::rngs::StdRng;
 
 /// Longer than any of these runs takes on two busy cores: past it, something hangs.
 const HANG: Duration = Duration::from_secs(120);

@@ -252,7 +252,10 @@ fn a_fast_upstream_waits_for_the_decoder() {
         if decoded >= 8 {
             break;
         }
-        assert!(Instant::now() < deadline, "the file never played: (taken, decoded) {seen:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the file never played: (taken, decoded) {seen:?}"
+        );
     }
     assert!(
         seen.iter().any(|(taken, decoded)| taken > decoded),

@@ -272,7 +272,11 @@ pub fn three_streams_of_different_ages(fixture: &Fixture, model: &Arc<Model>) ->
 
     const CHUNK: usize = 2;
     let ages = [40, 18, 0];
-    assert!(fixture.frames >= ages[0] + 4 * CHUNK, "{}: too short", fixture.name);
+    assert!(
+        fixture.frames >= ages[0] + 4 * CHUNK,
+        "{}: too short",
+        fixture.name
+    );
     let codebooks = fixture.codebooks;
     let plans: Vec<Plan> = ages
         .iter()
@@ -332,7 +336,11 @@ pub fn three_streams_of_different_ages(fixture: &Fixture, model: &Arc<Model>) ->
                     let mut audio = Vec::new();
                     let mut at = plan.calls[0];
                     for &frames in &plan.calls[1..] {
-                        audio.extend(decoder.push(&plan.codes[at * codebooks..(at + frames) * codebooks]).unwrap());
+                        audio.extend(
+                            decoder
+                                .push(&plan.codes[at * codebooks..(at + frames) * codebooks])
+                                .unwrap(),
+                        );
                         at += frames;
                     }
                     audio.extend(decoder.finish().unwrap());
@@ -369,7 +377,10 @@ pub fn three_streams_of_different_ages(fixture: &Fixture, model: &Arc<Model>) ->
         fixture.name
     );
     // The oldest stream's steps after its prefix, all in batches of three.
-    let oldest_steps = plans[0].calls[1..].iter().filter(|&&frames| frames == CHUNK).count();
+    let oldest_steps = plans[0].calls[1..]
+        .iter()
+        .filter(|&&frames| frames == CHUNK)
+        .count();
     let of_three = batches.iter().filter(|&&rows| rows == 3).count();
     println!(
         "{}: {of_three} batches of three rows, the oldest stream's {oldest_steps} steps among them",

@@ -277,11 +277,20 @@ mod tests {
     fn a_row_given_back_twice_is_freed_once() {
         let network = Network::fixture("release-tiny");
         let mut arena = Arena::default();
-        let (first, second) = (arena.allocate(&network).unwrap(), arena.allocate(&network).unwrap());
+        let (first, second) = (
+            arena.allocate(&network).unwrap(),
+            arena.allocate(&network).unwrap(),
+        );
         arena.release(&first).unwrap();
         arena.release(&first).unwrap();
-        let later = [arena.allocate(&network).unwrap(), arena.allocate(&network).unwrap()];
-        let mut rows: Vec<i64> = [&second, &later[0], &later[1]].iter().map(|row| row.index()).collect();
+        let later = [
+            arena.allocate(&network).unwrap(),
+            arena.allocate(&network).unwrap(),
+        ];
+        let mut rows: Vec<i64> = [&second, &later[0], &later[1]]
+            .iter()
+            .map(|row| row.index())
+            .collect();
         rows.sort();
         rows.dedup();
         assert_eq!(rows.len(), 3, "two streams share a row: {rows:?}");

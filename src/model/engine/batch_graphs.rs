@@ -50,7 +50,9 @@ enum Replay {
     /// moves) then runs, and is tested, where no GPU is. It keeps where the arena's memory lay
     /// when it was recorded and refuses to replay elsewhere: a CUDA graph kept past a move
     /// would step on freed memory, which an eager step on the live arena would hide.
-    Eager { recorded_on: Vec<usize> },
+    Eager {
+        recorded_on: Vec<usize>,
+    },
 }
 
 struct BatchGraph {
@@ -264,7 +266,10 @@ mod tests {
 
     fn codes(network: &Network, rows: usize, frames: usize) -> Tensor {
         let codebooks = network.config().num_quantizers as i64;
-        Tensor::zeros([rows as i64, frames as i64, codebooks], (Kind::Int64, Device::Cpu))
+        Tensor::zeros(
+            [rows as i64, frames as i64, codebooks],
+            (Kind::Int64, Device::Cpu),
+        )
     }
 
     /// A batch replays the graph of the smallest bucket that holds it, none beyond the largest;
@@ -284,7 +289,18 @@ mod tests {
                 .unwrap()
                 .map(|audio| audio.size()[0] as usize)
         };
-        for (count, bucket) in [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8), (9, 16), (17, 32), (33, 64), (64, 64)] {
+        for (count, bucket) in [
+            (1, 1),
+            (2, 2),
+            (3, 4),
+            (4, 4),
+            (5, 8),
+            (8, 8),
+            (9, 16),
+            (17, 32),
+            (33, 64),
+            (64, 64),
+        ] {
             assert_eq!(run(&mut graphs, &one_frame, count), Some(count), "{count} rows");
             assert!(
                 graphs.graphs.contains_key(&(bucket, 1)),
@@ -292,7 +308,11 @@ mod tests {
             );
         }
         assert_eq!(graphs.count(), BUCKETS.len());
-        assert_eq!(run(&mut graphs, &one_frame, 65), None, "65 rows: beyond the largest bucket");
+        assert_eq!(
+            run(&mut graphs, &one_frame, 65),
+            None,
+            "65 rows: beyond the largest bucket"
+        );
         assert_eq!(graphs.count(), BUCKETS.len());
 
         // One row in steps of 2, 3, ... frames: a graph each until the limit.
@@ -307,7 +327,11 @@ mod tests {
             }
         }
         assert_eq!(graphs.count(), MAX_GRAPHS);
-        assert_eq!(run(&mut graphs, &one_frame, 3), Some(3), "a shape recorded before the limit");
+        assert_eq!(
+            run(&mut graphs, &one_frame, 3),
+            Some(3),
+            "a shape recorded before the limit"
+        );
     }
 
     /// A graph kept past a move of the arena would, on CUDA, step on the memory the arena left:
@@ -320,7 +344,10 @@ mod tests {
         let mut graphs = BatchGraphs::eager();
         let tables = network.step_tables(1).unwrap();
         let codes = codes(&network, 2, 1);
-        _ = graphs.run(&network, &mut arena, &tables, &rows, &codes).unwrap().unwrap();
+        _ = graphs
+            .run(&network, &mut arena, &tables, &rows, &codes)
+            .unwrap()
+            .unwrap();
         rows.push(arena.allocate(&network).unwrap().index());
         rows.push(arena.allocate(&network).unwrap().index());
         assert_eq!(arena.rows(), 8, "grown, in new memory");
@@ -332,7 +359,14 @@ mod tests {
         assert!(matches!(stale, Err(GraphError::Stale)), "a stale graph replayed");
 
         graphs.arena_generation = generation;
-        _ = graphs.run(&network, &mut arena, &tables, &rows[..2], &codes).unwrap().unwrap();
-        assert_eq!((graphs.dropped(), graphs.count()), (1, 1), "dropped and recorded again");
+        _ = graphs
+            .run(&network, &mut arena, &tables, &rows[..2], &codes)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (graphs.dropped(), graphs.count()),
+            (1, 1),
+            "dropped and recorded again"
+        );
     }
 }
