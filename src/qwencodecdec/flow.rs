@@ -40,20 +40,11 @@ impl Drop for StreamUnlockGuard {
 /// Float samples as the bytes of an F32LE buffer, without a copy: the buffer takes the vector.
 struct F32Samples(Vec<f32>);
 
-impl AsRef<[u8]> for F32Samples {
-    fn as_ref(&self) -> &[u8] {
-        // SAFETY: f32 has no padding and any byte is a valid u8; the slice covers exactly the
-        // vector's initialised samples and borrows it.
-        unsafe {
-            std::slice::from_raw_parts(self.0.as_ptr().cast(), std::mem::size_of_val(self.0.as_slice()))
-        }
-    }
-}
-
 impl AsMut<[u8]> for F32Samples {
     fn as_mut(&mut self) -> &mut [u8] {
         let bytes = std::mem::size_of_val(self.0.as_slice());
-        // SAFETY: as in `as_ref`; any bytes written are a valid f32 bit pattern.
+        // SAFETY: f32 has no padding and any bytes are a valid f32 bit pattern; the slice covers
+        // exactly the vector's initialised samples and borrows it.
         unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), bytes) }
     }
 }

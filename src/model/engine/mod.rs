@@ -578,6 +578,14 @@ mod tests {
         jobs.into_iter().map(|job| job.id).collect()
     }
 
+    /// The most frames a batch computes, by device: on CUDA too, whose arm no CPU run reaches.
+    #[test]
+    fn a_batch_is_capped_by_its_device() {
+        assert_eq!(max_batch_frames(tch::Device::Cpu), 8);
+        assert_eq!(max_batch_frames(tch::Device::Cuda(0)), 1024);
+        assert_eq!(max_batch_frames(tch::Device::Cuda(3)), 1024);
+    }
+
     #[test]
     fn a_batch_is_the_leading_step_and_every_later_one_of_its_size_within_the_caps() {
         // A stream's first step leads, whatever waits before it; steps of another size are passed
