@@ -272,7 +272,7 @@ fn f16_on_cpu_rounds_only_the_weights() {
         let audio = decode_in_calls(&mut decoder, &fixture.codes, &[fixture.frames]);
         let error = relative_l2(&audio, &fixture.audio);
         let bound = fixture.f16_bound();
-        eprintln!("{name}: f16 on the CPU {error:.3e} (bound {bound:.3e})");
+        println!("measured {name} f16 {error:.4e} (the core)");
         assert!(
             error <= bound,
             "{name} in f16 on the CPU: relative L2 error {error:.3e} above {bound:.3e}"
@@ -281,7 +281,7 @@ fn f16_on_cpu_rounds_only_the_weights() {
 }
 
 /// bfloat16 weights and products (activations stay float32 between products): no worse than
-/// upstream's own bfloat16 forward. (These random-weight fixtures magnify rounding about
+/// upstream's own bfloat16 forward, and within twice the most measured. (These random-weight fixtures magnify rounding about
 /// 50-fold, so bfloat16's 8-bit mantissa lands at 2-7e-2 here, upstream's at 4-10e-2.)
 #[test]
 fn bf16_compute_stays_within_upstreams_bf16() {
@@ -291,8 +291,8 @@ fn bf16_compute_stays_within_upstreams_bf16() {
         let mut decoder = StreamDecoder::new(model, 2, TailStrategy::Eager).unwrap();
         let audio = decode_in_calls(&mut decoder, &fixture.codes, &[fixture.frames]);
         let error = relative_l2(&audio, &fixture.audio);
-        let bound = fixture.upstream_bf16_error;
-        eprintln!("{name}: bf16 {error:.3e} (bound {bound:.3e})");
+        let bound = fixture.bf16_bound();
+        println!("measured {name} bf16 {error:.4e} (the core)");
         assert!(
             error <= bound,
             "{name} in bf16: relative L2 error {error:.3e} above {bound:.3e}"

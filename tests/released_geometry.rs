@@ -59,8 +59,21 @@ fn core_matches_upstream_at_released_widths() {
     fixture.assert_matches(&audio, "core, chunk-frames 3 joined up to 12, eager tail");
 }
 
+/// Batched at the released widths (Winograd tiles at 96 channels, oneDNN's transposed
+/// convolutions, batched attention): three streams of different ages in batches of three,
+/// each its solo decode and upstream's.
+#[test]
+fn streams_batched_at_released_widths_stay_exact() {
+    let fixture = released_fixture();
+    // A model of its own: the test holds and watches its batches.
+    let model = std::sync::Arc::new(Model::load(&fixture.dir, tch::Device::Cpu, Dtype::F32).unwrap());
+    let (plans, outcomes) = common::batching::three_streams_of_different_ages(&fixture, &model);
+    common::batching::check(&fixture, &model, &plans, &outcomes);
+}
+
 /// dtype f16 on the CPU (float16 weights, float32 activations): within 2e-2 of the float64
-/// decode, and no further than upstream's own bfloat16 decode, at one frame per step and at 20
+/// decode, no further than upstream's own bfloat16 decode and within twice the most measured,
+/// at one frame per step and at 20
 /// (where the vocoder's input convolution too takes Winograd tiles instead of its float16
 /// matrix). Products in bfloat16, as dtype bf16 computes
 /// them, are about 8x further, so this fails if f16 on the CPU ever rounds activations again.
@@ -68,7 +81,7 @@ fn core_matches_upstream_at_released_widths() {
 fn f16_on_cpu_stays_within_2e_2_at_released_widths() {
     let fixture = released_fixture();
     let model = Model::shared(&fixture.dir, tch::Device::Cpu, Dtype::F16).unwrap();
-    let bound = fixture.upstream_bf16_error.min(2e-2);
+    let bound = (2.0 * fixture.measured().f16).min(fixture.upstream_bf16_error.min(2e-2));
 
     let mut decoder = StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap();
     let mut audio = Vec::new();
@@ -89,10 +102,8 @@ fn f16_on_cpu_stays_within_2e_2_at_released_widths() {
     assert_eq!(decoder.steps(), 6);
     let large_steps = relative_l2(&audio, &fixture.audio);
 
-    eprintln!(
-        "{RELEASED_FIXTURE}: f16 on the CPU {one_frame:.3e} at 1 frame per step, \
-         {large_steps:.3e} at 20 (bound {bound:.3e})"
-    );
+    println!("measured {RELEASED_FIXTURE} f16 {one_frame:.4e} (1 frame a step)");
+    println!("measured {RELEASED_FIXTURE} f16 {large_steps:.4e} (20 frames a step)");
     for (error, steps) in [(one_frame, "1 frame"), (large_steps, "20 frames")] {
         assert!(
             error <= bound,
