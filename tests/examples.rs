@@ -353,3 +353,20 @@ fn soak_keeps_memory_flat_and_every_stream_exact() {
         "{text}"
     );
 }
+
+/// The examples answer `--help` with the options they take, and do nothing else.
+#[test]
+fn the_examples_answer_help_with_their_options() {
+    for (name, option) in [
+        ("soak", "--max-kib-per-stream"),
+        ("appsrc", "--frames-per-push"),
+        ("webrtc", "--timeout"),
+    ] {
+        let output = run(Command::new(example(name)).arg("--help"));
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            text.starts_with("usage:") && text.contains(option),
+            "{name} --help: {text}"
+        );
+    }
+}

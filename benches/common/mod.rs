@@ -19,7 +19,9 @@ pub use options::Options;
 /// status 2, before anything is measured or a result written.
 pub fn read_options<T>(read: impl FnOnce(&mut Options) -> Result<T, String>) -> T {
     let mut options = Options::from_env();
-    match read(&mut options).and_then(|args| options.finish().map(|()| args)) {
+    let args = read(&mut options);
+    // First: with --help it lists the options and exits, whatever `read` made of them.
+    match options.finish().and(args) {
         Ok(args) => args,
         Err(err) => {
             eprintln!("{}: {err}", env!("CARGO_CRATE_NAME"));

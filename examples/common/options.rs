@@ -8,8 +8,14 @@ use std::str::FromStr;
 
 /// Command-line options as `--name value` pairs; what is left over is an error. An option given
 /// more than once takes its last value (`make bench BENCH_ARGS="--out DIR"` overrides the
-/// Makefile's own `--out`).
-pub struct Options(Vec<String>);
+/// Makefile's own `--out`). With `--help` (or `-h`) every option reads as not given, and
+/// [`Options::finish`] lists the options the program took and exits.
+pub struct Options {
+    args: Vec<String>,
+    help: bool,
+    /// The names taken so far, in order: what `--help` lists.
+    names: Vec<String>,
+}
 
 impl Options {
     /// The program's arguments, less `cargo bench`'s `--bench` (see [`Options::from_args`]).
@@ -21,25 +27,38 @@ impl Options {
     /// (it tells libtest's harness to benchmark), and ours, with `harness = false`, have no use
     /// for it.
     pub fn from_args(args: impl IntoIterator<Item = String>) -> Self {
-        Self(args.into_iter().filter(|arg| arg != "--bench").collect())
+        let mut args: Vec<String> = args.into_iter().filter(|arg| arg != "--bench").collect();
+        let before = args.len();
+        args.retain(|arg| arg != "--help" && arg != "-h");
+        Self {
+            help: args.len() != before,
+            args,
+            names: Vec::new(),
+        }
     }
 
     /// Takes `--name value` out of the options (every time it is given; the last value counts).
     pub fn take(&mut self, name: &str) -> Result<Option<String>, String> {
+        if !self.names.iter().any(|known| known == name) {
+            self.names.push(name.to_owned());
+        }
         let mut value = None;
-        while let Some(at) = self.0.iter().position(|arg| arg == name) {
-            if at + 1 >= self.0.len() {
+        while let Some(at) = self.args.iter().position(|arg| arg == name) {
+            if at + 1 >= self.args.len() {
                 return Err(format!("{name} needs a value"));
             }
-            value = Some(self.0.remove(at + 1));
-            self.0.remove(at);
+            value = Some(self.args.remove(at + 1));
+            self.args.remove(at);
         }
-        Ok(value)
+        Ok(value.filter(|_| !self.help))
     }
 
-    /// Takes `--name value` out of the options; an error if it is not there.
+    /// Takes `--name value` out of the options; an error if it is not there (but for `--help`).
     pub fn take_required(&mut self, name: &str) -> Result<String, String> {
-        self.take(name)?.ok_or_else(|| format!("{name} is required"))
+        let help = self.help;
+        self.take(name)?
+            .or_else(|| help.then(String::new))
+            .ok_or_else(|| format!("{name} is required"))
     }
 
     /// Takes `--name value` out of the options, read as a `T`, if it is there.
@@ -64,16 +83,24 @@ impl Options {
         }
     }
 
-    /// Whether `--help` or `-h` was given (taken out).
+    /// Whether `--help` or `-h` was given, for a program with a usage text of its own (which
+    /// then lists no options at [`Options::finish`]).
     pub fn take_help(&mut self) -> bool {
-        let before = self.0.len();
-        self.0.retain(|arg| arg != "--help" && arg != "-h");
-        self.0.len() != before
+        std::mem::take(&mut self.help)
     }
 
-    /// Fails on anything not taken.
+    /// Fails on anything not taken. With `--help`, lists the options taken and exits instead.
     pub fn finish(self) -> Result<(), String> {
-        match self.0.first() {
+        if self.help {
+            let program = std::env::args().next().unwrap_or_default();
+            println!(
+                "usage: {program} [OPTION VALUE]...\noptions: {}\n(each is described at the top of the \
+                 program's source, and its default is used where it is not given)",
+                self.names.join(", ")
+            );
+            std::process::exit(0);
+        }
+        match self.args.first() {
             Some(arg) => Err(format!("unknown argument {arg:?}")),
             None => Ok(()),
         }
@@ -131,6 +158,16 @@ mod tests {
             given(&["--seconds", "1.5"]).take_optional::<f64>("--seconds"),
             Ok(Some(1.5))
         );
+    }
+
+    #[test]
+    fn help_reads_every_option_as_not_given() {
+        let mut options = given(&["--frames", "4", "--help"]);
+        assert_eq!(options.take_parsed("--frames", 40), Ok(40));
+        assert_eq!(options.take_required("--model"), Ok(String::new()));
+        assert_eq!(options.names, ["--frames", "--model"]);
+        assert!(options.take_help(), "a program with a usage of its own");
+        assert_eq!(options.finish(), Ok(()));
     }
 
     #[test]
