@@ -46,11 +46,10 @@ fn a_join_is_refused_while_the_margin_is_below_the_floor_and_admitted_after() {
         return;
     }
     let speech = Speech::load();
-    // A floor no decoder at work reaches: any speech puts the server behind it. --cores 1:
-    // the start-up capacity measured on one thread, as a server given half this host would.
-    let server = Server::start(&[
-        "--admission",
-        "measured",
+    // The server's default admission, measured. A floor no decoder at work reaches: any speech
+    // puts the server behind it. --cores 1: the start-up capacity measured on one thread, as a
+    // server given half this host would.
+    let server = Server::start_with_default_admission(&[
         "--admission-margin",
         "0.999",
         "--cores",
@@ -65,6 +64,15 @@ fn a_join_is_refused_while_the_margin_is_below_the_floor_and_admitted_after() {
         ),
         "--cores 1 not taken"
     );
+    for measured in [
+        "sessions served in real time (warm steps of 1, 2, ... rows:",
+        "admission: no session while the server is behind",
+    ] {
+        assert!(
+            server.await_log(|line| line.contains(measured), Duration::from_secs(2)),
+            "the default admission is not the measured one: no \"{measured}\""
+        );
+    }
     let idle = assert_capacity_sane(&server);
     println!("idle: {idle}");
     assert_eq!(idle["sessions"], 0);

@@ -34,7 +34,8 @@ const SOUND_SHARE: f64 = 0.25;
 /// of `speech_after_pauses_starts_at_once_and_ended_speech_plays_in_full` and 20 of
 /// `browser_hears_its_speech_cancels_and_keeps_tabs_apart` (2026-12-02, AMD EPYC,
 /// docs/testing.md): an utterance's first audio after its first frame (53-109 ms but once 156),
-/// its mean jitter buffer delay (10-69 ms but once 130), a cancel's silence (68-162 ms).
+/// its mean jitter buffer delay (10-69 ms but once 130), a cancel's silence (68-162 ms). A new
+/// session's first audio (71-139 ms in the runs of the second) is held to the same bound.
 const FIRST_AUDIO_MS: f64 = 300.0;
 const JITTER_BUFFER_MS: f64 = 260.0;
 const CANCEL_MS: f64 = 300.0;
@@ -46,8 +47,8 @@ const OPUS_PACKET_S: f64 = 0.02;
 /// What the browser loses at the start of a new peer connection's first audio, lead-in
 /// included: in 80 connections (2026-12-03, AMD EPYC, `new_connections_lose_only_the_lead_in`),
 /// 20 ms in 74, 40 ms in 3, 80 ms in 2, 120 ms once, with up to ten pages open; the
-/// connection's later utterances whole (docs/testing.md).
-const NEW_CONNECTION_LOSS_S: f64 = 0.1;
+/// connection's later utterances whole (docs/testing.md). Twice the most measured.
+const NEW_CONNECTION_LOSS_S: f64 = 0.24;
 
 struct Speech {
     fixture: Fixture,
@@ -395,7 +396,10 @@ fn browser_hears_its_speech_cancels_and_keeps_tabs_apart() {
     println!(
         "first audio in the browser {first_audio:.0} ms after the first frame was sent (chunk-frames 1)"
     );
-    assert!(first_audio < 1000.0, "first audio after {first_audio:.0} ms");
+    assert!(
+        first_audio < FIRST_AUDIO_MS,
+        "first audio after {first_audio:.0} ms"
+    );
 
     // Barge-in: 8 s handed over at once, cancelled 3 s into playback.
     let sent_at = speech.send_burst(&mut sender_a, frames);

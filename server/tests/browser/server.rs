@@ -95,6 +95,16 @@ impl Server {
     pub fn start(options: &[&str]) -> Self {
         let mut command = Command::new(SERVER);
         command.args(["--bind", "127.0.0.1:0", "--ice-address", "127.0.0.1"]);
+        // The tests' own caps, not what the machine measured at start: under load it may
+        // measure one session, and the tests' second tab or session would be refused.
+        command.args(["--admission", "off"]);
+        Self::launch(command, options)
+    }
+
+    /// As [`Server::start`], with the server's own admission, as `make serve` runs it.
+    pub fn start_with_default_admission(options: &[&str]) -> Self {
+        let mut command = Command::new(SERVER);
+        command.args(["--bind", "127.0.0.1:0", "--ice-address", "127.0.0.1"]);
         Self::launch(command, options)
     }
 
@@ -102,6 +112,7 @@ impl Server {
     pub fn start_on(host: &super::network::ServerHost, options: &[&str]) -> Self {
         let mut command = host.command(SERVER);
         command.args(["--bind", &format!("{}:0", super::network::SERVER_ADDRESS)]);
+        command.args(["--admission", "off"]);
         Self::launch(command, options)
     }
 
@@ -112,9 +123,6 @@ impl Server {
         }
         let mut process = command
             .args(["--device", "cpu"])
-            // The tests' own caps, not what the machine measured at start: under load it may
-            // measure one session, and the tests' second tab or session would be refused.
-            .args(["--admission", "off"])
             // A GLib warning (fatal under the tests' G_DEBUG) then logs where it came from.
             .env("RUST_BACKTRACE", "1")
             .arg("--model")
