@@ -161,6 +161,6 @@ kernels-ab: build $(BENCH_MODEL)/model.safetensors
 profile: build $(BENCH_MODEL)/model.safetensors
 	bash tools/profile.sh $(BENCH_MODEL) $(PROFILE_ARGS)
 
-# What scripts/gpu-check.sh needs on a GPU host without Rust or GStreamer (see that script).
+# What tools/gpu-check.sh needs on a GPU host without Rust or GStreamer (see that script).
 gpu-bundle: build setup-reference
 	bash tools/gpu-bundle.sh

@@ -1,4 +1,4 @@
-//! The decoder on CUDA, run on a GPU host by scripts/gpu-check.sh (`--ignored`). Without a GPU
+//! The decoder on CUDA, run on a GPU host by tools/gpu-check.sh (`--ignored`). Without a GPU
 //! the CUDA tests are ignored; run with `--ignored` there, they fail.
 //!
 //! The CPU tests come first in that script: they decode the fixtures of the bundle (found through

@@ -195,7 +195,7 @@ pub struct Fixture {
 pub const FIXTURES: [&str; 4] = ["release-tiny", "gqa-bias", "bf16-weights", "f16-weights"];
 
 /// The folder of the committed fixtures: `QWENCODEC_FIXTURES` when set (a test binary run from
-/// a bundle unpacked elsewhere, as scripts/gpu-check.sh does), else the source tree's (the
+/// a bundle unpacked elsewhere, as tools/gpu-check.sh does), else the source tree's (the
 /// server crate, which includes this file in its tests, is a folder below the repository's root).
 pub fn fixtures_root() -> PathBuf {
     std::env::var_os("QWENCODEC_FIXTURES").map_or_else(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one command, on a GPU host with PyTorch 2.11.0 (Python 3.12) but neither
 # Rust nor GStreamer. Run it from the repository root with gpu-bundle/ (make gpu-bundle) beside
-# it; what it reads there: gpu-bundle/, scripts/, tools/ and tests/fixtures/ (the binaries find
+# it; what it reads there: gpu-bundle/, tools/ and tests/fixtures/ (the binaries find
 # the fixtures through QWENCODEC_FIXTURES, not the build machine's paths).
 #
 # First the bundle on the CPU, so that a bundle that cannot run stops before any GPU step:
