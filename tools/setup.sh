@@ -5,6 +5,18 @@
 set -euo pipefail
 
 cache="${QWENCODEC_CACHE:-/var/cache/qwencodec}"
+
+# A Rust toolchain at least as new as Cargo.toml's rust-version; Debian 12's own rustc (1.63)
+# is far older. Said plainly here rather than as a build failure later.
+rust_needed="$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' "$(dirname "$0")/../Cargo.toml")"
+rust_have="$(rustc --version 2>/dev/null | sed -n 's/^rustc \([0-9.]*\).*/\1/p')"
+if [ -z "$rust_have" ] || [ "$(printf '%s\n%s\n' "$rust_needed" "$rust_have" | sort -V | head -1)" != "$rust_needed" ]; then
+  echo "setup: qwencodec needs Rust $rust_needed or newer; this machine has ${rust_have:-no rustc}." >&2
+  echo "setup: install it with rustup (https://rustup.rs):" >&2
+  echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --default-toolchain $rust_needed" >&2
+  echo "  . \"\$HOME/.cargo/env\"" >&2
+  exit 1
+fi
 venv="$cache/venv"
 torch_version="2.11.0"
 
