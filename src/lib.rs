@@ -7,7 +7,9 @@
 
 use gst::glib;
 
+mod caps;
 mod codes_payload;
+mod drain_event;
 pub mod model;
 mod model_log;
 pub mod npy;
@@ -22,17 +24,7 @@ mod typefind;
 pub use codes_payload::ENCODING_NAME as RTP_CODES_ENCODING_NAME;
 /// The version of that payload format that the elements send and read (the SDP's `version=`).
 pub use codes_payload::VERSION as RTP_CODES_VERSION;
-pub use qwencodecdec::{DRAIN_EVENT, drain_event};
-
-/// Media type of codec frames: `codebooks` codes (little-endian int16) per frame.
-const CODES_MEDIA_TYPE: &str = "audio/x-qwen3-tts-codes";
-
-/// Codec frames of any codebook count, with or without a frame rate (for pad templates: caps
-/// without one are a subset, so that a parser that cannot know the rate before a decoder is
-/// linked, as decodebin links it, still finds one).
-fn any_codes_caps() -> gst::caps::Builder<gst::caps::NoFeature> {
-    gst::Caps::builder(CODES_MEDIA_TYPE).field("codebooks", gst::IntRange::new(1, i32::MAX))
-}
+pub use drain_event::{DRAIN_EVENT, drain_event};
 
 fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
     model_log::install();

@@ -31,16 +31,9 @@ use gst_audio::prelude::*;
 use gst_audio::subclass::prelude::*;
 
 use super::latency::Latency;
-use super::load::LoadedModel;
 use super::settings::{Settings, Stats};
-use super::step_thread::{Arrival, StepThread, Stream};
-
-/// Frames that may wait for the decoder before upstream waits: two of its largest steps, so
-/// that the next step is full when one ends, and no more, so that a seek or a stop finds little
-/// queued and memory does not grow with a fast source.
-pub(super) fn read_ahead_frames(decoder: &crate::model::StreamDecoder) -> usize {
-    2 * decoder.limits().max_step_frames
-}
+use super::step_thread::{Arrival, StepThread, Stream, read_ahead_frames};
+use crate::model::Model;
 
 /// The largest step: one of 256 frames needs about 1 GB at the released widths (4 MB a frame,
 /// measured on the CPU), a batch of N such steps N times that.
@@ -49,6 +42,12 @@ const MAX_BATCH: u32 = 1024;
 
 /// The `audio-codec` tag of the audio out.
 const CODEC_NAME: &str = "Qwen3-TTS speech codec";
+
+/// The model as loaded at NULL→READY, kept until READY→NULL.
+pub(super) struct LoadedModel {
+    pub(super) model: Arc<Model>,
+    pub(super) path: PathBuf,
+}
 
 pub(super) static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(
@@ -342,7 +341,7 @@ impl ElementImpl for QwenCodecDec {
 
     fn pad_templates() -> &'static [gst::PadTemplate] {
         static PAD_TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
-            let sink_caps = crate::any_codes_caps().build();
+            let sink_caps = crate::caps::any_codes_caps().build();
             let src_caps = gst_audio::AudioCapsBuilder::new_interleaved()
                 .format_list([gst_audio::AudioFormat::F32le, gst_audio::AudioFormat::S16le])
                 .channels(1)
@@ -547,7 +546,7 @@ impl AudioDecoderImpl for QwenCodecDec {
         let model = self.model.lock().unwrap();
         if let Some(config) = model.as_ref().map(|loaded| loaded.model.config()) {
             let (num, den) = config.frame_rate();
-            let model_caps = gst::Caps::builder(crate::CODES_MEDIA_TYPE)
+            let model_caps = gst::Caps::builder(crate::caps::CODES_MEDIA_TYPE)
                 .field("codebooks", config.num_quantizers as i32)
                 .field("framerate", gst::Fraction::new(num as i32, den as i32))
                 .build();
@@ -648,7 +647,9 @@ impl AudioDecoderImpl for QwenCodecDec {
             // utterance on a live stream): the waiting frames are decoded, and the next frame
             // starts a fresh stream.
             gst::EventView::CustomDownstream(custom)
-                if custom.structure().is_some_and(|s| s.name() == super::DRAIN_EVENT) =>
+                if custom
+                    .structure()
+                    .is_some_and(|s| s.name() == crate::drain_event::DRAIN_EVENT) =>
             {
                 gst::debug!(CAT, imp = self, "Drain asked for by an event");
                 self.drain_for_event();
@@ -681,5 +682,44 @@ impl AudioDecoderImpl for QwenCodecDec {
             _ => (),
         }
         self.parent_sink_event(event)
+    }
+}
+
+/// The latency kept true while it plays (see [`Latency`]).
+impl QwenCodecDec {
+    /// After a step of the step thread whose oldest frame's audio was the element's to make from
+    /// `start` (running time): when it came out later than the minimum allows, in too many
+    /// steps (see [`Latency`]), the minimum rises and the pipeline is told.
+    pub(super) fn check_latency(&self, start: gst::ClockTime) {
+        let obj = self.obj();
+        if obj.current_state() != gst::State::Playing {
+            return;
+        }
+        let Some(now) = self.now() else { return };
+        let delay = now.saturating_sub(start);
+        let mut latency = self.latency();
+        let Some(figures) = latency.as_mut() else { return };
+        if !figures.after_step(delay, std::time::Instant::now()) {
+            return;
+        }
+        let (min, max) = (figures.min, figures.max);
+        drop(latency);
+        gst::info!(
+            CAT,
+            imp = self,
+            "Frames keep coming out late ({} after they came): the latency is now {} to {}",
+            delay,
+            min,
+            max
+        );
+        // Posts the LATENCY message.
+        obj.set_latency(min, max);
+    }
+
+    /// Keeps whether a latency query's answer says upstream is live.
+    pub(super) fn note_upstream_live(&self, live: bool) {
+        if let Some(figures) = self.latency().as_mut() {
+            figures.note_query(live);
+        }
     }
 }

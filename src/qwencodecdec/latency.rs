@@ -24,15 +24,12 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use gst::prelude::*;
-use gst::subclass::prelude::*;
-use gst_audio::prelude::*;
 
-use super::imp::{CAT, QwenCodecDec};
 use crate::model::{DecodeError, Model, REJOIN_GRACE, StepLimits};
 
 /// A step timed warm on an idle compute thread takes longer among the threads of many streams
-/// (their pushes, their sinks: batches of 8 rows of a small model took 12-38 ms on 2 cores
-/// against 10 ms timed): the minimum counts this part of it more.
+/// (their pushes, their sinks; docs/element.md, "Latency", has the figures): the minimum counts
+/// this part of it more.
 const SCHEDULING: u32 = 2;
 
 /// Raising the minimum to what a late frame took, plus this part of it, keeps the next
@@ -151,44 +148,6 @@ impl Latency {
 
 fn clock_time(duration: Duration) -> gst::ClockTime {
     gst::ClockTime::from_nseconds(duration.as_nanos() as u64)
-}
-
-impl QwenCodecDec {
-    /// After a step of the step thread whose oldest frame's audio was the element's to make from
-    /// `start` (running time): when it came out later than the minimum allows, in too many
-    /// steps (see [`Latency`]), the minimum rises and the pipeline is told.
-    pub(super) fn check_latency(&self, start: gst::ClockTime) {
-        let obj = self.obj();
-        if obj.current_state() != gst::State::Playing {
-            return;
-        }
-        let Some(now) = self.now() else { return };
-        let delay = now.saturating_sub(start);
-        let mut latency = self.latency();
-        let Some(figures) = latency.as_mut() else { return };
-        if !figures.after_step(delay, Instant::now()) {
-            return;
-        }
-        let (min, max) = (figures.min, figures.max);
-        drop(latency);
-        gst::info!(
-            CAT,
-            imp = self,
-            "Frames keep coming out late ({} after they came): the latency is now {} to {}",
-            delay,
-            min,
-            max
-        );
-        // Posts the LATENCY message.
-        obj.set_latency(min, max);
-    }
-
-    /// Keeps whether a latency query's answer says upstream is live.
-    pub(super) fn note_upstream_live(&self, live: bool) {
-        if let Some(figures) = self.latency().as_mut() {
-            figures.note_query(live);
-        }
-    }
 }
 
 #[cfg(test)]

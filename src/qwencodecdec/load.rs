@@ -9,9 +9,10 @@ use gst::prelude::*;
 use gst::subclass::prelude::*;
 use gst_audio::prelude::*;
 
-use super::imp::{CAT, QwenCodecDec};
+use super::imp::{CAT, LoadedModel, QwenCodecDec};
 use super::latency::Latency;
 use super::settings::{Settings, Stats};
+use super::step_thread::read_ahead_frames;
 use crate::model::{self, DecodeError, Model, ModelError, StepLimits, StreamDecoder};
 
 /// Read when `model-path` is unset, so that decodebin and playbin can plug the decoder.
@@ -19,12 +20,6 @@ const MODEL_PATH_ENV: &str = "QWENCODEC_MODEL_PATH";
 
 /// The progress messages' code for the model load.
 const PROGRESS_CODE: &str = "load-model";
-
-/// The model as loaded at NULL→READY, kept until READY→NULL.
-pub(super) struct LoadedModel {
-    pub(super) model: Arc<Model>,
-    pub(super) path: PathBuf,
-}
 
 /// What the properties read at NULL→READY ask for.
 struct ModelSettings {
@@ -156,7 +151,7 @@ impl QwenCodecDec {
             model,
             decoder.chunk_frames(),
             decoder.limits(),
-            super::imp::read_ahead_frames(&decoder),
+            read_ahead_frames(&decoder),
         )
         .map_err(decoder_error)?;
         gst::info!(

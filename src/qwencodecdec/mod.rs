@@ -3,26 +3,22 @@
 use gst::glib;
 use gst::prelude::*;
 
-use crate::model;
-
+// The element's parts. `imp` is the subclass: properties, pads, caps, events, queries and the
+// element's state; `load`, `flow` and `imp`'s own latency block extend it. The others know
+// nothing of the subclass: each is one concern it uses.
+/// Downstream: each step's audio pushed under the base class's stream lock, drains, resets.
 mod flow;
 mod imp;
+/// The latency figures: measured from warm steps, raised when frames come out late.
 mod latency;
+/// The model loaded at NULL→READY; each READY→PAUSED's stream decoder, warmed up.
 mod load;
+/// When a new segment ends the stream (a new timeline) and when it continues it.
 mod segment;
+/// The properties' values and the `stats` counters.
 mod settings;
+/// The stream's step thread: frames queued from the streaming thread, decoded in steps.
 mod step_thread;
-
-/// The name of the custom downstream event that drains `qwencodecdec`: see [`drain_event`].
-pub const DRAIN_EVENT: &str = "qwencodec-drain";
-
-/// A serialized custom downstream event that makes `qwencodecdec` decode the frames it holds
-/// (the tail, by its tail strategy) and push their audio at once, then decode the next frame as
-/// a fresh stream: the end of an utterance on a live stream, without EOS. Other elements pass
-/// it on.
-pub fn drain_event() -> gst::Event {
-    gst::event::CustomDownstream::new(gst::Structure::new_empty(DRAIN_EVENT))
-}
 
 /// Values of the `tail-strategy` property.
 #[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
@@ -50,7 +46,7 @@ pub enum Dtype {
     F16 = 2,
 }
 
-impl From<TailStrategy> for model::TailStrategy {
+impl From<TailStrategy> for crate::model::TailStrategy {
     fn from(strategy: TailStrategy) -> Self {
         match strategy {
             TailStrategy::Eager => Self::Eager,
@@ -59,7 +55,7 @@ impl From<TailStrategy> for model::TailStrategy {
     }
 }
 
-impl From<Dtype> for model::Dtype {
+impl From<Dtype> for crate::model::Dtype {
     fn from(dtype: Dtype) -> Self {
         match dtype {
             Dtype::F32 => Self::F32,

@@ -30,6 +30,13 @@ use gst::subclass::prelude::*;
 use super::settings::Stats;
 use crate::model::{DecodeError, Model, StreamDecoder};
 
+/// Frames that may wait for the decoder before upstream waits: two of its largest steps, so
+/// that the next step is full when one ends, and no more, so that a seek or a stop finds little
+/// queued and memory does not grow with a fast source.
+pub(super) fn read_ahead_frames(decoder: &StreamDecoder) -> usize {
+    2 * decoder.limits().max_step_frames
+}
+
 /// What goes downstream, in order.
 pub(super) enum Output {
     /// Decoded audio of frames of the oldest unfinished input buffer (and maybe the next
@@ -253,8 +260,8 @@ impl Stream {
         // When the last push returned (running time). A synchronised sink holds a push until
         // its audio's time plus the pipeline's latency: frames that came meanwhile waited for
         // downstream, not for the decoder, and counting that wait as the element's would raise
-        // its latency, which makes the sink hold longer, and so on (measured: 79 ms to 379 ms
-        // in 4 s behind a WebRTC session's clock-synchronised output).
+        // its latency, which makes the sink hold longer, and so on (docs/element.md, "Latency",
+        // has what it did behind a WebRTC session's clock-synchronised output).
         let mut pushed_at = None;
         loop {
             let mut inner = self.lock();

@@ -25,7 +25,7 @@ use gst_base::prelude::*;
 use gst_base::subclass::prelude::*;
 
 use super::layout::{Declared, Input, Layout};
-use crate::CODES_MEDIA_TYPE;
+use crate::caps::CODES_MEDIA_TYPE;
 use crate::npy::{self, FrameFormat, HeaderRead, IntType};
 use crate::typefind::NPY_MEDIA_TYPE;
 /// Magic, version and length field of a version 1 `.npy` file: enough to learn the header's
@@ -556,7 +556,7 @@ impl ElementImpl for QwenCodecParse {
                         .build(),
                 )
                 .build();
-            let src_caps = crate::any_codes_caps().field("parsed", true).build();
+            let src_caps = crate::caps::any_codes_caps().field("parsed", true).build();
             vec![
                 gst::PadTemplate::new(
                     "sink",

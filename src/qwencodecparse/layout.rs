@@ -1,7 +1,7 @@
 //! What the parser's input is and where its frames lie: the caps or first bytes it was told,
 //! the frame format, rate and count, and the times and caps that follow from them.
 
-use crate::CODES_MEDIA_TYPE;
+use crate::caps::CODES_MEDIA_TYPE;
 use crate::npy::FrameFormat;
 use crate::typefind::NPY_MEDIA_TYPE;
 

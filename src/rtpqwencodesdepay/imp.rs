@@ -256,7 +256,7 @@ impl ElementImpl for RtpQwenCodesDepay {
                 .field("clock-rate", gst::IntRange::new(1, i32::MAX))
                 .field("encoding-name", ENCODING_NAME)
                 .build();
-            let src_caps = crate::any_codes_caps().build();
+            let src_caps = crate::caps::any_codes_caps().build();
             vec![
                 gst::PadTemplate::new(
                     "sink",
@@ -366,7 +366,7 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
             (clock_rate / divisor) as i32,
             (samples_per_frame / divisor) as i32,
         );
-        let src_caps = gst::Caps::builder(crate::CODES_MEDIA_TYPE)
+        let src_caps = gst::Caps::builder(crate::caps::CODES_MEDIA_TYPE)
             .field("codebooks", codebooks as i32)
             .field("framerate", framerate)
             .build();

@@ -238,7 +238,7 @@ impl ElementImpl for RtpQwenCodesPay {
 
     fn pad_templates() -> &'static [gst::PadTemplate] {
         static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
-            let sink_caps = crate::any_codes_caps()
+            let sink_caps = crate::caps::any_codes_caps()
                 .field(
                     "framerate",
                     gst::FractionRange::new(gst::Fraction::new(1, i32::MAX), gst::Fraction::new(i32::MAX, 1)),
@@ -418,7 +418,9 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
                 _ = self.send_pending(false);
             }
             EventView::CustomDownstream(custom)
-                if custom.structure().is_some_and(|s| s.name() == crate::DRAIN_EVENT) =>
+                if custom
+                    .structure()
+                    .is_some_and(|s| s.name() == crate::drain_event::DRAIN_EVENT) =>
             {
                 // The end of an utterance: its frames go now, the next starts a packet with the
                 // marker.
