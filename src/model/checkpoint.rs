@@ -10,7 +10,6 @@ use safetensors::{Dtype, SafeTensors};
 use tch::{Device, Kind, Tensor};
 
 use super::error::ModelError;
-use super::kernels::winograd::Tiles;
 
 /// Prefix of the decoder's tensors in the tokenizer's `model.safetensors`.
 const DECODER_PREFIX: &str = "decoder.";
@@ -203,32 +202,9 @@ impl<'a> Weights<'a> {
         CString::new(self.prefix.as_str()).expect("module paths are made of names without NUL")
     }
 
-    /// Whether a product layer here with `in_features` inputs per column keeps its weight in
-    /// float16, where weights are rounded at all (dtype f16 on the CPU): those whose products
-    /// at one frame per step are bound by the weight's bytes, having few columns against many
-    /// inputs (at least 16 inputs per column; a convolution's inputs count every tap). The
-    /// others, the vocoder's late layers, are bound by arithmetic, where half the bytes gain
-    /// nothing, and stay float32.
-    pub fn f16_weights(&self, in_features: usize) -> bool {
-        self.file.f16_weights && self.columns_per_frame * 16 <= in_features
-    }
-
-    /// Outputs per tile of a float32 convolution computed by Winograd's algorithm
-    /// (`kernels::winograd`) that wants `tiles`: 4, with fewer products, for the vocoder's
-    /// residual units; 2 for the layers before the blocks in float32. So the released
-    /// geometry's float32 decode stays about as close to float64 as upstream's own: with 4 in
-    /// the vocoder's input conv too, its error at 12-frame steps was 1.8x upstream's, where it
-    /// is 1.1x. Dtype f16, whose float16 weights err far more, takes 4 everywhere, and 6 from
-    /// 160 columns per frame (blocks 2-4 of the released geometry), where a one-frame step has
-    /// tens of tiles per point: 6 needs fewer products but reads 12 transformed matrices per 7
-    /// taps where 4 reads 10, which the weight-bound block 1 pays for. In block 2 it paid once
-    /// the matrices were 16-bit there (0.2-0.4 ms per step on the Xeon, with 1.689e-2 from
-    /// float64 where 4 gave 1.669e-2).
-    pub fn winograd_outputs(&self, tiles: Tiles) -> usize {
-        match (self.file.f16_weights, tiles) {
-            (true, _) if self.columns_per_frame >= 160 => 6,
-            (true, _) | (false, Tiles::Fast) => 4,
-            (false, Tiles::Precise) => 2,
-        }
+    /// Whether the network rounds its weight-bound product weights to float16 (dtype f16 on
+    /// the CPU; see `network::precision`).
+    pub fn f16_weights_wanted(&self) -> bool {
+        self.file.f16_weights
     }
 }

@@ -2,6 +2,9 @@
 
 use std::path::PathBuf;
 
+/// What every libtorch op returns.
+pub type TorchResult<T> = Result<T, tch::TchError>;
+
 /// Problems loading a checkpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::engine::{Row, Step};
-use super::{DecodeError, Model};
+use super::error::DecodeError;
+use super::loaded::Model;
 
 /// How [`StreamDecoder::finish`] decodes frames that do not fill a whole step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -27,10 +27,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::model::log;
-use crate::model::network::{Network, State};
+use tch::Tensor;
 
-type TorchResult<T> = Result<T, tch::TchError>;
+use crate::model::error::TorchResult;
+use crate::model::log;
+use crate::model::network::{Network, State, StepTables};
 
 /// The row that pads batches and warms graphs up.
 pub const SCRATCH_ROW: i64 = 0;
@@ -205,7 +206,7 @@ impl Arena {
         let rows = self.rows();
         let grown_rows = (rows * 2).max(MIN_ROWS);
         let grown = match &self.state {
-            Some(state) => state.grown(network, grown_rows)?,
+            Some(state) => state.grown_into(network.new_state(grown_rows)?)?,
             None => network.new_state(grown_rows)?,
         };
         self.state = Some(grown);
@@ -216,6 +217,22 @@ impl Arena {
             self.state().bytes() / 1_000_000
         ));
         Ok(())
+    }
+
+    /// Selects `rows` (arena indices, a device tensor) of the state, steps them over `codes`
+    /// and puts them back: the batched step with its cohort given as a tensor, as a CUDA graph
+    /// records it (and the eager path runs it).
+    pub fn step_rows(
+        &mut self,
+        network: &Network,
+        rows: &Tensor,
+        codes: &Tensor,
+        tables: &StepTables,
+    ) -> TorchResult<Tensor> {
+        let mut state = self.state().select(rows)?;
+        let audio = network.step(codes, &mut state, tables)?;
+        self.state_mut().put(rows, &state)?;
+        Ok(audio)
     }
 
     /// Every row, the scratch row included.

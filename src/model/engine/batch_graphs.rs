@@ -65,21 +65,6 @@ struct BatchGraph {
     _tables: StepTables,
 }
 
-/// Selects `rows` of the arena, steps them over `codes` and puts them back: the batched step
-/// with its cohort given as a device tensor, as a graph records it.
-pub fn step_rows(
-    network: &Network,
-    arena: &mut Arena,
-    rows: &Tensor,
-    codes: &Tensor,
-    tables: &StepTables,
-) -> Result<Tensor, tch::TchError> {
-    let mut state = arena.state().select(rows)?;
-    let audio = network.step(codes, &mut state, tables)?;
-    arena.state_mut().put(rows, &state)?;
-    Ok(audio)
-}
-
 impl BatchGraphs {
     /// Graphs recorded on CUDA device `device`.
     pub fn new(device: usize) -> Self {
@@ -186,7 +171,7 @@ impl BatchGraphs {
                 if *recorded_on != arena.state().addresses() {
                     return Err(GraphError::Stale);
                 }
-                let audio = step_rows(network, arena, &graph.rows, &graph.codes, tables)?;
+                let audio = arena.step_rows(network, &graph.rows, &graph.codes, tables)?;
                 graph.audio.f_copy_(&audio)?;
             }
         }
@@ -210,7 +195,7 @@ impl BatchGraphs {
         )?;
         let Some(device) = self.device else {
             // The stand-in's output: the step run once on the scratch row, as a capture would.
-            let audio = step_rows(network, arena, &rows, &codes, tables)?;
+            let audio = arena.step_rows(network, &rows, &codes, tables)?;
             return Ok(BatchGraph {
                 replay: Replay::Eager {
                     recorded_on: arena.state().addresses(),
@@ -232,11 +217,11 @@ impl BatchGraphs {
             arena,
             |arena| {
                 for _ in 0..2 {
-                    _ = step_rows(network, arena, &rows, &codes, tables)?;
+                    _ = arena.step_rows(network, &rows, &codes, tables)?;
                 }
                 Ok(())
             },
-            |arena| step_rows(network, arena, &rows, &codes, tables),
+            |arena| arena.step_rows(network, &rows, &codes, tables),
         )?;
         self.bytes += cuda_graph::reserved_bytes(device)?.saturating_sub(before);
         Ok(BatchGraph {

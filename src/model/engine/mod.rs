@@ -32,7 +32,7 @@ use super::executor;
 use super::log;
 use super::network::{Network, StepTables};
 use arena::{Arena, RowAssignment};
-use batch_graphs::{BatchGraphs, step_rows};
+use batch_graphs::BatchGraphs;
 
 pub use arena::Row;
 pub use batch_graphs::MAX_GRAPHS;
@@ -98,11 +98,10 @@ pub struct GraphReport {
 pub const REJOIN_GRACE: Duration = Duration::from_millis(2);
 
 /// The most frames, over all its rows, that one batch computes on `device`. On the CPU a batch
-/// of more runs no faster per frame (measured on a 2-core AMD EPYC at the released widths: 30
-/// ms a frame in one row of 8 or 8 rows of one, 24-30 at 16-32 frames in all, 31-33 at 128, 8
-/// streams of 8 frames ran 0.71-0.83x one stream's throughput), and a stream that starts waits
-/// for the whole batch in flight: 8 keep that wait at one 8-frame step, 200-250 ms. On CUDA,
-/// where a step is launch-bound far beyond that, the cap is only a guard (not measured yet).
+/// of more runs no faster per frame, and a stream that starts waits for the whole batch in
+/// flight: 8 keep that wait at one 8-frame step (`docs/many-streams.md`
+/// has the figures). On CUDA, where a step is launch-bound far beyond that, the cap is only a
+/// guard.
 pub fn max_batch_frames(device: tch::Device) -> usize {
     match device {
         tch::Device::Cuda(_) => 1024,
@@ -323,14 +322,10 @@ impl Engine {
     }
 
     /// Runs `step`, batched with the steps of other streams that wait at the same time;
-    /// returns when it is done.
+    /// returns when it is done. The step waits in the queue; whichever waiting thread finds no
+    /// batch running leads the next one (its own step or not), then hands every row its result.
     pub fn run(&self, network: &Network, step: Step) -> StepDone {
-        let mut queue = self.lock();
-        let id = queue.next_id;
-        queue.next_id += 1;
-        queue.waiting.push_back(Job { id, step });
-        queue.arrived_since += 1;
-        self.step_arrived.notify_all();
+        let (mut queue, id) = self.enqueue(step);
         loop {
             if let Some(done) = queue.done.remove(&id) {
                 return done;
@@ -343,85 +338,127 @@ impl Engine {
                 continue;
             }
             queue.running = true;
-            let deadline = Instant::now() + Duration::from_nanos(self.rejoin_grace.load(Ordering::Relaxed));
-            let mut grace_ran_out = false;
-            while queue.arrived_since < queue.last_rows {
-                let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                    grace_ran_out = true;
-                    break;
-                };
-                queue = self
-                    .step_arrived
-                    .wait_timeout(queue, left)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .0;
-            }
-            let batch = take_batch(&mut queue.waiting, max_batch_frames(network.device()));
-            let left_waiting = queue.waiting.len();
-            drop(queue);
-            let leading = Leading {
-                engine: self,
-                rows: batch.len(),
-                others: batch
-                    .iter()
-                    .map(|job| job.id)
-                    .filter(|&other| other != id)
-                    .collect(),
-            };
-            let started = Instant::now();
-            let outcome = executor::run(network.device(), || {
-                std::panic::catch_unwind(AssertUnwindSafe(|| self.compute(network, &batch)))
-                    .unwrap_or_else(|_| Err(tch::TchError::Torch("a decode step panicked".into())))
-            });
-            let run = BatchRun {
-                rows: batch.len(),
-                frames: batch[0].step.frames,
-                time: started.elapsed(),
-                waiting: left_waiting,
-                grace_ran_out,
-            };
-            log::debug(format_args!(
-                "batch of {} rows of {} frames in {:.1} ms{} ({left_waiting} steps waiting)",
-                run.rows,
-                run.frames,
-                run.time.as_secs_f64() * 1e3,
-                if matches!(outcome, Ok((_, true))) {
-                    ", CUDA graph"
-                } else {
-                    ""
-                },
-            ));
-            for observer in self.observers.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-                observer(&run);
-            }
-            // Disarmed before the lock: a guard that unwound with the queue locked would deadlock.
-            drop(leading);
-            queue = self.lock();
-            queue.running = false;
-            let rows = batch.len();
-            queue.last_rows = rows;
-            queue.arrived_since = 0;
-            // Audio for every row, or the error for every row: a panic here, with the queue
-            // locked, would leave the other streams waiting for this batch for ever.
-            let outcome = outcome.and_then(|(audio, graph)| {
-                if audio.len() == rows {
-                    Ok((audio, graph))
-                } else {
-                    Err(tch::TchError::Torch(format!(
-                        "a batch of {rows} rows gave audio for {}",
-                        audio.len()
-                    )))
-                }
-            });
-            let (audio, graph): (Vec<Result<Vec<f32>, tch::TchError>>, bool) = match outcome {
-                Ok((audio, graph)) => (audio.into_iter().map(Ok).collect(), graph),
-                Err(err) => (batch.iter().map(|_| Err(copy_error(&err))).collect(), false),
-            };
-            for (job, audio) in batch.into_iter().zip(audio) {
-                queue.done.insert(job.id, StepDone { audio, rows, graph });
-            }
-            self.batch_done.notify_all();
+            let (mut locked, grace_ran_out) = self.await_rejoin(queue);
+            let batch = take_batch(&mut locked.waiting, max_batch_frames(network.device()));
+            let left_waiting = locked.waiting.len();
+            drop(locked);
+            let outcome = self.lead(network, id, &batch, left_waiting, grace_ran_out);
+            queue = self.hand_out(batch, outcome);
         }
+    }
+
+    /// Queues `step`; the queue, still locked, and the step's id.
+    fn enqueue(&self, step: Step) -> (MutexGuard<'_, Queue>, u64) {
+        let mut queue = self.lock();
+        let id = queue.next_id;
+        queue.next_id += 1;
+        queue.waiting.push_back(Job { id, step });
+        queue.arrived_since += 1;
+        self.step_arrived.notify_all();
+        (queue, id)
+    }
+
+    /// Waits, up to the rejoin grace, until every stream of the last batch has handed over its
+    /// next step (see [`REJOIN_GRACE`]); whether the grace ran out first.
+    fn await_rejoin<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> (MutexGuard<'a, Queue>, bool) {
+        let deadline = Instant::now() + Duration::from_nanos(self.rejoin_grace.load(Ordering::Relaxed));
+        while queue.arrived_since < queue.last_rows {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return (queue, true);
+            };
+            queue = self
+                .step_arrived
+                .wait_timeout(queue, left)
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .0;
+        }
+        (queue, false)
+    }
+
+    /// Runs `batch` on the compute thread with the queue unlocked, on the thread of step `id`
+    /// (a panic in the compute becomes every row's error), and tells the observers.
+    fn lead(
+        &self,
+        network: &Network,
+        id: u64,
+        batch: &[Job],
+        left_waiting: usize,
+        grace_ran_out: bool,
+    ) -> Result<(Vec<Vec<f32>>, bool), tch::TchError> {
+        let leading = Leading {
+            engine: self,
+            rows: batch.len(),
+            others: batch
+                .iter()
+                .map(|job| job.id)
+                .filter(|&other| other != id)
+                .collect(),
+        };
+        let started = Instant::now();
+        let outcome = executor::run(network.device(), || {
+            std::panic::catch_unwind(AssertUnwindSafe(|| self.compute(network, batch)))
+                .unwrap_or_else(|_| Err(tch::TchError::Torch("a decode step panicked".into())))
+        });
+        let run = BatchRun {
+            rows: batch.len(),
+            frames: batch[0].step.frames,
+            time: started.elapsed(),
+            waiting: left_waiting,
+            grace_ran_out,
+        };
+        log::debug(format_args!(
+            "batch of {} rows of {} frames in {:.1} ms{} ({left_waiting} steps waiting)",
+            run.rows,
+            run.frames,
+            run.time.as_secs_f64() * 1e3,
+            if matches!(outcome, Ok((_, true))) {
+                ", CUDA graph"
+            } else {
+                ""
+            },
+        ));
+        for observer in self.observers.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            observer(&run);
+        }
+        // Disarmed here, before the queue is locked again: a guard that unwound with the queue
+        // locked would deadlock.
+        drop(leading);
+        outcome
+    }
+
+    /// Gives every row of `batch` its audio, or the batch's error, and lets the next batch
+    /// start; the queue, locked.
+    fn hand_out(
+        &self,
+        batch: Vec<Job>,
+        outcome: Result<(Vec<Vec<f32>>, bool), tch::TchError>,
+    ) -> MutexGuard<'_, Queue> {
+        let mut queue = self.lock();
+        queue.running = false;
+        let rows = batch.len();
+        queue.last_rows = rows;
+        queue.arrived_since = 0;
+        // Audio for every row, or the error for every row: a panic here, with the queue
+        // locked, would leave the other streams waiting for this batch for ever.
+        let outcome = outcome.and_then(|(audio, graph)| {
+            if audio.len() == rows {
+                Ok((audio, graph))
+            } else {
+                Err(tch::TchError::Torch(format!(
+                    "a batch of {rows} rows gave audio for {}",
+                    audio.len()
+                )))
+            }
+        });
+        let (audio, graph): (Vec<Result<Vec<f32>, tch::TchError>>, bool) = match outcome {
+            Ok((audio, graph)) => (audio.into_iter().map(Ok).collect(), graph),
+            Err(err) => (batch.iter().map(|_| Err(copy_error(&err))).collect(), false),
+        };
+        for (job, audio) in batch.into_iter().zip(audio) {
+            queue.done.insert(job.id, StepDone { audio, rows, graph });
+        }
+        self.batch_done.notify_all();
+        queue
     }
 
     /// On the compute thread: the batch's rows as one step; each row's audio, and whether a
@@ -476,7 +513,7 @@ impl Engine {
             (None, &[row]) => network.step(&codes, &mut arena.state().row(row)?, tables)?,
             (None, _) => {
                 let index = Tensor::f_from_slice(&arena_rows)?.f_to_device(device)?;
-                step_rows(network, arena, &index, &codes, tables)?
+                arena.step_rows(network, &index, &codes, tables)?
             }
         };
         // Copies to the host, one per row, before another replay of the graph overwrites its

@@ -3,8 +3,8 @@
 
 use tch::Tensor;
 
-use super::TorchResult;
 use super::shim::call;
+use crate::model::error::TorchResult;
 
 mod ffi {
     use std::ffi::c_char;

@@ -6,8 +6,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::TorchResult;
 use super::shim::{self, Kernel, call};
+use crate::model::error::TorchResult;
 
 mod ffi {
     use std::ffi::c_char;

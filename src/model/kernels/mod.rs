@@ -15,8 +15,6 @@ pub mod winograd;
 #[cfg(test)]
 use tch::{Kind, Tensor};
 
-pub type TorchResult<T> = Result<T, tch::TchError>;
-
 /// The largest difference between `got` and `expected` (float64) and the largest magnitude of
 /// `expected`: the kernels' tests bound the first by a fraction of the second.
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 
 use tch::{TchError, Tensor};
 
-use super::TorchResult;
+use crate::model::error::TorchResult;
 
 /// Calls a shim function that writes a new tensor or an error message; `what` names the
 /// product in the error.

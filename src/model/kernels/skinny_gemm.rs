@@ -1,7 +1,7 @@
 //! Float32 or float16 weights against a few rows of float32 activations on the CPU: the C++
 //! kernel of `skinny_gemm.cpp` (AVX-512, or AVX2 on CPUs without it), which reads each weight
 //! once whatever the number of rows, float16 ones widened in registers (dtype f16: half the
-//! bytes; FBGEMM's float16 product, used before, streamed them 30-40% slower on the Xeon).
+//! bytes, faster than FBGEMM's float16 product).
 //!
 //! A small step's products are a weight against 1 to about a hundred rows (a frame is 1 row in
 //! the transformer, 4 after the upsampler, 32 in the vocoder's first block). MKL streams a
@@ -11,13 +11,13 @@
 //!
 //! Float16 weights that see 8 or more rows per frame (the vocoder's first blocks) are packed at
 //! load time for the kernel's outer products instead ([`pack`], [`packed_product`]), which
-//! spend no time summing vector lanes: 1.4-1.5x the dot products' speed at 8 to 32 rows, as fast
-//! as MKL's float32 product (`bench/results/2026-12-01-intel-xeon-avx512-packed-f16.md`).
+//! spend no time summing vector lanes, and run as fast as MKL's float32 product
+//! (`bench/results/2026-12-01-intel-xeon-avx512-packed-f16.md` has the figures).
 
 use tch::{Device, Kind, Tensor};
 
-use super::TorchResult;
 use super::shim::{self, CpuKernels, Kernel, call};
+use crate::model::error::TorchResult;
 
 mod ffi {
     use std::ffi::c_char;

@@ -8,7 +8,7 @@
 //! powers, and more outputs per tile need more and larger points. With points searched for the
 //! least rounding ([`FINITE_POINTS`]), float32 takes tiles of 4 in the residual units and 2 in
 //! the vocoder's input conv, and its decode stays about as close to float64 as upstream's own;
-//! dtype f16 also takes 6 (`Weights::winograd_outputs`,
+//! dtype f16 also takes 6 (`network::precision::winograd_outputs`,
 //! `bench/results/2026-12-01-amd-epyc-avx512-winograd-points.md`), and keeps the transformed
 //! weights of the convolutions bound by their bytes in 16-bit integers ([`INT16_STEPS`]).
 //!
@@ -17,8 +17,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::TorchResult;
 use super::shim::{self, CpuKernels, Kernel, call};
+use crate::model::error::TorchResult;
 
 mod ffi {
     use std::ffi::c_char;
@@ -79,17 +79,6 @@ const FINITE_POINTS: [&[f64]; 5] = [
 /// The finite points of tiles of `points` points, where a set is chosen for that many.
 fn finite_points(points: usize) -> Option<&'static [f64]> {
     FINITE_POINTS.iter().copied().find(|set| set.len() + 1 == points)
-}
-
-/// Which Winograd tiles a convolution takes, where it takes them: tiles of more outputs need
-/// fewer products and round more (see `Weights::winograd_outputs`).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Tiles {
-    /// The least rounding in float32: for the layers before the vocoder's blocks, whose rounding
-    /// every later layer carries.
-    Precise,
-    /// Fewer products: for the vocoder's residual units.
-    Fast,
 }
 
 /// The fewest channels at which tiles of `m` outputs (first) are measured to beat libtorch's

@@ -4,9 +4,10 @@
 
 use tch::{Device, Tensor};
 
-use super::ACTIVATION_KIND;
+use super::state::ACTIVATION_KIND;
+use crate::model::error::TorchResult;
+use crate::model::kernels;
 use crate::model::kernels::shim::{self, CpuKernels, Kernel};
-use crate::model::kernels::{self, TorchResult};
 
 /// RoPE's tables for a step: [T, head_dim] for the step's queries, [slots + T, head_dim] for
 /// the window's keys and the step's.
@@ -238,7 +239,7 @@ mod tests {
             assert_eq!(got.size(), [batch, steps, heads.heads * head_dim], "{case}");
             for (path, got) in [("this process's", &got), ("libtorch's ops", &by_ops)] {
                 let (error, scale) = max_error_and_scale(got, &expected);
-                // Measured up to 5.3e-7 (2026-12-02, kernels on, avx2 and off).
+                // About twice the most measured (docs/testing.md).
                 assert!(
                     error <= 1e-6 * scale,
                     "{case}, {path}: off by {error:e} of {scale:e}"

@@ -4,15 +4,16 @@
 use tch::{Device, Kind, Tensor};
 
 use super::ops::{Matrix, with_weights};
-use super::{ACTIVATION_KIND, State, StateLayout};
+use super::precision::{self, Tiles};
+use super::state::{ACTIVATION_KIND, State, StateLayout};
 use crate::model::checkpoint::Weights;
 use crate::model::error::ModelError;
-use crate::model::kernels::TorchResult;
+use crate::model::error::TorchResult;
 use crate::model::kernels::direct_conv;
 use crate::model::kernels::overlap_add;
 use crate::model::kernels::shim::{self, CpuKernels, Kernel};
 use crate::model::kernels::skinny_gemm;
-use crate::model::kernels::winograd::{Tiles, Winograd};
+use crate::model::kernels::winograd::Winograd;
 
 /// The shape of a convolution, as upstream's `Conv1d` takes it.
 #[derive(Clone, Copy)]
@@ -43,24 +44,21 @@ impl ConvShape {
 /// Most rows (output columns times streams) for which a convolution that also has Winograd
 /// tiles multiplies its matrix instead: while the weight's bytes bound the product. The tiles
 /// read a little more of them (8 or 10 matrices of the kernel's size per 7 taps, in float32), but
-/// from a few dozen rows on the products are bound by arithmetic, where the tiles do fewer: at
-/// 768 channels and 32 rows the float32 matrix took 1.5 ms and F(2, 7) 1.1; the float16 matrix
-/// and F(4, 7) tied in a decode (`bench/results/2026-11-30-amd-epyc-avx512-winograd-kernel.md`).
+/// from a few dozen rows on the products are bound by arithmetic, where the tiles do fewer
+/// (`bench/results/2026-11-30-amd-epyc-avx512-winograd-kernel.md`).
 const MATRIX_MAX_ROWS: i64 = 16;
 
 /// Most multiply-adds (output channels times input channels times rows) for which a float32
 /// 1x1 convolution on the CPU is one MKL product per stream instead of a convolution: in a
-/// one-frame step (up to about 24 million each) oneDNN's kernels took longer than the products;
-/// at four frames (75 million and more) less
+/// one-frame step oneDNN's kernels take longer than the products, at four frames less
 /// (`bench/results/2026-12-01-amd-epyc-avx512-pointwise-conv.md`).
 const POINTWISE_MAX_MULTIPLY_ADDS: i64 = 32 << 20;
 
 /// Most weight elements (input channels times outputs times taps) of a transposed convolution
 /// whose product runs as oneDNN's 1x1 convolution where [`onednn_taps`] applies. Beyond the
-/// few-row kernel's rows, oneDNN's AVX-512 kernels took 0.47-0.64x the time of MKL's products
-/// (AVX2 on AMD CPUs) for the upsampler's and the vocoder's blocks 2-4 (at most 3 million
-/// elements); block 1's 19 million (75 MB) took 1.2-4x as long at 16-256 rows, its weight
-/// packed beforehand or not (`bench/results/2026-12-03-amd-epyc-avx512-onednn-taps.md`).
+/// few-row kernel's rows, oneDNN's AVX-512 kernels beat MKL's products (AVX2 on AMD CPUs) for
+/// the upsampler's and the vocoder's blocks 2-4 (at most 3 million elements), and lose to them
+/// on block 1's 19 million (`bench/results/2026-12-03-amd-epyc-avx512-onednn-taps.md`).
 const ONEDNN_TAPS_MAX_WEIGHT: i64 = 4 << 20;
 
 /// Whether a transposed convolution with `matrix` (its weight [out * kernel, in]) runs its
@@ -126,14 +124,14 @@ impl CausalConv {
             Some(Matrix::new(
                 weight.f_view([out_channels as i64, -1])?,
                 Some(bias.shallow_clone()),
-                weights.f16_weights(in_channels * kernel),
+                precision::f16_weights(&weights, in_channels * kernel),
                 weights.columns_per_frame(),
             )?)
         } else {
             None
         };
         let f16 = matrix.as_ref().is_some_and(Matrix::is_f16);
-        let tile = weights.winograd_outputs(tiles);
+        let tile = precision::winograd_outputs(&weights, tiles);
         let winograd = (groups == 1
             && weight.kind() == Kind::Float
             && Winograd::applies(weights.device(), in_channels.min(out_channels), tile, kernel))
@@ -276,7 +274,7 @@ impl CausalTransConv {
                 .f_transpose(0, 1)?
                 .f_contiguous()?,
             None,
-            weights.f16_weights(in_channels),
+            precision::f16_weights(&weights, in_channels),
             weights.columns_per_frame(),
         )?;
         Ok(Self {

@@ -3,10 +3,10 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::ACTIVATION_KIND;
+use super::state::ACTIVATION_KIND;
 use crate::model::checkpoint::Weights;
 use crate::model::error::ModelError;
-use crate::model::kernels::TorchResult;
+use crate::model::error::TorchResult;
 use crate::model::kernels::skinny_gemm;
 
 /// `op` (a product with weights stored in `weight_kind`) on float32 activations.
@@ -79,7 +79,7 @@ pub enum Matrix {
 
 impl Matrix {
     /// `weight` [out, in] and `bias` [out], in the compute kind; with `f16` (see
-    /// [`Weights::f16_weights`]) the weight rounded to float16, the bias float32, and packed
+    /// `precision::f16_weights`) the weight rounded to float16, the bias float32, and packed
     /// where it sees `rows_per_frame` rows per frame ([`skinny_gemm::packs`]).
     pub fn new(weight: Tensor, bias: Option<Tensor>, f16: bool, rows_per_frame: usize) -> TorchResult<Self> {
         if f16 && skinny_gemm::packs(weight.device(), rows_per_frame) {
@@ -153,7 +153,7 @@ impl LinearWeights {
         Ok(Self {
             weight: weights.get("weight", &[out_features, in_features])?,
             bias: bias.then(|| weights.get("bias", &[out_features])).transpose()?,
-            f16: weights.f16_weights(in_features),
+            f16: super::precision::f16_weights(weights, in_features),
             rows_per_frame: weights.columns_per_frame(),
         })
     }

@@ -2,11 +2,11 @@
 
 use tch::{Kind, Tensor};
 
-use super::ACTIVATION_KIND;
+use super::state::ACTIVATION_KIND;
 use crate::model::checkpoint::Weights;
 use crate::model::config::DecoderConfig;
 use crate::model::error::ModelError;
-use crate::model::kernels::TorchResult;
+use crate::model::error::TorchResult;
 
 pub struct Quantizer {
     /// Every codebook's entries already passed through its group's output projection,

@@ -4,11 +4,12 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::ACTIVATION_KIND;
+use super::state::ACTIVATION_KIND;
 use crate::model::checkpoint::Weights;
 use crate::model::error::ModelError;
+use crate::model::error::TorchResult;
+use crate::model::kernels;
 use crate::model::kernels::shim::{self, CpuKernels, Kernel};
-use crate::model::kernels::{self, TorchResult};
 
 /// SnakeBeta with both factors precomputed.
 pub struct SnakeBeta {

@@ -7,10 +7,10 @@ use tch::{Kind, Tensor};
 
 use super::conv::{CausalConv, CausalTransConv, ConvShape};
 use super::ops::Linear;
-use super::{State, StateLayout};
+use super::state::{State, StateLayout};
 use crate::model::checkpoint::Weights;
 use crate::model::error::ModelError;
-use crate::model::kernels::TorchResult;
+use crate::model::error::TorchResult;
 use crate::model::op_profiler::Scope;
 
 pub struct UpsampleStage {

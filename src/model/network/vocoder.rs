@@ -6,13 +6,13 @@ use std::ffi::CString;
 use tch::Tensor;
 
 use super::conv::{CausalConv, CausalTransConv, ConvShape};
+use super::precision::Tiles;
 use super::snake_beta::SnakeBeta;
-use super::{State, StateLayout};
+use super::state::{State, StateLayout};
 use crate::model::checkpoint::Weights;
 use crate::model::config::DecoderConfig;
 use crate::model::error::ModelError;
-use crate::model::kernels::TorchResult;
-use crate::model::kernels::winograd::Tiles;
+use crate::model::error::TorchResult;
 use crate::model::op_profiler::Scope;
 
 pub struct Vocoder {
