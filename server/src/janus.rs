@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::log;
-use crate::session::random_hex;
+use crate::random::random_hex;
 
 /// How long one call to Janus's API may take.
 const API_TIMEOUT: Duration = Duration::from_secs(5);

@@ -34,6 +34,7 @@ mod opus;
 #[allow(dead_code)]
 mod options;
 mod protocol;
+mod random;
 mod rtp_ingress;
 mod session;
 mod signalling;
@@ -251,7 +252,7 @@ fn run() -> Result<(), Box<dyn Error>> {
             let text = std::fs::read_to_string(&file).map_err(|err| format!("--token-file {file}: {err}"))?;
             (text.trim().to_owned(), Some("--token-file"))
         }
-        (None, None) => (session::random_hex(16)?, None),
+        (None, None) => (random::random_hex(16)?, None),
     };
     if token.is_empty() {
         return Err("the codes token must not be empty".into());

@@ -3,7 +3,6 @@
 //! of the sessions of the server.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Read;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
@@ -870,7 +869,7 @@ impl Sessions {
             }
             (Some(id), _) => id,
             (None, instance) => {
-                let random = random_hex(16).map_err(|err| (close::SERVER_ERROR, err))?;
+                let random = crate::random::random_hex(16).map_err(|err| (close::SERVER_ERROR, err))?;
                 match instance {
                     Some(instance) => format!("{instance}-{random}"),
                     None => random,
@@ -974,13 +973,4 @@ impl Sessions {
     pub fn count(&self) -> usize {
         self.registry.lock().unwrap().open.len()
     }
-}
-
-/// `bytes` random bytes in hex, for session ids and the token.
-pub fn random_hex(bytes: usize) -> Result<String, String> {
-    let mut random = vec![0u8; bytes];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut file| file.read_exact(&mut random))
-        .map_err(|err| format!("cannot read /dev/urandom: {err}"))?;
-    Ok(random.iter().map(|byte| format!("{byte:02x}")).collect())
 }
