@@ -89,8 +89,11 @@ def table(results, links):
     lines = ["| " + " | ".join(header) + " |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for path in sorted(results.glob("*.json")):
-        if path.stem.endswith(("-streams", "-profile", "-kernels-ab", "-rtp-codes")) or "-time-to-effect" in path.stem:
-            continue  # benches/streams.rs, effect.rs, kernels_ab.rs, rtp_codes.rs and make profile: tabled in their own files
+        if path.stem.endswith(("-streams", "-profile", "-kernels-ab", "-rtp-codes", "-talker-speed")) \
+                or "-time-to-effect" in path.stem:
+            # benches/streams.rs, effect.rs, kernels_ab.rs, rtp_codes.rs, make profile and
+            # tools/bench_talker.py: tabled in their own files
+            continue
         report = json.loads(path.read_text())
         lines.append("| " + " | ".join(summary_row(path, report, links)) + " |")
     return "\n".join(lines) + "\n"
