@@ -23,6 +23,9 @@ element_tests=(--cargo-test-arg=--test=element --cargo-test-arg=--test=seeking
   --cargo-test-arg=--test=timestamps --cargo-test-arg=--test=max_errors
   --cargo-test-arg=-- --cargo-test-arg=--skip=gst_launch_decodes_a_file_to_wav
   --cargo-test-arg=--skip=pipeline_scripts_run)
+# Files whose code takes another path with our CPU kernels off (the path CUDA takes): their
+# mutants run a second time under QWENCODEC_CPU_KERNELS=off (reports in <name>-off).
+kernels_off_too=(src/model/kernels/shim.rs src/model/engine/mod.rs)
 declare -A tests_of=(
   [src/model/engine/arena.rs]=model [src/model/engine/mod.rs]=model [src/model/stream_decoder.rs]=model
   [src/model/kernels/shim.rs]=model
@@ -37,12 +40,18 @@ for file in ${MUTANTS_FILES:-${!tests_of[@]}}; do
   esac
   name=$(basename "$(dirname "$file")")-$(basename "$file" .rs)
   # cargo-mutants makes its output folder but not the folder above it.
-  mkdir -p "$out/$name"
-  # The mutants profile (Cargo.toml): release speed, incremental rebuilds.
-  G_DEBUG=fatal_warnings GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-1000} \
-    cargo mutants --profile mutants --no-shuffle -f "$file" --output "$out/$name" "${extra[@]}" "${tests[@]}" || true
-  echo "mutants: $file: $(wc -l < "$out/$name/mutants.out/caught.txt") caught," \
-    "$(wc -l < "$out/$name/mutants.out/missed.txt") missed," \
-    "$(wc -l < "$out/$name/mutants.out/timeout.txt") timed out," \
-    "$(wc -l < "$out/$name/mutants.out/unviable.txt") unviable"
+  runs=("$name:")
+  [[ " ${kernels_off_too[*]} " == *" $file "* ]] && runs+=("$name-off:off")
+  for run in "${runs[@]}"; do
+    report=${run%%:*}
+    mkdir -p "$out/$report"
+    # The mutants profile (Cargo.toml): release speed, incremental rebuilds.
+    kernels=${run#*:}
+    env ${kernels:+QWENCODEC_CPU_KERNELS=$kernels} G_DEBUG=fatal_warnings GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-1000} \
+      cargo mutants --profile mutants --no-shuffle -f "$file" --output "$out/$report" "${extra[@]}" "${tests[@]}" || true
+    echo "mutants: $file (kernels ${kernels:-as the environment says}): $(wc -l < "$out/$report/mutants.out/caught.txt") caught," \
+      "$(wc -l < "$out/$report/mutants.out/missed.txt") missed," \
+      "$(wc -l < "$out/$report/mutants.out/timeout.txt") timed out," \
+      "$(wc -l < "$out/$report/mutants.out/unviable.txt") unviable"
+  done
 done
