@@ -56,7 +56,7 @@ def prose_lines(text):
 
 
 def without_code_spans(line):
-    """The line with each code span's content blanked out (same length)."""
+    """The text with each code span's content blanked out (same length, line breaks kept)."""
     out = []
     i = 0
     while i < len(line):
@@ -70,7 +70,8 @@ def without_code_spans(line):
                 out.append(line[i:i + run])
                 i += run
                 continue
-            out.append(" " * (end + run - i))
+            # Blanked, but for line breaks: a code span may run over several lines.
+            out.append(re.sub(r"[^\n]", " ", line[i:end + run]))
             i = end + run
         else:
             out.append(line[i])
@@ -180,17 +181,37 @@ def inline_links(line):
             i = start + 1
 
 
+def paragraphs(text):
+    """Runs of consecutive prose lines, [(line number, line)], as markdown parses code spans in:
+    a paragraph's lines together (a code span may close on a later line: read line by line, the
+    text after its closing backticks was taken for code and its links missed), a table row or a
+    heading alone."""
+    run = []
+    for number, line in prose_lines(text):
+        alone = line.lstrip().startswith(("|", "#"))
+        if run and (not line.strip() or alone or number != run[-1][0] + 1):
+            yield run
+            run = []
+        if alone:
+            yield [(number, line)]
+        elif line.strip():
+            run.append((number, line))
+    if run:
+        yield run
+
+
 def links(path):
     """(line number, target) of every link in a markdown file."""
-    for number, line in prose_lines(path.read_text(encoding="utf-8")):
-        line = without_code_spans(line)
-        definition = REFERENCE_DEFINITION.match(line)
-        if definition:
-            target = definition.group(2)
-            yield number, target[1:-1] if target.startswith("<") else target
-            continue
-        for _, target in inline_links(line):
-            yield number, target
+    for paragraph in paragraphs(path.read_text(encoding="utf-8")):
+        blanked = without_code_spans("\n".join(line for _, line in paragraph)).split("\n")
+        for (number, _), line in zip(paragraph, blanked):
+            definition = REFERENCE_DEFINITION.match(line)
+            if definition:
+                target = definition.group(2)
+                yield number, target[1:-1] if target.startswith("<") else target
+                continue
+            for _, target in inline_links(line):
+                yield number, target
 
 
 def problem(source, target):
