@@ -120,42 +120,42 @@ released-fixture: setup-reference
 
 # The benchmark (not a test): upstream Python decoder and ours on the released geometry with
 # random weights, side by side, each decode timed BENCH_REPEATS times after a warm-up; writes
-# bench/results/<date>-<cpu>-<device>-<dtype>.{md,json} and the table of every result in docs/performance.md.
+# measurements/results/<date>-<cpu>-<device>-<dtype>.{md,json} and the table of every result in docs/performance.md.
 # The element as users run it too: a gst-launch-1.0 process per run, in f32, f16 and bf16, at
 # chunk-frames 1 and 4 (--launch-dtypes, --launch-chunks).
 # BENCH_ARGS: more options of benches/decode/main.rs (--chunks, --dtype, --steady-frames). Then many
 # streams on one model, batched and not (benches/streams.rs, STREAMS_ARGS: --streams, --live, ...),
 # and the time a seek or a stop takes during playback (benches/effect.rs, EFFECT_ARGS: --runs, ...).
-BENCH_MODEL := bench/cache/full-release
+BENCH_MODEL := measurements/cache/full-release
 BENCH_FRAMES ?= 100
 BENCH_REPEATS ?= 5
 bench: build setup-reference $(BENCH_MODEL)/model.safetensors
-	$(VENV)/bin/python tools/bench_upstream.py $(BENCH_MODEL) --out bench/cache/upstream.json \
-	  --reference bench/cache/reference.f32 --repeats $(BENCH_REPEATS)
-	cargo bench --bench decode -- --model $(BENCH_MODEL) --upstream bench/cache/upstream.json \
-	  --reference bench/cache/reference.f32 --out bench/results --repeats $(BENCH_REPEATS) $(BENCH_ARGS)
-	cargo bench --bench streams -- --model $(BENCH_MODEL) --out bench/results $(STREAMS_ARGS)
-	cargo bench --bench effect -- --model $(BENCH_MODEL) --out bench/results $(EFFECT_ARGS)
-	$(VENV)/bin/python tools/bench_summary.py bench/results --into docs/performance.md
+	$(VENV)/bin/python tools/bench_upstream.py $(BENCH_MODEL) --out measurements/cache/upstream.json \
+	  --reference measurements/cache/reference.f32 --repeats $(BENCH_REPEATS)
+	cargo bench --bench decode -- --model $(BENCH_MODEL) --upstream measurements/cache/upstream.json \
+	  --reference measurements/cache/reference.f32 --out measurements/results --repeats $(BENCH_REPEATS) $(BENCH_ARGS)
+	cargo bench --bench streams -- --model $(BENCH_MODEL) --out measurements/results $(STREAMS_ARGS)
+	cargo bench --bench effect -- --model $(BENCH_MODEL) --out measurements/results $(EFFECT_ARGS)
+	$(VENV)/bin/python tools/bench_summary.py measurements/results --into docs/performance.md
 
 # The benchmark's checkpoint: the released geometry with random weights and BENCH_FRAMES frames of
 # codes.
 $(BENCH_MODEL)/model.safetensors:
 	$(MAKE) setup-reference
 	$(VENV)/bin/python tools/make_fixtures.py --preset full-release --frames $(BENCH_FRAMES) \
-	  --no-expected --out bench/cache
+	  --no-expected --out measurements/cache
 
 # Each CPU kernel of ours with and without it, alternated in processes of their own, on the
-# benchmark's checkpoint (not a test); writes bench/results/<date>-<cpu>-cpu-<dtype>-c<frames>-
+# benchmark's checkpoint (not a test); writes measurements/results/<date>-<cpu>-cpu-<dtype>-c<frames>-
 # kernels-ab.{md,json}. KERNELS_AB_ARGS: options of benches/kernels_ab.rs (--dtype, --kernels, --streams,
 # --rounds, --chunk-frames). QWENCODEC_CPU_KERNELS=avx2 (with libtorch's libraries held alike,
 # see docs/performance.md) measures the AVX2 kernels.
 kernels-ab: build $(BENCH_MODEL)/model.safetensors
-	cargo bench --bench kernels_ab -- --model $(BENCH_MODEL) --out bench/results $(KERNELS_AB_ARGS)
+	cargo bench --bench kernels_ab -- --model $(BENCH_MODEL) --out measurements/results $(KERNELS_AB_ARGS)
 
 # Where one stream's steps spend their time on this machine (not a test): per stage, per op,
 # ops per step and time outside them (libtorch's op profiler), per thread and library (perf),
-# on the benchmark's checkpoint; writes bench/results/<date>-<cpu>-<device>-<dtype>-c<frames>-
+# on the benchmark's checkpoint; writes measurements/results/<date>-<cpu>-<device>-<dtype>-c<frames>-
 # profile.{md,json}. PROFILE_ARGS: options of benches/profile.rs (--chunk-frames 1, --dtype,
 # --steps, --device).
 profile: build $(BENCH_MODEL)/model.safetensors

@@ -1,8 +1,8 @@
 //! `make bench`, time to effect: what a player feels when it seeks or stops while a file plays
 //! in real time through qwencodecdec (not a test: it asserts nothing). Written to
-//! `bench/results/` as markdown and JSON.
+//! `measurements/results/` as markdown and JSON.
 //!
-//! cargo bench --bench effect -- --model DIR [--out bench/results] [--seconds 40] [--runs 10]
+//! cargo bench --bench effect -- --model DIR [--out measurements/results] [--seconds 40] [--runs 10]
 //!     [--play-ms 3000] [--chunk-frames 1] [--seek-context-frames 25] [--device cpu] [--dtype f32]
 //!
 //! Each run plays `filesrc ! capsfilter ! qwencodecparse ! qwencodecdec ! audioconvert !
@@ -134,7 +134,7 @@ fn main() {
             model: options.take_required("--model")?.into(),
             out: options
                 .take("--out")?
-                .map_or_else(|| "bench/results".into(), PathBuf::from),
+                .map_or_else(|| "measurements/results".into(), PathBuf::from),
             seconds: options.take_parsed("--seconds", 40)?,
             runs: options.take_parsed("--runs", 10)?,
             play: Duration::from_millis(options.take_parsed("--play-ms", 3000)?),

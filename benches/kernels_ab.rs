@@ -1,8 +1,8 @@
 //! `make kernels-ab`: each CPU kernel of ours against libtorch's ops in its place, the two
 //! alternated on one machine, in the released geometry's steps (not a test: it asserts nothing).
-//! Written to `bench/results/` as markdown and JSON.
+//! Written to `measurements/results/` as markdown and JSON.
 //!
-//! cargo bench --bench kernels_ab -- --model DIR [--out bench/results] [--dtype f32]
+//! cargo bench --bench kernels_ab -- --model DIR [--out measurements/results] [--dtype f32]
 //!     [--chunk-frames 1] [--streams 1] [--steps 100] [--rounds 4] [--kernels skinny_gemm,winograd,...]
 //!
 //! The environment chooses the kernels once per process, and the model lays its weights out for
@@ -64,7 +64,7 @@ fn parse_args() -> Args {
             model: PathBuf::from(options.take_required("--model")?),
             out: options
                 .take("--out")?
-                .map_or_else(|| PathBuf::from("bench/results"), PathBuf::from),
+                .map_or_else(|| PathBuf::from("measurements/results"), PathBuf::from),
             dtype: options.take_parsed("--dtype", Dtype::F32)?,
             chunk_frames: options.take_parsed("--chunk-frames", 1)?,
             streams: options.take_parsed("--streams", 1)?,

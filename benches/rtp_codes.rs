@@ -1,7 +1,7 @@
 //! Codes over RTP (not a test: it asserts nothing): what a stream costs on the wire, and what a
-//! lost packet costs the audio. Written to `bench/results/` as markdown and JSON.
+//! lost packet costs the audio. Written to `measurements/results/` as markdown and JSON.
 //!
-//! cargo bench --bench rtp_codes -- --model DIR [--out bench/results] [--runs 5]
+//! cargo bench --bench rtp_codes -- --model DIR [--out measurements/results] [--runs 5]
 //!
 //! - **Bitrate**: the codes of `DIR/codes.raw` through `rtpqwencodespay` at 1, 2 and 4 frames a
 //!   packet, and their decoded audio through `opusenc audio-type=voice ! rtpopuspay` as the
@@ -145,7 +145,7 @@ fn main() {
     let args = common::read_options(|o| {
         Ok(Args {
             model: o.take_required("--model")?.into(),
-            out: o.take_parsed("--out", PathBuf::from("bench/results"))?,
+            out: o.take_parsed("--out", PathBuf::from("measurements/results"))?,
             runs: o.take_parsed("--runs", 5)?,
         })
     });

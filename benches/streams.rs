@@ -1,7 +1,7 @@
 //! `make bench`, many streams on one model: batched steps against batching off, side by side in
-//! one run, written to `bench/results/` as markdown and JSON (not a test: it asserts nothing).
+//! one run, written to `measurements/results/` as markdown and JSON (not a test: it asserts nothing).
 //!
-//! cargo bench --bench streams -- --model DIR [--out bench/results] [--streams 1,2,4,8,16]
+//! cargo bench --bench streams -- --model DIR [--out measurements/results] [--streams 1,2,4,8,16]
 //!     [--step-frames 1] [--frames 40] [--bulk 1,2,4,8,16] [--bulk-frames 40] [--first-audio 8,16]
 //!     [--probes 10] [--live 1,2,3,4] [--live-seconds 10] [--live-spacing-ms 300] [--live-runs 2]
 //!     [--max-batch 16] [--max-step-frames 8] [--off-up-to N] [--device cpu] [--dtype f32]
@@ -82,7 +82,7 @@ fn parse_args() -> Args {
             model: options.take_required("--model")?.into(),
             out: options
                 .take("--out")?
-                .map_or_else(|| "bench/results".into(), PathBuf::from),
+                .map_or_else(|| "measurements/results".into(), PathBuf::from),
             streams: options.take_list("--streams", &[1, 2, 4, 8, 16])?,
             step_frames: options.take_list("--step-frames", &[1])?,
             frames: options.take_parsed("--frames", 40)?,

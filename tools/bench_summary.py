@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Summarise every benchmark result in bench/results/ as one markdown table.
+"""Summarise every benchmark result in measurements/results/ as one markdown table.
 
 One row per result file (<date>-<cpu>-<device>-<dtype>.json, written by
 benches/decode/main.rs): the CPU, the thread counts, and the headline figures, in
@@ -8,7 +8,7 @@ With --into, the table replaces the block between the bench-summary markers
 of that file, its links relative to it (`make bench` does this for
 docs/performance.md); else it is printed, its links relative to the repository.
 
-    python tools/bench_summary.py bench/results [--into docs/performance.md]
+    python tools/bench_summary.py measurements/results [--into docs/performance.md]
 """
 
 import argparse

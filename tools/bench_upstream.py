@@ -11,8 +11,8 @@ per core, as libtorch on the Rust side):
   new frames' audio; once as a warm-up and then --repeats times, keeping the
   best and the median (the Rust side does the same).
 
-    python tools/bench_upstream.py CHECKPOINT --out bench/cache/upstream.json \\
-        --reference bench/cache/reference.f32
+    python tools/bench_upstream.py CHECKPOINT --out measurements/cache/upstream.json \\
+        --reference measurements/cache/reference.f32
 
 The full decode, what streaming must match in speed, is timed with --serve
 instead, by benches/decode/main.rs, its runs taking turns with the streaming

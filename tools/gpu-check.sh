@@ -22,7 +22,7 @@
 #     with and without CUDA graphs);
 #  8. many streams on CUDA: ms per step for each bucket of rows (1 to 64) and step size, and
 #     live streams up to 256, batched (graphs of up to 64 rows) and, up to 8 streams, not.
-# Results of the GPU steps go to $OUT (else bench/results/); PYTHON is the host's Python with
+# Results of the GPU steps go to $OUT (else measurements/results/); PYTHON is the host's Python with
 # torch (else python3).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -33,7 +33,7 @@ if [ ! -x "$bundle/bin/cuda-tests" ]; then
   exit 2
 fi
 python="${PYTHON:-python3}"
-out="${OUT:-$root/bench/results}"
+out="${OUT:-$root/measurements/results}"
 work="${TMPDIR:-/tmp}/qwencodec-gpu"
 mkdir -p "$work"
 day="$(date +%Y-%m-%d)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make profile: where one stream's steps spend their time on this machine, in one command.
 # benches/profile.rs runs the steps (timed under perf's sampling, then under libtorch's op
-# profiler) and tools/profile_report.py writes bench/results/<date>-<cpu>-<device>-<dtype>-
+# profiler) and tools/profile_report.py writes measurements/results/<date>-<cpu>-<device>-<dtype>-
 # c<frames>-profile.md (and .json; PROFILE_RESULTS names another folder). Arguments go to the
 # benchmark (--chunk-frames, --dtype, --steps, --device). Without perf (or its permission) the
 # report has the op profile only.
@@ -9,7 +9,7 @@ set -euo pipefail
 
 model="$1"
 shift
-raw="bench/cache/profile"
+raw="measurements/cache/profile"
 rm -rf "$raw"
 mkdir -p "$raw"
 
@@ -35,4 +35,4 @@ else
   echo "profile: perf record failed; profiling without it" >&2
   "${bench[@]}"
 fi
-python3 tools/profile_report.py "$raw" "${perf_args[@]}" --out-dir "${PROFILE_RESULTS:-bench/results}"
+python3 tools/profile_report.py "$raw" "${perf_args[@]}" --out-dir "${PROFILE_RESULTS:-measurements/results}"

@@ -1,8 +1,8 @@
 //! `make bench`: the streaming decoder against the upstream Python decoder, side by side on one
-//! machine, written to `bench/results/` as a markdown table and JSON.
+//! machine, written to `measurements/results/` as a markdown table and JSON.
 //!
 //! cargo bench --bench decode -- --model DIR --upstream upstream.json --reference reference.f32
-//!     [--out bench/results] [--chunks 1,2,4,8] [--device cpu] [--dtype f32] [--alongside f32]
+//!     [--out measurements/results] [--chunks 1,2,4,8] [--device cpu] [--dtype f32] [--alongside f32]
 //!     [--repeats 5] [--steady-model DIR] [--steady-frames 20000] [--python python3]
 //!     [--launch-dtypes f32,f16,bf16] [--launch-chunks 1,4]
 //!
@@ -97,7 +97,7 @@ fn parse_args() -> Args {
             reference: options.take_required("--reference")?.into(),
             out: options
                 .take("--out")?
-                .map_or_else(|| "bench/results".into(), PathBuf::from),
+                .map_or_else(|| "measurements/results".into(), PathBuf::from),
             chunks: options.take_list("--chunks", &[1, 2, 4, 8])?,
             device: options.take("--device")?.unwrap_or_else(|| "cpu".into()),
             dtype: options.take_parsed("--dtype", Dtype::F32)?,
@@ -447,7 +447,7 @@ fn main() {
     let alongside = args
         .alongside
         .map(|dtype| Model::shared(&args.model, device, dtype).unwrap());
-    let launch_files = LaunchFiles::write(&codes, config.num_quantizers, Path::new("bench/cache/launch"));
+    let launch_files = LaunchFiles::write(&codes, config.num_quantizers, Path::new("measurements/cache/launch"));
     let mut upstream_full = UpstreamFull::start(&args);
     let mut rows = Vec::new();
     let mut upstream_seconds = Vec::new();

@@ -11,7 +11,7 @@
 //! RTP and the server's threads, and to what they cost the decoder's threads on shared cores
 //! (on a 2-core AMD EPYC at the released widths, a warm one-row f16 step took 29 ms alone and
 //! 51 ms, median, beside two sessions' pipelines; with 80 % the server took two sessions and
-//! both fell seconds behind: `bench/results/2026-12-02-amd-epyc-avx512-tts-server-load.md`).
+//! both fell seconds behind: `measurements/results/2026-12-02-amd-epyc-avx512-tts-server-load.md`).
 
 use std::collections::VecDeque;
 use std::sync::Mutex;

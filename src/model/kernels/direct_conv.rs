@@ -2,7 +2,7 @@
 //! [`MAX_DENSE_OUTPUTS`] channels) summed directly by the C++ kernel of `direct_conv.cpp`
 //! (AVX-512): the upsampler's depthwise convolutions and the vocoder's last one, for which
 //! libtorch's conv1d (oneDNN) took far longer than their arithmetic
-//! (`bench/results/2026-12-01-intel-xeon-avx512-direct-convs.md`).
+//! (`measurements/results/2026-12-01-intel-xeon-avx512-direct-convs.md`).
 
 use tch::{Device, Kind, Tensor};
 

@@ -7,12 +7,12 @@
 //! the transformer, 4 after the upsampler, 32 in the vocoder's first block). MKL streams a
 //! weight at memory speed for 1 or 2 rows, but for 4 to 64 rows it re-reads or re-packs it and
 //! runs several times slower than the weight's bytes allow
-//! (`bench/results/2026-11-30-amd-epyc-avx512-skinny-gemm.md`).
+//! (`measurements/results/2026-11-30-amd-epyc-avx512-skinny-gemm.md`).
 //!
 //! Float16 weights that see 8 or more rows per frame (the vocoder's first blocks) are packed at
 //! load time for the kernel's outer products instead ([`pack`], [`packed_product`]), which
 //! spend no time summing vector lanes, and run as fast as MKL's float32 product
-//! (`bench/results/2026-12-01-intel-xeon-avx512-packed-f16.md` has the figures).
+//! (`measurements/results/2026-12-01-intel-xeon-avx512-packed-f16.md` has the figures).
 
 use tch::{Device, Kind, Tensor};
 

@@ -41,7 +41,7 @@ constexpr int64_t kMinPieceTiles = 256;
 // a thread then runs its piece's three parts without waiting for the others between them, at
 // the cost of reading every weight once per thread. That pays where the tiles are many and the
 // weights few (the late blocks of a one-frame step), not with a few dozen tiles of many
-// channels (`bench/results/2026-12-01-intel-xeon-avx512-direct-convs.md`).
+// channels (`measurements/results/2026-12-01-intel-xeon-avx512-direct-convs.md`).
 constexpr int64_t kMinThreadPieceTiles = 48;
 
 // Output channels per block of the transformed weights (winograd.rs's BLOCK_OUTPUTS): three
@@ -170,7 +170,7 @@ __attribute__((target("avx512f"))) void group_tiles(const Convolution& c, const 
 
 // How far ahead of the row they multiply the products prefetch their weight block: a small
 // step's products read each block once, from memory, and waited on it without; a few rows
-// ahead were too close (`bench/results/2026-12-01-intel-xeon-avx512-direct-convs.md`).
+// ahead were too close (`measurements/results/2026-12-01-intel-xeon-avx512-direct-convs.md`).
 constexpr int64_t kPrefetchBytes = 6144;
 
 // Inputs summed in one chain, whose sum is then added to the others': one chain over all of them

@@ -45,20 +45,20 @@ impl ConvShape {
 /// tiles multiplies its matrix instead: while the weight's bytes bound the product. The tiles
 /// read a little more of them (8 or 10 matrices of the kernel's size per 7 taps, in float32), but
 /// from a few dozen rows on the products are bound by arithmetic, where the tiles do fewer
-/// (`bench/results/2026-11-30-amd-epyc-avx512-winograd-kernel.md`).
+/// (`measurements/results/2026-11-30-amd-epyc-avx512-winograd-kernel.md`).
 const MATRIX_MAX_ROWS: i64 = 16;
 
 /// Most multiply-adds (output channels times input channels times rows) for which a float32
 /// 1x1 convolution on the CPU is one MKL product per stream instead of a convolution: in a
 /// one-frame step oneDNN's kernels take longer than the products, at four frames less
-/// (`bench/results/2026-12-01-amd-epyc-avx512-pointwise-conv.md`).
+/// (`measurements/results/2026-12-01-amd-epyc-avx512-pointwise-conv.md`).
 const POINTWISE_MAX_MULTIPLY_ADDS: i64 = 32 << 20;
 
 /// Most weight elements (input channels times outputs times taps) of a transposed convolution
 /// whose product runs as oneDNN's 1x1 convolution where [`onednn_taps`] applies. Beyond the
 /// few-row kernel's rows, oneDNN's AVX-512 kernels beat MKL's products (AVX2 on AMD CPUs) for
 /// the upsampler's and the vocoder's blocks 2-4 (at most 3 million elements), and lose to them
-/// on block 1's 19 million (`bench/results/2026-12-03-amd-epyc-avx512-onednn-taps.md`).
+/// on block 1's 19 million (`measurements/results/2026-12-03-amd-epyc-avx512-onednn-taps.md`).
 const ONEDNN_TAPS_MAX_WEIGHT: i64 = 4 << 20;
 
 /// Whether a transposed convolution with `matrix` (its weight [out * kernel, in]) runs its
