@@ -447,7 +447,11 @@ fn main() {
     let alongside = args
         .alongside
         .map(|dtype| Model::shared(&args.model, device, dtype).unwrap());
-    let launch_files = LaunchFiles::write(&codes, config.num_quantizers, Path::new("measurements/cache/launch"));
+    let launch_files = LaunchFiles::write(
+        &codes,
+        config.num_quantizers,
+        Path::new("measurements/cache/launch"),
+    );
     let mut upstream_full = UpstreamFull::start(&args);
     let mut rows = Vec::new();
     let mut upstream_seconds = Vec::new();
