@@ -26,16 +26,20 @@ element_tests=(--cargo-test-arg=--test=element --cargo-test-arg=--test=seeking
 # Files whose code takes another path with our CPU kernels off (the path CUDA takes): their
 # mutants run a second time under QWENCODEC_CPU_KERNELS=off (reports in <name>-off).
 kernels_off_too=(src/model/kernels/shim.rs src/model/engine/mod.rs)
+# The element's latency figures with their unit tests and the live-latency tests.
+latency_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=latency)
 declare -A tests_of=(
   [src/model/engine/arena.rs]=model [src/model/engine/mod.rs]=model [src/model/stream_decoder.rs]=model
   [src/model/kernels/shim.rs]=model
   [src/qwencodecdec/step_thread.rs]=element [src/qwencodecdec/flow.rs]=element
+  [src/qwencodecdec/latency.rs]=latency
 )
 read -ra extra <<< "${MUTANTS_ARGS:-}"
 for file in ${MUTANTS_FILES:-${!tests_of[@]}}; do
   case ${tests_of[$file]:-} in
     model) tests=("${model_tests[@]}") ;;
     element) tests=("${element_tests[@]}") ;;
+    latency) tests=("${latency_tests[@]}") ;;
     *) echo "mutants: no tests listed for $file" >&2; exit 2 ;;
   esac
   name=$(basename "$(dirname "$file")")-$(basename "$file" .rs)
