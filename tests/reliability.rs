@@ -5,10 +5,11 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier, Mutex, mpsc};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
+use common::batching::StepHold;
 use common::{
     Fixture, code_bytes, codes_caps, decoder, describe, errors_and_warnings, fixture_dir, init, load_fixture,
     messages, random_buffers, samples,
@@ -46,53 +47,6 @@ fn private_checkpoint(name: &str) -> tempfile::TempDir {
         std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
     }
     copy
-}
-
-/// Holds a step of a model in flight on request: the model's next batch after [`StepHold::arm`],
-/// its compute done, waits in the model's batch observer until [`StepHold::release`], its
-/// stream's step thread waiting for it meanwhile.
-struct StepHold {
-    armed: Arc<AtomicBool>,
-    entered: mpsc::Receiver<()>,
-    resume: mpsc::Sender<()>,
-}
-
-impl StepHold {
-    fn on(model: &Model) -> Self {
-        let armed = Arc::new(AtomicBool::new(false));
-        let (entered_tx, entered) = mpsc::channel();
-        let (resume, resumed) = mpsc::channel();
-        let resumed = Mutex::new(resumed);
-        model.observe_batches({
-            let armed = armed.clone();
-            move |_| {
-                if armed.swap(false, Ordering::SeqCst) {
-                    entered_tx.send(()).unwrap();
-                    _ = resumed.lock().unwrap().recv_timeout(HANG);
-                }
-            }
-        });
-        Self {
-            armed,
-            entered,
-            resume,
-        }
-    }
-
-    fn arm(&self) {
-        self.armed.store(true, Ordering::SeqCst);
-    }
-
-    /// Until a step is held.
-    fn wait_held(&self, what: &str) {
-        self.entered
-            .recv_timeout(HANG)
-            .unwrap_or_else(|_| panic!("{what}: no decode step ran"));
-    }
-
-    fn release(&self) {
-        self.resume.send(()).unwrap();
-    }
 }
 
 /// Until `pad` is flushing: a flush-start or a deactivation has gone through it.

@@ -3,7 +3,7 @@
 //! tests/cuda.rs with CUDA graphs).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use gstqwencodec::model::{Model, StepLimits, StreamDecoder, TailStrategy};
@@ -267,9 +267,6 @@ pub fn gather_next_batch(model: &Arc<Model>, steps: usize) -> Arc<AtomicBool> {
 /// three different states: a row read or written back in another's place changes the audio.
 /// Returns each stream's outcome with its plan; the caller checks them (see [`check`]).
 pub fn three_streams_of_different_ages(fixture: &Fixture, model: &Arc<Model>) -> (Vec<Plan>, Vec<Outcome>) {
-    use std::sync::Mutex;
-    use std::sync::mpsc::channel;
-
     const CHUNK: usize = 2;
     let ages = [40, 18, 0];
     assert!(
@@ -308,23 +305,15 @@ pub fn three_streams_of_different_ages(fixture: &Fixture, model: &Arc<Model>) ->
 
     model.set_rejoin_grace(Duration::from_secs(1));
     let batches = Arc::new(Mutex::new(Vec::new()));
-    let (entered, holding) = channel();
-    let (resume, held) = channel::<()>();
-    let held = Mutex::new(held);
-    let armed = AtomicBool::new(true);
     model.observe_batches({
         let batches = batches.clone();
-        move |run| {
-            batches.lock().unwrap().push(run.rows);
-            if armed.swap(false, Ordering::SeqCst) {
-                entered.send(()).unwrap();
-                _ = held.lock().unwrap().recv_timeout(Duration::from_secs(60));
-            }
-        }
+        move |run| batches.lock().unwrap().push(run.rows)
     });
+    let hold = StepHold::on(model);
+    hold.arm();
     let outcomes = std::thread::scope(|scope| {
         let holding_step = scope.spawn(|| holder.push(fixture.prefix_codes(CHUNK)).unwrap());
-        holding.recv_timeout(Duration::from_secs(60)).unwrap();
+        hold.wait_held("the holder's step");
         // Handed over youngest first, each once the one before waits.
         let streams = [(2, youngest), (1, middle), (0, oldest)];
         let mut workers = Vec::new();
@@ -353,7 +342,7 @@ pub fn three_streams_of_different_ages(fixture: &Fixture, model: &Arc<Model>) ->
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
-        resume.send(()).unwrap();
+        hold.release();
         holding_step.join().unwrap();
         let mut outcomes: Vec<Option<Outcome>> = (0..3).map(|_| None).collect();
         for (index, worker) in workers {
@@ -388,4 +377,54 @@ pub fn three_streams_of_different_ages(fixture: &Fixture, model: &Arc<Model>) ->
     );
     assert!(of_three >= oldest_steps, "{}: {batches:?}", fixture.name);
     (plans, outcomes)
+}
+
+/// Longer than any held step waits here: past it, something hangs.
+const HOLD_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Holds a step of a model in flight on request: the model's next batch after [`StepHold::arm`],
+/// its compute done, waits in the model's batch observer until [`StepHold::release`], its
+/// stream's step thread waiting for it meanwhile.
+pub struct StepHold {
+    pub armed: Arc<AtomicBool>,
+    entered: std::sync::mpsc::Receiver<()>,
+    resume: std::sync::mpsc::Sender<()>,
+}
+
+impl StepHold {
+    pub fn on(model: &Model) -> Self {
+        let armed = Arc::new(AtomicBool::new(false));
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (resume, resumed) = std::sync::mpsc::channel();
+        let resumed = Mutex::new(resumed);
+        model.observe_batches({
+            let armed = armed.clone();
+            move |_| {
+                if armed.swap(false, Ordering::SeqCst) {
+                    entered_tx.send(()).unwrap();
+                    _ = resumed.lock().unwrap().recv_timeout(HOLD_PATIENCE);
+                }
+            }
+        });
+        Self {
+            armed,
+            entered,
+            resume,
+        }
+    }
+
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Until a step is held.
+    pub fn wait_held(&self, what: &str) {
+        self.entered
+            .recv_timeout(HOLD_PATIENCE)
+            .unwrap_or_else(|_| panic!("{what}: no decode step ran"));
+    }
+
+    pub fn release(&self) {
+        self.resume.send(()).unwrap();
+    }
 }
