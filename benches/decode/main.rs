@@ -26,8 +26,7 @@
 //!
 //! The element as a user runs it (`gst_launch.rs`): at each of `--launch-chunks`, for each of
 //! `--launch-dtypes`, a `gst-launch-1.0 filesrc ! ... ! qwencodecdec ! fakesink` process per run,
-//! its runs taking turns with the others of the same rounds; `--launch-dtypes ''` skips them, and
-//! a dtype slow on this CPU (`Dtype::slow_on`: bf16 without bfloat16 arithmetic) is left out.
+//! its runs taking turns with the others of the same rounds; `--launch-dtypes ''` skips them.
 //!
 //! The cost of a frame late in a long stream: a stream `--steady-frames` frames in and a fresh
 //! one take one-frame steps in turn, 1,000 each (alternated, so that the machine's drift, which
@@ -415,18 +414,10 @@ fn steady_cost(args: &Args, frames: usize) -> Value {
 }
 
 fn main() {
-    let mut args = parse_args();
+    let args = parse_args();
     gst::init().unwrap();
     gstqwencodec::plugin_register_static().unwrap();
     let device = parse_device(&args.device).unwrap();
-    // bf16 without bfloat16 arithmetic takes seconds a step: its runs would take an hour.
-    args.launch_dtypes.retain(|dtype| match dtype.slow_on(device) {
-        Some(why) => {
-            eprintln!("no gst-launch-1.0 rows in {dtype}: {why}");
-            false
-        }
-        None => true,
-    });
     let model = Model::shared(&args.model, device, args.dtype).unwrap();
     let codes = read_codes(&args.model.join("codes.raw"));
     let reference = read_f32(&args.reference);

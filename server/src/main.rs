@@ -341,9 +341,6 @@ fn run() -> Result<(), Box<dyn Error>> {
         Some(cores) => model.limit_compute_threads(cores),
         None => model.compute_threads(),
     };
-    if let Some(why) = dtype.slow_on(model.device()) {
-        log!("--dtype {dtype}: {why}");
-    }
     let share = cores.map_or_else(|| "all".to_owned(), |cores| format!("--cores {cores} of"));
     log!(
         "the decoder computes on {threads} threads ({share} the host's {host_cores} cores); {}",

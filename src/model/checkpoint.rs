@@ -62,13 +62,18 @@ pub struct WeightFile {
     metadata: Metadata,
     device: Device,
     kind: Kind,
-    f16_weights: bool,
+    weight_rounding: Option<Kind>,
 }
 
 impl WeightFile {
-    /// `f16_weights`: the network rounds its weight-bound product weights to float16 (see
-    /// [`Weights::f16_weights`]).
-    pub fn open(path: &Path, device: Device, kind: Kind, f16_weights: bool) -> Result<Self, ModelError> {
+    /// `weight_rounding`: the 16-bit kind the network rounds its weight-bound product weights to
+    /// (see [`Weights::weight_rounding`]).
+    pub fn open(
+        path: &Path,
+        device: Device,
+        kind: Kind,
+        weight_rounding: Option<Kind>,
+    ) -> Result<Self, ModelError> {
         let file = File::open(path).map_err(|source| ModelError::Io {
             path: path.to_owned(),
             source,
@@ -93,7 +98,7 @@ impl WeightFile {
             metadata,
             device,
             kind,
-            f16_weights,
+            weight_rounding,
         })
     }
 
@@ -202,9 +207,9 @@ impl<'a> Weights<'a> {
         CString::new(self.prefix.as_str()).expect("module paths are made of names without NUL")
     }
 
-    /// Whether the network rounds its weight-bound product weights to float16 (dtype f16 on
-    /// the CPU; see `network::precision`).
-    pub fn f16_weights_wanted(&self) -> bool {
-        self.file.f16_weights
+    /// The 16-bit kind the network rounds its weight-bound product weights to, if any: float16
+    /// for dtype f16 and bfloat16 for bf16 on the CPU (see `network::precision`).
+    pub fn weight_rounding(&self) -> Option<Kind> {
+        self.file.weight_rounding
     }
 }

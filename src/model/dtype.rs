@@ -1,9 +1,9 @@
-//! The precisions the network computes in, and which is slow on which device.
+//! The precisions the network computes in.
 
 use std::fmt;
 use std::str::FromStr;
 
-use tch::{Device, Kind};
+use tch::Kind;
 
 /// Precision the network computes in. Activations, states and element-wise math are float32
 /// in every dtype; the dtypes differ in the weights and the products.
@@ -12,11 +12,12 @@ pub enum Dtype {
     /// float32 throughout.
     #[default]
     F32,
-    /// bfloat16 weights, products in bfloat16 (their inputs rounded to it).
+    /// bfloat16 weights. On the CPU as f16 (with bfloat16's 8-bit mantissa where float16 has
+    /// 11, for checkpoints stored in bfloat16); on CUDA products run in bfloat16.
     Bf16,
     /// float16 weights. On the CPU only the weights of the products bound by their bytes are
-    /// rounded, and those products keep float32 activations and accumulation; on CUDA
-    /// products run in float16.
+    /// rounded, and those products keep float32 activations and accumulation, widened in
+    /// registers (no 16-bit arithmetic needed); on CUDA products run in float16.
     F16,
 }
 
@@ -27,30 +28,6 @@ impl Dtype {
             Dtype::Bf16 => Kind::BFloat16,
             Dtype::F16 => Kind::Half,
         }
-    }
-
-    /// Why this dtype is a slow choice on `device` of this machine, where it is: for a
-    /// warning at start. bfloat16 products on a CPU without bfloat16 arithmetic (AVX512_BF16,
-    /// AMX-BF16) are emulated by libtorch, slower than float32's; f16 keeps float32 products
-    /// there (docs/performance.md, "dtypes").
-    pub fn slow_on(self, device: Device) -> Option<&'static str> {
-        (self == Dtype::Bf16 && device == Device::Cpu && !cpu_has_bf16_arithmetic()).then_some(
-            "this CPU has no bfloat16 arithmetic (AVX512_BF16, AMX-BF16): libtorch emulates bf16's \
-             products, slower than f32's; f16 is the fastest dtype here, f32 the most precise",
-        )
-    }
-}
-
-fn cpu_has_bf16_arithmetic() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // Every CPU with AMX-BF16 has AVX512_BF16 too.
-        std::is_x86_feature_detected!("avx512bf16")
-    }
-    // Elsewhere unknown here: no warning.
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        true
     }
 }
 
@@ -74,28 +51,5 @@ impl fmt::Display for Dtype {
             Dtype::Bf16 => "bf16",
             Dtype::F16 => "f16",
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_bf16_on_a_cpu_without_bfloat16_arithmetic_is_called_slow() {
-        for dtype in [Dtype::F32, Dtype::F16] {
-            assert_eq!(dtype.slow_on(Device::Cpu), None);
-        }
-        assert_eq!(Dtype::Bf16.slow_on(Device::Cuda(0)), None);
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let has_avx512_bf16 = cpuinfo
-            .lines()
-            .find(|line| line.starts_with("flags"))
-            .is_some_and(|flags| flags.split_whitespace().any(|flag| flag == "avx512_bf16"));
-        let warning = Dtype::Bf16.slow_on(Device::Cpu);
-        assert_eq!(warning.is_some(), !has_avx512_bf16, "{warning:?}");
-        if let Some(why) = warning {
-            assert!(why.contains("f16 is the fastest"), "{why}");
-        }
     }
 }

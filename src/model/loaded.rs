@@ -64,11 +64,15 @@ impl Model {
         let files = CheckpointFiles::locate(path)?;
         let config = DecoderConfig::from_file(&files.config)?;
         executor::run(device, || {
-            // f16 on the CPU rounds only the large product weights, which the network does
-            // itself: everything is read in float32.
-            let f16_on_cpu = dtype == Dtype::F16 && device == Device::Cpu;
-            let kind = if f16_on_cpu { Kind::Float } else { dtype.kind() };
-            let weights = WeightFile::open(&files.weights, device, kind, f16_on_cpu)?;
+            // f16 and bf16 on the CPU round only the large product weights, which the network
+            // does itself: everything is read in float32.
+            let weight_rounding = (device == Device::Cpu && dtype != Dtype::F32).then(|| dtype.kind());
+            let kind = if weight_rounding.is_some() {
+                Kind::Float
+            } else {
+                dtype.kind()
+            };
+            let weights = WeightFile::open(&files.weights, device, kind, weight_rounding)?;
             Ok(Self {
                 network: Network::load(&weights, &config)?,
                 engine: Engine::new(device),

@@ -120,9 +120,6 @@ impl QwenCodecDec {
             config.sample_rate,
             model.samples_per_frame()
         );
-        if let Some(why) = wanted.dtype.slow_on(wanted.device) {
-            gst::warning!(CAT, imp = self, "dtype {}: {why}", wanted.dtype);
-        }
         gst::info!(
             CAT,
             imp = self,

@@ -1,6 +1,7 @@
-// A float32 or float16 weight [out, in] against a few rows of float32 activations [rows, in]:
-// the products of a small decode step, whose cost is streaming the weight once. float16 weights
-// are widened to float32 in registers: half the bytes, the same float32 accumulation. MKL's
+// A float32, float16 or bfloat16 weight [out, in] against a few rows of float32 activations
+// [rows, in]: the products of a small decode step, whose cost is streaming the weight once.
+// 16-bit weights are widened to float32 in registers: half the bytes, the same float32
+// accumulation. MKL's
 // kernels for such shapes re-pack or re-read the weight for 4 to 64 rows (see skinny_gemm.rs);
 // here each tile of 4 weight rows is read from memory once and multiplied, from the first-level
 // cache, with every activation row. In AVX-512, or in AVX2 (with FMA and F16C) on CPUs without
@@ -9,7 +10,7 @@
 // elsewhere. Errors as in shim.h.
 //
 // From 8 rows on, a dot product per output spends a sixth of its time summing its vector's lanes;
-// float16 weights that see such rows (the vocoder's first blocks) are packed at load time in
+// 16-bit weights that see such rows (the vocoder's first blocks) are packed at load time in
 // blocks of kBlockOutputs outputs, [blocks, in, kBlockOutputs], and multiplied as outer
 // products: each input's weights for a block's outputs against 12 rows, no lanes to sum
 // (AVX-512 only).
@@ -35,9 +36,10 @@ constexpr int64_t kWeightRows = 4;
 __attribute__((target("avx512f"))) inline __m512 load_first(const float* w, int64_t count) {
   return _mm512_maskz_loadu_ps(qwencodec::tail_mask(count), w);
 }
-__attribute__((target("avx512f"))) inline __m512 load_first(const at::Half* w, int64_t count) {
+template <typename H>
+__attribute__((target("avx512f"))) inline __m512 load_first(const H* w, int64_t count) {
   // A masked 16-bit load needs AVX-512 BW; the tail is at most once per row.
-  at::Half padded[16] = {};
+  H padded[16] = {};
   for (int64_t i = 0; i < count; ++i) padded[i] = w[i];
   return qwencodec::widen(padded);
 }
@@ -101,6 +103,10 @@ __attribute__((target("avx512f"))) void tile_avx512(const Product<W>& p, int64_t
 __attribute__((target("avx2,fma,f16c"))) inline __m256 widen8(const float* w) { return _mm256_loadu_ps(w); }
 __attribute__((target("avx2,fma,f16c"))) inline __m256 widen8(const at::Half* w) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+}
+__attribute__((target("avx2,fma,f16c"))) inline __m256 widen8(const at::BFloat16* w) {
+  const __m256i bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16));
 }
 
 template <typename T>
@@ -208,8 +214,9 @@ constexpr int64_t kBlockOutputs = 16 * kBlockVectors;
 // in AVX-512's 32 registers.
 constexpr int kOuterRows = 12;
 
+template <typename H>
 struct PackedProduct {
-  const at::Half* packed;  // [blocks, in, kBlockOutputs], zero past `out`
+  const H* packed;         // [blocks, in, kBlockOutputs], zero past `out`
   const float* rows;       // [n, in]
   const float* bias;       // [out] or null
   float* result;           // [n, out]
@@ -217,8 +224,8 @@ struct PackedProduct {
 };
 
 // Outputs `block * kBlockOutputs..` (those below `out`) of rows `row..row + R`.
-template <int R>
-__attribute__((target("avx512f"))) void outer_tile(const PackedProduct& p, int64_t block, int64_t row) {
+template <int R, typename H>
+__attribute__((target("avx512f"))) void outer_tile(const PackedProduct<H>& p, int64_t block, int64_t row) {
   const int64_t first = block * kBlockOutputs, in = p.in;
   __mmask16 masks[kBlockVectors];
   __m512 sums[R][kBlockVectors];
@@ -227,7 +234,7 @@ __attribute__((target("avx512f"))) void outer_tile(const PackedProduct& p, int64
     const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(masks[v], p.bias + first + 16 * v) : _mm512_setzero_ps();
     for (int r = 0; r < R; ++r) sums[r][v] = bias;
   }
-  const at::Half* weight = p.packed + block * in * kBlockOutputs;
+  const H* weight = p.packed + block * in * kBlockOutputs;
   const float* x = p.rows + row * in;
   for (int64_t k = 0; k < in; ++k, weight += kBlockOutputs) {
     __m512 w[kBlockVectors];
@@ -245,15 +252,16 @@ __attribute__((target("avx512f"))) void outer_tile(const PackedProduct& p, int64
   }
 }
 
-template <int R>
-void outer_rest(const PackedProduct& p, int64_t block, int64_t row) {
+template <int R, typename H>
+void outer_rest(const PackedProduct<H>& p, int64_t block, int64_t row) {
   if constexpr (R > 0) {
     if (p.n - row == R) return outer_tile<R>(p, block, row);
     outer_rest<R - 1>(p, block, row);
   }
 }
 
-void multiply_packed(const PackedProduct& p) {
+template <typename H>
+void multiply_packed(const PackedProduct<H>& p) {
   const int64_t blocks = (p.out + kBlockOutputs - 1) / kBlockOutputs;
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
@@ -267,8 +275,9 @@ void multiply_packed(const PackedProduct& p) {
 at::Tensor few_row_product(const at::Tensor& weight, const at::Tensor& rows, const at::Tensor* bias,
                            qwencodec::CpuKernels kernels) {
   const auto kind = weight.scalar_type();
-  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && (kind == at::kFloat || kind == at::kHalf),
-              "the weight must be a contiguous float32 or float16 matrix");
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() &&
+                  (kind == at::kFloat || kind == at::kHalf || kind == at::kBFloat16),
+              "the weight must be a contiguous float32, float16 or bfloat16 matrix");
   TORCH_CHECK(rows.dim() == 2 && rows.size(1) == weight.size(1) && rows.scalar_type() == at::kFloat,
               "the activations must be float32 rows of the weight's width");
   TORCH_CHECK(!bias || (bias->is_contiguous() && bias->numel() == weight.size(0) && bias->scalar_type() == at::kFloat),
@@ -280,6 +289,10 @@ at::Tensor few_row_product(const at::Tensor& weight, const at::Tensor& rows, con
   if (kind == at::kHalf) {
     multiply(Product<at::Half>{weight.data_ptr<at::Half>(), input.data_ptr<float>(), bias_data, result.data_ptr<float>(),
                                weight.size(1), out, n},
+             kernels);
+  } else if (kind == at::kBFloat16) {
+    multiply(Product<at::BFloat16>{weight.data_ptr<at::BFloat16>(), input.data_ptr<float>(), bias_data,
+                                   result.data_ptr<float>(), weight.size(1), out, n},
              kernels);
   } else {
     multiply(Product<float>{weight.data_ptr<float>(), input.data_ptr<float>(), bias_data, result.data_ptr<float>(),
@@ -293,7 +306,7 @@ at::Tensor few_row_product(const at::Tensor& weight, const at::Tensor& rows, con
 
 extern "C" {
 
-// `weight`: [out, in] float32 or float16, contiguous; `rows`: [n, in] float32; `bias`: [out]
+// `weight`: [out, in] float32, float16 or bfloat16, contiguous; `rows`: [n, in] float32; `bias`: [out]
 // float32 or null; `kernels`: the instruction set (qwencodec::CpuKernels, which the CPU must have).
 // `*out`: the weight times the rows' transpose plus the bias, [out, n] float32, a new tensor
 // (the layout of libtorch's product as ops.rs calls it).
@@ -306,7 +319,7 @@ bool qwencodec_skinny_gemm(const at::Tensor* weight, const at::Tensor* rows, con
   });
 }
 
-// `packed`: [blocks, in, 32] float16, contiguous: a weight [out, in]'s outputs in blocks of 32,
+// `packed`: [blocks, in, 32] float16 or bfloat16, contiguous: a weight [out, in]'s outputs in blocks of 32,
 // each input's weights for a block side by side, zeros past `out`; `rows`: [n, in] float32;
 // `bias`: [out] float32 or null. `*out`: the rows times the weight's transpose plus the bias,
 // [n, out] float32, a new tensor.
@@ -314,11 +327,12 @@ bool qwencodec_packed_gemm(const at::Tensor* packed, const at::Tensor* rows, con
                            int64_t out_features, at::Tensor** out, char* error, size_t error_size) {
   RECORD_FUNCTION("qwencodec::packed_gemm", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
-    TORCH_CHECK(packed->dim() == 3 && packed->is_contiguous() && packed->scalar_type() == at::kHalf &&
+    const auto kind = packed->scalar_type();
+    TORCH_CHECK(packed->dim() == 3 && packed->is_contiguous() && (kind == at::kHalf || kind == at::kBFloat16) &&
                     packed->size(2) == kBlockOutputs &&
                     packed->size(0) == (out_features + kBlockOutputs - 1) / kBlockOutputs,
-                "the packed weight must be contiguous float16 [blocks, in, ", kBlockOutputs, "] for ", out_features,
-                " outputs");
+                "the packed weight must be contiguous float16 or bfloat16 [blocks, in, ", kBlockOutputs, "] for ",
+                out_features, " outputs");
     TORCH_CHECK(rows->dim() == 2 && rows->size(1) == packed->size(1) && rows->scalar_type() == at::kFloat,
                 "the activations must be float32 rows of the weight's width");
     TORCH_CHECK(!bias || (bias->is_contiguous() && bias->numel() == out_features &&
@@ -326,9 +340,15 @@ bool qwencodec_packed_gemm(const at::Tensor* packed, const at::Tensor* rows, con
                 "the bias must be float32, one per output");
     const at::Tensor input = rows->contiguous();
     at::Tensor result = at::empty({input.size(0), out_features}, input.options());
-    multiply_packed(PackedProduct{packed->data_ptr<at::Half>(), input.data_ptr<float>(),
-                                  bias ? bias->data_ptr<float>() : nullptr, result.data_ptr<float>(), input.size(1),
-                                  out_features, input.size(0)});
+    const float* bias_data = bias ? bias->data_ptr<float>() : nullptr;
+    if (kind == at::kHalf) {
+      multiply_packed(PackedProduct<at::Half>{packed->data_ptr<at::Half>(), input.data_ptr<float>(), bias_data,
+                                              result.data_ptr<float>(), input.size(1), out_features, input.size(0)});
+    } else {
+      multiply_packed(PackedProduct<at::BFloat16>{packed->data_ptr<at::BFloat16>(), input.data_ptr<float>(),
+                                                  bias_data, result.data_ptr<float>(), input.size(1), out_features,
+                                                  input.size(0)});
+    }
     *out = new at::Tensor(std::move(result));
   });
 }

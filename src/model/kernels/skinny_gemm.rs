@@ -1,7 +1,7 @@
-//! Float32 or float16 weights against a few rows of float32 activations on the CPU: the C++
-//! kernel of `skinny_gemm.cpp` (AVX-512, or AVX2 on CPUs without it), which reads each weight
-//! once whatever the number of rows, float16 ones widened in registers (dtype f16: half the
-//! bytes, faster than FBGEMM's float16 product).
+//! Float32, float16 or bfloat16 weights against a few rows of float32 activations on the CPU:
+//! the C++ kernel of `skinny_gemm.cpp` (AVX-512, or AVX2 on CPUs without it), which reads each
+//! weight once whatever the number of rows, 16-bit ones widened in registers (dtypes f16 and
+//! bf16: half the bytes; faster than FBGEMM's float16 product and than oneDNN's bfloat16 one).
 //!
 //! A small step's products are a weight against 1 to about a hundred rows (a frame is 1 row in
 //! the transformer, 4 after the upsampler, 32 in the vocoder's first block). MKL streams a
@@ -9,7 +9,7 @@
 //! runs several times slower than the weight's bytes allow
 //! (`measurements/results/2026-11-30-amd-epyc-avx512-skinny-gemm.md`).
 //!
-//! Float16 weights that see 8 or more rows per frame (the vocoder's first blocks) are packed at
+//! 16-bit weights that see 8 or more rows per frame (the vocoder's first blocks) are packed at
 //! load time for the kernel's outer products instead ([`pack`], [`packed_product`]), which
 //! spend no time summing vector lanes, and run as fast as MKL's float32 product
 //! (`measurements/results/2026-12-01-intel-xeon-avx512-packed-f16.md` has the figures).
@@ -67,22 +67,22 @@ pub fn max_rows() -> i64 {
     }
 }
 
-/// Whether `weight` [out, in] against `rows` rows runs here: a contiguous float32 or float16
-/// weight on a CPU with AVX2 or AVX-512, at most [`max_rows`] rows.
+/// Whether `weight` [out, in] against `rows` rows runs here: a contiguous float32, float16 or
+/// bfloat16 weight on a CPU with AVX2 or AVX-512, at most [`max_rows`] rows.
 pub fn applies(weight: &Tensor, rows: i64) -> bool {
     rows <= max_rows()
         && weight.device() == Device::Cpu
-        && matches!(weight.kind(), Kind::Float | Kind::Half)
+        && matches!(weight.kind(), Kind::Float | Kind::Half | Kind::BFloat16)
         && weight.is_contiguous()
 }
 
 /// Outputs per block of a packed weight (the kernel's `kBlockOutputs`).
 const PACKED_BLOCK: i64 = 32;
 
-/// Rows per frame from which a float16 weight is packed for outer products.
+/// Rows per frame from which a 16-bit weight is packed for outer products.
 const PACKED_MIN_ROWS_PER_FRAME: usize = 8;
 
-/// Whether a float16 weight on `device` that sees `rows_per_frame` rows per frame is packed (the
+/// Whether a 16-bit weight on `device` that sees `rows_per_frame` rows per frame is packed (the
 /// outer products are AVX-512 only).
 pub fn packs(device: Device, rows_per_frame: usize) -> bool {
     rows_per_frame >= PACKED_MIN_ROWS_PER_FRAME
@@ -90,13 +90,13 @@ pub fn packs(device: Device, rows_per_frame: usize) -> bool {
         && shim::kernel(Kernel::SkinnyGemm) == CpuKernels::Avx512
 }
 
-/// `weight` [out, in] as float16 [blocks, in, PACKED_BLOCK]: block k holds outputs
-/// k * PACKED_BLOCK.., each input's weights for them side by side, zeros past the last.
-pub fn pack(weight: &Tensor) -> TorchResult<Tensor> {
+/// `weight` [out, in] as `kind` (float16 or bfloat16) [blocks, in, PACKED_BLOCK]: block k holds
+/// outputs k * PACKED_BLOCK.., each input's weights for them side by side, zeros past the last.
+pub fn pack(weight: &Tensor, kind: Kind) -> TorchResult<Tensor> {
     let (out, inputs) = (weight.size()[0], weight.size()[1]);
     let blocks = (out + PACKED_BLOCK - 1) / PACKED_BLOCK;
     weight
-        .f_to_kind(Kind::Half)?
+        .f_to_kind(kind)?
         .f_constant_pad_nd([0, 0, 0, blocks * PACKED_BLOCK - out])?
         .f_view([blocks, PACKED_BLOCK, inputs])?
         .f_transpose(1, 2)?
@@ -113,7 +113,7 @@ pub fn packed_product(
 ) -> TorchResult<Tensor> {
     let bias_ptr = bias.map_or(std::ptr::null(), Tensor::as_ptr);
     // SAFETY: the tensors are live for the duration of the call; the bias may be null.
-    call("float16 product", |result, error, size| unsafe {
+    call("16-bit product", |result, error, size| unsafe {
         ffi::qwencodec_packed_gemm(packed.as_ptr(), rows.as_ptr(), bias_ptr, out, result, error, size)
     })
 }
@@ -180,7 +180,7 @@ pub(crate) mod tests {
     }
 
     /// The kernel in `kernels`, whatever the process runs (AVX2 on an AVX-512 CPU too: what a
-    /// CPU without AVX-512 runs) against a float64 product: float32 and float16 weights, whole
+    /// CPU without AVX-512 runs) against a float64 product: float32, float16 and bfloat16 weights, whole
     /// and partial tiles of weight rows and activation rows (AVX2 takes 2 at a time, AVX-512
     /// 6), partial vectors at the end of the inputs.
     fn kernel_matches_a_float64_product(kernels: CpuKernels) {
@@ -194,6 +194,7 @@ pub(crate) mod tests {
                     (None, weight.shallow_clone()),
                     (Some(&bias), weight.shallow_clone()),
                     (Some(&bias), weight.to_kind(Kind::Half)),
+                    (Some(&bias), weight.to_kind(Kind::BFloat16)),
                 ] {
                     let got = product_in(kernels, &stored, &x, bias).unwrap();
                     let (error, scale) = max_error_and_scale(&got, &float64_product(&stored, &x, bias));
@@ -229,12 +230,12 @@ pub(crate) mod tests {
         let error = product_in(CpuKernels::Avx2, &weight.to_kind(Kind::Int), &rows, None)
             .unwrap_err()
             .to_string();
-        assert!(error.contains("float32 or float16"), "{error}");
-        let error = packed_product(&pack(&weight).unwrap(), &rows, None, 8)
+        assert!(error.contains("float32, float16 or bfloat16"), "{error}");
+        let error = packed_product(&pack(&weight, Kind::BFloat16).unwrap(), &rows, None, 8)
             .unwrap_err()
             .to_string();
         assert!(error.contains("rows of the weight's width"), "{error}");
-        let error = packed_product(&pack(&weight).unwrap(), &weight, None, 40)
+        let error = packed_product(&pack(&weight, Kind::Half).unwrap(), &weight, None, 40)
             .unwrap_err()
             .to_string();
         assert!(error.contains("[blocks, in, 32] for 40 outputs"), "{error}");

@@ -8,7 +8,7 @@
 //! powers, and more outputs per tile need more and larger points. With points searched for the
 //! least rounding ([`FINITE_POINTS`]), float32 takes tiles of 4 in the residual units and 2 in
 //! the vocoder's input conv, and its decode stays about as close to float64 as upstream's own;
-//! dtype f16 also takes 6 (`network::precision::winograd_outputs`,
+//! dtypes f16 and bf16 also take 6 (`network::precision::winograd_outputs`,
 //! `measurements/results/2026-12-01-amd-epyc-avx512-winograd-points.md`), and keeps the transformed
 //! weights of the convolutions bound by their bytes in 16-bit integers ([`INT16_STEPS`]).
 //!
@@ -92,7 +92,7 @@ const MIN_CHANNELS: [(usize, usize); 3] = [(2, 96), (4, 96), (6, 96)];
 const BLOCK_OUTPUTS: i64 = 48;
 
 /// The integer that the largest transformed weight of each point's output channel becomes, in
-/// int16 weights (dtype f16's 16-bit tiles): each is rounded to within half a step of that, where
+/// int16 weights (the 16-bit tiles of dtypes f16 and bf16): each is rounded to within half a step of that, where
 /// float16 rounds each to 11 bits of its own size. The transforms magnify the transformed
 /// weights' rounding, about 12 times the kernel's own (RMS, tiles of 4, in a model of random
 /// weights and inputs): float16 transformed weights in the vocoder's first block alone put the
@@ -211,7 +211,7 @@ impl Winograd {
 
     /// `weight` [out, in, taps] and `bias` [out], float32, in this process's instruction set for
     /// the kernel. The transformed weights are rounded once, to float32, or with `int16` to
-    /// integers (half the bytes, for dtype f16).
+    /// integers (half the bytes, for dtypes f16 and bf16).
     pub fn new(weight: &Tensor, bias: &Tensor, dilation: usize, m: usize, int16: bool) -> TorchResult<Self> {
         Self::in_kernels(weight, bias, dilation, m, int16, shim::kernel(Kernel::Winograd))
     }

@@ -82,13 +82,13 @@ fn onednn_taps(matrix: &Matrix) -> Option<&Tensor> {
 /// A 1-D convolution padded causally: `(kernel - 1) * dilation` columns of the past on the left.
 pub struct CausalConv {
     /// [out, in / groups, kernel] and [out], for the convolution kernels; none where the matrix
-    /// is float16, which is then always multiplied as a matrix.
+    /// is rounded to 16 bits, which is then always multiplied as a matrix.
     kernel_weights: Option<(Tensor, Tensor)>,
     /// A dense convolution's weight as one [out, in * kernel] matrix (for plain weights a view)
     /// and its bias, for short inputs (see `forward`).
     matrix: Option<Matrix>,
     /// The same convolution by Winograd tiles, for CPU float32 weights where it pays (see
-    /// `forward`); beside a float16 matrix, for the steps too large for it, with its transformed
+    /// `forward`); beside a 16-bit matrix, for the steps too large for it, with its transformed
     /// weights in 16 bits too (see `Winograd::new`).
     winograd: Option<Winograd>,
     /// A CPU float32 1x1 convolution's weight as [out, in] and its bias as [out, 1] (views of
@@ -124,31 +124,31 @@ impl CausalConv {
             Some(Matrix::new(
                 weight.f_view([out_channels as i64, -1])?,
                 Some(bias.shallow_clone()),
-                precision::f16_weights(&weights, in_channels * kernel),
+                precision::rounded_weights(&weights, in_channels * kernel),
                 weights.columns_per_frame(),
             )?)
         } else {
             None
         };
-        let f16 = matrix.as_ref().is_some_and(Matrix::is_f16);
+        let rounded = matrix.as_ref().is_some_and(Matrix::is_rounded);
         let tile = precision::winograd_outputs(&weights, tiles);
         let winograd = (groups == 1
             && weight.kind() == Kind::Float
             && Winograd::applies(weights.device(), in_channels.min(out_channels), tile, kernel))
-        .then(|| Winograd::new(&weight, &bias, dilation, tile, f16))
+        .then(|| Winograd::new(&weight, &bias, dilation, tile, rounded))
         .transpose()?;
         let pointwise = (kernel == 1
             && groups == 1
-            && !f16
+            && !rounded
             && weight.kind() == Kind::Float
             && weights.device() == Device::Cpu)
             .then(|| -> TorchResult<_> {
                 Ok((weight.f_view([out_channels as i64, -1])?, bias.f_view([-1, 1])?))
             })
             .transpose()?;
-        let direct = !f16 && direct_conv::applies(&weight, groups as i64, weights.device());
+        let direct = !rounded && direct_conv::applies(&weight, groups as i64, weights.device());
         Ok(Self {
-            kernel_weights: (!f16).then_some((weight, bias)),
+            kernel_weights: (!rounded).then_some((weight, bias)),
             matrix,
             winograd,
             pointwise,
@@ -168,14 +168,14 @@ impl CausalConv {
         // As one matrix product over the gathered taps: on CPU where the weight dominates (few
         // output columns against many input channels: the low-rate layers of a small step), as
         // it reads the weight faster than the convolution kernels do; on CUDA always, as cuBLAS
-        // keeps float32 exact where cuDNN defaults to TF32; float16 weights always, unless the
+        // keeps float32 exact where cuDNN defaults to TF32; 16-bit weights always, unless the
         // step is large enough for Winograd tiles.
         let rows = batch * columns;
         let by_matrix = match &self.matrix {
             None => false,
             Some(_) if x.device().is_cuda() => true,
             Some(_) if self.winograd.is_some() => rows <= MATRIX_MAX_ROWS,
-            Some(matrix) => matrix.is_f16() || rows * 16 <= self.in_channels,
+            Some(matrix) => matrix.is_rounded() || rows * 16 <= self.in_channels,
         };
         // Otherwise by Winograd tiles where the CPU has them for this many channels: fewer
         // products than the convolution kernels, which already run at the CPU's peak. They read
@@ -221,7 +221,7 @@ impl CausalConv {
         let (weight, bias) = self
             .kernel_weights
             .as_ref()
-            .expect("convolutions without a float16 matrix keep their kernel weights");
+            .expect("convolutions without a 16-bit matrix keep their kernel weights");
         if self.direct {
             return direct_conv::forward(&input, weight, bias, self.dilation, self.groups);
         }
@@ -274,7 +274,7 @@ impl CausalTransConv {
                 .f_transpose(0, 1)?
                 .f_contiguous()?,
             None,
-            precision::f16_weights(&weights, in_channels),
+            precision::rounded_weights(&weights, in_channels),
             weights.columns_per_frame(),
         )?;
         Ok(Self {

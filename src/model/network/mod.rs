@@ -62,7 +62,7 @@ impl Network {
             .join(name);
         let files = CheckpointFiles::locate(&folder).unwrap();
         let config = DecoderConfig::from_file(&files.config).unwrap();
-        let weights = WeightFile::open(&files.weights, Device::Cpu, tch::Kind::Float, false).unwrap();
+        let weights = WeightFile::open(&files.weights, Device::Cpu, tch::Kind::Float, None).unwrap();
         Self::load(&weights, &config).unwrap()
     }
 }

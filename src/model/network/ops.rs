@@ -63,14 +63,15 @@ pub enum Matrix {
         /// [out, 1]
         bias: Option<Tensor>,
     },
-    /// float16 on the CPU (dtype f16), [out, in]; the bias float32 [out, 1]. Activations and
-    /// accumulation stay float32, so only the weights are rounded (bfloat16 or float16
-    /// activations would round every input of every product, which the vocoder magnifies).
-    F16 { weight: Tensor, bias: Option<Tensor> },
-    /// float16 on an AVX-512 CPU where each frame brings 8 or more rows: packed for the
-    /// few-row kernel's outer products ([`skinny_gemm::pack`]), which take any number of rows;
-    /// the bias float32 [out].
-    PackedF16 {
+    /// Rounded to 16 bits on the CPU (float16 for dtype f16, bfloat16 for bf16), [out, in]; the
+    /// bias float32 [out, 1]. Activations and accumulation stay float32, so only the weights
+    /// are rounded (16-bit activations would round every input of every product, which the
+    /// vocoder magnifies).
+    Rounded { weight: Tensor, bias: Option<Tensor> },
+    /// Rounded to 16 bits on an AVX-512 CPU where each frame brings 8 or more rows: packed for
+    /// the few-row kernel's outer products ([`skinny_gemm::pack`]), which take any number of
+    /// rows; the bias float32 [out].
+    Packed {
         packed: Tensor,
         bias: Option<Tensor>,
         out: i64,
@@ -78,43 +79,48 @@ pub enum Matrix {
 }
 
 impl Matrix {
-    /// `weight` [out, in] and `bias` [out], in the compute kind; with `f16` (see
-    /// `precision::f16_weights`) the weight rounded to float16, the bias float32, and packed
-    /// where it sees `rows_per_frame` rows per frame ([`skinny_gemm::packs`]).
-    pub fn new(weight: Tensor, bias: Option<Tensor>, f16: bool, rows_per_frame: usize) -> TorchResult<Self> {
-        if f16 && skinny_gemm::packs(weight.device(), rows_per_frame) {
-            return Ok(Self::PackedF16 {
-                packed: skinny_gemm::pack(&weight)?,
+    /// `weight` [out, in] and `bias` [out], in the compute kind; with `rounded` (see
+    /// `precision::rounded_weights`) the weight rounded to that 16-bit kind, the bias float32,
+    /// and packed where it sees `rows_per_frame` rows per frame ([`skinny_gemm::packs`]).
+    pub fn new(
+        weight: Tensor,
+        bias: Option<Tensor>,
+        rounded: Option<Kind>,
+        rows_per_frame: usize,
+    ) -> TorchResult<Self> {
+        let Some(kind) = rounded else {
+            return Ok(Self::Plain {
+                weight,
+                bias: bias.map(|bias| bias.f_view([-1, 1])).transpose()?,
+            });
+        };
+        if skinny_gemm::packs(weight.device(), rows_per_frame) {
+            return Ok(Self::Packed {
+                packed: skinny_gemm::pack(&weight, kind)?,
                 bias: bias
                     .map(|bias| bias.f_to_kind(Kind::Float)?.f_contiguous())
                     .transpose()?,
                 out: weight.size()[0],
             });
         }
-        if f16 {
-            return Ok(Self::F16 {
-                weight: weight.f_to_kind(Kind::Half)?.f_contiguous()?,
-                bias: bias
-                    .map(|bias| bias.f_to_kind(Kind::Float)?.f_view([-1, 1]))
-                    .transpose()?,
-            });
-        }
-        Ok(Self::Plain {
-            weight,
-            bias: bias.map(|bias| bias.f_view([-1, 1])).transpose()?,
+        Ok(Self::Rounded {
+            weight: weight.f_to_kind(kind)?.f_contiguous()?,
+            bias: bias
+                .map(|bias| bias.f_to_kind(Kind::Float)?.f_view([-1, 1]))
+                .transpose()?,
         })
     }
 
-    /// Whether the weight is float16 with float32 activations: there are no convolution kernels
-    /// for it, so a convolution always multiplies it as a matrix.
-    pub fn is_f16(&self) -> bool {
-        matches!(self, Self::F16 { .. } | Self::PackedF16 { .. })
+    /// Whether the weight is rounded to 16 bits with float32 activations: there are no
+    /// convolution kernels for it, so a convolution always multiplies it as a matrix.
+    pub fn is_rounded(&self) -> bool {
+        matches!(self, Self::Rounded { .. } | Self::Packed { .. })
     }
 
     /// `rows` [R, in] float32 -> [R, out] float32 (a transposed view, but for packed weights).
     pub fn forward(&self, rows: &Tensor) -> TorchResult<Tensor> {
         match self {
-            Self::Plain { weight, bias } | Self::F16 { weight, bias }
+            Self::Plain { weight, bias } | Self::Rounded { weight, bias }
                 if skinny_gemm::applies(weight, rows.size()[0]) =>
             {
                 skinny_gemm::product(weight, rows, bias.as_ref())?.f_transpose(0, 1)
@@ -125,10 +131,10 @@ impl Matrix {
             }
             // Many rows (a large step or batch): bound by arithmetic, where widening the weight
             // for MKL's float32 product costs a fraction of the product.
-            Self::F16 { weight, bias } => {
+            Self::Rounded { weight, bias } => {
                 project(&weight.f_to_kind(Kind::Float)?, rows, bias.as_ref())?.f_transpose(0, 1)
             }
-            Self::PackedF16 { packed, bias, out } => {
+            Self::Packed { packed, bias, out } => {
                 skinny_gemm::packed_product(packed, rows, bias.as_ref(), *out)
             }
         }
@@ -139,7 +145,7 @@ impl Matrix {
 pub struct LinearWeights {
     weight: Tensor,
     bias: Option<Tensor>,
-    f16: bool,
+    rounded: Option<Kind>,
     rows_per_frame: usize,
 }
 
@@ -153,7 +159,7 @@ impl LinearWeights {
         Ok(Self {
             weight: weights.get("weight", &[out_features, in_features])?,
             bias: bias.then(|| weights.get("bias", &[out_features])).transpose()?,
-            f16: super::precision::f16_weights(weights, in_features),
+            rounded: super::precision::rounded_weights(weights, in_features),
             rows_per_frame: weights.columns_per_frame(),
         })
     }
@@ -166,7 +172,7 @@ impl LinearWeights {
             weight: Tensor::f_cat(&weights, 0)?,
             bias: biases.map(|biases| Tensor::f_cat(&biases, 0)).transpose()?,
             // Parts share their input, so they are kept alike.
-            f16: parts[0].f16,
+            rounded: parts[0].rounded,
             rows_per_frame: parts[0].rows_per_frame,
         })
     }
@@ -179,7 +185,12 @@ pub struct Linear {
 impl Linear {
     pub fn new(weights: LinearWeights) -> TorchResult<Self> {
         Ok(Self {
-            matrix: Matrix::new(weights.weight, weights.bias, weights.f16, weights.rows_per_frame)?,
+            matrix: Matrix::new(
+                weights.weight,
+                weights.bias,
+                weights.rounded,
+                weights.rows_per_frame,
+            )?,
         })
     }
 
@@ -202,8 +213,10 @@ impl Linear {
     #[cfg(test)]
     pub fn stored_weights(&self) -> Option<(&Tensor, Option<&Tensor>)> {
         match &self.matrix {
-            Matrix::Plain { weight, bias } | Matrix::F16 { weight, bias } => Some((weight, bias.as_ref())),
-            Matrix::PackedF16 { .. } => None,
+            Matrix::Plain { weight, bias } | Matrix::Rounded { weight, bias } => {
+                Some((weight, bias.as_ref()))
+            }
+            Matrix::Packed { .. } => None,
         }
     }
 
@@ -250,11 +263,11 @@ mod tests {
         }
     }
 
-    /// A float32 or float16 matrix's product (this kernel where the process runs it, else
-    /// libtorch's) in every tile shape the kernel has (1 to 6 activation rows, whole and partial
-    /// tiles of 4 weight rows, a masked tail of the inputs), and beyond its rows; float16
-    /// weights packed too (whole and partial blocks of outputs, 1 to 12 rows and more), against
-    /// a float64 product of the weight as stored.
+    /// A float32, float16 or bfloat16 matrix's product (this kernel where the process runs it,
+    /// else libtorch's) in every tile shape the kernel has (1 to 6 activation rows, whole and
+    /// partial tiles of 4 weight rows, a masked tail of the inputs), and beyond its rows; 16-bit
+    /// weights packed too (whole and partial blocks of outputs, 1 to 12 rows and more), against a
+    /// float64 product of the weight as stored.
     #[test]
     fn matches_a_float64_product() {
         let mut random = Inputs::new(7);
@@ -263,37 +276,36 @@ mod tests {
                 let weight = random.normal([out, inputs], (Kind::Float, Device::Cpu));
                 let x = random.normal([rows, inputs], (Kind::Float, Device::Cpu));
                 let bias = random.normal([out], (Kind::Float, Device::Cpu));
-                for (bias, f16, rows_per_frame) in [
-                    (None, false, 1),
-                    (Some(&bias), false, 1),
-                    (None, true, 1),
-                    (Some(&bias), true, 1),
-                    (None, true, 8),
-                    (Some(&bias), true, 8),
+                for (bias, rounded, rows_per_frame) in [
+                    (None, None, 1),
+                    (Some(&bias), None, 1),
+                    (None, Some(Kind::Half), 1),
+                    (Some(&bias), Some(Kind::Half), 1),
+                    (Some(&bias), Some(Kind::BFloat16), 1),
+                    (None, Some(Kind::Half), 8),
+                    (Some(&bias), Some(Kind::Half), 8),
+                    (Some(&bias), Some(Kind::BFloat16), 8),
                 ] {
                     let matrix = Matrix::new(
                         weight.shallow_clone(),
                         bias.map(Tensor::shallow_clone),
-                        f16,
+                        rounded,
                         rows_per_frame,
                     )
                     .unwrap();
                     assert_eq!(
-                        matches!(matrix, Matrix::PackedF16 { .. }),
-                        f16 && rows_per_frame == 8
+                        matches!(matrix, Matrix::Packed { .. }),
+                        rounded.is_some()
+                            && rows_per_frame == 8
                             && shim::kernel(shim::Kernel::SkinnyGemm) == shim::CpuKernels::Avx512
                     );
                     let got = matrix.forward(&x).unwrap().transpose(0, 1);
                     assert_eq!(got.size(), [out, rows]);
-                    let stored = if f16 {
-                        weight.to_kind(Kind::Half)
-                    } else {
-                        weight.shallow_clone()
-                    };
+                    let stored = weight.to_kind(rounded.unwrap_or(Kind::Float));
                     let (error, scale) = max_error_and_scale(&got, &float64_product(&stored, &x, bias));
                     assert!(
                         error <= 1e-5 * scale,
-                        "{out}x{inputs} against {rows} rows (bias {}, float16 {f16}, {rows_per_frame} \
+                        "{out}x{inputs} against {rows} rows (bias {}, rounded to {rounded:?}, {rows_per_frame} \
                          rows per frame): off by {error:e} of {scale:e}",
                         bias.is_some()
                     );

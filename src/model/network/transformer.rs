@@ -305,12 +305,14 @@ mod tests {
             let config = DecoderConfig::from_file(&files.config).unwrap();
             let slots = key_slots(&config);
             let (kv_heads, head_dim) = (config.num_key_value_heads as i64, config.head_dim as i64);
-            for f16 in [false, true] {
-                let file = WeightFile::open(&files.weights, Device::Cpu, Kind::Float, f16).unwrap();
+            for rounding in [None, Some(Kind::Half), Some(Kind::BFloat16)] {
+                let file = WeightFile::open(&files.weights, Device::Cpu, Kind::Float, rounding).unwrap();
                 let transformer = Transformer::load(&file.root().at("pre_transformer"), &config).unwrap();
                 let layer = &transformer.layers[0];
                 for (batch, frames) in [(1, 1), (3, 1), (2, 4)] {
-                    let case = format!("{fixture}, f16 {f16}, {batch} rows of {frames} frames");
+                    let case = format!(
+                        "{fixture}, weights rounded to {rounding:?}, {batch} rows of {frames} frames"
+                    );
                     let tables = transformer.step_tables(frames as usize).unwrap();
                     // Row b's first 2b slots empty, as in a stream younger than the window.
                     let empty = Tensor::arange(slots, options)
