@@ -181,8 +181,8 @@ impl ObjectImpl for QwenCodecDec {
                     .nick("Data type")
                     .blurb(
                         "Precision of the decoder's computation: f32; f16 (float16 weights; on the CPU with \
-                         float32 activations, the reduced mode to use); bf16 (bfloat16 weights and \
-                         products, less precise); read at NULL→READY",
+                         float32 activations, the reduced mode to use); bf16 (bfloat16 weights, as f16 \
+                         but less precise, exact for checkpoints stored in bfloat16); read at NULL→READY",
                     )
                     .build(),
                 glib::ParamSpecUInt::builder("chunk-frames")
