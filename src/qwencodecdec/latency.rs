@@ -92,6 +92,18 @@ impl Latency {
             .unwrap();
         let rows = batch_rows(model.open_streams(), limits.max_batch);
         let step = model.warm_step_time(rows, chunk_frames, limits.cuda_graphs)?;
+        Ok(Self::new(frame, chunk_frames, read_ahead_frames, rows, step))
+    }
+
+    /// The figures for frames of `frame` in steps of `chunk_frames`, holding
+    /// `read_ahead_frames`, in batches of `rows` whose step takes `step`.
+    fn new(
+        frame: gst::ClockTime,
+        chunk_frames: usize,
+        read_ahead_frames: usize,
+        rows: usize,
+        step: Duration,
+    ) -> Self {
         let mut latency = Self {
             frames_waited: frame * (chunk_frames as u64 - 1),
             read_ahead: frame * read_ahead_frames as u64,
@@ -103,7 +115,7 @@ impl Latency {
             raised: None,
         };
         latency.set_min(latency.frames_waited + step_delay(rows, step));
-        Ok(latency)
+        latency
     }
 
     /// The rows of the batch the minimum counts.
@@ -158,18 +170,10 @@ mod tests {
         gst::ClockTime::from_mseconds(value)
     }
 
+    /// Steps of two 80 ms frames, alone on the model, 10 ms each: a minimum of 80 + 15 ms; 16
+    /// frames read ahead.
     fn latency() -> Latency {
-        let mut latency = Latency {
-            frames_waited: ms(80),
-            read_ahead: ms(1280),
-            rows: 1,
-            min: gst::ClockTime::ZERO,
-            max: gst::ClockTime::ZERO,
-            live: false,
-            recent: VecDeque::new(),
-            raised: None,
-        };
-        latency.set_min(ms(90));
+        let mut latency = Latency::new(ms(80), 2, 16, 1, Duration::from_millis(10));
         latency.note_query(true);
         latency
     }
@@ -186,7 +190,64 @@ mod tests {
         assert_eq!(step_delay(1, Duration::from_millis(10)), ms(15));
         assert_eq!(step_delay(8, Duration::from_millis(10)), ms(32));
         let latency = latency();
-        assert_eq!(latency.max, ms(90 + 1280), "the read-ahead held on top");
+        assert_eq!(latency.min, ms(80 + 15), "the frame waited and the step");
+        assert_eq!(latency.max, ms(95 + 1280), "the read-ahead held on top");
+        assert_eq!(latency.rows(), 1);
+        let batched = Latency::new(ms(80), 1, 8, batch_rows(3, 16), Duration::from_millis(10));
+        assert_eq!(batched.rows(), 4);
+        assert_eq!(
+            batched.min,
+            ms(30) + clock_time(REJOIN_GRACE),
+            "two steps, half again, the grace"
+        );
+        assert_eq!(batched.max, batched.min + ms(640));
+    }
+
+    /// The edges of each rule: a delay at the minimum is within it; the window holds the last 8
+    /// steps exactly; a second raise may come exactly a second after the first.
+    #[test]
+    fn each_rule_holds_at_its_edge() {
+        let now = Instant::now();
+        let mut at_min = latency();
+        for _ in 0..OVERRUN_WINDOW {
+            assert!(
+                !at_min.after_step(at_min.min, now),
+                "at the minimum is not over it"
+            );
+        }
+
+        // Overruns at the first and the last two of 8 steps: three in the window.
+        let mut in_window = latency();
+        assert!(!in_window.after_step(ms(120), now));
+        for _ in 0..OVERRUN_WINDOW - 3 {
+            assert!(!in_window.after_step(ms(30), now));
+        }
+        assert!(!in_window.after_step(ms(120), now));
+        assert!(in_window.after_step(ms(120), now), "three overruns in 8 steps");
+
+        // Overruns at the first and the last two of 9 steps: the first has left the window.
+        let mut past_window = latency();
+        assert!(!past_window.after_step(ms(120), now));
+        for _ in 0..OVERRUN_WINDOW - 2 {
+            assert!(!past_window.after_step(ms(30), now));
+        }
+        assert!(!past_window.after_step(ms(120), now));
+        assert!(
+            !past_window.after_step(ms(120), now),
+            "two overruns in the last 8 steps"
+        );
+
+        // Raised at `now`; again exactly a second later.
+        let mut raised = latency();
+        for _ in 0..OVERRUNS - 1 {
+            assert!(!raised.after_step(ms(120), now));
+        }
+        assert!(raised.after_step(ms(120), now));
+        for _ in 0..OVERRUNS - 1 {
+            assert!(!raised.after_step(ms(300), now + Duration::from_millis(999)));
+        }
+        assert!(raised.after_step(ms(300), now + RAISE_INTERVAL));
+        assert_eq!(raised.min, ms(375));
     }
 
     #[test]
@@ -217,7 +278,7 @@ mod tests {
             let delay = if step % 4 == 0 { 150 } else { 30 };
             assert!(!latency.after_step(ms(delay), now));
         }
-        assert_eq!(latency.min, ms(90));
+        assert_eq!(latency.min, ms(95));
     }
 
     #[test]
@@ -228,6 +289,6 @@ mod tests {
         for _ in 0..8 {
             assert!(!latency.after_step(gst::ClockTime::SECOND, now));
         }
-        assert_eq!(latency.min, ms(90));
+        assert_eq!(latency.min, ms(95));
     }
 }
