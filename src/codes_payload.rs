@@ -328,5 +328,19 @@ mod tests {
             .to_string()
             .contains("outside 0..1000")
         );
+        // The error names where the bad code lies: the second frame's third codebook.
+        let layout = Layout {
+            codebooks: 3,
+            codebook_size: 1000,
+        };
+        assert_eq!(
+            layout.unpack(&layout.pack(0, &[1, 2, 3, 4, 5, 1023])),
+            Err(BadPacket::Code {
+                frame: 1,
+                codebook: 2,
+                code: 1023,
+                codebook_size: 1000
+            })
+        );
     }
 }

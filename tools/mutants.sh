@@ -28,11 +28,15 @@ element_tests=(--cargo-test-arg=--test=element --cargo-test-arg=--test=seeking
 kernels_off_too=(src/model/kernels/shim.rs src/model/engine/mod.rs)
 # The element's latency figures with their unit tests and the live-latency tests.
 latency_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=latency)
+# Codes over RTP: the payload's layout with its unit tests, the payloader and depayloader with
+# the RTP tests.
+rtp_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=rtp_codes)
 declare -A tests_of=(
   [src/model/engine/arena.rs]=model [src/model/engine/mod.rs]=model [src/model/stream_decoder.rs]=model
   [src/model/kernels/shim.rs]=model
   [src/qwencodecdec/step_thread.rs]=element [src/qwencodecdec/flow.rs]=element
   [src/qwencodecdec/latency.rs]=latency
+  [src/codes_payload.rs]=rtp [src/rtpqwencodespay/imp.rs]=rtp [src/rtpqwencodesdepay/imp.rs]=rtp
 )
 read -ra extra <<< "${MUTANTS_ARGS:-}"
 for file in ${MUTANTS_FILES:-${!tests_of[@]}}; do
@@ -40,6 +44,7 @@ for file in ${MUTANTS_FILES:-${!tests_of[@]}}; do
     model) tests=("${model_tests[@]}") ;;
     element) tests=("${element_tests[@]}") ;;
     latency) tests=("${latency_tests[@]}") ;;
+    rtp) tests=("${rtp_tests[@]}") ;;
     *) echo "mutants: no tests listed for $file" >&2; exit 2 ;;
   esac
   name=$(basename "$(dirname "$file")")-$(basename "$file" .rs)
