@@ -31,11 +31,14 @@ latency_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=latency)
 # Codes over RTP: the payload's layout with its unit tests, the payloader and depayloader with
 # the RTP tests.
 rtp_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=rtp_codes)
+# When a new segment ends the stream: its unit tests and the seeking tests.
+segment_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=seeking)
 declare -A tests_of=(
   [src/model/engine/arena.rs]=model [src/model/engine/mod.rs]=model [src/model/stream_decoder.rs]=model
   [src/model/kernels/shim.rs]=model
   [src/qwencodecdec/step_thread.rs]=element [src/qwencodecdec/flow.rs]=element
   [src/qwencodecdec/latency.rs]=latency
+  [src/qwencodecdec/segment.rs]=segment
   [src/codes_payload.rs]=rtp [src/rtpqwencodespay/imp.rs]=rtp [src/rtpqwencodesdepay/imp.rs]=rtp
 )
 read -ra extra <<< "${MUTANTS_ARGS:-}"
@@ -45,6 +48,7 @@ for file in ${MUTANTS_FILES:-${!tests_of[@]}}; do
     element) tests=("${element_tests[@]}") ;;
     latency) tests=("${latency_tests[@]}") ;;
     rtp) tests=("${rtp_tests[@]}") ;;
+    segment) tests=("${segment_tests[@]}") ;;
     *) echo "mutants: no tests listed for $file" >&2; exit 2 ;;
   esac
   name=$(basename "$(dirname "$file")")-$(basename "$file" .rs)

@@ -67,6 +67,79 @@ mod tests {
         assert!(continues(&first, &longer));
         // A later start on the same timeline: the base moved along with it.
         assert!(continues(&first, &time_segment(2000, 2000, 2000)));
+        // The same segment again after a loop (its origins far from zero).
+        let looped = time_segment(0, 5000, 0);
+        assert!(continues(&looped, &looped.clone()));
+    }
+
+    /// The same timeline, moved on, at another rate, through an offset, backwards, or with an
+    /// applied rate: each continues, and each with its running or stream times a second off
+    /// does not.
+    #[test]
+    fn the_same_timeline_continues_at_any_rate() {
+        gst::init().unwrap();
+        let ms = gst::ClockTime::from_mseconds;
+        let segment = |rate: f64,
+                       applied: f64,
+                       (start, stop): (u64, u64),
+                       base: u64,
+                       time: u64,
+                       offset: u64|
+         -> gst::Segment {
+            let mut segment = gst::FormattedSegment::<gst::ClockTime>::new();
+            segment.set_rate(rate);
+            segment.set_applied_rate(applied);
+            segment.set_start(ms(start));
+            segment.set_stop(ms(stop));
+            segment.set_base(ms(base));
+            segment.set_time(ms(time));
+            segment.set_offset(ms(offset));
+            segment.upcast()
+        };
+        let pairs = [
+            // Twice as fast: 2 s of positions played in 1 s.
+            (segment(2.0, 1.0, (0, 9000), 0, 0, 0), [2000, 9000, 1000, 2000, 0]),
+            // The running time offset by as much as the base moved.
+            (segment(1.0, 1.0, (0, 9000), 0, 0, 0), [0, 9000, 1000, 0, 1000]),
+            // Backwards from 10 s at twice the speed: 4 s of positions played in 2 s, and an
+            // offset of 2 s taken from the base.
+            (segment(-2.0, 1.0, (0, 10000), 0, 0, 0), [0, 6000, 3000, 0, 2000]),
+            // Positions that are twice the stream time's (an applied rate of 2).
+            (segment(1.0, 2.0, (0, 9000), 0, 0, 0), [2000, 9000, 2000, 4000, 0]),
+            // Stream time counted back from the stop, twice as fast (an applied rate of -2).
+            (segment(1.0, -2.0, (0, 10000), 0, 0, 0), [0, 8000, 0, 4000, 0]),
+        ];
+        for (first, [start, stop, base, time, offset]) in pairs {
+            let (rate, applied) = (first.rate(), first.applied_rate());
+            let next = segment(rate, applied, (start, stop), base, time, offset);
+            assert!(
+                continues(&first, &next),
+                "rate {rate}, applied rate {applied}: {next:?}"
+            );
+            // Running times a second off, or stream times.
+            for off in [
+                segment(rate, applied, (start, stop), base + 1000, time, offset),
+                segment(rate, applied, (start, stop), base, time + 1000, offset),
+            ] {
+                assert!(
+                    !continues(&first, &off),
+                    "rate {rate}, applied rate {applied}: {off:?}"
+                );
+            }
+        }
+    }
+
+    /// Positions map to times in nanoseconds: a timeline one nanosecond off is another one.
+    #[test]
+    fn a_timeline_a_nanosecond_off_is_another() {
+        gst::init().unwrap();
+        let first = time_segment(0, 0, 0);
+        let mut later = first.clone();
+        later
+            .downcast_mut::<gst::ClockTime>()
+            .unwrap()
+            .set_base(gst::ClockTime::from_nseconds(1));
+        assert!(!continues(&first, &later));
     }
 
     #[test]
