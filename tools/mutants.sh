@@ -19,10 +19,14 @@ model_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=batching --cargo-tes
   --cargo-test-arg=--test=model_errors)
 # The two element tests that run the built plugin through gst-launch are left out: cargo test
 # builds no cdylib, so they cannot find one in the mutants profile.
-element_tests=(--cargo-test-arg=--test=element --cargo-test-arg=--test=seeking
-  --cargo-test-arg=--test=timestamps --cargo-test-arg=--test=max_errors
-  --cargo-test-arg=-- --cargo-test-arg=--skip=gst_launch_decodes_a_file_to_wav
+gst_launch_skips=(--cargo-test-arg=-- --cargo-test-arg=--skip=gst_launch_decodes_a_file_to_wav
   --cargo-test-arg=--skip=pipeline_scripts_run)
+element_tests=(--cargo-test-arg=--test=element --cargo-test-arg=--test=seeking
+  --cargo-test-arg=--test=timestamps --cargo-test-arg=--test=max_errors)
+# The element's subclass and its model's load: the element's tests with the lifecycle's
+# (progress messages, the model kept through state changes, properties read at NULL→READY).
+lifecycle_tests=("${element_tests[@]}" --cargo-test-arg=--test=lifecycle "${gst_launch_skips[@]}")
+element_tests+=("${gst_launch_skips[@]}")
 # Files whose code takes another path with our CPU kernels off (the path CUDA takes): their
 # mutants run a second time under QWENCODEC_CPU_KERNELS=off (reports in <name>-off).
 kernels_off_too=(src/model/kernels/shim.rs src/model/engine/mod.rs)
@@ -37,6 +41,7 @@ declare -A tests_of=(
   [src/model/engine/arena.rs]=model [src/model/engine/mod.rs]=model [src/model/stream_decoder.rs]=model
   [src/model/kernels/shim.rs]=model
   [src/qwencodecdec/step_thread.rs]=element [src/qwencodecdec/flow.rs]=element
+  [src/qwencodecdec/imp.rs]=lifecycle [src/qwencodecdec/load.rs]=lifecycle
   [src/qwencodecdec/latency.rs]=latency
   [src/qwencodecdec/segment.rs]=segment
   [src/codes_payload.rs]=rtp [src/rtpqwencodespay/imp.rs]=rtp [src/rtpqwencodesdepay/imp.rs]=rtp
@@ -46,6 +51,7 @@ for file in ${MUTANTS_FILES:-${!tests_of[@]}}; do
   case ${tests_of[$file]:-} in
     model) tests=("${model_tests[@]}") ;;
     element) tests=("${element_tests[@]}") ;;
+    lifecycle) tests=("${lifecycle_tests[@]}") ;;
     latency) tests=("${latency_tests[@]}") ;;
     rtp) tests=("${rtp_tests[@]}") ;;
     segment) tests=("${segment_tests[@]}") ;;
