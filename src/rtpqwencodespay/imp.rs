@@ -98,11 +98,9 @@ struct State {
     starts_utterance: bool,
     /// The number of the utterance being sent (none before the first).
     utterance: Option<u8>,
-    /// CSRCs that the base class adds from the input's source meta (`source-info`), and the
-    /// header extensions that the src caps name with the most bytes they take: room the MTU
-    /// keeps for them.
+    /// CSRCs that the base class adds from the input's source meta (`source-info`): room the
+    /// MTU keeps for them.
     csrcs: usize,
-    extensions: Option<(gst::Caps, usize)>,
     stats: Stats,
 }
 
@@ -343,7 +341,6 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
             starts_utterance: true,
             utterance,
             csrcs: 0,
-            extensions: None,
             stats,
         });
         gst::debug!(
@@ -508,26 +505,21 @@ fn extension_room(caps: &gst::Caps) -> usize {
 
 impl RtpQwenCodesPay {
     /// `frames-per-packet`, or fewer where `max-ptime` or the MTU holds fewer.
-    fn frames_per_packet(&self, state: &mut State) -> usize {
+    fn frames_per_packet(&self, state: &State) -> usize {
         let obj = self.obj();
-        let extension_bytes = match (obj.src_pad().current_caps(), &state.extensions) {
-            (Some(caps), Some((known, bytes))) if &caps == known => *bytes,
-            (Some(caps), _) => {
-                let bytes = extension_room(&caps);
-                gst::debug!(CAT, imp = self, "{} bytes of header extensions at most", bytes);
-                state.extensions = Some((caps, bytes));
-                bytes
-            }
-            (None, _) => 0,
-        };
+        // The header extensions that the src caps name, at the most bytes they take.
+        let extension_bytes = obj
+            .src_pad()
+            .current_caps()
+            .map_or(0, |caps| extension_room(&caps));
         let header = RTP_HEADER_BYTES + CSRC_BYTES * state.csrcs + extension_bytes;
         let by_mtu = state
             .layout
             .frames_within((obj.mtu() as usize).saturating_sub(header));
-        let by_ptime = match obj.max_ptime() {
-            max_ptime if max_ptime > 0 => (max_ptime as u64 / state.frame_duration.nseconds()) as usize,
-            _ => MAX_FRAMES,
-        };
+        // -1 is no bound; 0 holds one frame, as the base class counts any frame as filling it.
+        let by_ptime = u64::try_from(obj.max_ptime()).map_or(MAX_FRAMES, |max_ptime| {
+            (max_ptime / state.frame_duration.nseconds()) as usize
+        });
         state.frames_per_packet.min(by_mtu).min(by_ptime).max(1)
     }
 
@@ -638,5 +630,38 @@ impl RtpQwenCodesPay {
             state.starts_utterance |= starts_utterance;
         }
         Ok(gst::FlowSuccess::Ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TWCC: &str = "http://www.ietf.org/id/draft-holmer-rmcat-transport-wide-cc-extensions-01";
+
+    /// Caps naming transport-wide CC (2 bytes of data) under each of `ids`.
+    fn caps_with_twcc(ids: &[u32]) -> gst::Caps {
+        let mut caps = gst::Caps::builder("application/x-rtp").field("clock-rate", 24_000i32);
+        for id in ids {
+            caps = caps.field(format!("extmap-{id}"), TWCC);
+        }
+        caps.build()
+    }
+
+    /// Four 2-byte extensions take 4 bytes of header and, in the one-byte form, 4 × 3 bytes;
+    /// an id above 14 needs the two-byte form for all of them, 4 × 4 bytes. Fields that name
+    /// no extension take nothing.
+    #[test]
+    fn extensions_take_the_room_of_their_form() {
+        gst::init().unwrap();
+        assert_eq!(extension_room(&caps_with_twcc(&[])), 0);
+        assert_eq!(extension_room(&caps_with_twcc(&[1])), 4 + 4);
+        assert_eq!(extension_room(&caps_with_twcc(&[1, 2, 3, 4])), 4 + 12);
+        assert_eq!(extension_room(&caps_with_twcc(&[1, 2, 3, 15])), 4 + 16);
+        let unknown = gst::Caps::builder("application/x-rtp")
+            .field("extmap-1", "urn:example:no-such-extension")
+            .field("extmap-x", TWCC)
+            .build();
+        assert_eq!(extension_room(&unknown), 0);
     }
 }
