@@ -367,6 +367,21 @@ fn small_depay(properties: &[(&str, &str)]) -> (gst_check::Harness, gst::Bus) {
     (h, bus)
 }
 
+/// A depayloader given `caps` and a packet of one release frame: whether a buffer came out, and
+/// the errors it posted.
+fn depay_with_caps(caps: gst::Caps) -> (bool, Vec<String>) {
+    common::init();
+    let mut h = gst_check::Harness::new("rtpqwencodesdepay");
+    let bus = common::bus_for(&h.element().unwrap());
+    h.set_src_caps(caps);
+    h.play();
+    _ = h.push(packet(&[0x40; 24], 0, 0, true));
+    (
+        h.try_pull().is_some(),
+        common::messages(&bus, gst::MessageType::Error),
+    )
+}
+
 /// A field of an element's `stats`.
 fn stat(element: &gst::Element, name: &str) -> u64 {
     let stats = element.property::<gst::Structure>("stats");
@@ -453,12 +468,7 @@ fn caps_without_the_format_are_an_error_naming_what_is_missing() {
             .into_iter()
             .filter(|(name, _)| *name != missing)
             .collect();
-        let mut h = gst_check::Harness::new("rtpqwencodesdepay");
-        let bus = common::bus_for(&h.element().unwrap());
-        h.set_src_caps(depay_caps(&fields));
-        h.play();
-        _ = h.push(packet(&[0x40; 24], 0, 0, true));
-        let errors = common::messages(&bus, gst::MessageType::Error);
+        let (_, errors) = depay_with_caps(depay_caps(&fields));
         assert!(
             errors.iter().any(|e| e.contains(&format!("no {missing}"))),
             "{missing}: {errors:?}"
@@ -474,13 +484,8 @@ fn caps_of_another_version_are_an_error_naming_the_one_read() {
     for version in ["0", "2"] {
         let mut fields = RELEASE_FIELDS;
         fields[0] = ("version", version);
-        let mut h = gst_check::Harness::new("rtpqwencodesdepay");
-        let bus = common::bus_for(&h.element().unwrap());
-        h.set_src_caps(depay_caps(&fields));
-        h.play();
-        _ = h.push(packet(&[0x40; 24], 0, 0, true));
-        assert!(h.try_pull().is_none());
-        let errors = common::messages(&bus, gst::MessageType::Error);
+        let (out, errors) = depay_with_caps(depay_caps(&fields));
+        assert!(!out);
         let said = format!("version={version}; this receiver reads version 1");
         assert!(errors.iter().any(|e| e.contains(&said)), "{errors:?}");
     }
@@ -492,13 +497,8 @@ fn a_frame_length_beyond_any_rate_is_an_error_naming_it() {
     common::init();
     let mut fields = RELEASE_FIELDS;
     fields[3] = ("samples-per-frame", "18446744073709551615");
-    let mut h = gst_check::Harness::new("rtpqwencodesdepay");
-    let bus = common::bus_for(&h.element().unwrap());
-    h.set_src_caps(depay_caps(&fields));
-    h.play();
-    _ = h.push(packet(&[0x40; 24], 0, 0, true));
-    assert!(h.try_pull().is_none());
-    let errors = common::messages(&bus, gst::MessageType::Error);
+    let (out, errors) = depay_with_caps(depay_caps(&fields));
+    assert!(!out);
     assert!(
         errors
             .iter()
@@ -552,12 +552,7 @@ fn caps_at_the_edges_of_the_format() {
                 _ => fields.set(name, value),
             }
         }
-        let mut h = gst_check::Harness::new("rtpqwencodesdepay");
-        let bus = common::bus_for(&h.element().unwrap());
-        h.set_src_caps(caps.clone());
-        h.play();
-        _ = h.push(packet(&[0x40; 24], 0, 0, true));
-        let errors = common::messages(&bus, gst::MessageType::Error);
+        let (_, errors) = depay_with_caps(caps.clone());
         match error {
             None => assert!(errors.is_empty(), "{caps}: {errors:?}"),
             Some(error) => assert!(errors.iter().any(|e| e.contains(error)), "{caps}: {errors:?}"),
