@@ -459,6 +459,39 @@ fn bad_packets_warn_at_most_once_a_second_with_a_count() {
     assert_eq!(counts, [2, 2, 5, 4, 0]);
 }
 
+/// With `loss=restart` a bad packet's frames are lost frames like any: the next good packet
+/// restarts the decoder (DISCONT, no MARKER), although no sequence number is missing, so the
+/// base class saw no gap to flag.
+#[test]
+fn after_a_bad_packet_loss_restart_restarts_the_decoder() {
+    let (mut h, _bus) = small_depay(&[("loss", "restart")]);
+    h.push(packet(&small_frame(0, [1, 2]), 0, 0, true)).unwrap();
+    h.push(packet(&[0x40u8, 0, 0xff, 0xc0, 0], 1, 1920, false))
+        .unwrap();
+    h.push(packet(&small_frame(0, [3, 4]), 2, 1920 * 2, false))
+        .unwrap();
+    h.push(packet(&small_frame(0, [5, 6]), 3, 1920 * 3, false))
+        .unwrap();
+    let buffers = common::pull_all(&mut h);
+    assert_eq!(
+        codes_of(&buffers),
+        code_bytes(&[1, 2, 3, 4, 5, 6]),
+        "nothing repeated"
+    );
+    let flags: Vec<_> = buffers
+        .iter()
+        .map(|b| b.flags() & (gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER))
+        .collect();
+    assert_eq!(
+        flags,
+        [
+            gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER,
+            gst::BufferFlags::DISCONT,
+            gst::BufferFlags::empty(),
+        ]
+    );
+}
+
 /// Caps without the format's fields are an error that names the missing one.
 #[test]
 fn caps_without_the_format_are_an_error_naming_what_is_missing() {
@@ -513,7 +546,8 @@ fn a_frame_length_beyond_any_rate_is_an_error_naming_it() {
 #[test]
 fn caps_at_the_edges_of_the_format() {
     common::init();
-    let cases: [(&str, &str, Option<&str>); 10] = [
+    let cases: [(&str, &str, Option<&str>); 11] = [
+        ("clock-rate", "int 2147483647", None),
         ("codebooks", "1024", None),
         (
             "codebooks",

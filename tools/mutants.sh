@@ -24,8 +24,10 @@ gst_launch_skips=(--cargo-test-arg=-- --cargo-test-arg=--skip=gst_launch_decodes
 element_tests=(--cargo-test-arg=--test=element --cargo-test-arg=--test=seeking
   --cargo-test-arg=--test=timestamps --cargo-test-arg=--test=max_errors)
 # The element's subclass and its model's load: the element's tests with the lifecycle's
-# (progress messages, the model kept through state changes, properties read at NULL→READY).
-lifecycle_tests=("${element_tests[@]}" --cargo-test-arg=--test=lifecycle "${gst_launch_skips[@]}")
+# (progress messages, the model kept through state changes, properties read at NULL→READY),
+# the live latency's and the GAP events' (the subclass hands both on).
+lifecycle_tests=("${element_tests[@]}" --cargo-test-arg=--test=lifecycle --cargo-test-arg=--test=latency
+  --cargo-test-arg=--test=gaps "${gst_launch_skips[@]}")
 element_tests+=("${gst_launch_skips[@]}")
 # Files whose code takes another path with our CPU kernels off (the path CUDA takes): their
 # mutants run a second time under QWENCODEC_CPU_KERNELS=off (reports in <name>-off).

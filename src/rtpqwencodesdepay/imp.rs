@@ -360,12 +360,9 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
             );
             return Err(gst::loggable_error!(CAT, "Codes out of range"));
         }
-        // framerate = clock-rate / samples-per-frame, reduced.
-        let divisor = gcd(clock_rate, samples_per_frame);
-        let framerate = gst::Fraction::new(
-            (clock_rate / divisor) as i32,
-            (samples_per_frame / divisor) as i32,
-        );
+        // framerate = clock-rate / samples-per-frame (a fraction reduces itself); the template
+        // takes the clock rate as an int.
+        let framerate = gst::Fraction::new(clock_rate as i32, samples_per_frame as i32);
         let src_caps = gst::Caps::builder(crate::caps::CODES_MEDIA_TYPE)
             .field("codebooks", codebooks as i32)
             .field("framerate", framerate)
@@ -605,8 +602,4 @@ impl RtpQwenCodesDepay {
             self.parent_packet_lost(&event);
         }
     }
-}
-
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 { a } else { gcd(b, a % b) }
 }
