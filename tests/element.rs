@@ -624,7 +624,14 @@ fn stats_count_what_went_through() {
     assert_eq!(stats.get::<u64>("max-batch-rows").unwrap(), 1);
     assert!(stats.get::<f64>("mean-step-ms").unwrap() > 0.0);
     assert!(stats.get::<f64>("max-step-ms").unwrap() >= stats.get::<f64>("mean-step-ms").unwrap());
-    assert!(stats.get::<f64>("real-time-factor").unwrap() > 0.0);
+    // The steps' time over the audio's, at the model's sample rate.
+    let step_seconds = stats.get::<f64>("mean-step-ms").unwrap() * 17.0 / 1e3;
+    let audio_seconds = fixture.audio.len() as f64 / fixture.sample_rate as f64;
+    let real_time_factor = stats.get::<f64>("real-time-factor").unwrap();
+    assert!(
+        (real_time_factor / (step_seconds / audio_seconds) - 1.0).abs() < 1e-9,
+        "{stats}"
+    );
     assert!(stats.get::<u64>("state-bytes").unwrap() > 0);
     // On the CPU there is no graph, whatever cuda-graphs says (on by default).
     assert!(h.element().unwrap().property::<bool>("cuda-graphs"));

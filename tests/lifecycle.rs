@@ -43,6 +43,9 @@ fn the_model_loads_once_from_null_to_null() {
     let waiting = gst::ClockTime::SECOND / 400 * 199;
     element.set_state(gst::State::Paused).unwrap();
     assert!(min_latency() < waiting / 2, "{}", min_latency());
+    // Started, before any event or frame: the stats show the state the stream holds.
+    let stats = element.property::<gst::Structure>("stats");
+    assert!(stats.get::<u64>("state-bytes").unwrap() > 0, "{stats}");
     element.set_state(gst::State::Ready).unwrap();
 
     // A property read at READY→PAUSED changes in READY; the model-path change waits for NULL.
