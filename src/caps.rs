@@ -9,3 +9,23 @@ pub const CODES_MEDIA_TYPE: &str = "audio/x-qwen3-tts-codes";
 pub fn any_codes_caps() -> gst::caps::Builder<gst::caps::NoFeature> {
     gst::Caps::builder(CODES_MEDIA_TYPE).field("codebooks", gst::IntRange::new(1, i32::MAX))
 }
+
+/// The caps an element refused last. Upstream sends refused caps again before each buffer, and
+/// the error that names what is wrong with them is posted once for the same caps.
+#[derive(Debug, Default)]
+pub struct RefusedCaps(std::sync::Mutex<Option<gst::Caps>>);
+
+impl RefusedCaps {
+    /// Whether `caps` are refused for the first time in a row: their error is still to post.
+    pub fn first_time(&self, caps: &gst::Caps) -> bool {
+        let mut refused = self.0.lock().unwrap();
+        let first_time = refused.as_ref() != Some(caps);
+        *refused = Some(caps.clone());
+        first_time
+    }
+
+    /// Caps accepted, or the element stopped: the next refusal is posted again.
+    pub fn forget(&self) {
+        *self.0.lock().unwrap() = None;
+    }
+}

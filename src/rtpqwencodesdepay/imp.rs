@@ -42,6 +42,7 @@ use gst_rtp::prelude::*;
 use gst_rtp::subclass::prelude::*;
 
 use super::Loss;
+use crate::caps::RefusedCaps;
 use crate::codes_payload::{BadPacket, ENCODING_NAME, Layout, MAX_FRAMES, VERSION};
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -138,6 +139,7 @@ fn frames_missing(last: &Last, rtp_time: u32, samples_per_frame: u32, missing_pa
 pub struct RtpQwenCodesDepay {
     settings: Mutex<Settings>,
     state: Mutex<Option<State>>,
+    refused_caps: RefusedCaps,
 }
 
 #[glib::object_subclass]
@@ -280,6 +282,7 @@ impl ElementImpl for RtpQwenCodesDepay {
         if transition == gst::StateChange::PausedToReady {
             // Everything of the stream, `concealed` and the held lost events included.
             *self.state.lock().unwrap() = None;
+            self.refused_caps.forget();
         }
         Ok(result)
     }
@@ -322,44 +325,31 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
             .ok_or_else(|| gst::loggable_error!(CAT, "Empty caps"))?;
         let read = || -> Result<(u64, u64, u64, u64), String> {
             version(s)?;
-            Ok((
-                field(s, "clock-rate", "the audio's sample rate")?,
-                field(s, "codebooks", "codes per frame")?,
-                field(s, "codebook-size", "codes run from 0 to it less one")?,
-                field(s, "samples-per-frame", "RTP clock ticks per frame")?,
-            ))
+            let clock_rate = field(s, "clock-rate", "the audio's sample rate")?;
+            let codebooks = field(s, "codebooks", "codes per frame")?;
+            let codebook_size = field(s, "codebook-size", "codes run from 0 to it less one")?;
+            let samples_per_frame = field(s, "samples-per-frame", "RTP clock ticks per frame")?;
+            // A frame rate and a frame duration must come of them.
+            if samples_per_frame > i32::MAX as u64 {
+                return Err(format!(
+                    "samples-per-frame {samples_per_frame} is beyond any frame's length (at most {})",
+                    i32::MAX
+                ));
+            }
+            if codebook_size > 1 << 15 || codebooks > 1024 {
+                return Err(format!(
+                    "{codebooks} codebooks of {codebook_size} codes are beyond any codes' range"
+                ));
+            }
+            Ok((clock_rate, codebooks, codebook_size, samples_per_frame))
         };
         let (clock_rate, codebooks, codebook_size, samples_per_frame) = read().map_err(|why| {
-            gst::element_imp_error!(self, gst::StreamError::Format, ["Caps {}: {}", caps, why]);
+            if self.refused_caps.first_time(caps) {
+                gst::element_imp_error!(self, gst::StreamError::Format, ["Caps {}: {}", caps, why]);
+            }
             gst::loggable_error!(CAT, "{}", why)
         })?;
-        // A frame rate and a frame duration must come of them.
-        if samples_per_frame > i32::MAX as u64 {
-            gst::element_imp_error!(
-                self,
-                gst::StreamError::Format,
-                [
-                    "Caps {}: samples-per-frame {} is beyond any frame's length (at most {})",
-                    caps,
-                    samples_per_frame,
-                    i32::MAX
-                ]
-            );
-            return Err(gst::loggable_error!(CAT, "samples-per-frame out of range"));
-        }
-        if codebook_size > 1 << 15 || codebooks > 1024 {
-            gst::element_imp_error!(
-                self,
-                gst::StreamError::Format,
-                [
-                    "Caps {}: {} codebooks of {} codes are beyond any codes' range",
-                    caps,
-                    codebooks,
-                    codebook_size
-                ]
-            );
-            return Err(gst::loggable_error!(CAT, "Codes out of range"));
-        }
+        self.refused_caps.forget();
         // framerate = clock-rate / samples-per-frame (a fraction reduces itself); the template
         // takes the clock rate as an int.
         let framerate = gst::Fraction::new(clock_rate as i32, samples_per_frame as i32);

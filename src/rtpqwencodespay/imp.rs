@@ -35,6 +35,7 @@ use gst::subclass::prelude::*;
 use gst_rtp::prelude::*;
 use gst_rtp::subclass::prelude::*;
 
+use crate::caps::RefusedCaps;
 use crate::codes_payload::{ENCODING_NAME, Layout, MAX_FRAMES, VERSION};
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -134,6 +135,7 @@ impl State {
 pub struct RtpQwenCodesPay {
     settings: Mutex<Settings>,
     state: Mutex<Option<State>>,
+    refused_caps: RefusedCaps,
 }
 
 #[glib::object_subclass]
@@ -270,6 +272,7 @@ impl ElementImpl for RtpQwenCodesPay {
         let result = self.parent_change_state(transition)?;
         if transition == gst::StateChange::PausedToReady {
             *self.state.lock().unwrap() = None;
+            self.refused_caps.forget();
         }
         Ok(result)
     }
@@ -292,17 +295,20 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
         let (num, den) = (framerate.numer() as u64, framerate.denom() as u64);
         let scaled = settings.clock_rate as u64 * den;
         if num == 0 || !scaled.is_multiple_of(num) {
-            gst::element_imp_error!(
-                self,
-                gst::StreamError::Format,
-                [
-                    "A frame rate of {} does not divide the clock rate {}",
-                    framerate,
-                    settings.clock_rate
-                ]
-            );
+            if self.refused_caps.first_time(caps) {
+                gst::element_imp_error!(
+                    self,
+                    gst::StreamError::Format,
+                    [
+                        "A frame rate of {} does not divide the clock rate {}",
+                        framerate,
+                        settings.clock_rate
+                    ]
+                );
+            }
             return Err(gst::loggable_error!(CAT, "No whole samples per frame"));
         }
+        self.refused_caps.forget();
         let samples_per_frame = scaled / num;
         let layout = Layout {
             codebooks: codebooks as usize,
