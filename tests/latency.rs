@@ -168,6 +168,94 @@ fn late_frames_raise_the_latency_with_a_latency_message() {
     assert!(after > before, "the minimum stayed at {before}");
 }
 
+/// Frames sent ahead of their time (a talker faster than real time, stamping each frame with
+/// the running time it plays at) are late only past their time: decoded before it, however long
+/// their steps took, they do not raise the latency. Taken as due from their arrival, or from
+/// running time 0 in a pipeline that has run for 100 s, the steps of a buffer of many frames,
+/// up to 256 frames each, raised it.
+#[test]
+fn frames_sent_ahead_of_their_time_do_not_raise_the_latency() {
+    let _turn = one_at_a_time();
+    let fixture = load_fixture("release-tiny");
+    init();
+    let src = gst_app::AppSrc::builder()
+        .caps(&fixture.caps())
+        .format(gst::Format::Time)
+        .is_live(true)
+        .build();
+    // Steps of up to 256 frames, each far longer than the one-frame step the latency counts.
+    let decoder = common::decoder(&fixture.dir, &[("max-step-frames", &256u32)]);
+    let sink = gst::ElementFactory::make("fakesink")
+        .property("sync", false)
+        .build()
+        .unwrap();
+    let pipeline = gst::Pipeline::new();
+    pipeline.add_many([src.upcast_ref(), &decoder, &sink]).unwrap();
+    gst::Element::link_many([src.upcast_ref(), &decoder, &sink]).unwrap();
+    // A pipeline that has been playing for 100 s.
+    let clock = gst::SystemClock::obtain();
+    pipeline.use_clock(Some(&clock));
+    pipeline.set_start_time(gst::ClockTime::NONE);
+    pipeline.set_base_time(clock.time() - gst::ClockTime::from_seconds(100));
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let latency = || {
+        let mut query = gst::query::Latency::new();
+        assert!(decoder.static_pad("src").unwrap().query(&mut query));
+        query.result().1
+    };
+    let before = latency();
+    let bus = pipeline.bus().unwrap();
+    // The start's own LATENCY message is not the test's.
+    while bus.pop().is_some() {}
+
+    let frames = 4000;
+    let frame =
+        gst::ClockTime::SECOND.mul_div_floor(fixture.samples_per_frame as u64, fixture.sample_rate as u64);
+    let bytes: Vec<u8> = code_bytes(&fixture.codes)
+        .iter()
+        .copied()
+        .cycle()
+        .take(frames * 2 * fixture.codebooks)
+        .collect();
+    let mut buffer = gst::Buffer::from_slice(bytes);
+    {
+        let buffer = buffer.get_mut().unwrap();
+        // The first frame plays a second from now.
+        let now = pipeline.current_running_time().expect("a running time");
+        assert!(now >= gst::ClockTime::from_seconds(100), "{now}");
+        buffer.set_pts(now + gst::ClockTime::SECOND);
+        buffer.set_duration(frame.unwrap() * frames as u64);
+    }
+    src.push_buffer(buffer).unwrap();
+    src.end_of_stream().unwrap();
+    let mut messages = 0;
+    loop {
+        let message = bus
+            .timed_pop_filtered(
+                gst::ClockTime::from_seconds(60),
+                &[
+                    gst::MessageType::Latency,
+                    gst::MessageType::Eos,
+                    gst::MessageType::Error,
+                ],
+            )
+            .expect("EOS within a minute");
+        match message.view() {
+            gst::MessageView::Eos(_) => break,
+            gst::MessageView::Error(error) => panic!("{error:?}"),
+            _ if message.src() == Some(decoder.upcast_ref()) => messages += 1,
+            _ => {}
+        }
+    }
+    let after = latency();
+    let _ = pipeline.set_state(gst::State::Null);
+    assert_eq!(
+        (messages, after),
+        (0, before),
+        "LATENCY messages and the minimum, for frames decoded before their time"
+    );
+}
+
 /// Behind a synchronised sink that holds each buffer until its time plus a latency longer than
 /// a frame (its 400 ms processing deadline, as a WebRTC sender's clock-synchronised output
 /// holds), the step thread waits in each push while the next frames come: that wait is
