@@ -92,3 +92,39 @@ fn properties_read_at_null_to_ready_say_so() {
         assert!(flags.contains(gst::PARAM_FLAG_MUTABLE_READY), "{name}");
     }
 }
+
+/// Each property reads back what was set, each set away from its default; `device` set to
+/// nothing reads `auto`.
+#[test]
+fn each_property_reads_back_what_was_set() {
+    init();
+    let element = gst::ElementFactory::make("qwencodecdec").build().unwrap();
+    let nick = |name: &str| {
+        let value = element.property_value(name);
+        glib::EnumValue::from_value(&value).unwrap().1.nick().to_owned()
+    };
+    assert_eq!(element.property::<Option<String>>("model-path"), None);
+    element.set_property("model-path", "/models/qwen3-tts-tokenizer");
+    assert_eq!(
+        element.property::<Option<String>>("model-path").as_deref(),
+        Some("/models/qwen3-tts-tokenizer")
+    );
+    assert_eq!(element.property::<String>("device"), "auto");
+    element.set_property("device", "cpu");
+    assert_eq!(element.property::<String>("device"), "cpu");
+    element.set_property("device", None::<&str>);
+    assert_eq!(element.property::<String>("device"), "auto");
+    for (name, value) in [("dtype", "f16"), ("tail-strategy", "pad")] {
+        assert_ne!(nick(name), value, "{name}'s default");
+        element.set_property_from_str(name, value);
+        assert_eq!(nick(name), value, "{name}");
+    }
+    for (name, value) in [("chunk-frames", 3u32), ("max-batch", 5), ("max-step-frames", 12)] {
+        assert_ne!(element.property::<u32>(name), value, "{name}'s default");
+        element.set_property(name, value);
+        assert_eq!(element.property::<u32>(name), value, "{name}");
+    }
+    assert!(element.property::<bool>("cuda-graphs"));
+    element.set_property("cuda-graphs", false);
+    assert!(!element.property::<bool>("cuda-graphs"));
+}

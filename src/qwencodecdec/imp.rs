@@ -33,6 +33,7 @@ use gst_audio::subclass::prelude::*;
 use super::latency::Latency;
 use super::settings::{Settings, Stats};
 use super::step_thread::{Arrival, StepThread, Stream, read_ahead_frames};
+use crate::caps::RefusedCaps;
 use crate::model::Model;
 
 /// The largest step: one of 256 frames needs about 1 GB at the released widths (4 MB a frame,
@@ -63,9 +64,6 @@ struct State {
     /// Declared after `stream`'s users: stopping it waits for the step in flight.
     _steps: StepThread,
     model_path: PathBuf,
-    /// Caps refused already: upstream sends them again before each buffer, and one error
-    /// message is enough.
-    refused_caps: Option<gst::Caps>,
     /// The input's last segment since the start or the last flush.
     segment: Option<gst::Segment>,
 }
@@ -80,6 +78,7 @@ pub struct QwenCodecDec {
     stats: Mutex<Stats>,
     /// The latency reported, from READY→PAUSED on.
     latency: Mutex<Option<Latency>>,
+    refused_caps: RefusedCaps,
 }
 
 impl QwenCodecDec {
@@ -119,15 +118,9 @@ impl QwenCodecDec {
         std::mem::replace(&mut state.segment, segment)
     }
 
-    /// Posts the error for caps refused, once for the same caps: upstream sends them again
-    /// before each buffer. The message is posted with no lock held.
+    /// Posts the error for caps refused, once for the same caps (see [`RefusedCaps`]).
     fn refuse_caps(&self, caps: &gst::Caps, error: gst::ErrorMessage) -> gst::LoggableError {
-        let first_time = self.state().as_mut().is_some_and(|state| {
-            let first_time = state.refused_caps.as_ref() != Some(caps);
-            state.refused_caps = Some(caps.clone());
-            first_time
-        });
-        if first_time {
+        if self.refused_caps.first_time(caps) {
             self.post_error_message(error);
         }
         gst::loggable_error!(CAT, "Caps {} refused", caps)
@@ -404,7 +397,6 @@ impl AudioDecoderImpl for QwenCodecDec {
             stream,
             _steps: steps,
             model_path,
-            refused_caps: None,
             segment: None,
         });
         // Lets the base class turn a BYTES segment (e.g. straight from filesrc) into TIME
@@ -418,6 +410,7 @@ impl AudioDecoderImpl for QwenCodecDec {
         let state = self.state().take();
         drop(state);
         *self.latency() = None;
+        self.refused_caps.forget();
         self.forget_subframes();
         Ok(())
     }
@@ -477,9 +470,7 @@ impl AudioDecoderImpl for QwenCodecDec {
             );
             return Err(self.refuse_caps(caps, error));
         }
-        if let Some(state) = self.state().as_mut() {
-            state.refused_caps = None;
-        }
+        self.refused_caps.forget();
         output.fixate();
         let info = gst_audio::AudioInfo::from_caps(&output)
             .map_err(|_| gst::loggable_error!(CAT, "Cannot use output caps {}", output))?;
