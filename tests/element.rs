@@ -119,6 +119,34 @@ fn caps_that_do_not_fit_the_model_are_refused() {
     }
 }
 
+/// The sink pad converts bytes and time exactly, by the model's frame (release-tiny: 16 codes
+/// of 2 bytes, 80 ms), a time to the bytes of the whole frames before it (a byte offset to
+/// seek to starts a frame): what lets the base class take a BYTES segment straight from
+/// filesrc.
+#[test]
+fn the_sink_pad_converts_bytes_and_time_by_the_frame() {
+    let fixture = load_fixture("release-tiny");
+    let h = harness(&fixture, &[]);
+    assert_eq!(
+        (fixture.codebooks, fixture.caps().to_string().contains("25/2")),
+        (16, true)
+    );
+    let sink = h.element().unwrap().static_pad("sink").unwrap();
+    let convert = |from: gst::GenericFormattedValue, to: gst::Format| {
+        let mut query = gst::query::Convert::new(from, to);
+        assert!(sink.query(&mut query), "{from:?} to {to:?}");
+        query.result().1
+    };
+    let bytes = |n: u64| gst::GenericFormattedValue::from(gst::format::Bytes::from_u64(n));
+    let ns = |n: u64| gst::GenericFormattedValue::from(gst::ClockTime::from_nseconds(n));
+    // 100 frames and a half: 8.04 s.
+    assert_eq!(convert(bytes(3216), gst::Format::Time), ns(8_040_000_000));
+    assert_eq!(convert(bytes(3200), gst::Format::Time), ns(8_000_000_000));
+    // 8.079 s holds 100 whole frames and 0.99 of one.
+    assert_eq!(convert(ns(8_079_000_000), gst::Format::Bytes), bytes(3200));
+    assert_eq!(convert(ns(8_080_000_000), gst::Format::Bytes), bytes(3232));
+}
+
 /// A value of one of the element's enum properties (`tail-strategy`, `dtype`) by its nick: their
 /// types are the plugin's own, so the harness cannot take them as strings.
 fn enum_value(property: &str, nick: &str) -> glib::Value {
