@@ -147,6 +147,28 @@ fn the_sink_pad_converts_bytes_and_time_by_the_frame() {
     assert_eq!(convert(ns(8_080_000_000), gst::Format::Bytes), bytes(3232));
 }
 
+/// A new stream (STREAM_START without EOS before it, as concat joins two files) ends the one
+/// before: its frames are decoded with their tail, and the next stream's decode as on a fresh
+/// decoder. Both match upstream's decode.
+#[test]
+fn a_new_stream_ends_the_one_before() {
+    let fixture = load_fixture("gqa-bias");
+    let mut h = harness(&fixture, &[("chunk-frames", &4u32)]);
+    let bytes = code_bytes(&fixture.codes);
+    h.push(buffer(&bytes, None)).unwrap();
+    h.push_event(gst::event::StreamStart::new("the next"));
+    h.push_event(gst::event::Segment::new(
+        &gst::FormattedSegment::<gst::ClockTime>::new(),
+    ));
+    h.push(buffer(&bytes, None)).unwrap();
+    h.push_event(gst::event::Eos::new());
+    let audio = audio_of(&pull_all(&mut h));
+    assert_eq!(audio.len(), 2 * fixture.audio.len());
+    let (first, second) = audio.split_at(fixture.audio.len());
+    fixture.assert_matches(first, "the first stream");
+    fixture.assert_matches(second, "the stream after STREAM_START");
+}
+
 /// A value of one of the element's enum properties (`tail-strategy`, `dtype`) by its nick: their
 /// types are the plugin's own, so the harness cannot take them as strings.
 fn enum_value(property: &str, nick: &str) -> glib::Value {
