@@ -615,9 +615,8 @@ impl AudioDecoderImpl for QwenCodecDec {
 
     fn sink_event(&self, event: gst::Event) -> bool {
         match event.view() {
-            // A new stream (e.g. from concat, without EOS in between) starts from a fresh
-            // decoder, after the old one's frames are out.
-            gst::EventView::StreamStart(_) => self.drain_for_event(),
+            // A new stream (e.g. from concat, without EOS in between) needs nothing here: the
+            // base class drains the old one's frames and flushes, so the next decodes fresh.
             // Not serialized: the streaming thread may be waiting for room or draining, and the
             // step thread about to start a step; all stop now (the step in flight ends).
             gst::EventView::FlushStart(_) => {
