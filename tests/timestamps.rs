@@ -133,3 +133,21 @@ fn the_drain_event_decodes_the_tail_and_starts_afresh() {
     let second = audio_of(&pull_all(&mut h));
     fixture.assert_prefix_matches(&second, 6, "after the drain, from a fresh decoder");
 }
+
+/// Other custom events pass through and end nothing: the stream decodes as one.
+#[test]
+fn another_custom_event_ends_nothing() {
+    let fixture = load_fixture("release-tiny");
+    let mut h = harness(&fixture, &[("chunk-frames", &4u32)]);
+    let bytes = code_bytes(&fixture.codes);
+    let six = 6 * 2 * fixture.codebooks;
+    h.push(buffer(&bytes[..six], None)).unwrap();
+    assert!(
+        h.push_event(gst::event::CustomDownstream::new(gst::Structure::new_empty(
+            "application-marker"
+        )))
+    );
+    h.push(buffer(&bytes[six..], None)).unwrap();
+    h.push_event(gst::event::Eos::new());
+    fixture.assert_matches(&audio_of(&pull_all(&mut h)), "a stream with another event in it");
+}
