@@ -383,6 +383,12 @@ fn depay_with_caps(caps: gst::Caps) -> (bool, Vec<String>) {
     )
 }
 
+/// What a depayloaded buffer tells the decoder: DISCONT (start fresh) and MARKER (a new
+/// utterance).
+fn restart_flags(buffer: &gst::BufferRef) -> gst::BufferFlags {
+    buffer.flags() & (gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER)
+}
+
 /// A field of an element's `stats`.
 fn stat(element: &gst::Element, name: &str) -> u64 {
     let stats = element.property::<gst::Structure>("stats");
@@ -479,12 +485,8 @@ fn after_a_bad_packet_loss_restart_restarts_the_decoder() {
         code_bytes(&[1, 2, 3, 4, 5, 6]),
         "nothing repeated"
     );
-    let flags: Vec<_> = buffers
-        .iter()
-        .map(|b| b.flags() & (gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER))
-        .collect();
     assert_eq!(
-        flags,
+        buffers.iter().map(|b| restart_flags(b)).collect::<Vec<_>>(),
         [
             gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER,
             gst::BufferFlags::DISCONT,
@@ -687,8 +689,9 @@ fn record_out(h: &gst_check::Harness, frame_bytes: usize) -> Out {
         .unwrap()
         .add_probe(gst::PadProbeType::BUFFER, move |_, info| {
             if let Some(buffer) = info.buffer() {
-                let flags = buffer.flags() & (gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER);
-                seen.lock().unwrap().push((flags, buffer.size() / frame_bytes));
+                seen.lock()
+                    .unwrap()
+                    .push((restart_flags(buffer), buffer.size() / frame_bytes));
             }
             gst::PadProbeReturn::Ok
         });
@@ -798,12 +801,8 @@ fn sequence_numbers_not_timestamps_say_what_was_lost() {
         code_bytes(&[1, 2, 3, 4, 5, 6, 7, 8]),
         "one frame a packet, none repeated"
     );
-    let flags: Vec<_> = buffers
-        .iter()
-        .map(|b| b.flags() & (gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER))
-        .collect();
     assert_eq!(
-        flags,
+        buffers.iter().map(|b| restart_flags(b)).collect::<Vec<_>>(),
         [
             gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER,
             gst::BufferFlags::empty(),
