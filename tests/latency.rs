@@ -29,6 +29,15 @@ struct Live {
 
 impl Live {
     fn new(fixture: &Fixture, properties: &[(&str, &dyn ToValue)], bulk: bool) -> Self {
+        let live = Self::stopped(fixture, properties, bulk);
+        // A live pipeline reaches PLAYING once data flows; the latency is set before, at
+        // READY→PAUSED.
+        live.pipeline.set_state(gst::State::Playing).unwrap();
+        live
+    }
+
+    /// The pipeline built, in NULL.
+    fn stopped(fixture: &Fixture, properties: &[(&str, &dyn ToValue)], bulk: bool) -> Self {
         init();
         let src = gst_app::AppSrc::builder()
             .caps(&fixture.caps())
@@ -46,9 +55,6 @@ impl Live {
         let pipeline = gst::Pipeline::new();
         pipeline.add_many([src.upcast_ref(), &decoder, &sink]).unwrap();
         gst::Element::link_many([src.upcast_ref(), &decoder, &sink]).unwrap();
-        // A live pipeline reaches PLAYING once data flows; the latency is set before, at
-        // READY→PAUSED.
-        pipeline.set_state(gst::State::Playing).unwrap();
         Self {
             pipeline,
             src,
@@ -177,33 +183,18 @@ fn late_frames_raise_the_latency_with_a_latency_message() {
 fn frames_sent_ahead_of_their_time_do_not_raise_the_latency() {
     let _turn = one_at_a_time();
     let fixture = load_fixture("release-tiny");
-    init();
-    let src = gst_app::AppSrc::builder()
-        .caps(&fixture.caps())
-        .format(gst::Format::Time)
-        .is_live(true)
-        .build();
     // Steps of up to 256 frames, each far longer than the one-frame step the latency counts.
-    let decoder = common::decoder(&fixture.dir, &[("max-step-frames", &256u32)]);
-    let sink = gst::ElementFactory::make("fakesink")
-        .property("sync", false)
-        .build()
-        .unwrap();
-    let pipeline = gst::Pipeline::new();
-    pipeline.add_many([src.upcast_ref(), &decoder, &sink]).unwrap();
-    gst::Element::link_many([src.upcast_ref(), &decoder, &sink]).unwrap();
+    let live = Live::stopped(&fixture, &[("max-step-frames", &256u32)], false);
+    let (pipeline, src, decoder) = (&live.pipeline, &live.src, &live.decoder);
+    // Stamped below, ahead of their time.
+    src.set_property("do-timestamp", false);
     // A pipeline that has been playing for 100 s.
     let clock = gst::SystemClock::obtain();
     pipeline.use_clock(Some(&clock));
     pipeline.set_start_time(gst::ClockTime::NONE);
     pipeline.set_base_time(clock.time() - gst::ClockTime::from_seconds(100));
     pipeline.set_state(gst::State::Playing).unwrap();
-    let latency = || {
-        let mut query = gst::query::Latency::new();
-        assert!(decoder.static_pad("src").unwrap().query(&mut query));
-        query.result().1
-    };
-    let before = latency();
+    let (_, before, _) = live.latency();
     let bus = pipeline.bus().unwrap();
     // The start's own LATENCY message is not the test's.
     while bus.pop().is_some() {}
@@ -247,8 +238,7 @@ fn frames_sent_ahead_of_their_time_do_not_raise_the_latency() {
             _ => {}
         }
     }
-    let after = latency();
-    let _ = pipeline.set_state(gst::State::Null);
+    let (_, after, _) = live.latency();
     assert_eq!(
         (messages, after),
         (0, before),
