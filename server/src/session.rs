@@ -108,9 +108,11 @@ struct Timeline {
 
 pub struct Session {
     pub id: String,
+    /// Dropped before `pipeline` (fields drop in order): a broadcast's mountpoint is gone from
+    /// Janus once the pipeline is freed, which is what the `pipelines` gauge counts.
+    peer: Peer,
     pipeline: gst::Pipeline,
     appsrc: gst_app::AppSrc,
-    peer: Peer,
     frame_duration: gst::ClockTime,
     timeline: Mutex<Timeline>,
     /// Which ingress connection feeds this session now.
