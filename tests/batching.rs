@@ -544,6 +544,69 @@ fn a_panic_while_leading_a_batch_leaves_the_engine_to_the_others() {
     fixture.assert_prefix_matches(&audio, 1, "the stream after a panicked batch");
 }
 
+/// As above in a batch of two rows: the other stream's step, which the panicking thread took
+/// into its batch, gets an error naming the panic rather than waiting for ever. The batch forms
+/// by count (`gather_next_batch`, the rejoin grace); which of the two leads it is the machine's
+/// timing, so each stream may be either. Only a batch of two panics, so a panic at all shows it
+/// formed.
+#[test]
+fn a_panic_while_leading_a_batch_of_two_fails_the_other_rows_step() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let fixture = load_fixture("release-tiny");
+    let model = load(&fixture);
+    model.set_rejoin_grace(std::time::Duration::from_secs(1));
+    common::batching::gather_next_batch(&model, 2);
+    let armed = AtomicBool::new(true);
+    model.observe_batches(move |run| {
+        if run.rows == 2 && armed.swap(false, Ordering::SeqCst) {
+            panic!("an observer's panic");
+        }
+    });
+    let (sender, receiver) = std::sync::mpsc::channel();
+    for stream in 0..2 {
+        let (model, sender) = (model.clone(), sender.clone());
+        let codebooks = fixture.codebooks;
+        let codes = fixture.prefix_codes(3).to_vec();
+        std::thread::spawn(move || {
+            let mut decoder = StreamDecoder::new(model, 1, TailStrategy::Eager).unwrap();
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(), String> {
+                for frame in codes.chunks(codebooks) {
+                    decoder.push(frame).map_err(|err| err.to_string())?;
+                }
+                Ok(())
+            }));
+            sender.send((stream, outcome.map_err(|_| "panicked")))
+        });
+    }
+    let mut outcomes: Vec<_> = (0..2)
+        .map(|_| {
+            receiver
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .expect("a stream never finished: its step waits on a batch that panicked")
+        })
+        .collect();
+    outcomes.sort_by_key(|(stream, _)| *stream);
+    let panicked = outcomes
+        .iter()
+        .filter(|(_, outcome)| outcome == &Err("panicked"))
+        .count();
+    let failed: Vec<_> = outcomes
+        .iter()
+        .filter_map(|(_, outcome)| match outcome {
+            Ok(Err(err)) => Some(err.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(panicked, 1, "the leader's panic: {outcomes:?}");
+    assert_eq!(failed.len(), 1, "the other row's step: {outcomes:?}");
+    assert!(
+        failed[0].contains("the thread running this batch panicked"),
+        "{}",
+        failed[0]
+    );
+}
+
 /// The next batch waits, up to the rejoin grace, for the streams of the batch before to hand over
 /// their next steps, so that a batch stays whole instead of splitting into the first stream's
 /// step alone and the rest. Counted, not timed: with a grace of a second, three streams held
