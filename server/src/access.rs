@@ -205,9 +205,52 @@ mod tests {
             "x\\nqwencodec-server: forged\\u{1b}[2J\\\\"
         );
         assert_eq!(escaped("é"), "\\u{e9}");
+        // Printable ASCII as it is, quotes too (Rust's escape_default would escape them).
+        assert_eq!(escaped(r#"say "hi", it's ~{}"#), r#"say "hi", it's ~{}"#);
         let long = escaped(&"a".repeat(1000));
         assert_eq!(long.chars().count(), MOST_ESCAPED_CHARS + 1);
         assert!(long.ends_with('…'));
+    }
+
+    /// A GET request with `headers`, read by the server's own reader from a socket.
+    fn request(headers: &str) -> Request {
+        use std::io::Write;
+        use std::net::{TcpListener, TcpStream};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        write!(client, "GET /codes HTTP/1.1\r\nHost: tts\r\n{headers}\r\n").unwrap();
+        let (server, _) = listener.accept().unwrap();
+        Request::read(&server, std::time::Duration::from_secs(5)).unwrap()
+    }
+
+    #[test]
+    fn the_tts_side_needs_the_servers_bearer_token_exactly() {
+        let token = "the-tts-token";
+        let refusal = |headers: &str| bearer_refusal(&request(headers), token);
+        assert_eq!(refusal("Authorization: Bearer the-tts-token\r\n"), None);
+        assert_eq!(refusal("authorization:  Bearer the-tts-token \r\n"), None);
+        assert_eq!(
+            refusal(""),
+            Some("no token: send the header Authorization: Bearer <token>".into())
+        );
+        assert_eq!(
+            refusal("Authorization: Basic the-tts-token\r\n"),
+            Some("no token: send the header Authorization: Bearer <token>".into())
+        );
+        // THe-: two letters whose differences cancel out in an XOR of XORs.
+        for wrong in [
+            "the-tts-tokeN",
+            "THe-tts-token",
+            "the-tts-token2",
+            "the-tts-toke",
+            "x",
+        ] {
+            assert_eq!(
+                refusal(&format!("Authorization: Bearer {wrong}\r\n")),
+                Some("wrong token".into()),
+                "{wrong}"
+            );
+        }
     }
 
     #[test]
@@ -286,7 +329,10 @@ mod tests {
         assert_eq!(code, close::UNAUTHORIZED);
         assert!(reason.contains("expired"), "{reason}");
 
+        assert!(policy.requires_token());
+
         let open = JoinPolicy::new(None, 0, 0);
+        assert!(!open.requires_token());
         assert_eq!(open.admit(None, address).unwrap().session, None);
         assert_eq!(
             open.admit(Some(&token), address).err().unwrap().0,

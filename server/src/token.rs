@@ -182,9 +182,12 @@ mod tests {
             "valid through its expiry second"
         );
         assert_eq!(
-            secret().verify(&token, NOW + 61),
-            Err(TokenError::Expired { seconds_ago: 1 })
+            secret().verify(&token, NOW + 150),
+            Err(TokenError::Expired { seconds_ago: 90 })
         );
+        // The latest expiry there is, in its 20 digits.
+        let forever = secret().sign("s", u64::MAX);
+        assert_eq!(secret().verify(&forever, NOW).unwrap().expires, u64::MAX);
         // The signature's hex in capitals is the same signature.
         let (signed, signature) = token.rsplit_once('.').unwrap();
         let shouted = format!("{signed}.{}", signature.to_ascii_uppercase());
@@ -240,6 +243,20 @@ mod tests {
             (format!("alice.{}.{}", NOW, "zz".repeat(32)), "64 hex digits"),
             (format!("alice.{}.{signature}00", NOW), "64 hex digits"),
         ];
+        // Expiries that Rust would parse but a backend never writes, signed as they stand: a
+        // sign, and more than 20 digits (leading zeros).
+        let signed_as_written = |expiry: &str| {
+            let signed = format!("alice.{expiry}");
+            let signature = secret().mac(&signed).finalize().into_bytes();
+            (
+                format!("{signed}.{}", data_encoding::HEXLOWER.encode(&signature)),
+                "expiry",
+            )
+        };
+        let cases = cases.into_iter().chain([
+            signed_as_written(&format!("+{}", NOW + 60)),
+            signed_as_written(&format!("{:021}", NOW + 60)),
+        ]);
         for (token, reason) in cases {
             let err = secret().verify(&token, NOW).unwrap_err();
             assert!(matches!(err, TokenError::Malformed(_)), "{token:?}: {err}");
@@ -249,6 +266,24 @@ mod tests {
                 "the refusal repeats the token"
             );
         }
+    }
+
+    #[test]
+    fn a_secret_file_is_read_and_a_missing_or_short_one_is_named() {
+        let file = std::env::temp_dir().join(format!("qwencodec-join-secret-{}", std::process::id()));
+        std::fs::write(&file, b"a join secret of the tests\n").unwrap();
+        let read = JoinSecret::read(Some(&file)).unwrap().expect("the file's secret");
+        let token = secret().sign("s", NOW + 60);
+        assert!(read.verify(&token, NOW).is_ok());
+        std::fs::write(&file, b"short\n").unwrap();
+        let err = JoinSecret::read(Some(&file)).unwrap_err();
+        assert!(
+            err.contains(&*file.to_string_lossy()) && err.contains("fewer than 16"),
+            "{err}"
+        );
+        std::fs::remove_file(&file).unwrap();
+        let err = JoinSecret::read(Some(&file)).unwrap_err();
+        assert!(err.starts_with(&*file.to_string_lossy()), "{err}");
     }
 
     #[test]
