@@ -313,4 +313,38 @@ mod tests {
             assert_eq!(kernel as usize, index, "{kernel:?}");
         }
     }
+
+    #[test]
+    fn each_kernel_runs_from_the_least_instruction_set_it_needs() {
+        for kernel in Kernel::ALL {
+            assert!(
+                !kernel.runs_in(CpuKernels::Off),
+                "{kernel:?} with the kernels off"
+            );
+        }
+        for kernel in Kernel::ALL {
+            let avx2 = !matches!(kernel, Kernel::DirectConv | Kernel::OnednnTaps);
+            assert_eq!(kernel.runs_in(CpuKernels::Avx2), avx2, "{kernel:?} in AVX2");
+            let avx512 = kernel != Kernel::OnednnTaps || !mkl_runs_avx512();
+            assert_eq!(
+                kernel.runs_in(CpuKernels::Avx512),
+                avx512,
+                "{kernel:?} in AVX-512"
+            );
+        }
+    }
+
+    /// MKL's AVX-512 code is Intel's alone: the CPU's vendor as the kernel reports it.
+    #[test]
+    #[cfg_attr(not(target_os = "linux"), ignore = "reads /proc/cpuinfo")]
+    fn mkl_is_taken_to_run_avx512_on_intel_cpus_only() {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+        let vendor = cpuinfo
+            .lines()
+            .find_map(|line| line.strip_prefix("vendor_id"))
+            .and_then(|rest| rest.split(':').nth(1))
+            .map(str::trim)
+            .expect("no vendor_id in /proc/cpuinfo");
+        assert_eq!(mkl_runs_avx512(), vendor == "GenuineIntel", "{vendor}");
+    }
 }
