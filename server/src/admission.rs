@@ -302,6 +302,21 @@ mod tests {
     }
 
     #[test]
+    fn the_window_holds_what_began_within_it_to_its_last_instant() {
+        let start = Instant::now() + WINDOW;
+        let mut recent = Recent::default();
+        // A step of 40 ms that began at `start`, and a packet late at `start`.
+        recent.batch_ran(start + Duration::from_millis(40), &run(1, 1, 40, 0), FRAME);
+        recent.audio_late(start);
+        let edge = start + WINDOW;
+        assert!(recent.margin(edge) < 1.0, "the step, a window old, still counts");
+        assert!(recent.behind(edge, 0.0).unwrap().contains("late audio"));
+        let past = edge + Duration::from_nanos(1);
+        assert_eq!(recent.margin(past), 1.0, "past the window: forgotten");
+        assert_eq!(recent.behind(past, 0.0), None);
+    }
+
+    #[test]
     fn steps_split_into_batches_count_by_the_time_the_decoder_is_busy() {
         let start = Instant::now();
         let mut recent = Recent::default();
@@ -326,6 +341,40 @@ mod tests {
 
     fn capacity(most: usize, live: bool, floor: f64) -> Capacity {
         Capacity::new(most, live, floor, FRAME)
+    }
+
+    /// The bundled test checkpoint's steps on the CPU: the budget is set against its measured
+    /// one-row step, which the model keeps (the same figure at each call), not against a clock.
+    #[test]
+    fn the_capacity_is_the_rows_whose_measured_step_fits_half_their_frames_time() {
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/release-tiny");
+        let cpu = gstqwencodec::model::parse_device("cpu").unwrap();
+        let model = Model::load(&fixture, cpu, gstqwencodec::model::Dtype::F32).unwrap();
+        let chunk_frames = 2;
+        // Frames of an hour: every row count up to the most fits, however busy the machine.
+        let hour = Duration::from_secs(3600);
+        let (served, steps) = real_time_capacity(&model, chunk_frames, hour, 3).unwrap();
+        assert_eq!((served, steps.len()), (3, 3), "{steps:?}");
+        for (rows, step) in (1..).zip(&steps) {
+            assert_eq!(*step, model.warm_step_time(rows, chunk_frames, true).unwrap());
+        }
+        // Frames of half the one-row step: half of two frames' time is half a step (and a budget
+        // of the frames' time times 2.5 or 4 would hold it). The measuring stops at the first
+        // step over the budget, and one session is served all the same.
+        let frame = steps[0] / 2;
+        let (served, steps) = real_time_capacity(&model, chunk_frames, frame, 3).unwrap();
+        assert_eq!((served, steps.len()), (1, 1), "{steps:?}");
+    }
+
+    #[test]
+    fn a_draining_server_refuses_every_session_saying_why() {
+        let capacity = capacity(2, false, DEFAULT_MARGIN_FLOOR);
+        capacity.drain("the server is shutting down");
+        assert_eq!(
+            capacity.refusal(0).as_deref(),
+            Some("the server is shutting down")
+        );
+        assert!(!capacity.report(0).admitting);
     }
 
     #[test]
@@ -367,6 +416,21 @@ mod tests {
         // One batch that left a step waiting (a stream's last, shorter step, say): not behind.
         recent.batch_ran(end, &run(1, 1, 10, 1), FRAME);
         assert_eq!(recent.behind(end, DEFAULT_MARGIN_FLOOR), None);
+        // The only batch in the window left one waiting: most batches, but one is not two.
+        let mut recent = Recent::default();
+        recent.batch_ran(end, &run(1, 1, 10, 1), FRAME);
+        assert_eq!(recent.behind(end, DEFAULT_MARGIN_FLOOR), None);
+        // Half the batches is not most; five of nine is.
+        let left_waiting = |waited: u32, batches: u32| {
+            let mut recent = Recent::default();
+            for index in (0..batches).rev() {
+                let waiting = usize::from(index < waited);
+                recent.batch_ran(end - FRAME * index, &run(1, 1, 10, waiting), FRAME);
+            }
+            recent.behind(end, DEFAULT_MARGIN_FLOOR)
+        };
+        assert_eq!(left_waiting(2, 4), None);
+        assert!(left_waiting(5, 9).unwrap().contains("at 5 of 9 batches"));
         let mut recent = Recent::default();
         speaking(&mut recent, end, 10, 10, 3);
         let why = recent.behind(end, DEFAULT_MARGIN_FLOOR).unwrap();
@@ -388,6 +452,12 @@ mod tests {
                 && why.ends_with("below 0.9 (--admission-margin)"),
             "{why}"
         );
+        // One step of 20 ms for a frame of 80 ms, just ended: a margin of exactly 0.75 (a
+        // quarter is exact in binary), which a floor of 0.75 does not refuse.
+        let mut recent = Recent::default();
+        recent.batch_ran(end, &run(1, 1, 20, 0), FRAME);
+        assert_eq!(recent.margin(end), 0.75);
+        assert_eq!(recent.behind(end, 0.75), None);
     }
 
     #[test]
