@@ -294,6 +294,34 @@ mod tests {
     }
 
     #[test]
+    fn a_client_that_gave_a_connection_back_is_still_held_to_its_most() {
+        let connections = Connections::new(10, 2);
+        let first = connections.admit(address("192.0.2.1")).unwrap();
+        let _second = connections.admit(address("192.0.2.1")).unwrap();
+        drop(first);
+        let _third = connections.admit(address("192.0.2.1")).unwrap();
+        assert_eq!(
+            connections.admit(address("192.0.2.1")).err().unwrap(),
+            "192.0.2.1 has its most connections (2)"
+        );
+    }
+
+    /// The drain waits for the last connection to end. Its end comes a little after the wait
+    /// began (a wait that returned at once would still see it open), but the count alone is
+    /// asserted: the wait's patience is far longer than the pause.
+    #[test]
+    fn the_drain_waits_for_the_last_connection_to_end() {
+        let connections = Connections::new(10, 10);
+        let last = connections.admit(address("192.0.2.1")).unwrap();
+        let ending = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(last);
+        });
+        assert_eq!(connections.wait_for_all(Duration::from_secs(60)), 0);
+        ending.join().unwrap();
+    }
+
+    #[test]
     fn sessions_are_capped_per_client_and_given_back_when_dropped() {
         let sessions = SessionsPerClient::new(2);
         let client = Client::of(address("192.0.2.1"));
@@ -348,8 +376,20 @@ mod tests {
             rate.join(Client::of(IpAddr::from(n.to_be_bytes())), start)
                 .unwrap();
         }
-        rate.join(Client::of(address("192.0.2.1")), start + Duration::from_secs(2))
-            .unwrap();
-        assert_eq!(rate.buckets.lock().unwrap().len(), 1);
+        // The first client's bucket is used up: 2 s later it has refilled by 2 joins only.
+        let busy = Client::of(IpAddr::from(0u32.to_be_bytes()));
+        for _ in 1..60 {
+            rate.join(busy, start).unwrap();
+        }
+        let later = start + Duration::from_secs(2);
+        rate.join(Client::of(address("192.0.2.1")), later).unwrap();
+        assert_eq!(
+            rate.buckets.lock().unwrap().len(),
+            2,
+            "the new one's, the busy one's"
+        );
+        rate.join(busy, later).unwrap();
+        rate.join(busy, later).unwrap();
+        assert!(rate.join(busy, later).is_err(), "a full table lets no one off");
     }
 }
