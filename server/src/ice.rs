@@ -306,6 +306,66 @@ mod tests {
         assert_eq!(stun.for_webrtcbin(None), "stun://[2001:db8::1]:3478");
     }
 
+    fn from_args(args: &[&str]) -> Result<Ice, String> {
+        Ice::from_options(&mut Options::from_args(args.iter().map(|arg| arg.to_string())))
+    }
+
+    #[test]
+    fn the_ice_settings_are_the_options_and_turn_needs_credentials() {
+        let file = std::env::temp_dir().join(format!("qwencodec-turn-credentials-{}", std::process::id()));
+        std::fs::write(&file, "user:secret\n").unwrap();
+        let ice = from_args(&[
+            "--stun",
+            "stun:198.51.100.1:3478",
+            "--ice-interfaces",
+            "lo",
+            "--public-address",
+            "203.0.113.5",
+            "--turn",
+            "turn://198.51.100.1:3478",
+            "--turn-credentials",
+            file.to_str().unwrap(),
+        ])
+        .unwrap();
+        std::fs::remove_file(&file).unwrap();
+        assert!(
+            ice.addresses.contains(&IpAddr::from([127, 0, 0, 1])),
+            "{:?}",
+            ice.addresses
+        );
+        assert_eq!(ice.public_address(), Some(IpAddr::from([203, 0, 113, 5])));
+        assert_eq!(
+            ice.turn_credentials,
+            Some(Credentials::parse("user:secret").unwrap())
+        );
+        let described = ice.describe();
+        assert!(
+            described.starts_with("ICE host candidates on 127.0.0.1")
+                && described.ends_with(
+                    ", announced as 203.0.113.5; STUN stun:198.51.100.1:3478; TURN turn:198.51.100.1:3478"
+                ),
+            "{described}"
+        );
+        assert_eq!(
+            ice.browser_servers(),
+            json!([
+                {"urls": "stun:198.51.100.1:3478"},
+                {"urls": "turn:198.51.100.1:3478", "username": "user", "credential": "secret"},
+            ])
+        );
+        gst::init().unwrap();
+        let webrtcbin = ice.webrtcbin("webrtc").expect("webrtcbin takes the TURN server");
+        drop(webrtcbin);
+
+        let err = from_args(&["--turn", "turn://198.51.100.1:3478"]).unwrap_err();
+        assert!(err.starts_with("--turn needs credentials"), "{err}");
+        let plain = from_args(&[]).unwrap();
+        assert!(plain.addresses.is_empty() && plain.turn.is_empty() && plain.public_address().is_none());
+        assert_eq!(plain.describe(), "ICE host candidates on every interface");
+        let err = from_args(&["--ice-interfaces", "nosuchif0"]).unwrap_err();
+        assert_eq!(err, "--ice-interfaces: no interface nosuchif0 with an address");
+    }
+
     #[test]
     fn bad_ice_server_urls_are_refused_with_the_reason() {
         let refusal = |url| IceServer::parse(url, &["turn", "turns"]).unwrap_err();
@@ -313,7 +373,12 @@ mod tests {
         assert!(refusal("stun://host:3478").contains("scheme"));
         assert!(refusal("turn://host").contains("host:port"));
         assert!(refusal("turn://host:3478?transport=sctp").contains("transport"));
-        assert!(Credentials::parse("nopassword").is_err());
+        for bad in ["nopassword", ":password", "user:", " : \n"] {
+            assert!(Credentials::parse(bad).is_err(), "{bad:?}");
+        }
+        // The password is never shown.
+        let credentials = Credentials::parse("user:secret").unwrap();
+        assert_eq!(format!("{credentials:?}"), "Credentials(user, …)");
     }
 
     #[test]
