@@ -312,7 +312,8 @@ mod tests {
 
     #[test]
     fn the_ice_settings_are_the_options_and_turn_needs_credentials() {
-        let file = std::env::temp_dir().join(format!("qwencodec-turn-credentials-{}", std::process::id()));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("turn-credentials");
         std::fs::write(&file, "user:secret\n").unwrap();
         let ice = from_args(&[
             "--stun",
@@ -327,7 +328,6 @@ mod tests {
             file.to_str().unwrap(),
         ])
         .unwrap();
-        std::fs::remove_file(&file).unwrap();
         assert!(
             ice.addresses.contains(&IpAddr::from([127, 0, 0, 1])),
             "{:?}",
@@ -354,8 +354,7 @@ mod tests {
             ])
         );
         gst::init().unwrap();
-        let webrtcbin = ice.webrtcbin("webrtc").expect("webrtcbin takes the TURN server");
-        drop(webrtcbin);
+        ice.webrtcbin("webrtc").expect("webrtcbin takes the TURN server");
 
         let err = from_args(&["--turn", "turn://198.51.100.1:3478"]).unwrap_err();
         assert!(err.starts_with("--turn needs credentials"), "{err}");

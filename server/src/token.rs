@@ -270,7 +270,8 @@ mod tests {
 
     #[test]
     fn a_secret_file_is_read_and_a_missing_or_short_one_is_named() {
-        let file = std::env::temp_dir().join(format!("qwencodec-join-secret-{}", std::process::id()));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("join-secret");
         std::fs::write(&file, b"a join secret of the tests\n").unwrap();
         let read = JoinSecret::read(Some(&file)).unwrap().expect("the file's secret");
         let token = secret().sign("s", NOW + 60);
