@@ -416,11 +416,7 @@ mod tests {
         // One batch that left a step waiting (a stream's last, shorter step, say): not behind.
         recent.batch_ran(end, &run(1, 1, 10, 1), FRAME);
         assert_eq!(recent.behind(end, DEFAULT_MARGIN_FLOOR), None);
-        // The only batch in the window left one waiting: most batches, but one is not two.
-        let mut recent = Recent::default();
-        recent.batch_ran(end, &run(1, 1, 10, 1), FRAME);
-        assert_eq!(recent.behind(end, DEFAULT_MARGIN_FLOOR), None);
-        // Half the batches is not most; five of nine is.
+        // The last `waited` of `batches` left steps waiting.
         let left_waiting = |waited: u32, batches: u32| {
             let mut recent = Recent::default();
             for index in (0..batches).rev() {
@@ -429,6 +425,9 @@ mod tests {
             }
             recent.behind(end, DEFAULT_MARGIN_FLOOR)
         };
+        // The only batch in the window: most batches, but one is not two. Half of them is not
+        // most; five of nine is.
+        assert_eq!(left_waiting(1, 1), None);
         assert_eq!(left_waiting(2, 4), None);
         assert!(left_waiting(5, 9).unwrap().contains("at 5 of 9 batches"));
         let mut recent = Recent::default();
