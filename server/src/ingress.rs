@@ -178,7 +178,7 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
             Received::Message(Message::Text(text)) => {
                 spoke = true;
                 match sender_message(&text) {
-                    Ok(FromSender::Cancel) => {
+                    Ok(FromSender::Cancel {}) => {
                         if let Some(rtp) = &rtp {
                             rtp.cancel();
                         }
@@ -186,7 +186,7 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
                         let frames = frames + rtp.as_ref().map_or(0, RtpIngress::frames);
                         log!("session {id}: cancelled after {frames} frames in all");
                     }
-                    Ok(FromSender::End) => session.end(),
+                    Ok(FromSender::End {}) => session.end(),
                     Err(err) => break Leaving::Refused(close::BAD_MESSAGE, err),
                 }
             }

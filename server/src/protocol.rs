@@ -34,11 +34,12 @@ pub enum FromBrowser {
 /// A sender's text message on `/codes` (its binary messages are frames, see [`FrameLayout`]).
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+// Variants with braces: serde lets unknown fields pass beside a unit variant's tag.
 pub enum FromSender {
     /// The utterance so far is complete.
-    End,
+    End {},
     /// Barge-in: drop what is queued and not yet heard.
-    Cancel,
+    Cancel {},
 }
 
 /// A signalling message, its SDP and ICE candidate checked (see [`check_answer_sdp`],
@@ -429,5 +430,125 @@ mod tests {
         assert!(matches!(join, FromBrowser::Join { token: Some(token) } if token == "s.1.ab"));
         assert!(browser_message(r#"{"type":"join","token":7}"#).is_err());
         assert!(browser_message(r#"{"type":"join","secret":"x"}"#).is_err());
+    }
+
+    /// Codes as a sender writes them: little-endian int16s.
+    fn bytes(codes: &[i16]) -> Vec<u8> {
+        codes.iter().flat_map(|code| code.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn frames_are_taken_whole_with_every_code_inside_its_codebook() {
+        let layout = FrameLayout {
+            codebooks: 3,
+            codebook_size: 2048,
+        };
+        assert_eq!(layout.frame_bytes(), 6);
+        assert_eq!(layout.check(&bytes(&[0, 1, 2])), Ok(1));
+        // 2047 is the last code; 258 is two different bytes, read in their order.
+        assert_eq!(layout.check(&bytes(&[0, 2047, 258, 5, 6, 7])), Ok(2));
+        let not_whole = |bytes| FrameError::NotWholeFrames {
+            bytes,
+            frame_bytes: 6,
+            codebooks: 3,
+        };
+        assert_eq!(layout.check(&[]), Err(not_whole(0)));
+        assert_eq!(layout.check(&bytes(&[0, 1, 2, 3])), Err(not_whole(8)));
+        assert_eq!(layout.check(&bytes(&[0, 1, 2])[..5]), Err(not_whole(5)));
+        let outside = |frame, codebook, code| FrameError::OutsideCodebook {
+            frame,
+            codebook,
+            code,
+            codebook_size: 2048,
+        };
+        // The first code outside is named by its frame and codebook.
+        assert_eq!(
+            layout.check(&bytes(&[0, 1, 2, 3, 4, 2048])),
+            Err(outside(1, 2, 2048))
+        );
+        assert_eq!(
+            layout.check(&bytes(&[0, -1, 2, 3, 4, 9999])),
+            Err(outside(0, 1, -1))
+        );
+        assert_eq!(
+            layout.check(&bytes(&[7, 8, 9, 2049, 1, 2])),
+            Err(outside(1, 0, 2049))
+        );
+        assert_eq!(
+            outside(1, 2, 2048).to_string(),
+            "frame 1, codebook 2: code 2048 is outside 0..2048"
+        );
+        assert_eq!(
+            not_whole(5).to_string(),
+            "not whole frames: 5 bytes, a frame is 6 (3 codes of 2 bytes)"
+        );
+    }
+
+    #[test]
+    fn a_sender_says_end_or_cancel_and_nothing_else() {
+        assert!(matches!(
+            sender_message(r#"{"type":"end"}"#),
+            Ok(FromSender::End {})
+        ));
+        assert!(matches!(
+            sender_message(r#"{"type":"cancel"}"#),
+            Ok(FromSender::Cancel {})
+        ));
+        for text in [r#"{"type":"stop"}"#, r#"{"type":"end","now":true}"#, "end", ""] {
+            let err = sender_message(text).unwrap_err();
+            assert!(err.starts_with("malformed message: "), "{text:?}: {err}");
+        }
+    }
+
+    /// Each length bound takes its last length and refuses one more.
+    #[test]
+    fn each_bound_takes_its_last_length_and_refuses_one_more() {
+        let candidate = |foundation: &str, transport: &str, address: &str| {
+            format!("candidate:{foundation} 12345 {transport} 4294967295 {address} 65535 typ host")
+        };
+        let good = candidate("1", "udp", "198.51.100.2");
+        assert_eq!(check_ice_candidate(&good), Ok(()));
+        let cases = [
+            (
+                candidate(&"f".repeat(32), "udp", "h"),
+                candidate(&"f".repeat(33), "udp", "h"),
+                "foundation",
+            ),
+            (
+                candidate("1", &"t".repeat(16), "h"),
+                candidate("1", &"t".repeat(17), "h"),
+                "transport",
+            ),
+            (
+                candidate("1", "udp", &"h".repeat(253)),
+                candidate("1", "udp", &"h".repeat(254)),
+                "address",
+            ),
+        ];
+        for (last, over, field) in cases {
+            assert_eq!(check_ice_candidate(&last), Ok(()), "{last}");
+            assert!(check_ice_candidate(&over).unwrap_err().contains(field), "{over}");
+        }
+        // A candidate of exactly MAX_CANDIDATE_BYTES: one extension pair fills it.
+        let filler = MAX_CANDIDATE_BYTES - good.len() - " n ".len();
+        let longest = format!("{good} n {}", "v".repeat(filler));
+        assert_eq!(longest.len(), MAX_CANDIDATE_BYTES);
+        assert_eq!(check_ice_candidate(&longest), Ok(()));
+        let over = format!("{longest}v");
+        assert!(check_ice_candidate(&over).unwrap_err().contains("over 512 bytes"));
+        // The shortest line is a type and its `=`: what an empty value means is webrtcbin's to judge.
+        assert_eq!(check_answer_sdp(&ANSWER.replace("s=-", "s=")), Ok(()));
+        assert!(
+            check_answer_sdp(&ANSWER.replace("s=-", "s"))
+                .unwrap_err()
+                .contains("line 3 is not x=value")
+        );
+        // An answer of exactly MAX_SDP_BYTES: one attribute line fills it.
+        let filler = MAX_SDP_BYTES - ANSWER.len() - "a=\r\n".len();
+        let longest = format!("{ANSWER}a={}\r\n", "x".repeat(filler));
+        assert_eq!(longest.len(), MAX_SDP_BYTES);
+        assert_eq!(check_answer_sdp(&longest), Ok(()));
+        let over = format!("{ANSWER}a={}\r\n", "x".repeat(filler + 1));
+        assert!(check_answer_sdp(&over).unwrap_err().contains("over 32768 bytes"));
     }
 }
