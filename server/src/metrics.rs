@@ -209,3 +209,87 @@ impl Metrics {
         text
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use gstqwencodec::model::{Dtype, StreamDecoder, TailStrategy, parse_device};
+
+    use super::*;
+
+    /// The value of the sample `name` (with its labels) in an OpenMetrics text.
+    fn sample<'a>(text: &'a str, name: &str) -> &'a str {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no sample {name} in:\n{text}"))
+    }
+
+    /// What the server did is counted under its label, the gauges are read at each render, the
+    /// model's batches reach the histograms, and late audio is both counted and told to the
+    /// admission.
+    #[test]
+    fn the_text_counts_what_was_done_and_reads_the_gauges_at_each_render() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/release-tiny");
+        // A model of its own: another test's batches would reach its observer.
+        let model = Arc::new(Model::load(&fixture, parse_device("cpu").unwrap(), Dtype::F32).unwrap());
+        // Live admission with a floor no margin is below: only late audio refuses a join.
+        let capacity = Arc::new(Capacity::new(4, true, f64::MIN, Duration::from_millis(80)));
+        let metrics = Metrics::new(model.clone(), capacity.clone());
+
+        let text = metrics.render(0, 0);
+        assert_eq!(sample(&text, "qwencodec_sessions_most"), "4");
+        assert_eq!(sample(&text, "qwencodec_sessions_headroom"), "4");
+        assert_eq!(sample(&text, "qwencodec_admitting"), "1");
+        assert_eq!(sample(&text, "qwencodec_decode_batch_rows_count"), "0");
+        assert_eq!(sample(&text, "qwencodec_late_audio_total"), "0");
+        assert!(!text.contains("qwencodec_refusals_total{"), "{text}");
+
+        metrics.refused(4403);
+        metrics.refused(4403);
+        metrics.refused(503);
+        metrics.peer_lost("browser", "pings-unanswered");
+        metrics.sender_takeovers.inc();
+        // One stream's step of two frames: one batch of one row.
+        let mut decoder = StreamDecoder::new(model.clone(), 2, TailStrategy::Eager).unwrap();
+        let codebooks = model.config().num_quantizers;
+        let audio = decoder.push(&vec![0; 2 * codebooks]).unwrap();
+        assert_eq!(audio.len(), 2 * model.samples_per_frame());
+
+        let text = metrics.render(3, 5);
+        assert_eq!(sample(&text, "qwencodec_sessions"), "3");
+        assert_eq!(sample(&text, "qwencodec_pipelines"), "5");
+        assert_eq!(sample(&text, "qwencodec_sessions_headroom"), "1");
+        assert_eq!(sample(&text, "qwencodec_admitting"), "1");
+        assert_eq!(sample(&text, r#"qwencodec_refusals_total{code="4403"}"#), "2");
+        assert_eq!(sample(&text, r#"qwencodec_refusals_total{code="503"}"#), "1");
+        assert_eq!(
+            sample(
+                &text,
+                r#"qwencodec_peers_lost_total{peer="browser",why="pings-unanswered"}"#
+            ),
+            "1"
+        );
+        assert_eq!(sample(&text, "qwencodec_sender_takeovers_total"), "1");
+        assert_eq!(sample(&text, "qwencodec_decode_batch_rows_count"), "1");
+        assert_eq!(sample(&text, "qwencodec_decode_batch_rows_sum"), "1.0");
+        assert_eq!(sample(&text, "qwencodec_decode_step_seconds_count"), "1");
+        assert_eq!(sample(&text, "qwencodec_decode_steps_waiting"), "0");
+        assert!(
+            sample(&text, "qwencodec_decode_real_time_margin")
+                .parse::<f64>()
+                .unwrap()
+                < 1.0
+        );
+
+        metrics.late_audio.inc();
+        let text = metrics.render(3, 5);
+        assert_eq!(sample(&text, "qwencodec_late_audio_total"), "1");
+        assert_eq!(sample(&text, "qwencodec_admitting"), "0");
+        assert!(capacity.refusal(3).unwrap().contains("late audio"));
+        // Past the most, no headroom is left, and none below zero.
+        let text = metrics.render(6, 6);
+        assert_eq!(sample(&text, "qwencodec_sessions_headroom"), "0");
+    }
+}

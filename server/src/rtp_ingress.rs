@@ -317,6 +317,8 @@ fn take_only_from(udpsrc: &gst::Element, sender: IpAddr, session: &str, dropped:
 
 #[cfg(test)]
 mod tests {
+    use std::str::FromStr;
+
     use super::*;
 
     const START: gst::BufferFlags = gst::BufferFlags::DISCONT.union(gst::BufferFlags::MARKER);
@@ -346,5 +348,64 @@ mod tests {
         assert_eq!(utterances.take(START), Take::Push { restart: true });
         assert_eq!(utterances.take(LOSS), Take::Push { restart: true });
         assert_eq!(utterances.take(GOING_ON), Take::Push { restart: false });
+    }
+
+    /// The released model's codes.
+    const RELEASED: RtpFormat = RtpFormat {
+        clock_rate: 24_000,
+        codebooks: 16,
+        codebook_size: 2048,
+        samples_per_frame: 1920,
+    };
+
+    #[test]
+    fn the_sdp_names_the_port_its_address_and_the_codes() {
+        let v4: IpAddr = "198.51.100.7".parse().unwrap();
+        assert_eq!(
+            RELEASED.sdp(v4, 50004),
+            "v=0\r\no=- 0 0 IN IP4 198.51.100.7\r\ns=qwencodec codes\r\nc=IN IP4 198.51.100.7\r\nt=0 0\r\n\
+             m=audio 50004 RTP/AVP 96\r\na=rtpmap:96 X-QWEN3-TTS-CODES/24000\r\n\
+             a=fmtp:96 version=1;codebooks=16;codebook-size=2048;samples-per-frame=1920\r\na=recvonly\r\n"
+        );
+        let v6: IpAddr = "2001:db8::7".parse().unwrap();
+        let sdp = RELEASED.sdp(v6, 9);
+        assert!(sdp.contains("\r\nc=IN IP6 2001:db8::7\r\n"), "{sdp}");
+        assert!(sdp.contains("\r\nm=audio 9 RTP/AVP 96\r\n"), "{sdp}");
+    }
+
+    #[test]
+    fn the_caps_are_the_depayloaders_for_the_models_codes() {
+        gst::init().unwrap();
+        let caps = RELEASED.caps();
+        let expected = gst::Caps::from_str(
+            "application/x-rtp, media=audio, encoding-name=X-QWEN3-TTS-CODES, clock-rate=24000, \
+             payload=96, version=(string)1, codebooks=(string)16, codebook-size=(string)2048, \
+             samples-per-frame=(string)1920",
+        )
+        .unwrap();
+        assert_eq!(caps, expected);
+        gstqwencodec::plugin_register_static().unwrap();
+        let depayloader = gst::ElementFactory::make("rtpqwencodesdepay").build().unwrap();
+        assert!(depayloader.static_pad("sink").unwrap().query_accept_caps(&caps));
+    }
+
+    #[test]
+    fn the_sdp_names_the_public_address_only_of_the_local_ones_family() {
+        let local: IpAddr = "10.0.0.5".parse().unwrap();
+        let public_v4: IpAddr = "203.0.113.9".parse().unwrap();
+        let public_v6: IpAddr = "2001:db8::9".parse().unwrap();
+        let sender: IpAddr = "198.51.100.2".parse().unwrap();
+        let announced = |local, public| RtpAddresses::new(local, public, sender).announced;
+        assert_eq!(announced(local, None), local);
+        assert_eq!(announced(local, Some(public_v4)), public_v4);
+        assert_eq!(announced(local, Some(public_v6)), local);
+        // A dual-stack socket's IPv4 peer comes as an IPv4-mapped IPv6 address.
+        let mapped: IpAddr = "::ffff:10.0.0.5".parse().unwrap();
+        assert_eq!(announced(mapped, Some(public_v4)), public_v4);
+        let local_v6: IpAddr = "2001:db8::5".parse().unwrap();
+        assert_eq!(announced(local_v6, Some(public_v6)), public_v6);
+        assert_eq!(announced(local_v6, Some(public_v4)), local_v6);
+        let addresses = RtpAddresses::new(local, Some(public_v4), sender);
+        assert_eq!((addresses.local, addresses.sender), (local, sender));
     }
 }
