@@ -10,3 +10,23 @@ pub fn random_hex(bytes: usize) -> Result<String, String> {
         .map_err(|err| format!("cannot read /dev/urandom: {err}"))?;
     Ok(random.iter().map(|byte| format!("{byte:02x}")).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_identifier_is_its_bytes_in_hex_and_another_each_time() {
+        let first = random_hex(16).unwrap();
+        assert_eq!(first.len(), 32, "{first}");
+        assert!(
+            first
+                .bytes()
+                .all(|byte| byte.is_ascii_hexdigit() && !byte.is_ascii_uppercase()),
+            "{first}"
+        );
+        // 128 random bits: equal twice only if the source is not random.
+        assert_ne!(random_hex(16).unwrap(), first);
+        assert_eq!(random_hex(0).unwrap(), "");
+    }
+}
