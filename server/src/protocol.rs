@@ -508,6 +508,8 @@ mod tests {
         };
         let good = candidate("1", "udp", "198.51.100.2");
         assert_eq!(check_ice_candidate(&good), Ok(()));
+        // A foundation's `+` and `/` (RFC 8839's ice-char), a transport token's `-` and `_`.
+        assert_eq!(check_ice_candidate(&candidate("a+b/1", "x-udp_1", "h")), Ok(()));
         let cases = [
             (
                 candidate(&"f".repeat(32), "udp", "h"),
