@@ -356,7 +356,7 @@ fn the_rtp_port_takes_its_senders_packets_alone() {
     // well formed.
     let speech = Speech::load();
     let frames_in = || sample(&server.get("/metrics").1, "qwencodec_frames_in_total");
-    let mut stranger = RtpSender::start_from(&speech, "127.0.0.2", port);
+    let mut stranger = RtpSender::start_from(&speech, "127.0.0.2", port, 1);
     stranger.send_burst(&speech, 10);
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(frames_in(), 0.0, "frames from another address went in");
@@ -366,7 +366,8 @@ fn the_rtp_port_takes_its_senders_packets_alone() {
         )),
         Duration::from_secs(2)
     ));
-    let mut sender = RtpSender::start_from(&speech, "127.0.0.1", port);
+    // In packets of 5 frames, as a sender may pack them: each counts as its frames.
+    let mut sender = RtpSender::start_from(&speech, "127.0.0.1", port, 5);
     sender.send_burst(&speech, 10);
     let started = Instant::now();
     while frames_in() < 10.0 {
@@ -377,6 +378,12 @@ fn the_rtp_port_takes_its_senders_packets_alone() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(frames_in(), 10.0);
+    // More than a minute of speech at once (12.5 frames a second): the session refuses it, and
+    // the sender's control connection is closed saying why.
+    sender.send_burst(&speech, 60 * 25 / 2 + 10);
+    let (code, reason) = control.close_reason();
+    assert_eq!(code, 4413, "{reason}");
+    assert!(reason.contains("more than 60 s of speech queued"), "{reason}");
     drop(control);
     assert!(server.await_log(
         |line| line.contains(&format!(

@@ -27,15 +27,16 @@ pub(super) struct RtpSender {
 
 impl RtpSender {
     fn start(speech: &Speech, port: u16) -> Self {
-        Self::start_from(speech, "127.0.0.1", port)
+        Self::start_from(speech, "127.0.0.1", port, 1)
     }
 
     /// A sender whose packets come from `source` (an address of the loopback interface: all of
-    /// 127.0.0.0/8 is), to 127.0.0.1:`port`.
-    pub(super) fn start_from(speech: &Speech, source: &str, port: u16) -> Self {
+    /// 127.0.0.0/8 is), to 127.0.0.1:`port`, `frames_per_packet` frames a packet.
+    pub(super) fn start_from(speech: &Speech, source: &str, port: u16, frames_per_packet: u32) -> Self {
         common::init();
         let pipeline = gst::parse::launch(&format!(
-            "appsrc name=src is-live=true format=time ! rtpqwencodespay name=pay \
+            "appsrc name=src is-live=true format=time \
+             ! rtpqwencodespay name=pay frames-per-packet={frames_per_packet} \
              ! udpsink host=127.0.0.1 port={port} bind-address={source} sync=false"
         ))
         .unwrap()
