@@ -26,7 +26,7 @@ pub(super) struct RtpSender {
 }
 
 impl RtpSender {
-    fn start(speech: &Speech, port: u16) -> Self {
+    pub(super) fn start(speech: &Speech, port: u16) -> Self {
         Self::start_from(speech, "127.0.0.1", port, 1)
     }
 
@@ -90,7 +90,7 @@ impl RtpSender {
     }
 
     /// An utterance of `frames` in real time; when its first frame went.
-    fn send_live(&mut self, speech: &Speech, frames: usize) -> f64 {
+    pub(super) fn send_live(&mut self, speech: &Speech, frames: usize) -> f64 {
         let start = Instant::now();
         let first = epoch_ms();
         for index in 0..frames {
@@ -120,7 +120,7 @@ impl Drop for RtpSender {
 }
 
 /// The control connection of an RTP sender and the port its frames go to.
-fn rtp_sender_of(server: &Server, session: &str) -> (Client, u16) {
+pub(super) fn rtp_sender_of(server: &Server, session: &str) -> (Client, u16) {
     let mut control = server.connect(&format!("/codes?session={session}&transport=rtp"), Some(TOKEN));
     let offer = control.receive_json();
     assert_eq!(offer["type"], "rtp", "{offer}");

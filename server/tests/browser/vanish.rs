@@ -1,6 +1,7 @@
 //! Peers that vanish (docs/streaming-server.md, "Peers that vanish"): a browser whose link goes
 //! down or whose processes stop, a client that joins and never connects or never answers, a
-//! sender that stops answering and one killed mid-utterance. Each session ends, or its sender's
+//! sender that stops answering, one killed mid-utterance and an RTP sender whose WebSocket is
+//! quiet. Each session ends, or its sender's
 //! slot frees, within the times the server is given, and `/status` and `/metrics` agree.
 //!
 //! The server runs with short times: pings every `PING_INTERVAL_S`, a peer gone after
@@ -11,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::network::{self, ServerHost};
+use super::rtp_codes::{RtpSender, rtp_sender_of};
 use super::server::{self, Client, Server, TOKEN, epoch_ms};
 use super::webdriver::Browser;
 use super::{Measure, Speech, assert_heard, connect_page, speak_and_end, wait_ms};
@@ -415,6 +417,46 @@ fn a_sender_that_stops_answering_loses_its_slot_and_another_takes_over() {
         8.0 + 10.0 + 6.0 + 6.0
     );
     assert_eq!(count(&metrics, "qwencodec_late_audio_total"), 0.0);
+}
+
+/// An RTP sender's packets show it is there, whatever its WebSocket says: its control
+/// connection reads nothing, so answers no ping, and keeps the session's slot while the frames
+/// come (three peer timeouts), then loses it a peer timeout after the last.
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn an_rtp_sender_is_there_while_its_packets_come_though_its_websocket_is_quiet() {
+    if !server::in_own_network(
+        "vanish::an_rtp_sender_is_there_while_its_packets_come_though_its_websocket_is_quiet",
+    ) {
+        return;
+    }
+    let server = Server::start(&options(&[]));
+    let speech = Speech::load();
+    let browser = Browser::start();
+    let session = connect_page(&browser, &server, &speech);
+    let (control, port) = rtp_sender_of(&server, &session);
+    let mut sender = RtpSender::start(&speech, port);
+    let frames = (3.0 * PEER_TIMEOUT_S * 1e3 / speech.frame_ms) as usize;
+    sender.send_live(&speech, frames);
+    let last_sent = epoch_ms();
+    let metrics = server.get("/metrics").1;
+    assert_eq!(lost(&metrics, "sender", "timeout"), 0.0, "{metrics}");
+    let gone = await_log_line(
+        &server,
+        &format!("of session {session} is gone after {frames} frames: answered no ping within 2 s"),
+        Duration::from_secs_f64(PEER_TIMEOUT_S + SLACK_S + 1.0),
+    );
+    assert_took(
+        "the quiet RTP sender lost its slot after its last packet",
+        (gone - last_sent) / 1e3,
+        PEER_TIMEOUT_S - 0.1,
+        PEER_TIMEOUT_S + SLACK_S,
+    );
+    // The session stays, its browser there.
+    let metrics = assert_status(&server, (1, 1));
+    assert_eq!(lost(&metrics, "sender", "timeout"), 1.0, "{metrics}");
+    assert_eq!(count(&metrics, "qwencodec_frames_in_total"), frames as f64);
+    drop(control);
 }
 
 /// A TTS sender as a process of its own (Debian's python3-websocket): sends the frames of the
