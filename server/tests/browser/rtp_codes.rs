@@ -241,3 +241,63 @@ fn codes_over_rtp_are_heard_and_cancelled_as_over_the_websocket() {
         215.0
     );
 }
+
+/// The decoder's steps so far (`/metrics`).
+fn steps(server: &Server) -> f64 {
+    super::hardening::sample(&server.get("/metrics").1, "qwencodec_decode_step_seconds_count")
+}
+
+/// The decoder's steps since `before` once `want` of them have run (or 5 s have passed) and the
+/// count has held still for 300 ms: more than `want` shows too.
+fn steps_since(server: &Server, before: f64, want: f64) -> f64 {
+    let started = Instant::now();
+    while steps(server) - before < want && started.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut last = steps(server);
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = steps(server);
+        if now == last {
+            return now - before;
+        }
+        last = now;
+    }
+}
+
+/// An utterance's first packet (marked) ends the utterance before it, as `{"type":"end"}` does:
+/// the decoder decodes the frames it held back for a full step, then starts fresh. Counted in
+/// steps at `--chunk-frames 4`, utterances of 5 frames: 1 step and 1 frame held; the next
+/// utterance's mark drains that frame (a step), then its own 4 (another); the end drains its last.
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn an_utterances_first_packet_ends_the_one_before_it() {
+    if !server::in_own_network("rtp_codes::an_utterances_first_packet_ends_the_one_before_it") {
+        return;
+    }
+    let speech = Speech::load();
+    let server = Server::start(&["--chunk-frames", "4"]);
+    let browser = Browser::start();
+    let session = connect_page(&browser, &server, &speech);
+    let (mut control, port) = rtp_sender_of(&server, &session);
+    let mut sender = RtpSender::start(&speech, port);
+    let before = steps(&server);
+    sender.send_burst(&speech, 5);
+    assert_eq!(
+        steps_since(&server, before, 1.0),
+        1.0,
+        "the first utterance's full step"
+    );
+    sender.send_burst(&speech, 5);
+    assert_eq!(
+        steps_since(&server, before, 3.0),
+        3.0,
+        "the first utterance's held frame, then the second's full step"
+    );
+    control.send_text(r#"{"type":"end"}"#);
+    assert_eq!(
+        steps_since(&server, before, 4.0),
+        4.0,
+        "the second utterance's held frame"
+    );
+}
