@@ -335,6 +335,7 @@ fn a_sink_holding_audio_to_its_time_does_not_raise_the_latency() {
 struct LiveStreams {
     pipeline: gst::Pipeline,
     srcs: Vec<gst_app::AppSrc>,
+    sinks: Vec<gst_base::BaseSink>,
     /// Buffers that reached their sink after their time (running time plus the latency the
     /// sink was given).
     late: Arc<AtomicUsize>,
@@ -348,6 +349,7 @@ impl LiveStreams {
         let late = Arc::new(AtomicUsize::new(0));
         let rendered = Arc::new(AtomicUsize::new(0));
         let mut srcs = Vec::new();
+        let mut sinks = Vec::new();
         for _ in 0..streams {
             let src = gst_app::AppSrc::builder()
                 .caps(&fixture.caps())
@@ -369,6 +371,7 @@ impl LiveStreams {
             gst::Element::link_many([src.upcast_ref(), &decoder, &sink]).unwrap();
             let (late, rendered) = (late.clone(), rendered.clone());
             let base_sink = sink.clone().downcast::<gst_base::BaseSink>().unwrap();
+            sinks.push(base_sink.clone());
             sink.static_pad("sink")
                 .unwrap()
                 .add_probe(gst::PadProbeType::BUFFER, move |pad, info| {
@@ -406,8 +409,24 @@ impl LiveStreams {
         Self {
             pipeline,
             srcs,
+            sinks,
             late,
             rendered,
+        }
+    }
+
+    /// Waits until every sink has been given `latency` at least. The pipeline gives its latency
+    /// asynchronously, after the LATENCY messages of the decoders as their streams open on the
+    /// model: a frame fed before would be held to an older figure (the sinks' 0 at the start),
+    /// which is the bus's timing, not the decoder's.
+    fn await_sinks_given(&self, latency: gst::ClockTime) {
+        let started = Instant::now();
+        while self.sinks.iter().any(|sink| sink.latency() < latency) {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "the sinks were not given the pipeline's latency {latency} within 5 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
@@ -473,6 +492,7 @@ fn eight_live_streams_batching_reach_synchronised_sinks_in_time() {
 
     let eight = LiveStreams::new(&fixture, 8);
     let eight_latency = eight.latency();
+    eight.await_sinks_given(eight_latency);
     eight.feed(&fixture, FRAMES).join().unwrap();
     // The last frame's audio is due one latency after it.
     std::thread::sleep(Duration::from_nanos(eight_latency.nseconds()) + Duration::from_millis(200));
