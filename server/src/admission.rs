@@ -347,9 +347,8 @@ mod tests {
     /// one-row step, which the model keeps (the same figure at each call), not against a clock.
     #[test]
     fn the_capacity_is_the_rows_whose_measured_step_fits_half_their_frames_time() {
-        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/release-tiny");
         let cpu = gstqwencodec::model::parse_device("cpu").unwrap();
-        let model = Model::load(&fixture, cpu, gstqwencodec::model::Dtype::F32).unwrap();
+        let model = Model::load(&crate::default_model(), cpu, gstqwencodec::model::Dtype::F32).unwrap();
         let chunk_frames = 2;
         // Frames of an hour: every row count up to the most fits, however busy the machine.
         let hour = Duration::from_secs(3600);

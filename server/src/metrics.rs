@@ -212,7 +212,6 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
     use std::time::Duration;
 
     use gstqwencodec::model::{Dtype, StreamDecoder, TailStrategy, parse_device};
@@ -231,9 +230,9 @@ mod tests {
     /// admission.
     #[test]
     fn the_text_counts_what_was_done_and_reads_the_gauges_at_each_render() {
-        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/release-tiny");
         // A model of its own: another test's batches would reach its observer.
-        let model = Arc::new(Model::load(&fixture, parse_device("cpu").unwrap(), Dtype::F32).unwrap());
+        let cpu = parse_device("cpu").unwrap();
+        let model = Arc::new(Model::load(&crate::default_model(), cpu, Dtype::F32).unwrap());
         // Live admission with a floor no margin is below: only late audio refuses a join.
         let capacity = Arc::new(Capacity::new(4, true, f64::MIN, Duration::from_millis(80)));
         let metrics = Metrics::new(model.clone(), capacity.clone());
