@@ -190,11 +190,6 @@ template <int V, int R, typename W>
 __attribute__((target("avx512f"))) void product_block(const float* tiles, const W* weight, const float* scale,
                                                       float* result, int64_t in, int64_t out, int64_t last) {
   const __mmask16 last_mask = qwencodec::tail_mask(last);
-  __m512 scales[V];
-  if constexpr (std::is_same_v<W, int16_t>) {
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) scales[v] = _mm512_loadu_ps(scale + 16 * v);
-  }
   for (int64_t i0 = 0; i0 < in; i0 += kSumInputs) {
     const int64_t i1 = std::min(in, i0 + kSumInputs);
     __m512 sums[R][V];
@@ -226,7 +221,10 @@ __attribute__((target("avx512f"))) void product_block(const float* tiles, const 
       for (int v = 0; v < V; ++v) {
         const __mmask16 mask = v + 1 < V ? static_cast<__mmask16>(0xffff) : last_mask;
         __m512 sum = sums[r][v];
-        if constexpr (std::is_same_v<W, int16_t>) sum = _mm512_mul_ps(sum, scales[v]);
+        // The scales read here, not held through the loop: 9 tiles' sums and the weights take
+        // 31 of the 32 registers, and GCC spilled the sums to the stack at every input with the
+        // scales' three (the float32 weights' too, which have none).
+        if constexpr (std::is_same_v<W, int16_t>) sum = _mm512_mul_ps(sum, _mm512_loadu_ps(scale + 16 * v));
         if (i0 > 0) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(mask, row + 16 * v));
         _mm512_mask_storeu_ps(row + 16 * v, mask, sum);
       }
