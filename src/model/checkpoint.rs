@@ -127,21 +127,27 @@ impl WeightFile {
                 found: info.shape.clone(),
             });
         }
-        let stored = match info.dtype {
-            Dtype::F32 => Kind::Float,
-            Dtype::BF16 => Kind::BFloat16,
-            Dtype::F16 => Kind::Half,
-            other => {
-                return Err(ModelError::Checkpoint(format!(
-                    "tensor {full_name} is stored as {other:?}; only F32, BF16 and F16 are supported"
-                )));
-            }
-        };
+        let stored = stored_kind(info.dtype).ok_or_else(|| {
+            ModelError::Checkpoint(format!(
+                "tensor {full_name} is stored as {:?}; only F32, BF16 and F16 are supported",
+                info.dtype
+            ))
+        })?;
         let (begin, end) = info.data_offsets;
         let bytes = &self.map[self.data_start + begin..self.data_start + end];
         let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
         let tensor = Tensor::f_from_data_size(bytes, &dims, stored)?;
         Ok(tensor.f_to_device(self.device)?.f_to_kind(kind)?)
+    }
+}
+
+/// The kind a tensor stored as `dtype` is read in: F32, BF16 and F16 only.
+fn stored_kind(dtype: Dtype) -> Option<Kind> {
+    match dtype {
+        Dtype::F32 => Some(Kind::Float),
+        Dtype::BF16 => Some(Kind::BFloat16),
+        Dtype::F16 => Some(Kind::Half),
+        _ => None,
     }
 }
 
@@ -173,6 +179,15 @@ impl<'a> Weights<'a> {
     /// This layer's tensor `name` with the given shape, on the compute device and kind.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
         self.get_as(name, shape, self.file.kind)
+    }
+
+    /// The kind this layer's tensor `name` is stored in, if the file has it in a kind it reads.
+    pub fn stored_kind(&self, name: &str) -> Option<Kind> {
+        let info = self
+            .file
+            .metadata
+            .info(&format!("{DECODER_PREFIX}{}", self.at(name).prefix))?;
+        stored_kind(info.dtype)
     }
 
     /// Like [`Self::get`] but converted to `kind` (for tables kept at higher precision).

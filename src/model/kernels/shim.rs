@@ -53,13 +53,16 @@ pub enum CpuKernels {
 /// check the path other CPUs take.
 pub const KERNELS_ENV: &str = "QWENCODEC_CPU_KERNELS";
 
-/// Our CPU kernels, by the names [`KERNELS_ENV`] holds them back with (their files' names); and
+/// Our CPU kernels, by the names [`KERNELS_ENV`] holds them back with (their files' names, and
+/// `winograd_bf16` for the Winograd tiles' bfloat16 products); and
 /// one choice of libtorch's ops, `onednn_taps` (see `CausalTransConv` in `network/conv.rs`), held
 /// back and measured the same way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
     SkinnyGemm,
     Winograd,
+    /// The Winograd tiles' products in bfloat16 (dtype bf16, AVX512_BF16).
+    WinogradBf16,
     DirectConv,
     OverlapAdd,
     SnakeBeta,
@@ -69,9 +72,10 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 8] = [
+    pub const ALL: [Kernel; 9] = [
         Kernel::SkinnyGemm,
         Kernel::Winograd,
+        Kernel::WinogradBf16,
         Kernel::DirectConv,
         Kernel::OverlapAdd,
         Kernel::SnakeBeta,
@@ -84,6 +88,7 @@ impl Kernel {
         match self {
             Kernel::SkinnyGemm => "skinny_gemm",
             Kernel::Winograd => "winograd",
+            Kernel::WinogradBf16 => "winograd_bf16",
             Kernel::DirectConv => "direct_conv",
             Kernel::OverlapAdd => "overlap_add",
             Kernel::SnakeBeta => "snake_beta",
@@ -93,12 +98,15 @@ impl Kernel {
         }
     }
 
-    /// Whether the kernel runs in `kernels`: the direct convolutions need AVX-512, the others
-    /// AVX2 (the plain C++ ones too, held back with the vector kernels on other CPUs); oneDNN's
-    /// taps need AVX-512, on a CPU where MKL's products do without it.
+    /// Whether the kernel runs in `kernels`: the direct convolutions need AVX-512, the bfloat16
+    /// Winograd products AVX-512 and a CPU with AVX512_BF16, the others AVX2 (the plain C++ ones
+    /// too, held back with the vector kernels on other CPUs); oneDNN's taps need AVX-512, on a
+    /// CPU where MKL's products do without it.
     pub fn runs_in(self, kernels: CpuKernels) -> bool {
         let least = match self {
             Kernel::DirectConv => CpuKernels::Avx512,
+            Kernel::WinogradBf16 if !has_bf16_products() => return false,
+            Kernel::WinogradBf16 => CpuKernels::Avx512,
             Kernel::OnednnTaps if mkl_runs_avx512() => return false,
             Kernel::OnednnTaps => CpuKernels::Avx512,
             _ => CpuKernels::Avx2,
@@ -231,6 +239,16 @@ pub fn widest_kernels() -> CpuKernels {
     CpuKernels::Off
 }
 
+/// Whether this CPU multiplies bfloat16 pairs into float32 sums (AVX512_BF16: `vdpbf16ps`).
+pub fn has_bf16_products() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Whether MKL's float32 products run its AVX-512 code here: on Intel CPUs only. Elsewhere it
 /// takes its generic code, AVX2 at most (`mkl_blas_def_sgemm_kernel_0_zen` in the AMD EPYC's
 /// profiles, `mkl_blas_avx512_sgemm_kernel_0` in the Intel Xeon's), while oneDNN's kernels use
@@ -323,15 +341,35 @@ mod tests {
             );
         }
         for kernel in Kernel::ALL {
-            let avx2 = !matches!(kernel, Kernel::DirectConv | Kernel::OnednnTaps);
+            let avx2 = !matches!(
+                kernel,
+                Kernel::DirectConv | Kernel::OnednnTaps | Kernel::WinogradBf16
+            );
             assert_eq!(kernel.runs_in(CpuKernels::Avx2), avx2, "{kernel:?} in AVX2");
-            let avx512 = kernel != Kernel::OnednnTaps || !mkl_runs_avx512();
+            let avx512 = match kernel {
+                Kernel::OnednnTaps => !mkl_runs_avx512(),
+                Kernel::WinogradBf16 => has_bf16_products(),
+                _ => true,
+            };
             assert_eq!(
                 kernel.runs_in(CpuKernels::Avx512),
                 avx512,
                 "{kernel:?} in AVX-512"
             );
         }
+    }
+
+    /// The bfloat16 products are taken to run where /proc/cpuinfo lists AVX512_BF16.
+    #[test]
+    #[cfg_attr(not(target_os = "linux"), ignore = "reads /proc/cpuinfo")]
+    fn bf16_products_are_taken_to_run_where_the_cpu_lists_them() {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+        let flags = cpuinfo
+            .lines()
+            .find_map(|line| line.strip_prefix("flags"))
+            .expect("no flags in /proc/cpuinfo");
+        let listed = |flag: &str| flags.split_whitespace().any(|f| f == flag);
+        assert_eq!(has_bf16_products(), listed("avx512f") && listed("avx512_bf16"));
     }
 
     /// MKL's AVX-512 code is Intel's alone: the CPU's vendor as the kernel reports it.

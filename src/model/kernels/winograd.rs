@@ -100,6 +100,53 @@ const BLOCK_OUTPUTS: i64 = 48;
 /// matrices give 1.63e-2.
 const INT16_STEPS: f64 = 32767.0;
 
+/// How a convolution keeps its transformed weights, and so how its products are computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransformedWeights {
+    /// float32 weights and products.
+    Float32,
+    /// 16-bit integers ([`INT16_STEPS`]): half the bytes, float32 products (dtypes f16 and bf16
+    /// where the bytes are the cost).
+    Int16,
+    /// bfloat16 weights and tiles, multiplied in pairs into float32 sums by AVX512_BF16's
+    /// `vdpbf16ps`, twice the products of an FMA: dtype bf16 where the CPU has them
+    /// ([`TransformedWeights::for_layer`]).
+    Bfloat16,
+}
+
+impl TransformedWeights {
+    /// The weights of a layer of `dtype_rounding` (the 16-bit kind dtype f16 or bf16 rounds
+    /// weights to on the CPU, none in float32) whose matrix is `rounded` to it or not (see
+    /// `network::precision::rounded_weights`), its weight `stored` in the checkpoint as that
+    /// kind. Layers bound by their weights' bytes keep them in 16-bit integers, the closest 16
+    /// bits; those bound by arithmetic (the vocoder's late blocks) keep float32, and in dtype
+    /// bf16 multiply in bfloat16 where the CPU can ([`Kernel::WinogradBf16`]) and their inputs
+    /// pair up (an even number), unless the checkpoint stores the weight in bfloat16: bf16 then
+    /// rounds nothing, and the decode stays as exact as f32's. Rounding the tiles puts the
+    /// released geometry's decode at 1.4e-1 from float64, against 1.1e-1 with float32 tiles and
+    /// upstream's own bf16 decode's 2.0e-1; the same products in blocks 2 to 4 put it at 1.8e-1,
+    /// in every block at 2.1e-1.
+    pub fn for_layer(
+        dtype_rounding: Option<Kind>,
+        rounded: bool,
+        stored: Option<Kind>,
+        in_channels: usize,
+    ) -> Self {
+        if dtype_rounding == Some(Kind::BFloat16)
+            && !rounded
+            && stored != Some(Kind::BFloat16)
+            && in_channels.is_multiple_of(2)
+            && Kernel::WinogradBf16.runs_in(shim::kernel(Kernel::WinogradBf16))
+        {
+            Self::Bfloat16
+        } else if rounded {
+            Self::Int16
+        } else {
+            Self::Float32
+        }
+    }
+}
+
 /// Winograd's three matrices for `m` outputs of a `taps`-tap kernel, `points = m + taps - 1`:
 /// outputs = AT ((G kernel) * (BT inputs)), where output i is the sum over taps k of
 /// kernel[k] * inputs[i + k].
@@ -178,7 +225,8 @@ fn matrix(rows: &[Vec<f64>], kind: Kind) -> TorchResult<Tensor> {
 pub struct Winograd {
     /// [points, blocks, in, BLOCK_OUTPUTS]: the kernel taps transformed, one matrix [in, out] per
     /// point, its output channels in blocks (the last padded with zeros), each block's bytes
-    /// consecutive as the kernel reads them. float32, or int16 (see [`INT16_STEPS`]).
+    /// consecutive as the kernel reads them. float32, or int16 (see [`INT16_STEPS`]); bfloat16
+    /// as [points, blocks, in / 2, BLOCK_OUTPUTS, 2], two inputs side by side for each output.
     weights: Tensor,
     /// For int16 weights, [points, blocks * BLOCK_OUTPUTS] float32: what each point's output
     /// channel's integers stand for.
@@ -210,19 +258,25 @@ impl Winograd {
     }
 
     /// `weight` [out, in, taps] and `bias` [out], float32, in this process's instruction set for
-    /// the kernel. The transformed weights are rounded once, to float32, or with `int16` to
-    /// integers (half the bytes, for dtypes f16 and bf16).
-    pub fn new(weight: &Tensor, bias: &Tensor, dilation: usize, m: usize, int16: bool) -> TorchResult<Self> {
-        Self::in_kernels(weight, bias, dilation, m, int16, shim::kernel(Kernel::Winograd))
+    /// the kernel. The transformed weights are rounded once, as `format` keeps them.
+    pub fn new(
+        weight: &Tensor,
+        bias: &Tensor,
+        dilation: usize,
+        m: usize,
+        format: TransformedWeights,
+    ) -> TorchResult<Self> {
+        Self::in_kernels(weight, bias, dilation, m, format, shim::kernel(Kernel::Winograd))
     }
 
-    /// [`Winograd::new`] in `kernels` (AVX2 or AVX-512), which the CPU must have.
+    /// [`Winograd::new`] in `kernels` (AVX2 or AVX-512), which the CPU must have; bfloat16
+    /// weights run in AVX-512, where the CPU must have AVX512_BF16.
     fn in_kernels(
         weight: &Tensor,
         bias: &Tensor,
         dilation: usize,
         m: usize,
-        int16: bool,
+        format: TransformedWeights,
         kernels: CpuKernels,
     ) -> TorchResult<Self> {
         let taps = weight.size()[2] as usize;
@@ -234,7 +288,7 @@ impl Winograd {
         let transformed = weight
             .f_to_kind(Kind::Double)?
             .f_matmul(&matrix(&transforms.kernel, Kind::Double)?.f_t_()?)?;
-        let (rounded, scales) = if int16 {
+        let (rounded, scales) = if format == TransformedWeights::Int16 {
             // Each point's output channel on its own scale: its largest weight is INT16_STEPS.
             let scales = (transformed.f_abs()?.f_amax([1], true)? / INT16_STEPS)
                 .f_clamp_min(f64::from(f32::MIN_POSITIVE))?
@@ -249,14 +303,25 @@ impl Winograd {
                 .f_transpose(0, 1)?
                 .f_contiguous()?;
             (integers, Some(scales))
+        } else if format == TransformedWeights::Bfloat16 {
+            // Through float32, so that each weight is rounded once more, to nearest even.
+            let rounded = transformed.f_to_kind(Kind::Float)?.f_to_kind(Kind::BFloat16)?;
+            (rounded, None)
         } else {
             (transformed.f_to_kind(Kind::Float)?, None)
         };
-        let weights = rounded
-            .f_constant_pad_nd(padding)?
-            .f_view([blocks, BLOCK_OUTPUTS, inputs, -1])?
-            .f_permute([3, 0, 2, 1])?
-            .f_contiguous()?;
+        let padded = rounded.f_constant_pad_nd(padding)?;
+        let weights = if format == TransformedWeights::Bfloat16 {
+            padded
+                .f_view([blocks, BLOCK_OUTPUTS, inputs / 2, 2, -1])?
+                .f_permute([4, 0, 2, 1, 3])?
+                .f_contiguous()?
+        } else {
+            padded
+                .f_view([blocks, BLOCK_OUTPUTS, inputs, -1])?
+                .f_permute([3, 0, 2, 1])?
+                .f_contiguous()?
+        };
         Ok(Self {
             weights,
             scales,
@@ -299,6 +364,7 @@ impl Winograd {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::kernels::shim::has_bf16_products;
     use crate::model::kernels::{Inputs, max_error_and_scale};
 
     /// Which convolutions take which tiles.
@@ -327,6 +393,28 @@ mod tests {
             "no points chosen for 7 points, as F(2, 6) needs"
         );
         assert!(!Winograd::applies(Device::Cuda(0), 1024, 2, 7));
+    }
+
+    /// Which layers keep which transformed weights: bfloat16 products only in dtype bf16, in the
+    /// layers bound by arithmetic, where the CPU has them, the inputs pair up and the checkpoint
+    /// does not store the weight in bfloat16.
+    #[test]
+    fn bfloat16_products_go_where_bf16_rounds_arithmetic_bound_layers() {
+        use TransformedWeights::{Bfloat16, Float32, Int16};
+        let runs = Kernel::WinogradBf16.runs_in(shim::kernel(Kernel::WinogradBf16));
+        let (bf16, f16, f32) = (Some(Kind::BFloat16), Some(Kind::Half), Some(Kind::Float));
+        let arithmetic_bound = TransformedWeights::for_layer(bf16, false, f32, 192);
+        assert_eq!(arithmetic_bound, if runs { Bfloat16 } else { Float32 });
+        assert_eq!(TransformedWeights::for_layer(bf16, true, f32, 384), Int16);
+        assert_eq!(
+            TransformedWeights::for_layer(bf16, false, bf16, 192),
+            Float32,
+            "a weight stored in bfloat16 stays exact"
+        );
+        assert_eq!(TransformedWeights::for_layer(bf16, false, f32, 191), Float32);
+        assert_eq!(TransformedWeights::for_layer(f16, false, f32, 192), Float32);
+        assert_eq!(TransformedWeights::for_layer(f16, true, f32, 384), Int16);
+        assert_eq!(TransformedWeights::for_layer(None, false, f32, 192), Float32);
     }
 
     /// The three matrices compute a correlation exactly (in float64), for every tile size used.
@@ -378,6 +466,17 @@ mod tests {
         }
     }
 
+    /// The bfloat16 products' largest error against float64, of the output's scale, in these
+    /// tests for tiles of `m` outputs: twice the most measured (7 taps: 1.4e-2, 4.4e-2 and
+    /// 1.1e-1), about 90 times int16's, as bfloat16 keeps 8 bits to int16's 15.
+    fn bf16_bound(m: usize) -> f64 {
+        match m {
+            2 => 2.8e-2,
+            4 => 8.9e-2,
+            _ => 2.1e-1,
+        }
+    }
+
     fn check_kernel(
         random: &mut Inputs,
         channels_in: i64,
@@ -389,14 +488,24 @@ mod tests {
         let weight = random.normal([channels_out, channels_in, taps], options) / 17.0;
         let bias = random.normal([channels_out], options);
         // int16 weights: each transformed weight within half a step of 1/32767 of its channel's
-        // largest, which the transforms magnify (tiles of 6: up to about 1e-3 here).
-        for (int16, bound) in [(false, 2e-5), (true, 2e-3)] {
+        // largest, which the transforms magnify (tiles of 6: up to about 1e-3 here). bfloat16
+        // rounds the tiles too, each to 8 bits of its own size (see bf16_bound).
+        let mut formats = vec![TransformedWeights::Float32, TransformedWeights::Int16];
+        if kernels == CpuKernels::Avx512 && has_bf16_products() && channels_in % 2 == 0 {
+            formats.push(TransformedWeights::Bfloat16);
+        }
+        for format in formats {
             for m in [2, 4, 6] {
+                let bound = match format {
+                    TransformedWeights::Float32 => 2e-5,
+                    TransformedWeights::Int16 => 2e-3,
+                    TransformedWeights::Bfloat16 => bf16_bound(m),
+                };
                 for dilation in [1, 3, 9] {
-                    let conv = Winograd::in_kernels(&weight, &bias, dilation, m, int16, kernels).unwrap();
+                    let conv = Winograd::in_kernels(&weight, &bias, dilation, m, format, kernels).unwrap();
                     let what = format!(
                         "{kernels:?}: {channels_in} -> {channels_out} channels, F({m}, {taps}), \
-                         dilation {dilation}, int16 {int16}"
+                         dilation {dilation}, {format:?} weights"
                     );
                     check_tiles(random, &conv, &weight, &bias, dilation, bound, &what);
                 }

@@ -13,7 +13,7 @@ use crate::model::kernels::direct_conv;
 use crate::model::kernels::overlap_add;
 use crate::model::kernels::shim::{self, CpuKernels, Kernel};
 use crate::model::kernels::skinny_gemm;
-use crate::model::kernels::winograd::Winograd;
+use crate::model::kernels::winograd::{TransformedWeights, Winograd};
 
 /// The shape of a convolution, as upstream's `Conv1d` takes it.
 #[derive(Clone, Copy)]
@@ -135,7 +135,12 @@ impl CausalConv {
         let winograd = (groups == 1
             && weight.kind() == Kind::Float
             && Winograd::applies(weights.device(), in_channels.min(out_channels), tile, kernel))
-        .then(|| Winograd::new(&weight, &bias, dilation, tile, rounded))
+        .then(|| {
+            let stored = weights.stored_kind("weight");
+            let format =
+                TransformedWeights::for_layer(weights.weight_rounding(), rounded, stored, in_channels);
+            Winograd::new(&weight, &bias, dilation, tile, format)
+        })
         .transpose()?;
         let pointwise = (kernel == 1
             && groups == 1
