@@ -238,8 +238,8 @@ __attribute__((target("avx512f"))) void product_block(const float* tiles, const 
 // tiles rounded to bfloat16 and taken two inputs at a time (`pairs`: tile r's inputs 2i and 2i + 1
 // at pairs[r * in / 2 + i]), against the block's weights in the same pairs ([in / 2,
 // kBlockOutputs, 2]); each instruction multiplies both and adds them to a float32 sum, twice the
-// products of an FMA's (measured 2.0x on the AMD EPYC). The sums stay float32, in chains of
-// kSumInputs inputs as above.
+// products of an FMA (2.0x in a loop of each on the AMD EPYC). The sums stay float32, in chains
+// of kSumInputs inputs as above. AVX-512 only: a unit is one whole block (kUnitOutputs).
 template <int V, int R>
 __attribute__((target("avx512f,avx512bf16"))) void product_block_pairs(const uint32_t* pairs,
                                                                        const at::BFloat16* weight, float* result,
@@ -624,18 +624,19 @@ void input_transform(const Convolution& c, const Piece& piece, float* v) {
                    [&](int64_t begin, int64_t end) { input_groups<Isa>(c, piece, v, begin, end); });
 }
 
+// The elements of type `T` between one tile's inputs and the next's: float32 inputs, or bfloat16
+// pairs (uint32_t, two inputs each).
+template <typename T>
+int64_t tile_stride(const Convolution& c) {
+  return std::is_same_v<T, float> ? c.in : c.in / 2;
+}
+
 // Every tile of the piece against a unit of the weight block (see the instruction sets) whose
 // outputs start at o0, in passes of kBlockTiles tiles; in AVX-512 one of 9 where that saves a
 // pass: a pass costs its weight loads whatever its tiles, and a one-frame step's first block has
 // 8 or 9 tiles, whose ninth took a pass of its own. (Passes of 9 throughout were slower in the
 // late blocks, whose inputs come in short chains: the accumulators leave the registers at the
 // end of each.)
-// A tile's inputs as `T`: float32, or bfloat16 pairs (uint32_t, two inputs each).
-template <typename T>
-int64_t tile_stride(const Convolution& c) {
-  return std::is_same_v<T, float> ? c.in : c.in / 2;
-}
-
 template <typename Isa, int V, typename T, typename W>
 void product_blocks(const Convolution& c, int64_t count, const T* tiles, const W* weight, const float* scale,
                     float* result, int64_t o0, int64_t last) {
@@ -795,9 +796,10 @@ extern "C" {
 // channels in blocks of 48 (the last padded with zeros): float32, or int16 with `scales`
 // [points, blocks * 48] (else null), output channel o of point p being scales[p][o] times
 // weights[p][o / 48][.][o % 48]; or bfloat16 [points, blocks, in / 2, 48, 2], input i of output o
-// at [p][o / 48][i / 2][o % 48][i % 2], whose products are bfloat16 (AVX-512 only); `bias`: `out` values; `bt`: [points, points] and `at`: [m,
-// points], the input and output transforms; all float32 unless said, and contiguous; `kernels`:
-// the instruction set (qwencodec::CpuKernels, AVX2 or AVX-512). `*out`: [B, out, T].
+// at [p][o / 48][i / 2][o % 48][i % 2], whose products are bfloat16 (AVX-512 only); `bias`: `out`
+// values; `bt`: [points, points] and `at`: [m, points], the input and output transforms; all
+// float32 unless said, and contiguous; `kernels`: the instruction set (qwencodec::CpuKernels,
+// AVX2 or AVX-512). `*out`: [B, out, T].
 bool qwencodec_winograd_conv(at::Tensor* context, const at::Tensor* x, const at::Tensor* weights,
                              const at::Tensor* scales, const at::Tensor* bias, const at::Tensor* bt, const at::Tensor* at_matrix,
                              int64_t dilation, int32_t kernels, at::Tensor** out, char* error, size_t error_size) {
@@ -810,7 +812,8 @@ bool qwencodec_winograd_conv(at::Tensor* context, const at::Tensor* x, const at:
     const int64_t blocks = (out_channels + kBlockOutputs - 1) / kBlockOutputs;
     const bool bf16 = weights->scalar_type() == at::kBFloat16;
     if (bf16) {
-      TORCH_CHECK(isa == qwencodec::CpuKernels::kAvx512 && !scales, "bfloat16 Winograd weights run in AVX-512, unscaled");
+      TORCH_CHECK(isa == qwencodec::CpuKernels::kAvx512 && !scales,
+                  "bfloat16 Winograd weights run in AVX-512, unscaled");
       TORCH_CHECK(weights->dim() == 5 && weights->is_contiguous() && weights->size(1) == blocks &&
                       weights->size(2) * 2 == x->size(1) && weights->size(3) == kBlockOutputs && weights->size(4) == 2,
                   "bfloat16 Winograd weights are contiguous [points, blocks, in / 2, ", kBlockOutputs, ", 2] for ",

@@ -121,8 +121,8 @@ impl TransformedWeights {
     /// kind. Layers bound by their weights' bytes keep them in 16-bit integers, the closest 16
     /// bits; those bound by arithmetic (the vocoder's late blocks) keep float32, and in dtype
     /// bf16 multiply in bfloat16 where the CPU can ([`Kernel::WinogradBf16`]) and their inputs
-    /// pair up (an even number), unless the checkpoint stores the weight in bfloat16: bf16 then
-    /// rounds nothing, and the decode stays as exact as f32's. Rounding the tiles puts the
+    /// pair up (an even number), unless the checkpoint stores the weight in bfloat16, whose
+    /// products float32 tiles keep as exact as f32's. Rounding the tiles puts the
     /// released geometry's decode at 1.4e-1 from float64, against 1.1e-1 with float32 tiles and
     /// upstream's own bf16 decode's 2.0e-1; the same products in blocks 2 to 4 put it at 1.8e-1,
     /// in every block at 2.1e-1.
