@@ -359,15 +359,22 @@ mod tests {
         }
     }
 
+    /// The first CPU's `field` as /proc/cpuinfo gives it (what follows the colon, trimmed).
+    fn cpuinfo(field: &str) -> String {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+        cpuinfo
+            .lines()
+            .find(|line| line.split(':').next().map(str::trim) == Some(field))
+            .and_then(|line| line.split_once(':'))
+            .map(|(_, value)| value.trim().to_owned())
+            .unwrap_or_else(|| panic!("no {field} in /proc/cpuinfo"))
+    }
+
     /// The bfloat16 products are taken to run where /proc/cpuinfo lists AVX512_BF16.
     #[test]
     #[cfg_attr(not(target_os = "linux"), ignore = "reads /proc/cpuinfo")]
     fn bf16_products_are_taken_to_run_where_the_cpu_lists_them() {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
-        let flags = cpuinfo
-            .lines()
-            .find_map(|line| line.strip_prefix("flags"))
-            .expect("no flags in /proc/cpuinfo");
+        let flags = cpuinfo("flags");
         let listed = |flag: &str| flags.split_whitespace().any(|f| f == flag);
         assert_eq!(has_bf16_products(), listed("avx512f") && listed("avx512_bf16"));
     }
@@ -376,13 +383,7 @@ mod tests {
     #[test]
     #[cfg_attr(not(target_os = "linux"), ignore = "reads /proc/cpuinfo")]
     fn mkl_is_taken_to_run_avx512_on_intel_cpus_only() {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
-        let vendor = cpuinfo
-            .lines()
-            .find_map(|line| line.strip_prefix("vendor_id"))
-            .and_then(|rest| rest.split(':').nth(1))
-            .map(str::trim)
-            .expect("no vendor_id in /proc/cpuinfo");
+        let vendor = cpuinfo("vendor_id");
         assert_eq!(mkl_runs_avx512(), vendor == "GenuineIntel", "{vendor}");
     }
 }

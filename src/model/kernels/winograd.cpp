@@ -179,6 +179,30 @@ constexpr int64_t kPrefetchBytes = 6144;
 // (up to 1536) rounded the float32 decode to 3.1e-5 from float64, where this keeps 1.9e-5.
 constexpr int64_t kSumInputs = 64;
 
+// The R tiles' sums, V vectors each, into their rows of `result` (`out` apart; the last vector's
+// first lanes as `last_mask` says): each vector times its `scale` where there is one (int16
+// weights), added to what the rows hold but for the first chain of inputs. The scales are read
+// here, not held through the products' loop: 9 tiles' sums and the weights take 31 of the 32
+// registers, and GCC spilled the sums to the stack at every input with the scales' three.
+template <int V, int R>
+__attribute__((target("avx512f"), always_inline)) inline void store_sums(const __m512 (&sums)[R][V],
+                                                                          const float* scale, float* result,
+                                                                          int64_t out, __mmask16 last_mask,
+                                                                          bool first) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    float* row = result + r * out;
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      const __mmask16 mask = v + 1 < V ? static_cast<__mmask16>(0xffff) : last_mask;
+      __m512 sum = sums[r][v];
+      if (scale) sum = _mm512_mul_ps(sum, _mm512_loadu_ps(scale + 16 * v));
+      if (!first) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(mask, row + 16 * v));
+      _mm512_mask_storeu_ps(row + 16 * v, mask, sum);
+    }
+  }
+}
+
 // R tiles [R, in] (rows `in` apart) against a unit of the weight block [in, kBlockOutputs]
 // (float32, or int16 whose sums `scale` multiplies, one per output), whose first V vectors are
 // used (the last one's first `last` lanes; the block's padding is zeros, so its loads are whole),
@@ -216,21 +240,7 @@ __attribute__((target("avx512f"))) void product_block(const float* tiles, const 
         for (int v = 0; v < V; ++v) sums[r][v] = _mm512_fmadd_ps(weights[v], x, sums[r][v]);
       }
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      float* row = result + r * out;
-#pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) {
-        const __mmask16 mask = v + 1 < V ? static_cast<__mmask16>(0xffff) : last_mask;
-        __m512 sum = sums[r][v];
-        // The scales read here, not held through the loop: 9 tiles' sums and the weights take
-        // 31 of the 32 registers, and GCC spilled the sums to the stack at every input with the
-        // scales' three (the float32 weights' too, which have none).
-        if constexpr (std::is_same_v<W, int16_t>) sum = _mm512_mul_ps(sum, _mm512_loadu_ps(scale + 16 * v));
-        if (i0 > 0) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(mask, row + 16 * v));
-        _mm512_mask_storeu_ps(row + 16 * v, mask, sum);
-      }
-    }
+    store_sums<V, R>(sums, std::is_same_v<W, int16_t> ? scale : nullptr, result, out, last_mask, i0 == 0);
   }
 }
 
@@ -270,17 +280,7 @@ __attribute__((target("avx512f,avx512bf16"))) void product_block_pairs(const uin
         for (int v = 0; v < V; ++v) sums[r][v] = _mm512_dpbf16_ps(sums[r][v], weights[v], x);
       }
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      float* row = result + r * out;
-#pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) {
-        const __mmask16 mask = v + 1 < V ? static_cast<__mmask16>(0xffff) : last_mask;
-        __m512 sum = sums[r][v];
-        if (i0 > 0) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(mask, row + 16 * v));
-        _mm512_mask_storeu_ps(row + 16 * v, mask, sum);
-      }
-    }
+    store_sums<V, R>(sums, nullptr, result, out, last_mask, i0 == 0);
   }
 }
 
