@@ -71,7 +71,8 @@ fn streams_batched_at_released_widths_stay_exact() {
     common::batching::check(&fixture, &model, &plans, &outcomes);
 }
 
-/// Dtypes f16 and bf16 on the CPU (16-bit weights, float32 activations) at one frame per step
+/// Dtypes f16 and bf16 on the CPU (16-bit weights, float32 activations but for bf16's late blocks'
+/// bfloat16 products where the CPU has them) at one frame per step
 /// and at 20 (where the vocoder's input convolution too takes Winograd tiles instead of its
 /// 16-bit matrix), each within twice its most measured: f16 within 2e-2 of the float64 decode
 /// and no further than upstream's own bfloat16 decode, bf16 no further than upstream's bfloat16

@@ -685,7 +685,7 @@ void products(const Convolution& c, const Piece& piece, const T* v, float* produ
       const int64_t block = unit % output_blocks;
       const T* tiles = v + p * count * tile_stride<T>(c);
       const W* weight = static_cast<const W*>(c.weights) + (p * output_blocks + block) * c.in * kBlockOutputs;
-      // The block's scales (unused for float32 weights).
+      // The block's scales (int16 weights only).
       const float* scale = c.scales ? c.scales + (p * output_blocks + block) * kBlockOutputs : nullptr;
       float* result = products + p * count * c.out;
       for (int64_t part = 0; part < kBlockOutputs; part += Isa::kUnitOutputs) {
