@@ -7,10 +7,11 @@ const KERNELS_DIR: &str = "src/model/kernels";
 const SHIM_HEADERS: [&str; 4] = ["intrinsics.h", "kernels.h", "shim.h", "widen.h"];
 const OP_PROFILER: &str = "src/model/op_profiler/op_profiler.cpp";
 const CUDA_GRAPH: &str = "src/model/engine/cuda_graph.cpp";
-const CPU_KERNELS: [&str; 7] = [
+const CPU_KERNELS: [&str; 8] = [
     "attention.cpp",
     "direct_conv.cpp",
     "overlap_add.cpp",
+    "pointwise.cpp",
     "rms_norm.cpp",
     "skinny_gemm.cpp",
     "snake_beta.cpp",

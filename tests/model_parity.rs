@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use common::{FIXTURES, Fixture, load_fixture, relative_l2};
 use gstqwencodec::model::{
-    CpuKernels, Dtype, KERNELS_ENV, Model, OpProfiler, StepLimits, StreamDecoder, TailStrategy, cpu_kernels,
-    widest_kernels,
+    CpuKernels, Dtype, KERNELS_ENV, Kernel, Model, OpProfiler, StepLimits, StreamDecoder, TailStrategy,
+    cpu_kernels, widest_kernels,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -344,6 +344,8 @@ fn the_cpu_kernels_run_as_the_cpu_and_environment_allow() {
         ("skinny_gemm", expected >= CpuKernels::Avx2),
         ("attention", expected >= CpuKernels::Avx2),
         ("rms_norm", expected >= CpuKernels::Avx2),
+        // AVX-512 where MKL's products run without it (AMD's CPUs).
+        ("pointwise", Kernel::Pointwise.runs_in(expected)),
     ] {
         let runs = runs && !held_back.contains(&kernel);
         assert_eq!(

@@ -6,6 +6,7 @@
 pub mod attention;
 pub mod direct_conv;
 pub mod overlap_add;
+pub mod pointwise;
 pub mod rms_norm;
 pub mod shim;
 pub mod skinny_gemm;

@@ -54,9 +54,7 @@ pub enum CpuKernels {
 pub const KERNELS_ENV: &str = "QWENCODEC_CPU_KERNELS";
 
 /// Our CPU kernels, by the names [`KERNELS_ENV`] holds them back with (their files' names, and
-/// `winograd_bf16` for the Winograd tiles' bfloat16 products); and
-/// one choice of libtorch's ops, `onednn_taps` (see `CausalTransConv` in `network/conv.rs`), held
-/// back and measured the same way.
+/// `winograd_bf16` for the Winograd tiles' bfloat16 products).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
     SkinnyGemm,
@@ -68,7 +66,8 @@ pub enum Kernel {
     SnakeBeta,
     Attention,
     RmsNorm,
-    OnednnTaps,
+    /// 1x1 convolutions of float32 weights (AVX-512, where MKL runs without it).
+    Pointwise,
 }
 
 impl Kernel {
@@ -81,7 +80,7 @@ impl Kernel {
         Kernel::SnakeBeta,
         Kernel::Attention,
         Kernel::RmsNorm,
-        Kernel::OnednnTaps,
+        Kernel::Pointwise,
     ];
 
     pub fn name(self) -> &'static str {
@@ -94,21 +93,22 @@ impl Kernel {
             Kernel::SnakeBeta => "snake_beta",
             Kernel::Attention => "attention",
             Kernel::RmsNorm => "rms_norm",
-            Kernel::OnednnTaps => "onednn_taps",
+            Kernel::Pointwise => "pointwise",
         }
     }
 
     /// Whether the kernel runs in `kernels`: the direct convolutions need AVX-512, the bfloat16
     /// Winograd products AVX-512 and a CPU with AVX512_BF16, the others AVX2 (the plain C++ ones
-    /// too, held back with the vector kernels on other CPUs); oneDNN's taps need AVX-512, on a
-    /// CPU where MKL's products do without it.
+    /// too, held back with the vector kernels on other CPUs); the 1x1 convolutions AVX-512, on a
+    /// CPU where MKL's products do without it (elsewhere MKL's AVX-512 products do their work,
+    /// and no A/B has measured ours against them).
     pub fn runs_in(self, kernels: CpuKernels) -> bool {
         let least = match self {
             Kernel::DirectConv => CpuKernels::Avx512,
             Kernel::WinogradBf16 if !has_bf16_products() => return false,
             Kernel::WinogradBf16 => CpuKernels::Avx512,
-            Kernel::OnednnTaps if mkl_runs_avx512() => return false,
-            Kernel::OnednnTaps => CpuKernels::Avx512,
+            Kernel::Pointwise if mkl_runs_avx512() => return false,
+            Kernel::Pointwise => CpuKernels::Avx512,
             _ => CpuKernels::Avx2,
         };
         kernels >= least
@@ -251,8 +251,7 @@ pub fn has_bf16_products() -> bool {
 
 /// Whether MKL's float32 products run its AVX-512 code here: on Intel CPUs only. Elsewhere it
 /// takes its generic code, AVX2 at most (`mkl_blas_def_sgemm_kernel_0_zen` in the AMD EPYC's
-/// profiles, `mkl_blas_avx512_sgemm_kernel_0` in the Intel Xeon's), while oneDNN's kernels use
-/// AVX-512 on any CPU that has it.
+/// profiles, `mkl_blas_avx512_sgemm_kernel_0` in the Intel Xeon's).
 fn mkl_runs_avx512() -> bool {
     static INTEL: LazyLock<bool> = LazyLock::new(|| {
         #[cfg(target_arch = "x86_64")]
@@ -343,11 +342,11 @@ mod tests {
         for kernel in Kernel::ALL {
             let avx2 = !matches!(
                 kernel,
-                Kernel::DirectConv | Kernel::OnednnTaps | Kernel::WinogradBf16
+                Kernel::DirectConv | Kernel::Pointwise | Kernel::WinogradBf16
             );
             assert_eq!(kernel.runs_in(CpuKernels::Avx2), avx2, "{kernel:?} in AVX2");
             let avx512 = match kernel {
-                Kernel::OnednnTaps => !mkl_runs_avx512(),
+                Kernel::Pointwise => !mkl_runs_avx512(),
                 Kernel::WinogradBf16 => has_bf16_products(),
                 _ => true,
             };

@@ -11,6 +11,7 @@ use crate::model::error::ModelError;
 use crate::model::error::TorchResult;
 use crate::model::kernels::direct_conv;
 use crate::model::kernels::overlap_add;
+use crate::model::kernels::pointwise::Pointwise;
 use crate::model::kernels::shim::{self, CpuKernels, Kernel};
 use crate::model::kernels::skinny_gemm;
 use crate::model::kernels::winograd::{TransformedWeights, Winograd};
@@ -54,31 +55,6 @@ const MATRIX_MAX_ROWS: i64 = 16;
 /// (`measurements/results/2026-12-01-amd-epyc-avx512-pointwise-conv.md`).
 const POINTWISE_MAX_MULTIPLY_ADDS: i64 = 32 << 20;
 
-/// Most weight elements (input channels times outputs times taps) of a transposed convolution
-/// whose product runs as oneDNN's 1x1 convolution where [`onednn_taps`] applies. Beyond the
-/// few-row kernel's rows, oneDNN's AVX-512 kernels beat MKL's products (AVX2 on AMD CPUs) for
-/// the upsampler's and the vocoder's blocks 2-4 (at most 3 million elements), and lose to them
-/// on block 1's 19 million (`measurements/results/2026-12-03-amd-epyc-avx512-onednn-taps.md`).
-const ONEDNN_TAPS_MAX_WEIGHT: i64 = 4 << 20;
-
-/// Whether a transposed convolution with `matrix` (its weight [out * kernel, in]) runs its
-/// products beyond the few-row kernel's rows as oneDNN's 1x1 convolution instead of MKL's
-/// product: float32 weights on the CPU up to [`ONEDNN_TAPS_MAX_WEIGHT`], on CPUs where MKL runs
-/// without AVX-512 and oneDNN with it ([`Kernel::OnednnTaps`]).
-fn onednn_taps(matrix: &Matrix) -> Option<&Tensor> {
-    match matrix {
-        Matrix::Plain { weight, .. }
-            if weight.device() == Device::Cpu
-                && weight.kind() == Kind::Float
-                && weight.numel() as i64 <= ONEDNN_TAPS_MAX_WEIGHT
-                && Kernel::OnednnTaps.runs_in(shim::kernel(Kernel::OnednnTaps)) =>
-        {
-            Some(weight)
-        }
-        _ => None,
-    }
-}
-
 /// A 1-D convolution padded causally: `(kernel - 1) * dilation` columns of the past on the left.
 pub struct CausalConv {
     /// [out, in / groups, kernel] and [out], for the convolution kernels; none where the matrix
@@ -91,8 +67,11 @@ pub struct CausalConv {
     /// `forward`); beside a 16-bit matrix, for the steps too large for it, with its transformed
     /// weights in 16 bits too (see `Winograd::new`).
     winograd: Option<Winograd>,
-    /// A CPU float32 1x1 convolution's weight as [out, in] and its bias as [out, 1] (views of
-    /// the kernel weights), for small steps (see [`POINTWISE_MAX_MULTIPLY_ADDS`]).
+    /// A float32 1x1 convolution's weight packed for our kernel, where it runs (see
+    /// [`Pointwise`]): for every step beyond the matrix's rows.
+    packed: Option<Pointwise>,
+    /// Elsewhere, a CPU float32 1x1 convolution's weight as [out, in] and its bias as [out, 1]
+    /// (views of the kernel weights), for small steps (see [`POINTWISE_MAX_MULTIPLY_ADDS`]).
     pointwise: Option<(Tensor, Tensor)>,
     /// Whether the kernel weights are summed directly (`direct_conv`): depthwise, or few outputs.
     direct: bool,
@@ -142,11 +121,13 @@ impl CausalConv {
             Winograd::new(&weight, &bias, dilation, tile, format)
         })
         .transpose()?;
-        let pointwise = (kernel == 1
-            && groups == 1
-            && !rounded
-            && weight.kind() == Kind::Float
-            && weights.device() == Device::Cpu)
+        let one_by_one = kernel == 1 && groups == 1 && !rounded && weight.kind() == Kind::Float;
+        let packed = if one_by_one {
+            Pointwise::new(&weight.f_view([out_channels as i64, -1])?, Some(&bias))?
+        } else {
+            None
+        };
+        let pointwise = (one_by_one && packed.is_none() && weights.device() == Device::Cpu)
             .then(|| -> TorchResult<_> {
                 Ok((weight.f_view([out_channels as i64, -1])?, bias.f_view([-1, 1])?))
             })
@@ -156,6 +137,7 @@ impl CausalConv {
             kernel_weights: (!rounded).then_some((weight, bias)),
             matrix,
             winograd,
+            packed,
             pointwise,
             direct,
             in_channels: in_channels as i64,
@@ -212,6 +194,9 @@ impl CausalConv {
                 .f_reshape([batch, columns, -1])?
                 .f_permute([0, 2, 1]);
         }
+        if let Some(packed) = &self.packed {
+            return packed.forward(&input);
+        }
         let pointwise = self
             .pointwise
             .as_ref()
@@ -242,9 +227,11 @@ impl CausalConv {
 pub struct CausalTransConv {
     /// [out * kernel, in]: row `o * kernel + j` is output channel `o`'s tap `j`.
     matrix: Matrix,
-    /// The same weight as [out * kernel, in, 1] (a view) where [`onednn_taps`] applies, for
-    /// steps of more rows than the few-row kernel takes.
-    onednn_weight: Option<Tensor>,
+    /// The same weight packed for our 1x1 kernel where it runs ([`Pointwise`]), for steps of
+    /// more rows than the few-row kernel takes: faster than MKL's product (AVX2 on the CPUs it
+    /// runs on) and oneDNN's 1x1 convolution at every block's shape
+    /// (`measurements/results/2026-12-05-amd-epyc-avx512-pointwise.md`).
+    pointwise: Option<Pointwise>,
     /// [1, out, 1], float32.
     bias: Tensor,
     out_channels: i64,
@@ -282,11 +269,13 @@ impl CausalTransConv {
             precision::rounded_weights(&weights, in_channels),
             weights.columns_per_frame(),
         )?;
+        let pointwise = match &matrix {
+            Matrix::Plain { weight, .. } => Pointwise::new(weight, None)?,
+            _ => None,
+        };
         Ok(Self {
-            onednn_weight: onednn_taps(&matrix)
-                .map(|weight| weight.f_unsqueeze(2))
-                .transpose()?,
             matrix,
+            pointwise,
             // Float32 as the activations: a sum with a 16-bit one would be widened anyway.
             bias: weights
                 .get("bias", &[out_channels])?
@@ -304,12 +293,12 @@ impl CausalTransConv {
     pub fn forward(&self, x: &Tensor, state: &mut State) -> TorchResult<Tensor> {
         let (batch, columns) = (x.size()[0], x.size()[2]);
         // [B, out * kernel, T]: what each new input column contributes to each output tap.
-        let onednn_weight = self
-            .onednn_weight
+        let pointwise = self
+            .pointwise
             .as_ref()
             .filter(|_| batch * columns > skinny_gemm::MAX_ROWS);
-        let taps = match onednn_weight {
-            Some(weight) => x.f_conv1d(weight, None::<&Tensor>, [1], [0], [1], 1)?,
+        let taps = match pointwise {
+            Some(pointwise) => pointwise.forward(x)?,
             // The product comes as a transposed view of [out * kernel, B * T] (see
             // `Matrix::forward`), so this is a view.
             None => self

@@ -1,0 +1,180 @@
+//! 1x1 convolutions of float32 weights on channels-first activations by the C++ kernel of
+//! `pointwise.cpp` (AVX-512): the vocoder's residual units' second convolutions and the
+//! transposed convolutions' taps, beyond the few-row kernel's rows, on CPUs where MKL's float32
+//! products run without AVX-512 ([`Kernel::Pointwise`]). There MKL's products and oneDNN's 1x1
+//! convolution reached 40-93 % of the FMA's rate at the vocoder's shapes, these tiles 89-99 %
+//! (`measurements/results/2026-12-05-amd-epyc-avx512-pointwise.md`).
+
+use tch::{Device, Kind, Tensor};
+
+use super::shim::{self, Kernel, call};
+use crate::model::error::TorchResult;
+
+mod ffi {
+    use std::ffi::c_char;
+
+    use torch_sys::C_tensor;
+
+    // Tensors cross as libtorch's own `at::Tensor*` (tch's `C_tensor`).
+    unsafe extern "C" {
+        pub fn qwencodec_pointwise(
+            packed: *const C_tensor,
+            x: *const C_tensor,
+            bias: *const C_tensor,
+            out_features: i64,
+            out: *mut *mut C_tensor,
+            error: *mut c_char,
+            size: usize,
+        ) -> bool;
+    }
+}
+
+/// Outputs per packed block (`kBlockOutputs` in pointwise.cpp, which checks it).
+const BLOCK_OUTPUTS: i64 = 8;
+
+/// A weight [out, in] packed for the kernel, and its bias.
+pub struct Pointwise {
+    /// [blocks, in, BLOCK_OUTPUTS]: each input's weights for a block's outputs side by side,
+    /// zeros past `out`.
+    packed: Tensor,
+    /// [out], contiguous.
+    bias: Option<Tensor>,
+    out: i64,
+}
+
+impl Pointwise {
+    /// `weight` [out, in] and `bias` [out], where the kernel runs for them: float32 on the CPU,
+    /// and a CPU and process that run it.
+    pub fn new(weight: &Tensor, bias: Option<&Tensor>) -> TorchResult<Option<Self>> {
+        if weight.device() != Device::Cpu
+            || weight.kind() != Kind::Float
+            || !Kernel::Pointwise.runs_in(shim::kernel(Kernel::Pointwise))
+        {
+            return Ok(None);
+        }
+        Self::pack(weight, bias).map(Some)
+    }
+
+    /// `weight` and `bias` packed, wherever the kernel runs.
+    fn pack(weight: &Tensor, bias: Option<&Tensor>) -> TorchResult<Self> {
+        let (out, in_channels) = (weight.size()[0], weight.size()[1]);
+        let blocks = (out + BLOCK_OUTPUTS - 1) / BLOCK_OUTPUTS;
+        let packed = weight
+            .f_constant_pad_nd([0, 0, 0, blocks * BLOCK_OUTPUTS - out])?
+            .f_view([blocks, BLOCK_OUTPUTS, in_channels])?
+            .f_transpose(1, 2)?
+            .f_contiguous()?;
+        let bias = bias
+            .map(|bias| bias.f_flatten(0, -1)?.f_contiguous())
+            .transpose()?;
+        Ok(Self { packed, bias, out })
+    }
+
+    /// `x` [B, in, T] float32 -> [B, out, T].
+    pub fn forward(&self, x: &Tensor) -> TorchResult<Tensor> {
+        let bias = self.bias.as_ref().map_or(std::ptr::null(), |bias| bias.as_ptr());
+        // SAFETY: the tensors are live for the duration of the call; the bias may be null.
+        call("1x1 convolution", |out, error, size| unsafe {
+            ffi::qwencodec_pointwise(self.packed.as_ptr(), x.as_ptr(), bias, self.out, out, error, size)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::kernels::shim::CpuKernels;
+    use crate::model::kernels::{Inputs, max_error_and_scale};
+
+    /// Float32 weights on the CPU come here where the process runs the kernel; 16-bit ones never.
+    #[test]
+    fn packs_float32_weights_where_the_kernel_runs() {
+        let options = (Kind::Float, Device::Cpu);
+        let weight = Tensor::zeros([12, 5], options);
+        let runs = Kernel::Pointwise.runs_in(shim::kernel(Kernel::Pointwise));
+        assert_eq!(Pointwise::new(&weight, None).unwrap().is_some(), runs);
+        assert!(
+            Pointwise::new(&weight.to_kind(Kind::Half), None)
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    /// Output counts that fill their blocks and that do not, column counts that leave partial
+    /// vectors and tiles, streams, with and without a bias, against libtorch's product in
+    /// float64, within float32's rounding of the magnitudes summed. Built directly, so it runs
+    /// wherever the CPU has AVX-512, whatever MKL runs.
+    #[test]
+    #[cfg_attr(not(host_avx512), ignore = "this CPU has no AVX-512: the kernel cannot run")]
+    fn matches_a_float64_product() {
+        shim::tested(CpuKernels::Avx512);
+        let mut random = Inputs::new(23);
+        let options = (Kind::Float, Device::Cpu);
+        for (inputs, outputs) in [(96, 96), (7, 13), (40, 8), (3, 1)] {
+            let weight = random.normal([outputs, inputs], options);
+            let bias = random.normal([outputs], options);
+            let packed = Pointwise::pack(&weight, Some(&bias)).unwrap();
+            let no_bias = Pointwise::pack(&weight, None).unwrap();
+            for (batch, columns) in [
+                (1, 1),
+                (1, 16),
+                (1, 17),
+                (2, 32),
+                (1, 47),
+                (3, 48),
+                (2, 160),
+                (1, 203),
+            ] {
+                let x = random.normal([batch, inputs, columns], options);
+                let product = weight.to_kind(Kind::Double).matmul(&x.to_kind(Kind::Double));
+                let scale = weight
+                    .abs()
+                    .to_kind(Kind::Double)
+                    .matmul(&x.abs().to_kind(Kind::Double))
+                    .max()
+                    .double_value(&[])
+                    + bias.abs().max().double_value(&[]);
+                for (pointwise, expected) in [
+                    (&packed, &product + bias.to_kind(Kind::Double).view([1, -1, 1])),
+                    (&no_bias, product.shallow_clone()),
+                ] {
+                    let got = pointwise.forward(&x).unwrap();
+                    assert_eq!(got.size(), expected.size());
+                    let (error, _) = max_error_and_scale(&got, &expected);
+                    assert!(
+                        error <= 1e-6 * scale,
+                        "{inputs} -> {outputs}, {batch} x {columns} columns, bias {}: off by \
+                         {error:e} of {scale:e}",
+                        pointwise.bias.is_some()
+                    );
+                }
+            }
+        }
+    }
+
+    /// Shapes that do not fit are an error naming what is wrong, not a crash.
+    #[test]
+    fn says_what_does_not_fit() {
+        let options = (Kind::Float, Device::Cpu);
+        let pointwise = Pointwise {
+            packed: Tensor::zeros([2, 5, BLOCK_OUTPUTS], options),
+            bias: None,
+            out: 12,
+        };
+        let error = pointwise
+            .forward(&Tensor::zeros([1, 4, 3], options))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("float32 [B, 5, T]"), "{error}");
+        let wrong = Pointwise {
+            packed: Tensor::zeros([3, 5, BLOCK_OUTPUTS], options),
+            bias: None,
+            out: 12,
+        };
+        let error = wrong
+            .forward(&Tensor::zeros([1, 5, 3], options))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("[blocks, in, 8] for 12 outputs"), "{error}");
+    }
+}
