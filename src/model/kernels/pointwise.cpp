@@ -29,13 +29,41 @@ constexpr int64_t kBlockOutputs = 8;
 // Column vectors per tile at most.
 constexpr int kVectors = 3;
 
+// The kernel's operands are 32-bit words: float32 values, or (`pairs`) two bfloat16 values of
+// consecutive inputs, the lower one first.
 struct Product {
-  const float* packed;  // [blocks, in, kBlockOutputs]
-  const float* x;       // [B, in, T]
+  const float* packed;  // [blocks, steps, kBlockOutputs]
+  const float* x;       // [B, steps, T]
   const float* bias;    // [out] or null
   float* y;             // [B, out, T]
-  int64_t in, out, columns;
+  int64_t steps, out, columns;
 };
+
+// The sums of a tile start from the bias of its outputs (those below `outputs`).
+template <int V>
+__attribute__((target("avx512f"), always_inline)) inline void start_sums(const Product& p, int64_t first,
+                                                                         int64_t outputs, __m512 (&sums)[kBlockOutputs][V]) {
+#pragma GCC unroll 8
+  for (int o = 0; o < kBlockOutputs; ++o) {
+    const __m512 bias = _mm512_set1_ps(p.bias && o < outputs ? p.bias[first + o] : 0.0f);
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) sums[o][v] = bias;
+  }
+}
+
+template <int V>
+__attribute__((target("avx512f"), always_inline)) inline void store_sums(const Product& p, int64_t b, int64_t first,
+                                                                         int64_t t0, int64_t outputs,
+                                                                         const __mmask16 (&masks)[V],
+                                                                         const __m512 (&sums)[kBlockOutputs][V]) {
+  float* y = p.y + (b * p.out + first) * p.columns + t0;
+#pragma GCC unroll 8
+  for (int o = 0; o < kBlockOutputs; ++o) {
+    if (o >= outputs) break;
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + o * p.columns + 16 * v, masks[v], sums[o][v]);
+  }
+}
 
 // Block `block`'s outputs of stream b's columns t0..t0 + lanes (at most 16 * V): each input's
 // row of V vectors against its 8 weights. The block's weights ([in, 8], a few kilobytes) stay in
@@ -48,15 +76,10 @@ __attribute__((target("avx512f"))) void tile(const Product& p, int64_t block, in
 #pragma GCC unroll 4
   for (int v = 0; v < V; ++v) masks[v] = qwencodec::tail_mask(lanes - 16 * v);
   __m512 sums[kBlockOutputs][V];
-#pragma GCC unroll 8
-  for (int o = 0; o < kBlockOutputs; ++o) {
-    const __m512 bias = _mm512_set1_ps(p.bias && o < outputs ? p.bias[first + o] : 0.0f);
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) sums[o][v] = bias;
-  }
-  const float* weight = p.packed + block * p.in * kBlockOutputs;
-  const float* row = p.x + b * p.in * p.columns + t0;
-  for (int64_t i = 0; i < p.in; ++i, weight += kBlockOutputs, row += p.columns) {
+  start_sums<V>(p, first, outputs, sums);
+  const float* weight = p.packed + block * p.steps * kBlockOutputs;
+  const float* row = p.x + b * p.steps * p.columns + t0;
+  for (int64_t i = 0; i < p.steps; ++i, weight += kBlockOutputs, row += p.columns) {
     __m512 x[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) x[v] = _mm512_maskz_loadu_ps(masks[v], row + 16 * v);
@@ -67,27 +90,66 @@ __attribute__((target("avx512f"))) void tile(const Product& p, int64_t block, in
       for (int v = 0; v < V; ++v) sums[o][v] = _mm512_fmadd_ps(w, x[v], sums[o][v]);
     }
   }
-  float* y = p.y + (b * p.out + first) * p.columns + t0;
-#pragma GCC unroll 8
-  for (int o = 0; o < kBlockOutputs; ++o) {
-    if (o >= outputs) break;
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + o * p.columns + 16 * v, masks[v], sums[o][v]);
-  }
+  store_sums<V>(p, b, first, t0, outputs, masks, sums);
 }
 
+// The same tile in bfloat16 products (AVX512_BF16, dtype bf16): each step two inputs, whose
+// weights and column values come in pairs, multiplied and added to the float32 sums by one
+// `vdpbf16ps`, twice the products of an FMA.
+template <int V>
+__attribute__((target("avx512f,avx512bf16"))) void tile_pairs(const Product& p, int64_t block, int64_t b, int64_t t0,
+                                                              int64_t lanes) {
+  const int64_t first = block * kBlockOutputs;
+  const int64_t outputs = std::min(kBlockOutputs, p.out - first);
+  __mmask16 masks[V];
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) masks[v] = qwencodec::tail_mask(lanes - 16 * v);
+  __m512 sums[kBlockOutputs][V];
+  start_sums<V>(p, first, outputs, sums);
+  const float* weight = p.packed + block * p.steps * kBlockOutputs;
+  const float* row = p.x + b * p.steps * p.columns + t0;
+  for (int64_t i = 0; i < p.steps; ++i, weight += kBlockOutputs, row += p.columns) {
+    __m512bh x[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) x[v] = (__m512bh)_mm512_maskz_loadu_ps(masks[v], row + 16 * v);
+#pragma GCC unroll 8
+    for (int o = 0; o < kBlockOutputs; ++o) {
+      const __m512bh w = (__m512bh)_mm512_set1_ps(weight[o]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) sums[o][v] = _mm512_dpbf16_ps(sums[o][v], w, x[v]);
+    }
+  }
+  store_sums<V>(p, b, first, t0, outputs, masks, sums);
+}
+
+struct Float32 {
+  template <int V>
+  static void tile(const Product& p, int64_t block, int64_t b, int64_t t0, int64_t lanes) {
+    ::tile<V>(p, block, b, t0, lanes);
+  }
+};
+struct Pairs {
+  template <int V>
+  static void tile(const Product& p, int64_t block, int64_t b, int64_t t0, int64_t lanes) {
+    tile_pairs<V>(p, block, b, t0, lanes);
+  }
+};
+
 // Block `block`'s outputs of stream b's columns, in tiles of 48 columns and the rest.
+template <typename Format>
 void stream_columns(const Product& p, int64_t block, int64_t b) {
   constexpr int64_t kTileColumns = 16 * kVectors;
   int64_t t0 = 0;
-  for (; t0 + kTileColumns <= p.columns; t0 += kTileColumns) tile<kVectors>(p, block, b, t0, kTileColumns);
+  for (; t0 + kTileColumns <= p.columns; t0 += kTileColumns) {
+    Format::template tile<kVectors>(p, block, b, t0, kTileColumns);
+  }
   const int64_t rest = p.columns - t0;
   if (rest > 32) {
-    tile<3>(p, block, b, t0, rest);
+    Format::template tile<3>(p, block, b, t0, rest);
   } else if (rest > 16) {
-    tile<2>(p, block, b, t0, rest);
+    Format::template tile<2>(p, block, b, t0, rest);
   } else if (rest > 0) {
-    tile<1>(p, block, b, t0, rest);
+    Format::template tile<1>(p, block, b, t0, rest);
   }
 }
 
@@ -95,13 +157,43 @@ void stream_columns(const Product& p, int64_t block, int64_t b) {
 // weights once, and every stream's columns (in the second-level cache) once per block. Split by
 // columns instead, each thread would read every weight once per tile of columns: twice the time
 // for the taps of block 2 (3840 x 768 against 32 columns), the same for the late blocks' shapes.
+template <typename Format>
 void multiply(const Product& p, int64_t batch) {
   const int64_t blocks = (p.out + kBlockOutputs - 1) / kBlockOutputs;
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
-      for (int64_t b = 0; b < batch; ++b) stream_columns(p, block, b);
+      for (int64_t b = 0; b < batch; ++b) stream_columns<Format>(p, block, b);
     }
   });
+}
+
+// Two inputs' rows of `columns` values (`lower`, `upper`) rounded to bfloat16 (to nearest even)
+// and paired: words[t] holds both values of column t, the lower input's in its low half.
+__attribute__((target("avx512f,avx512bf16"))) void round_in_pairs(const float* lower, const float* upper,
+                                                                   int64_t columns, float* words) {
+  for (int64_t t = 0; t < columns; t += 16) {
+    const __mmask16 mask = qwencodec::tail_mask(columns - t);
+    const __m256i low = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, lower + t));
+    const __m256i high = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, upper + t));
+    const __m512i word =
+        _mm512_or_si512(_mm512_cvtepu16_epi32(low), _mm512_slli_epi32(_mm512_cvtepu16_epi32(high), 16));
+    _mm512_mask_storeu_ps(words + t, mask, _mm512_castsi512_ps(word));
+  }
+}
+
+// Each stream's columns [B, in, T] as bfloat16 pairs of inputs: word (b, i, t) holds inputs 2i
+// and 2i + 1 of column t.
+at::Tensor column_pairs(const at::Tensor& x) {
+  const int64_t batch = x.size(0), in = x.size(1), columns = x.size(2);
+  at::Tensor pairs = at::empty({batch, in / 2, columns}, x.options());
+  const float* source = x.data_ptr<float>();
+  float* words = pairs.data_ptr<float>();
+  at::parallel_for(0, batch * in / 2, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      round_in_pairs(source + 2 * r * columns, source + (2 * r + 1) * columns, columns, words + r * columns);
+    }
+  });
+  return pairs;
 }
 
 }  // namespace
@@ -109,28 +201,39 @@ void multiply(const Product& p, int64_t batch) {
 extern "C" {
 
 // `packed`: [blocks, in, 8] float32, contiguous: a weight [out, in]'s outputs in blocks of 8, each
-// input's weights for a block side by side, zeros past `out_features`; `x`: [B, in, T] float32;
-// `bias`: [out] float32 or null. `*out`: the weight times each stream's columns plus the bias,
-// [B, out, T] float32, a new tensor.
+// input's weights for a block side by side, zeros past `out_features`; or [blocks, in / 2, 8, 2]
+// bfloat16, each output's weights of inputs 2i and 2i + 1 side by side, for bfloat16 products (a
+// CPU with AVX512_BF16, which the caller has checked). `x`: [B, in, T] float32; `bias`: [out]
+// float32 or null. `*out`: the weight times each stream's columns plus the bias, [B, out, T]
+// float32, a new tensor.
 bool qwencodec_pointwise(const at::Tensor* packed, const at::Tensor* x, const at::Tensor* bias, int64_t out_features,
                          at::Tensor** out, char* error, size_t error_size) {
   RECORD_FUNCTION("qwencodec::pointwise", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
-    TORCH_CHECK(packed->dim() == 3 && packed->is_contiguous() && packed->scalar_type() == at::kFloat &&
-                    packed->size(2) == kBlockOutputs && out_features > 0 &&
-                    packed->size(0) == (out_features + kBlockOutputs - 1) / kBlockOutputs,
-                "the packed weight must be contiguous float32 [blocks, in, ", kBlockOutputs, "] for ", out_features,
-                " outputs");
-    TORCH_CHECK(x->dim() == 3 && x->size(1) == packed->size(1) && x->scalar_type() == at::kFloat,
-                "the activations must be float32 [B, ", packed->size(1), ", T]");
+    const bool pairs = packed->scalar_type() == at::kBFloat16;
+    const int64_t blocks = (out_features + kBlockOutputs - 1) / kBlockOutputs;
+    TORCH_CHECK(out_features > 0 && packed->is_contiguous() && packed->size(0) == blocks &&
+                    (pairs ? packed->dim() == 4 && packed->size(2) == kBlockOutputs && packed->size(3) == 2
+                           : packed->dim() == 3 && packed->scalar_type() == at::kFloat &&
+                                 packed->size(2) == kBlockOutputs),
+                "the packed weight must be contiguous float32 [blocks, in, ", kBlockOutputs,
+                "] or bfloat16 [blocks, in / 2, ", kBlockOutputs, ", 2] for ", out_features, " outputs");
+    const int64_t in = pairs ? 2 * packed->size(1) : packed->size(1);
+    TORCH_CHECK(x->dim() == 3 && x->size(1) == in && x->scalar_type() == at::kFloat,
+                "the activations must be float32 [B, ", in, ", T]");
     TORCH_CHECK(!bias || (bias->is_contiguous() && bias->numel() == out_features && bias->scalar_type() == at::kFloat),
                 "the bias must be float32, one per output");
-    const at::Tensor input = x->contiguous();
+    const at::Tensor input = pairs ? column_pairs(x->contiguous()) : x->contiguous();
     const int64_t batch = input.size(0);
     at::Tensor result = at::empty({batch, out_features, input.size(2)}, input.options());
-    multiply(Product{packed->data_ptr<float>(), input.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr,
-                     result.data_ptr<float>(), input.size(1), out_features, input.size(2)},
-             batch);
+    const Product p{static_cast<const float*>(packed->data_ptr()), input.data_ptr<float>(),
+                    bias ? bias->data_ptr<float>() : nullptr, result.data_ptr<float>(), input.size(1), out_features,
+                    input.size(2)};
+    if (pairs) {
+      multiply<Pairs>(p, batch);
+    } else {
+      multiply<Float32>(p, batch);
+    }
     *out = new at::Tensor(std::move(result));
   });
 }

@@ -34,8 +34,9 @@ const BLOCK_OUTPUTS: i64 = 8;
 
 /// A weight [out, in] packed for the kernel, and its bias.
 pub struct Pointwise {
-    /// [blocks, in, BLOCK_OUTPUTS]: each input's weights for a block's outputs side by side,
-    /// zeros past `out`.
+    /// [blocks, in, BLOCK_OUTPUTS] float32: each input's weights for a block's outputs side by
+    /// side, zeros past `out`; or bfloat16 [blocks, in / 2, BLOCK_OUTPUTS, 2] in pairs of
+    /// inputs.
     packed: Tensor,
     /// [out], contiguous.
     bias: Option<Tensor>,
@@ -44,26 +45,36 @@ pub struct Pointwise {
 
 impl Pointwise {
     /// `weight` [out, in] and `bias` [out], where the kernel runs for them: float32 on the CPU,
-    /// and a CPU and process that run it.
-    pub fn new(weight: &Tensor, bias: Option<&Tensor>) -> TorchResult<Option<Self>> {
+    /// and a CPU and process that run it. With `bfloat16_products` (the layer takes them:
+    /// `shim::bfloat16_products` with [`Kernel::PointwiseBf16`]) the weight is rounded to
+    /// bfloat16 and the columns are, at each call: the products run at twice the FMA's rate.
+    pub fn new(weight: &Tensor, bias: Option<&Tensor>, bfloat16_products: bool) -> TorchResult<Option<Self>> {
         if weight.device() != Device::Cpu
             || weight.kind() != Kind::Float
             || !Kernel::Pointwise.runs_in(shim::kernel(Kernel::Pointwise))
         {
             return Ok(None);
         }
-        Self::pack(weight, bias).map(Some)
+        Self::pack(weight, bias, bfloat16_products).map(Some)
     }
 
     /// `weight` and `bias` packed, wherever the kernel runs.
-    fn pack(weight: &Tensor, bias: Option<&Tensor>) -> TorchResult<Self> {
+    fn pack(weight: &Tensor, bias: Option<&Tensor>, bfloat16_products: bool) -> TorchResult<Self> {
         let (out, in_channels) = (weight.size()[0], weight.size()[1]);
         let blocks = (out + BLOCK_OUTPUTS - 1) / BLOCK_OUTPUTS;
-        let packed = weight
+        let padded = weight
             .f_constant_pad_nd([0, 0, 0, blocks * BLOCK_OUTPUTS - out])?
-            .f_view([blocks, BLOCK_OUTPUTS, in_channels])?
-            .f_transpose(1, 2)?
-            .f_contiguous()?;
+            .f_view([blocks, BLOCK_OUTPUTS, in_channels])?;
+        let packed = if bfloat16_products {
+            // [blocks, in / 2, 8, 2]: each output's weights of inputs 2i and 2i + 1 together.
+            padded
+                .f_view([blocks, BLOCK_OUTPUTS, in_channels / 2, 2])?
+                .f_permute([0, 2, 1, 3])?
+                .f_to_kind(Kind::BFloat16)?
+                .f_contiguous()?
+        } else {
+            padded.f_transpose(1, 2)?.f_contiguous()?
+        };
         let bias = bias
             .map(|bias| bias.f_flatten(0, -1)?.f_contiguous())
             .transpose()?;
@@ -92,9 +103,9 @@ mod tests {
         let options = (Kind::Float, Device::Cpu);
         let weight = Tensor::zeros([12, 5], options);
         let runs = Kernel::Pointwise.runs_in(shim::kernel(Kernel::Pointwise));
-        assert_eq!(Pointwise::new(&weight, None).unwrap().is_some(), runs);
+        assert_eq!(Pointwise::new(&weight, None, false).unwrap().is_some(), runs);
         assert!(
-            Pointwise::new(&weight.to_kind(Kind::Half), None)
+            Pointwise::new(&weight.to_kind(Kind::Half), None, false)
                 .unwrap()
                 .is_none()
         );
@@ -102,7 +113,9 @@ mod tests {
 
     /// Output counts that fill their blocks and that do not, column counts that leave partial
     /// vectors and tiles, streams, with and without a bias, against libtorch's product in
-    /// float64, within float32's rounding of the magnitudes summed. Built directly, so it runs
+    /// float64, within float32's rounding of the magnitudes summed. In bfloat16 products too
+    /// where the CPU has them (even input counts): against the product of the weight and the
+    /// columns rounded to bfloat16, the sums float32 all the same. Built directly, so it runs
     /// wherever the CPU has AVX-512, whatever MKL runs.
     #[test]
     #[cfg_attr(not(host_avx512), ignore = "this CPU has no AVX-512: the kernel cannot run")]
@@ -110,43 +123,53 @@ mod tests {
         shim::tested(CpuKernels::Avx512);
         let mut random = Inputs::new(23);
         let options = (Kind::Float, Device::Cpu);
-        for (inputs, outputs) in [(96, 96), (7, 13), (40, 8), (3, 1)] {
+        for (inputs, outputs) in [(96, 96), (7, 13), (40, 8), (3, 1), (2, 9)] {
             let weight = random.normal([outputs, inputs], options);
             let bias = random.normal([outputs], options);
-            let packed = Pointwise::pack(&weight, Some(&bias)).unwrap();
-            let no_bias = Pointwise::pack(&weight, None).unwrap();
-            for (batch, columns) in [
-                (1, 1),
-                (1, 16),
-                (1, 17),
-                (2, 32),
-                (1, 47),
-                (3, 48),
-                (2, 160),
-                (1, 203),
-            ] {
-                let x = random.normal([batch, inputs, columns], options);
-                let product = weight.to_kind(Kind::Double).matmul(&x.to_kind(Kind::Double));
-                let scale = weight
-                    .abs()
-                    .to_kind(Kind::Double)
-                    .matmul(&x.abs().to_kind(Kind::Double))
-                    .max()
-                    .double_value(&[])
-                    + bias.abs().max().double_value(&[]);
-                for (pointwise, expected) in [
-                    (&packed, &product + bias.to_kind(Kind::Double).view([1, -1, 1])),
-                    (&no_bias, product.shallow_clone()),
+            let mut formats = vec![false];
+            if shim::has_bf16_products() && inputs % 2 == 0 {
+                formats.push(true);
+            }
+            for bfloat16 in formats {
+                let packed = Pointwise::pack(&weight, Some(&bias), bfloat16).unwrap();
+                let no_bias = Pointwise::pack(&weight, None, bfloat16).unwrap();
+                // The values the products see, in float64.
+                let seen = |values: &Tensor| match bfloat16 {
+                    true => values.to_kind(Kind::BFloat16).to_kind(Kind::Double),
+                    false => values.to_kind(Kind::Double),
+                };
+                for (batch, columns) in [
+                    (1, 1),
+                    (1, 16),
+                    (1, 17),
+                    (2, 32),
+                    (1, 47),
+                    (3, 48),
+                    (2, 160),
+                    (1, 203),
                 ] {
-                    let got = pointwise.forward(&x).unwrap();
-                    assert_eq!(got.size(), expected.size());
-                    let (error, _) = max_error_and_scale(&got, &expected);
-                    assert!(
-                        error <= 1e-6 * scale,
-                        "{inputs} -> {outputs}, {batch} x {columns} columns, bias {}: off by \
-                         {error:e} of {scale:e}",
-                        pointwise.bias.is_some()
-                    );
+                    let x = random.normal([batch, inputs, columns], options);
+                    let product = seen(&weight).matmul(&seen(&x));
+                    let scale = seen(&weight)
+                        .abs()
+                        .matmul(&seen(&x).abs())
+                        .max()
+                        .double_value(&[])
+                        + bias.abs().max().double_value(&[]);
+                    for (pointwise, expected) in [
+                        (&packed, &product + bias.to_kind(Kind::Double).view([1, -1, 1])),
+                        (&no_bias, product.shallow_clone()),
+                    ] {
+                        let got = pointwise.forward(&x).unwrap();
+                        assert_eq!(got.size(), expected.size());
+                        let (error, _) = max_error_and_scale(&got, &expected);
+                        assert!(
+                            error <= 1e-6 * scale,
+                            "{inputs} -> {outputs}, {batch} x {columns} columns, bias {}, bfloat16 \
+                             {bfloat16}: off by {error:e} of {scale:e}",
+                            pointwise.bias.is_some()
+                        );
+                    }
                 }
             }
         }
@@ -175,6 +198,9 @@ mod tests {
             .forward(&Tensor::zeros([1, 5, 3], options))
             .unwrap_err()
             .to_string();
-        assert!(error.contains("[blocks, in, 8] for 12 outputs"), "{error}");
+        assert!(
+            error.contains("float32 [blocks, in, 8] or bfloat16 [blocks, in / 2, 8, 2] for 12 outputs"),
+            "{error}"
+        );
     }
 }

@@ -3,7 +3,7 @@
 use std::ffi::{CStr, c_char};
 use std::sync::LazyLock;
 
-use tch::{TchError, Tensor};
+use tch::{Kind, TchError, Tensor};
 
 use crate::model::error::TorchResult;
 
@@ -68,10 +68,12 @@ pub enum Kernel {
     RmsNorm,
     /// 1x1 convolutions of float32 weights (AVX-512, where MKL runs without it).
     Pointwise,
+    /// Their products in bfloat16 (dtype bf16, AVX512_BF16).
+    PointwiseBf16,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 9] = [
+    pub const ALL: [Kernel; 10] = [
         Kernel::SkinnyGemm,
         Kernel::Winograd,
         Kernel::WinogradBf16,
@@ -81,6 +83,7 @@ impl Kernel {
         Kernel::Attention,
         Kernel::RmsNorm,
         Kernel::Pointwise,
+        Kernel::PointwiseBf16,
     ];
 
     pub fn name(self) -> &'static str {
@@ -94,6 +97,7 @@ impl Kernel {
             Kernel::Attention => "attention",
             Kernel::RmsNorm => "rms_norm",
             Kernel::Pointwise => "pointwise",
+            Kernel::PointwiseBf16 => "pointwise_bf16",
         }
     }
 
@@ -101,14 +105,16 @@ impl Kernel {
     /// Winograd products AVX-512 and a CPU with AVX512_BF16, the others AVX2 (the plain C++ ones
     /// too, held back with the vector kernels on other CPUs); the 1x1 convolutions AVX-512, on a
     /// CPU where MKL's products do without it (elsewhere MKL's AVX-512 products do their work,
-    /// and no A/B has measured ours against them).
+    /// and no A/B has measured ours against them), their bfloat16 products a CPU with
+    /// AVX512_BF16 too.
     pub fn runs_in(self, kernels: CpuKernels) -> bool {
         let least = match self {
             Kernel::DirectConv => CpuKernels::Avx512,
             Kernel::WinogradBf16 if !has_bf16_products() => return false,
             Kernel::WinogradBf16 => CpuKernels::Avx512,
             Kernel::Pointwise if mkl_runs_avx512() => return false,
-            Kernel::Pointwise => CpuKernels::Avx512,
+            Kernel::PointwiseBf16 if mkl_runs_avx512() || !has_bf16_products() => return false,
+            Kernel::Pointwise | Kernel::PointwiseBf16 => CpuKernels::Avx512,
             _ => CpuKernels::Avx2,
         };
         kernels >= least
@@ -249,6 +255,26 @@ pub fn has_bf16_products() -> bool {
     false
 }
 
+/// Whether a layer takes bfloat16 products by `kernel` (one that computes them: the Winograd
+/// tiles' or the 1x1 convolutions'): in dtype bf16 (`dtype_rounding`, the 16-bit kind weights
+/// are rounded to on the CPU), in the layers bound by arithmetic (whose matrix is not `rounded`
+/// to 16 bits: see `network::precision::rounded_weights`), whose inputs pair up (an even
+/// `in_channels`), where the kernel runs, unless the checkpoint `stored` the weight in bfloat16,
+/// whose products float32 keeps as exact as f32's.
+pub fn bfloat16_products(
+    dtype_rounding: Option<Kind>,
+    rounded: bool,
+    stored: Option<Kind>,
+    in_channels: usize,
+    kernel: Kernel,
+) -> bool {
+    dtype_rounding == Some(Kind::BFloat16)
+        && !rounded
+        && stored != Some(Kind::BFloat16)
+        && in_channels.is_multiple_of(2)
+        && kernel.runs_in(self::kernel(kernel))
+}
+
 /// Whether MKL's float32 products run its AVX-512 code here: on Intel CPUs only. Elsewhere it
 /// takes its generic code, AVX2 at most (`mkl_blas_def_sgemm_kernel_0_zen` in the AMD EPYC's
 /// profiles, `mkl_blas_avx512_sgemm_kernel_0` in the Intel Xeon's).
@@ -342,11 +368,12 @@ mod tests {
         for kernel in Kernel::ALL {
             let avx2 = !matches!(
                 kernel,
-                Kernel::DirectConv | Kernel::Pointwise | Kernel::WinogradBf16
+                Kernel::DirectConv | Kernel::Pointwise | Kernel::PointwiseBf16 | Kernel::WinogradBf16
             );
             assert_eq!(kernel.runs_in(CpuKernels::Avx2), avx2, "{kernel:?} in AVX2");
             let avx512 = match kernel {
                 Kernel::Pointwise => !mkl_runs_avx512(),
+                Kernel::PointwiseBf16 => !mkl_runs_avx512() && has_bf16_products(),
                 Kernel::WinogradBf16 => has_bf16_products(),
                 _ => true,
             };

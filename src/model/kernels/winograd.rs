@@ -132,12 +132,7 @@ impl TransformedWeights {
         stored: Option<Kind>,
         in_channels: usize,
     ) -> Self {
-        if dtype_rounding == Some(Kind::BFloat16)
-            && !rounded
-            && stored != Some(Kind::BFloat16)
-            && in_channels.is_multiple_of(2)
-            && Kernel::WinogradBf16.runs_in(shim::kernel(Kernel::WinogradBf16))
-        {
+        if shim::bfloat16_products(dtype_rounding, rounded, stored, in_channels, Kernel::WinogradBf16) {
             Self::Bfloat16
         } else if rounded {
             Self::Int16

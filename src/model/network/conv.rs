@@ -123,7 +123,14 @@ impl CausalConv {
         .transpose()?;
         let one_by_one = kernel == 1 && groups == 1 && !rounded && weight.kind() == Kind::Float;
         let packed = if one_by_one {
-            Pointwise::new(&weight.f_view([out_channels as i64, -1])?, Some(&bias))?
+            let bfloat16 = shim::bfloat16_products(
+                weights.weight_rounding(),
+                rounded,
+                weights.stored_kind("weight"),
+                in_channels,
+                Kernel::PointwiseBf16,
+            );
+            Pointwise::new(&weight.f_view([out_channels as i64, -1])?, Some(&bias), bfloat16)?
         } else {
             None
         };
@@ -270,7 +277,16 @@ impl CausalTransConv {
             weights.columns_per_frame(),
         )?;
         let pointwise = match &matrix {
-            Matrix::Plain { weight, .. } => Pointwise::new(weight, None)?,
+            Matrix::Plain { weight, .. } => {
+                let bfloat16 = shim::bfloat16_products(
+                    weights.weight_rounding(),
+                    false,
+                    weights.stored_kind("weight"),
+                    in_channels,
+                    Kernel::PointwiseBf16,
+                );
+                Pointwise::new(weight, None, bfloat16)?
+            }
             _ => None,
         };
         Ok(Self {
