@@ -156,7 +156,7 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
   --max-sessions       sessions at once; the next is refused with 4429 (16)
   --admission          measured: at most as many sessions as the decoder serves in real time,
                        measured at start from its own steps (a step of every session within
-                       50 % of its frames' time), and none while the server is behind now (audio
+                       75 % of its frames' time), and none while the server is behind now (audio
                        late at the sender, decode steps left waiting, or the decoder's real-time
                        margin below --admission-margin, over the last 3 s); off: --max-sessions
                        alone (measured)
