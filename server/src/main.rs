@@ -334,6 +334,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     // Loaded once here and held: every session's decoder shares this copy, and a bad model
     // or device fails the start instead of the first session.
     let model = Model::shared(&model_path, parse_device(&device)?, dtype)?;
+    let dtype_note = gstqwencodec::model::dtype_note(dtype, model.device());
     // Before the capacity is measured: it is measured on the threads the decoder will have.
     // One server decodes for all its sessions: its threads are its own to spin. Several decoding
     // processes on one host each take a share of the cores (--cores), which a spin cannot starve.
@@ -435,6 +436,9 @@ fn run() -> Result<(), Box<dyn Error>> {
         "model {} on {device} ({dtype}), chunk-frames {chunk_frames}, at most {max_sessions} sessions",
         model_path.display()
     );
+    if let Some(note) = dtype_note {
+        log!("{note}");
+    }
     log!("{}", ice.describe());
     log!("{}", opus.describe());
     // A token given is not printed: the log may go where the token must not.

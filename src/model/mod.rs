@@ -16,7 +16,7 @@ mod stream_decoder;
 
 pub use checkpoint::CheckpointFiles;
 pub use config::DecoderConfig;
-pub use dtype::Dtype;
+pub use dtype::{Dtype, dtype_note};
 pub use engine::{BatchRun, GraphReport, MAX_GRAPHS, REJOIN_GRACE, max_batch_frames};
 pub use error::{DecodeError, GraphError, ModelError};
 pub use executor::wait_policy;

@@ -127,6 +127,9 @@ impl QwenCodecDec {
             model.compute_threads(),
             model::wait_policy()
         );
+        if let Some(note) = model::dtype_note(wanted.dtype, model.device()) {
+            gst::info!(CAT, imp = self, "{}", note);
+        }
         Ok(LoadedModel {
             model,
             path: wanted.path.clone(),
