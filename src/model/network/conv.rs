@@ -55,6 +55,27 @@ const MATRIX_MAX_ROWS: i64 = 16;
 /// (`measurements/results/2026-12-01-amd-epyc-avx512-pointwise-conv.md`).
 const POINTWISE_MAX_MULTIPLY_ADDS: i64 = 32 << 20;
 
+/// How a CPU float32 1x1 convolution runs beyond the matrix's rows.
+enum OneByOne {
+    /// Its weight packed for our kernel, where it runs ([`Pointwise`]): every step.
+    Kernel(Pointwise),
+    /// Elsewhere its weight as [out, in] and its bias as [out, 1] (views of the kernel weights):
+    /// one MKL product per stream, for small steps (see [`POINTWISE_MAX_MULTIPLY_ADDS`]).
+    Products(Tensor, Tensor),
+}
+
+/// Whether the layer at `weights`, its matrix `rounded` to 16 bits or not, with `in_channels`
+/// inputs, takes bfloat16 products by `kernel` ([`shim::bfloat16_products`]).
+fn bfloat16_products(weights: &Weights, rounded: bool, in_channels: usize, kernel: Kernel) -> bool {
+    shim::bfloat16_products(
+        weights.weight_rounding(),
+        rounded,
+        weights.stored_kind("weight"),
+        in_channels,
+        kernel,
+    )
+}
+
 /// A 1-D convolution padded causally: `(kernel - 1) * dilation` columns of the past on the left.
 pub struct CausalConv {
     /// [out, in / groups, kernel] and [out], for the convolution kernels; none where the matrix
@@ -67,12 +88,8 @@ pub struct CausalConv {
     /// `forward`); beside a 16-bit matrix, for the steps too large for it, with its transformed
     /// weights in 16 bits too (see `Winograd::new`).
     winograd: Option<Winograd>,
-    /// A float32 1x1 convolution's weight packed for our kernel, where it runs (see
-    /// [`Pointwise`]): for every step beyond the matrix's rows.
-    packed: Option<Pointwise>,
-    /// Elsewhere, a CPU float32 1x1 convolution's weight as [out, in] and its bias as [out, 1]
-    /// (views of the kernel weights), for small steps (see [`POINTWISE_MAX_MULTIPLY_ADDS`]).
-    pointwise: Option<(Tensor, Tensor)>,
+    /// A CPU float32 1x1 convolution's own way, beyond the matrix's rows.
+    one_by_one: Option<OneByOne>,
     /// Whether the kernel weights are summed directly (`direct_conv`): depthwise, or few outputs.
     direct: bool,
     in_channels: i64,
@@ -121,22 +138,18 @@ impl CausalConv {
             Winograd::new(&weight, &bias, dilation, tile, format)
         })
         .transpose()?;
-        let one_by_one = kernel == 1 && groups == 1 && !rounded && weight.kind() == Kind::Float;
-        let packed = if one_by_one {
-            let bfloat16 = shim::bfloat16_products(
-                weights.weight_rounding(),
-                rounded,
-                weights.stored_kind("weight"),
-                in_channels,
-                Kernel::PointwiseBf16,
-            );
-            Pointwise::new(&weight.f_view([out_channels as i64, -1])?, Some(&bias), bfloat16)?
-        } else {
-            None
-        };
-        let pointwise = (one_by_one && packed.is_none() && weights.device() == Device::Cpu)
+        let one_by_one = (kernel == 1
+            && groups == 1
+            && !rounded
+            && weight.kind() == Kind::Float
+            && weights.device() == Device::Cpu)
             .then(|| -> TorchResult<_> {
-                Ok((weight.f_view([out_channels as i64, -1])?, bias.f_view([-1, 1])?))
+                let matrix = weight.f_view([out_channels as i64, -1])?;
+                let bfloat16 = bfloat16_products(&weights, false, in_channels, Kernel::PointwiseBf16);
+                Ok(match Pointwise::new(&matrix, Some(&bias), bfloat16)? {
+                    Some(packed) => OneByOne::Kernel(packed),
+                    None => OneByOne::Products(matrix, bias.f_view([-1, 1])?),
+                })
             })
             .transpose()?;
         let direct = !rounded && direct_conv::applies(&weight, groups as i64, weights.device());
@@ -144,8 +157,7 @@ impl CausalConv {
             kernel_weights: (!rounded).then_some((weight, bias)),
             matrix,
             winograd,
-            packed,
-            pointwise,
+            one_by_one,
             direct,
             in_channels: in_channels as i64,
             kernel: kernel as i64,
@@ -201,19 +213,18 @@ impl CausalConv {
                 .f_reshape([batch, columns, -1])?
                 .f_permute([0, 2, 1]);
         }
-        if let Some(packed) = &self.packed {
-            return packed.forward(&input);
-        }
-        let pointwise = self
-            .pointwise
-            .as_ref()
-            .filter(|(weight, _)| weight.size()[0] * self.in_channels * rows <= POINTWISE_MAX_MULTIPLY_ADDS);
-        if let Some((weight, bias)) = pointwise {
-            let y = Tensor::f_empty([batch, weight.size()[0], columns], (Kind::Float, x.device()))?;
-            for row in 0..batch {
-                _ = bias.f_addmm_out(&y.f_select(0, row)?, weight, &input.f_select(0, row)?)?;
+        match &self.one_by_one {
+            Some(OneByOne::Kernel(packed)) => return packed.forward(&input),
+            Some(OneByOne::Products(weight, bias))
+                if weight.size()[0] * self.in_channels * rows <= POINTWISE_MAX_MULTIPLY_ADDS =>
+            {
+                let y = Tensor::f_empty([batch, weight.size()[0], columns], (Kind::Float, x.device()))?;
+                for row in 0..batch {
+                    _ = bias.f_addmm_out(&y.f_select(0, row)?, weight, &input.f_select(0, row)?)?;
+                }
+                return Ok(y);
             }
-            return Ok(y);
+            _ => {}
         }
         let (weight, bias) = self
             .kernel_weights
@@ -278,13 +289,7 @@ impl CausalTransConv {
         )?;
         let pointwise = match &matrix {
             Matrix::Plain { weight, .. } => {
-                let bfloat16 = shim::bfloat16_products(
-                    weights.weight_rounding(),
-                    false,
-                    weights.stored_kind("weight"),
-                    in_channels,
-                    Kernel::PointwiseBf16,
-                );
+                let bfloat16 = bfloat16_products(&weights, false, in_channels, Kernel::PointwiseBf16);
                 Pointwise::new(weight, None, bfloat16)?
             }
             _ => None,
