@@ -157,7 +157,7 @@ kernels-ab: build $(BENCH_MODEL)/model.safetensors
 # ops per step and time outside them (libtorch's op profiler), per thread and library (perf),
 # on the benchmark's checkpoint; writes measurements/results/<date>-<cpu>-<device>-<dtype>-c<frames>-
 # profile.{md,json}. PROFILE_ARGS: options of benches/profile.rs (--chunk-frames 1, --dtype,
-# --steps, --device).
+# --steps, --device, --streams).
 profile: build $(BENCH_MODEL)/model.safetensors
 	bash tools/profile.sh $(BENCH_MODEL) $(PROFILE_ARGS)
 

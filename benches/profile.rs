@@ -3,9 +3,11 @@
 //! the report.
 //!
 //! cargo bench --bench profile -- --model DIR --out DIR [--chunk-frames 1] [--steps 100]
-//!     [--device cpu] [--dtype f32]
+//!     [--device cpu] [--dtype f32] [--streams 1]
 //!
-//! One stream decodes its frames in steps of `--chunk-frames`: a warm-up, then `--steps` timed
+//! One stream (or `--streams` streams, each on its own thread, which the model's engine runs as
+//! one batch a step, as the server's sessions are) decodes its frames in steps of
+//! `--chunk-frames`: a warm-up, then `--steps` timed
 //! steps (the phase that perf's samples are taken from: its bounds are written in
 //! CLOCK_MONOTONIC, perf's `-k CLOCK_MONOTONIC`), then as many steps again under libtorch's op
 //! profiler. Writes `run.json` (machine, settings, step times, the phase's bounds) and
@@ -14,7 +16,7 @@
 mod common;
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 
 use common::{machine, read_codes, run_steps, slug};
 use gstqwencodec::model::{Dtype, Model, OpProfiler, StreamDecoder, TailStrategy, parse_device};
@@ -44,43 +46,77 @@ fn monotonic_ns() -> u64 {
 
 fn main() {
     // Every option read before any work (see `common::read_options`).
-    let (model_path, out, chunk_frames, steps, device_name, dtype) = common::read_options(|options| {
-        Ok((
-            PathBuf::from(options.take_required("--model")?),
-            PathBuf::from(options.take_required("--out")?),
-            options.take_parsed::<usize>("--chunk-frames", 1)?,
-            options.take_parsed::<usize>("--steps", 100)?,
-            options.take("--device")?.unwrap_or_else(|| "cpu".into()),
-            options.take_parsed("--dtype", Dtype::F32)?,
-        ))
-    });
+    let (model_path, out, chunk_frames, steps, device_name, dtype, streams) =
+        common::read_options(|options| {
+            Ok((
+                PathBuf::from(options.take_required("--model")?),
+                PathBuf::from(options.take_required("--out")?),
+                options.take_parsed::<usize>("--chunk-frames", 1)?,
+                options.take_parsed::<usize>("--steps", 100)?,
+                options.take("--device")?.unwrap_or_else(|| "cpu".into()),
+                options.take_parsed("--dtype", Dtype::F32)?,
+                options.take_parsed::<usize>("--streams", 1)?,
+            ))
+        });
+    assert!(streams >= 1, "--streams: at least one stream");
 
     let device = parse_device(&device_name).unwrap();
     let model = Arc::new(Model::load(&model_path, device, dtype).unwrap());
     let codes = read_codes(&model_path.join("codes.raw"));
     let codebooks = model.config().num_quantizers;
-    let mut decoder = StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
-
-    run_steps(&mut decoder, &codes, codebooks, WARM_UP_STEPS);
-    let sampled_from = monotonic_ns();
-    let step_ms = run_steps(&mut decoder, &codes, codebooks, steps);
-    let sampled_to = monotonic_ns();
-
     std::fs::create_dir_all(&out).unwrap();
-    let profiler = OpProfiler::start(device).unwrap();
-    let profiled_step_ms = run_steps(&mut decoder, &codes, codebooks, steps);
-    profiler.finish(&out.join("events.tsv")).unwrap();
+
+    // Every stream runs each phase's steps; the phases start and end together (the barrier), so
+    // that the sampled window and the op profiler hold only the batches of all the streams.
+    let phase = Barrier::new(streams + 1);
+    let (mut sampled_from, mut sampled_to) = (0, 0);
+    let mut profiler = None;
+    let per_stream: Vec<(Vec<f64>, Vec<f64>)> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..streams)
+            .map(|_| {
+                let (model, codes, phase) = (&model, &codes, &phase);
+                scope.spawn(move || {
+                    let mut decoder =
+                        StreamDecoder::new(model.clone(), chunk_frames, TailStrategy::Eager).unwrap();
+                    run_steps(&mut decoder, codes, codebooks, WARM_UP_STEPS);
+                    phase.wait();
+                    let step_ms = run_steps(&mut decoder, codes, codebooks, steps);
+                    phase.wait();
+                    phase.wait();
+                    let profiled_step_ms = run_steps(&mut decoder, codes, codebooks, steps);
+                    phase.wait();
+                    (step_ms, profiled_step_ms)
+                })
+            })
+            .collect();
+        phase.wait();
+        sampled_from = monotonic_ns();
+        phase.wait();
+        sampled_to = monotonic_ns();
+        profiler = Some(OpProfiler::start(device).unwrap());
+        phase.wait();
+        phase.wait();
+        threads.into_iter().map(|thread| thread.join().unwrap()).collect()
+    });
+    profiler.unwrap().finish(&out.join("events.tsv")).unwrap();
+    // The first stream's steps: the streams' steps are the same batches'.
+    let (step_ms, profiled_step_ms) = per_stream[0].clone();
 
     let machine = machine();
     let date = common::today();
     let run = json!({
-        "stem": format!("{date}-{}-{device_name}-{dtype}-c{chunk_frames}-profile", slug(&machine)),
+        "stem": format!(
+            "{date}-{}-{device_name}-{dtype}-c{chunk_frames}{}-profile",
+            slug(&machine),
+            if streams > 1 { format!("-s{streams}") } else { String::new() }
+        ),
         "date": date,
         "machine": machine,
         "device": device_name,
         "dtype": dtype.to_string(),
         "model": model_path.file_name().unwrap().to_string_lossy(),
         "chunk_frames": chunk_frames,
+        "streams": streams,
         "audio_seconds_per_step": (chunk_frames * model.samples_per_frame()) as f64 / model.sample_rate() as f64,
         "step_ms": step_ms,
         "profiled_step_ms": profiled_step_ms,

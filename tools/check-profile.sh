@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make profile end to end on the bundled release-tiny checkpoint, its report in a scratch
 # folder: the op profile must hold every stage of the network and the ops of every step, and
-# perf's part its samples where perf may sample here.
+# perf's part its samples where perf may sample here. Then of two streams' batched steps: one
+# step scope per batch, batches of more than one row.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,4 +33,25 @@ assert "aten::cat" in ops["top_level_ops"], list(ops["top_level_ops"])
 assert (scratch / reports[0].with_suffix(".md").name).read_text().count("| decoder.") == 6
 perf = report["perf"]
 print("check-profile: ok;", "perf samples:", perf["samples"] if perf else "none (perf may not sample here)")
+PY
+
+batched="$scratch/batched"
+PROFILE_RESULTS="$batched" bash tools/profile.sh tests/fixtures/release-tiny --steps "$steps" --streams 2 \
+  >"$scratch/log" 2>&1 || { cat "$scratch/log" >&2; echo "check-profile: make profile --streams 2 failed" >&2; exit 1; }
+
+python3 - "$batched" "$steps" <<'PY'
+import json, sys
+from pathlib import Path
+
+batched, steps = Path(sys.argv[1]), int(sys.argv[2])
+reports = list(batched.glob("*-s2-profile.json"))
+assert len(reports) == 1, f"one report of two streams, not {list(batched.iterdir())}"
+report = json.loads(reports[0].read_text())
+run, ops = report["run"], report["op_profile"]
+assert run["streams"] == 2, run
+# Each stream pushed `steps` steps: as many batches if every one held both, twice as many if none.
+assert steps <= ops["steps"] < 2 * steps, f"{ops['steps']} step scopes for two streams' {steps} steps each"
+rows = 2 * steps / ops["steps"]
+assert f"batched by the engine ({rows:.2f} rows per batch" in reports[0].with_suffix(".md").read_text()
+print(f"check-profile: two streams ok; {rows:.2f} rows a batch")
 PY

@@ -3,8 +3,8 @@
 # benches/profile.rs runs the steps (timed under perf's sampling, then under libtorch's op
 # profiler) and tools/profile_report.py writes measurements/results/<date>-<cpu>-<device>-<dtype>-
 # c<frames>-profile.md (and .json; PROFILE_RESULTS names another folder). Arguments go to the
-# benchmark (--chunk-frames, --dtype, --steps, --device). Without perf (or its permission) the
-# report has the op profile only.
+# benchmark (--chunk-frames, --dtype, --steps, --device, --streams). Without perf (or its
+# permission) the report has the op profile only.
 set -euo pipefail
 
 model="$1"

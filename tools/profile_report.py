@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The profile of one stream's steps, in markdown, from what `make profile` gathered.
+"""The profile of one stream's steps (or of several streams' batches), in markdown, from what
+`make profile` gathered.
 
     profile_report.py RUN_DIR [--perf PERF_SCRIPT_TXT] --out-dir DIR
 
@@ -207,21 +208,29 @@ def markdown(run, ops, perf):
     machine = run["machine"]
     step_ms = statistics.median(run["step_ms"])
     profiled_ms = statistics.median(run["profiled_step_ms"])
-    per_audio = step_ms / 1e3 / run["audio_seconds_per_step"]
+    # A batched step gives every stream its audio.
+    streams = run.get("streams", 1)
+    audio_per_step = run["audio_seconds_per_step"] * streams
+    per_audio = step_ms / 1e3 / audio_per_step
+    # Each stream pushed as many steps; the op profiler saw one step per batch.
+    rows = streams * len(run["profiled_step_ms"]) / ops["steps"]
+    who = ("one stream" if streams == 1 else
+           f"{streams} streams, each on its own thread, batched by the engine "
+           f"({rows:.2f} rows per batch under the op profiler)")
     out = []
     w = out.append
     w(f"# Where a chunk-frames-{run['chunk_frames']} step's time goes: {machine['cpu']} ({run['date']})\n")
-    w(f"`make profile` (`benches/profile.rs`, `tools/profile_report.py`): one stream, "
+    w(f"`make profile` (`benches/profile.rs`, `tools/profile_report.py`): {who}, "
       f"{run['dtype']} on {run['device']}, model `{run['model']}`, steps of {run['chunk_frames']} "
       f"frame(s); code {machine.get('code', 'unknown')}; {machine['cores']} cores, "
       f"{machine['torch_threads']} torch threads; CPU flags: "
       f"{', '.join(machine['cpu_flags']) or 'none of avx2, fma, avx512'}"
       f"{'; limited by ' + ', '.join(machine['limits']) if machine.get('limits') else ''}.\n")
-    w("| | ms per step (median) | s per audio s |")
+    w("| | ms per step (median) | s per audio s (every stream's) |")
     w("| --- | ---: | ---: |")
     w(f"| {len(run['step_ms'])} steps, perf sampling | {step_ms:.1f} | {per_audio:.3f} |")
     w(f"| {len(run['profiled_step_ms'])} steps under the op profiler | {profiled_ms:.1f} | "
-      f"{profiled_ms / 1e3 / run['audio_seconds_per_step']:.3f} |")
+      f"{profiled_ms / 1e3 / audio_per_step:.3f} |")
     w("")
     w("## Per stage (op profiler scopes, mean per step)\n")
     w("Stages by upstream's module names: `decoder.0` the vocoder's input conv, `decoder.1-4` its "
