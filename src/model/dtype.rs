@@ -57,11 +57,11 @@ impl fmt::Display for Dtype {
 }
 
 /// What a decoder in `dtype` on `device` should know of the other dtypes' speed here. Where the
-/// CPU takes every bfloat16 product of ours (AVX512_BF16 on a CPU whose MKL runs without
-/// AVX-512, our kernels on: where they were measured), `bf16` is the fastest dtype; where it
-/// takes none, `bf16` runs `f16`'s path at `f16`'s speed and rounds more, so `f16` is the better
-/// reduced dtype. None where there is nothing to add (CUDA; `f32`; the dtype already the
-/// fastest; a CPU where bfloat16's speed against `f16`'s is unmeasured).
+/// CPU takes every bfloat16 product of ours (AVX512_BF16 on a CPU other than Intel's, our kernels
+/// on: see `Kernel::runs_in`), `bf16` is the fastest dtype; where it takes none (no AVX512_BF16,
+/// an Intel CPU, the kernels held back), `bf16` runs `f16`'s path at `f16`'s speed and rounds
+/// more, so `f16` is the better reduced dtype. None where there is nothing to add (CUDA; `f32`;
+/// the dtype already the fastest; some products held back by name, unmeasured).
 pub fn dtype_note(dtype: Dtype, device: Device) -> Option<&'static str> {
     if device != Device::Cpu {
         return None;
@@ -90,9 +90,10 @@ fn dtype_note_of(dtype: Dtype, products: Bf16Products) -> Option<&'static str> {
              float64 at the released widths where f16 is at 1.7e-2 (docs/performance.md)",
         ),
         (Dtype::Bf16, Bf16Products::None) => Some(
-            "this CPU has no bfloat16 products (AVX512_BF16), or our kernels are held back: bf16 \
-             runs f16's path at its speed and rounds more (f16 1.7e-2 from float64 at the \
-             released widths); f16 is the better choice here",
+            "our bfloat16 products do not run on this CPU (they need AVX512_BF16 and pay on CPUs \
+             other than Intel's), or our kernels are held back: bf16 runs f16's path at its speed \
+             and rounds more (f16 1.7e-2 from float64 at the released widths); f16 is the better \
+             choice here",
         ),
         _ => None,
     }

@@ -175,8 +175,8 @@ impl ObjectImpl for QwenCodecDec {
                     .blurb(
                         "Precision of the decoder's computation: f32; f16 (float16 weights; on the CPU with \
                          float32 activations, the reduced mode to use); bf16 (bfloat16 weights, as f16 \
-                         but less precise; on CPUs with AVX512_BF16 the vocoder's late products in \
-                         bfloat16 too, faster; exact for checkpoints stored in bfloat16); read at \
+                         but less precise; on CPUs with AVX512_BF16 other than Intel's the vocoder's \
+                         late products in bfloat16 too, faster; exact for checkpoints stored in bfloat16); read at \
                          NULL→READY",
                     )
                     .build(),

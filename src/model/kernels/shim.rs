@@ -101,20 +101,17 @@ impl Kernel {
         }
     }
 
-    /// Whether the kernel runs in `kernels`: the direct convolutions need AVX-512, the bfloat16
-    /// Winograd products AVX-512 and a CPU with AVX512_BF16, the others AVX2 (the plain C++ ones
-    /// too, held back with the vector kernels on other CPUs); the 1x1 convolutions AVX-512, on a
-    /// CPU where MKL's products do without it (elsewhere MKL's AVX-512 products do their work,
-    /// and no A/B has measured ours against them), their bfloat16 products a CPU with
-    /// AVX512_BF16 too.
+    /// Whether the kernel runs in `kernels`: the direct convolutions need AVX-512, the others
+    /// AVX2 (the plain C++ ones too, held back with the vector kernels on other CPUs), but for
+    /// three that run only on CPUs other than Intel's ([`intel_cpu`]), where each was measured to
+    /// pay: the 1x1 convolutions (AVX-512), and the Winograd tiles' and the 1x1 convolutions'
+    /// bfloat16 products (AVX-512 and AVX512_BF16).
     pub fn runs_in(self, kernels: CpuKernels) -> bool {
         let least = match self {
             Kernel::DirectConv => CpuKernels::Avx512,
-            Kernel::WinogradBf16 if !has_bf16_products() => return false,
-            Kernel::WinogradBf16 => CpuKernels::Avx512,
-            Kernel::Pointwise if mkl_runs_avx512() => return false,
-            Kernel::PointwiseBf16 if mkl_runs_avx512() || !has_bf16_products() => return false,
-            Kernel::Pointwise | Kernel::PointwiseBf16 => CpuKernels::Avx512,
+            Kernel::Pointwise | Kernel::PointwiseBf16 | Kernel::WinogradBf16 if intel_cpu() => return false,
+            Kernel::PointwiseBf16 | Kernel::WinogradBf16 if !has_bf16_products() => return false,
+            Kernel::Pointwise | Kernel::PointwiseBf16 | Kernel::WinogradBf16 => CpuKernels::Avx512,
             _ => CpuKernels::Avx2,
         };
         kernels >= least
@@ -275,10 +272,18 @@ pub fn bfloat16_products(
         && kernel.runs_in(self::kernel(kernel))
 }
 
-/// Whether MKL's float32 products run its AVX-512 code here: on Intel CPUs only. Elsewhere it
-/// takes its generic code, AVX2 at most (`mkl_blas_def_sgemm_kernel_0_zen` in the AMD EPYC's
-/// profiles, `mkl_blas_avx512_sgemm_kernel_0` in the Intel Xeon's).
-fn mkl_runs_avx512() -> bool {
+/// Whether this is an Intel CPU, where two of our kernels do not pay (measured on the Intel Xeon,
+/// 2026-12-05, `make kernels-ab` in batches of 4 one-frame steps,
+/// `measurements/results/2026-12-05-intel-xeon-avx512-cpu-{f32-c1-s4-pointwise,
+/// bf16-c1-s4-winograd-bf16}-kernels-ab.md`):
+/// - MKL's float32 products run its AVX-512 code on Intel's CPUs alone
+///   (`mkl_blas_avx512_sgemm_kernel_0` in the Xeon's profiles; `mkl_blas_def_sgemm_kernel_0_zen`,
+///   AVX2 at most, in the AMD EPYC's), and do the 1x1 convolutions there as fast as `pointwise`
+///   (1.05x with it);
+/// - Intel's server cores run two 512-bit FMAs a cycle, as many products as `vdpbf16ps`'s pairs at
+///   one a cycle, so the bfloat16 products gain nothing and pay for rounding their inputs
+///   (`winograd_bf16` 1.14x; on the AMD EPYC, whose FMA runs 512 bits at half rate, 0.91x).
+fn intel_cpu() -> bool {
     static INTEL: LazyLock<bool> = LazyLock::new(|| {
         #[cfg(target_arch = "x86_64")]
         {
@@ -372,9 +377,8 @@ mod tests {
             );
             assert_eq!(kernel.runs_in(CpuKernels::Avx2), avx2, "{kernel:?} in AVX2");
             let avx512 = match kernel {
-                Kernel::Pointwise => !mkl_runs_avx512(),
-                Kernel::PointwiseBf16 => !mkl_runs_avx512() && has_bf16_products(),
-                Kernel::WinogradBf16 => has_bf16_products(),
+                Kernel::Pointwise => !intel_cpu(),
+                Kernel::PointwiseBf16 | Kernel::WinogradBf16 => !intel_cpu() && has_bf16_products(),
                 _ => true,
             };
             assert_eq!(
@@ -405,11 +409,11 @@ mod tests {
         assert_eq!(has_bf16_products(), listed("avx512f") && listed("avx512_bf16"));
     }
 
-    /// MKL's AVX-512 code is Intel's alone: the CPU's vendor as the kernel reports it.
+    /// An Intel CPU is told by its vendor as the kernel reports it.
     #[test]
     #[cfg_attr(not(target_os = "linux"), ignore = "reads /proc/cpuinfo")]
-    fn mkl_is_taken_to_run_avx512_on_intel_cpus_only() {
+    fn intel_cpus_are_told_by_their_vendor() {
         let vendor = cpuinfo("vendor_id");
-        assert_eq!(mkl_runs_avx512(), vendor == "GenuineIntel", "{vendor}");
+        assert_eq!(intel_cpu(), vendor == "GenuineIntel", "{vendor}");
     }
 }
