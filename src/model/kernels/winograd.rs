@@ -37,6 +37,7 @@ mod ffi {
             at: *const C_tensor,
             dilation: i64,
             kernels: i32,
+            amx: bool,
             out: *mut *mut C_tensor,
             error: *mut c_char,
             size: usize,
@@ -109,8 +110,8 @@ pub enum TransformedWeights {
     /// where the bytes are the cost).
     Int16,
     /// bfloat16 weights and tiles, multiplied in pairs into float32 sums by AVX512_BF16's
-    /// `vdpbf16ps`, twice the products of an FMA: dtype bf16 where the CPU has them
-    /// ([`TransformedWeights::for_layer`]).
+    /// `vdpbf16ps`, twice the products of an FMA on the AMD EPYC, or in AMX tiles (AMX-BF16):
+    /// dtype bf16 where the CPU has them ([`TransformedWeights::for_layer`]).
     Bfloat16,
 }
 
@@ -234,6 +235,8 @@ pub struct Winograd {
     dilation: i64,
     /// The instruction set it runs in.
     kernels: CpuKernels,
+    /// bfloat16 products in AMX tiles (see [`Winograd::new`]).
+    amx: bool,
 }
 
 impl Winograd {
@@ -261,11 +264,24 @@ impl Winograd {
         m: usize,
         format: TransformedWeights,
     ) -> TorchResult<Self> {
-        Self::in_kernels(weight, bias, dilation, m, format, shim::kernel(Kernel::Winograd))
+        // bfloat16 products in AMX tiles where the CPU has them and the inputs come in 32s: on
+        // Intel's CPUs `vdpbf16ps` gains nothing (see `shim::intel_cpu`).
+        let amx =
+            format == TransformedWeights::Bfloat16 && shim::has_amx_bf16() && weight.size()[1] % 32 == 0;
+        Self::in_kernels(
+            weight,
+            bias,
+            dilation,
+            m,
+            format,
+            shim::kernel(Kernel::Winograd),
+            amx,
+        )
     }
 
     /// [`Winograd::new`] in `kernels` (AVX2 or AVX-512), which the CPU must have; bfloat16
-    /// weights run in AVX-512, where the CPU must have AVX512_BF16.
+    /// weights run in AVX-512, where the CPU must have AVX512_BF16, and with `amx` in AMX tiles,
+    /// where it must have AMX-BF16 and the inputs come in 32s.
     fn in_kernels(
         weight: &Tensor,
         bias: &Tensor,
@@ -273,6 +289,7 @@ impl Winograd {
         m: usize,
         format: TransformedWeights,
         kernels: CpuKernels,
+        amx: bool,
     ) -> TorchResult<Self> {
         let taps = weight.size()[2] as usize;
         let transforms = Transforms::new(m, taps);
@@ -325,6 +342,7 @@ impl Winograd {
             output_transform: matrix(&transforms.output, Kind::Float)?,
             dilation: dilation as i64,
             kernels,
+            amx,
         })
     }
 
@@ -348,6 +366,7 @@ impl Winograd {
                 self.output_transform.as_ptr(),
                 self.dilation,
                 self.kernels as i32,
+                self.amx,
                 out,
                 error,
                 size,
@@ -359,7 +378,7 @@ impl Winograd {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::kernels::shim::has_bf16_products;
+    use crate::model::kernels::shim::{has_amx_bf16, has_bf16_products};
     use crate::model::kernels::{Inputs, max_error_and_scale};
 
     /// Which convolutions take which tiles.
@@ -453,8 +472,9 @@ mod tests {
     fn matches_a_float64_convolution(kernels: CpuKernels) {
         let mut random = Inputs::new(5);
         // More inputs than one chain of sums takes (64), and outputs in partial vectors (of 16
-        // and of 8, and a block's second half partly used in AVX2: 40 = 24 + 16).
-        for (channels_in, channels_out) in [(40, 160), (136, 40), (21, 45)] {
+        // and of 8, and a block's second half partly used in AVX2: 40 = 24 + 16); inputs in 32s,
+        // as AMX tiles take them, into two blocks and a few outputs.
+        for (channels_in, channels_out) in [(40, 160), (136, 40), (21, 45), (96, 100)] {
             for taps in [3, 7] {
                 check_kernel(&mut random, channels_in, channels_out, taps, kernels);
             }
@@ -485,11 +505,18 @@ mod tests {
         // int16 weights: each transformed weight within half a step of 1/32767 of its channel's
         // largest, which the transforms magnify (tiles of 6: up to about 1e-3 here). bfloat16
         // rounds the tiles too, each to 8 bits of its own size (see bf16_bound).
-        let mut formats = vec![TransformedWeights::Float32, TransformedWeights::Int16];
+        // The bfloat16 products by `vdpbf16ps`, and in AMX tiles where the CPU has them.
+        let mut formats = vec![
+            (TransformedWeights::Float32, false),
+            (TransformedWeights::Int16, false),
+        ];
         if kernels == CpuKernels::Avx512 && has_bf16_products() && channels_in % 2 == 0 {
-            formats.push(TransformedWeights::Bfloat16);
+            formats.push((TransformedWeights::Bfloat16, false));
+            if has_amx_bf16() && channels_in % 32 == 0 {
+                formats.push((TransformedWeights::Bfloat16, true));
+            }
         }
-        for format in formats {
+        for (format, amx) in formats {
             for m in [2, 4, 6] {
                 let bound = match format {
                     TransformedWeights::Float32 => 2e-5,
@@ -497,10 +524,12 @@ mod tests {
                     TransformedWeights::Bfloat16 => bf16_bound(m),
                 };
                 for dilation in [1, 3, 9] {
-                    let conv = Winograd::in_kernels(&weight, &bias, dilation, m, format, kernels).unwrap();
+                    let conv =
+                        Winograd::in_kernels(&weight, &bias, dilation, m, format, kernels, amx).unwrap();
                     let what = format!(
                         "{kernels:?}: {channels_in} -> {channels_out} channels, F({m}, {taps}), \
-                         dilation {dilation}, {format:?} weights"
+                         dilation {dilation}, {format:?} weights{}",
+                        if amx { " in AMX tiles" } else { "" }
                     );
                     check_tiles(random, &conv, &weight, &bias, dilation, bound, &what);
                 }
