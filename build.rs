@@ -4,10 +4,11 @@ use std::path::{Path, PathBuf};
 /// The CPU kernels' sources, in `KERNELS_DIR` beside the headers they share (the op profiler's
 /// shim includes them too).
 const KERNELS_DIR: &str = "src/model/kernels";
-const SHIM_HEADERS: [&str; 4] = ["intrinsics.h", "kernels.h", "shim.h", "widen.h"];
+const SHIM_HEADERS: [&str; 5] = ["amx.h", "intrinsics.h", "kernels.h", "shim.h", "widen.h"];
 const OP_PROFILER: &str = "src/model/op_profiler/op_profiler.cpp";
 const CUDA_GRAPH: &str = "src/model/engine/cuda_graph.cpp";
-const CPU_KERNELS: [&str; 8] = [
+const CPU_KERNELS: [&str; 9] = [
+    "amx.cpp",
     "attention.cpp",
     "direct_conv.cpp",
     "overlap_add.cpp",

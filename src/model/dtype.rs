@@ -57,9 +57,9 @@ impl fmt::Display for Dtype {
 }
 
 /// What a decoder in `dtype` on `device` should know of the other dtypes' speed here. Where the
-/// CPU takes every bfloat16 product of ours (AVX512_BF16 on a CPU other than Intel's, our kernels
-/// on: see `Kernel::runs_in`), `bf16` is the fastest dtype; where it takes none (no AVX512_BF16,
-/// an Intel CPU, the kernels held back), `bf16` runs `f16`'s path at `f16`'s speed and rounds
+/// CPU takes every bfloat16 product of ours (AVX512_BF16 on a CPU other than Intel's, AMX-BF16 on
+/// any, our kernels on: see `Kernel::runs_in`), `bf16` is the fastest dtype; where it takes none
+/// (no AVX512_BF16, an Intel CPU without AMX, the kernels held back), `bf16` runs `f16`'s path at `f16`'s speed and rounds
 /// more, so `f16` is the better reduced dtype. None where there is nothing to add (CUDA; `f32`;
 /// the dtype already the fastest; some products held back by name, unmeasured).
 pub fn dtype_note(dtype: Dtype, device: Device) -> Option<&'static str> {
@@ -86,12 +86,12 @@ enum Bf16Products {
 fn dtype_note_of(dtype: Dtype, products: Bf16Products) -> Option<&'static str> {
     match (dtype, products) {
         (Dtype::F16, Bf16Products::All) => Some(
-            "dtype bf16 is the fastest on this CPU (bfloat16 products: AVX512_BF16), at 1.4e-1 from \
+            "dtype bf16 is the fastest on this CPU (bfloat16 products: AVX512_BF16 or AMX), at 1.4e-1 from \
              float64 at the released widths where f16 is at 1.7e-2 (docs/performance.md)",
         ),
         (Dtype::Bf16, Bf16Products::None) => Some(
-            "our bfloat16 products do not run on this CPU (they need AVX512_BF16 and pay on CPUs \
-             other than Intel's), or our kernels are held back: bf16 runs f16's path at its speed \
+            "our bfloat16 products do not run on this CPU (they need AVX512_BF16 on a CPU other \
+             than Intel's, or AMX), or our kernels are held back: bf16 runs f16's path at its speed \
              and rounds more (f16 1.7e-2 from float64 at the released widths); f16 is the better \
              choice here",
         ),

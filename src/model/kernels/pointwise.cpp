@@ -7,7 +7,9 @@
 // The weight is packed at load time in blocks of kBlockOutputs outputs, [blocks, in, 8], zeros
 // past `out`: each input's weights for a block side by side, broadcast one at a time against
 // vectors of 16 columns of that input's row, so the activations are read as they lie, with no
-// transposes, and the sums are the outputs' own rows. Errors as in shim.h.
+// transposes, and the sums are the outputs' own rows. In dtype bf16 the layers bound by
+// arithmetic take bfloat16 products: by `vdpbf16ps` (AVX512_BF16) on CPUs other than Intel's, in
+// AMX tiles (AMX-BF16) where the CPU has them. Errors as in shim.h.
 
 #include "intrinsics.h"  // first: see there
 
@@ -18,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "amx.h"
 #include "shim.h"
 #include "widen.h"
 
@@ -167,6 +170,69 @@ void multiply(const Product& p, int64_t batch) {
   });
 }
 
+// Block `block`'s 16 outputs of stream b's columns in AMX tiles (AMX-BF16): the weight's 16 rows
+// ([blocks, 16, in] bfloat16, zeros past `out`) as the left side, the stream's columns as
+// bfloat16 pairs of inputs ([in / 2, padded]: AMX's layout of a right side, as column_pairs
+// lays them out, each row padded with zeros to a whole number of 16 columns) as the right, 48
+// columns a pass: each `tdpbf16ps` multiplies 16 outputs' next 32 inputs by 16 columns. The sums
+// stay float32 over every input, then take the bias. `in` a multiple of 32; the tile
+// configuration (qwencodec::load_tile_config) is the calling thread's.
+__attribute__((target("avx512f,amx-tile,amx-bf16"))) void block_amx(const Product& p, const at::BFloat16* packed,
+                                                                   int64_t in, int64_t padded, int64_t block,
+                                                                   int64_t b) {
+  const int64_t first = block * qwencodec::kAmxRows;
+  const int64_t outputs = std::min(qwencodec::kAmxRows, p.out - first);
+  const int64_t pairs = in / 2;
+  const at::BFloat16* weight = packed + first * in;
+  const float* words = p.x + b * pairs * padded;
+  alignas(64) float sums[3][qwencodec::kAmxRows * 16];
+  qwencodec::compiler_fence();
+  for (int64_t t0 = 0; t0 < p.columns; t0 += 48) {
+    const int64_t tiles = std::min<int64_t>(3, (p.columns - t0 + 15) / 16);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    for (int64_t i = 0; i < pairs; i += qwencodec::kAmxPairs) {
+      const float* row = words + i * padded + t0;
+      _tile_loadd(3, weight + 2 * i, in * 2);
+      _tile_loadd(4, row, padded * 4);
+      _tile_dpbf16ps(0, 3, 4);
+      if (tiles > 1) {
+        _tile_loadd(5, row + 16, padded * 4);
+        _tile_dpbf16ps(1, 3, 5);
+      }
+      if (tiles > 2) {
+        _tile_loadd(6, row + 32, padded * 4);
+        _tile_dpbf16ps(2, 3, 6);
+      }
+    }
+    _tile_stored(0, sums[0], 64);
+    _tile_stored(1, sums[1], 64);
+    _tile_stored(2, sums[2], 64);
+    qwencodec::compiler_fence();
+    for (int64_t o = 0; o < outputs; ++o) {
+      const __m512 bias = _mm512_set1_ps(p.bias ? p.bias[first + o] : 0.0f);
+      float* y = p.y + (b * p.out + first + o) * p.columns + t0;
+      for (int64_t v = 0; v < tiles; ++v) {
+        const __mmask16 mask = qwencodec::tail_mask(p.columns - t0 - 16 * v);
+        _mm512_mask_storeu_ps(y + 16 * v, mask, _mm512_add_ps(bias, _mm512_load_ps(sums[v] + o * 16)));
+      }
+    }
+  }
+}
+
+// multiply in AMX tiles: blocks of 16 outputs across the threads, as there.
+void multiply_amx(const Product& p, const at::BFloat16* packed, int64_t in, int64_t padded, int64_t batch) {
+  const int64_t blocks = (p.out + qwencodec::kAmxRows - 1) / qwencodec::kAmxRows;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    qwencodec::load_tile_config();
+    for (int64_t block = begin; block < end; ++block) {
+      for (int64_t b = 0; b < batch; ++b) block_amx(p, packed, in, padded, block, b);
+    }
+    qwencodec::release_tiles();
+  });
+}
+
 // Two inputs' rows of `columns` values (`lower`, `upper`) rounded to bfloat16 (to nearest even)
 // and paired: words[t] holds both values of column t, the lower input's in its low half.
 __attribute__((target("avx512f,avx512bf16"))) void round_in_pairs(const float* lower, const float* upper,
@@ -181,16 +247,17 @@ __attribute__((target("avx512f,avx512bf16"))) void round_in_pairs(const float* l
   }
 }
 
-// Each stream's columns [B, in, T] as bfloat16 pairs of inputs: word (b, i, t) holds inputs 2i
-// and 2i + 1 of column t.
-at::Tensor column_pairs(const at::Tensor& x) {
+// Each stream's columns [B, in, T] as bfloat16 pairs of inputs, [B, in / 2, padded]: word (b, i,
+// t) holds inputs 2i and 2i + 1 of column t, zeros from column T to `padded`.
+at::Tensor column_pairs(const at::Tensor& x, int64_t padded) {
   const int64_t batch = x.size(0), in = x.size(1), columns = x.size(2);
-  at::Tensor pairs = at::empty({batch, in / 2, columns}, x.options());
+  at::Tensor pairs = at::empty({batch, in / 2, padded}, x.options());
   const float* source = x.data_ptr<float>();
   float* words = pairs.data_ptr<float>();
   at::parallel_for(0, batch * in / 2, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      round_in_pairs(source + 2 * r * columns, source + (2 * r + 1) * columns, columns, words + r * columns);
+      round_in_pairs(source + 2 * r * columns, source + (2 * r + 1) * columns, columns, words + r * padded);
+      std::fill(words + r * padded + columns, words + (r + 1) * padded, 0.0f);
     }
   });
   return pairs;
@@ -203,33 +270,46 @@ extern "C" {
 // `packed`: [blocks, in, 8] float32, contiguous: a weight [out, in]'s outputs in blocks of 8, each
 // input's weights for a block side by side, zeros past `out_features`; or [blocks, in / 2, 8, 2]
 // bfloat16, each output's weights of inputs 2i and 2i + 1 side by side, for bfloat16 products (a
-// CPU with AVX512_BF16, which the caller has checked). `x`: [B, in, T] float32; `bias`: [out]
-// float32 or null. `*out`: the weight times each stream's columns plus the bias, [B, out, T]
-// float32, a new tensor.
+// CPU with AVX512_BF16, which the caller has checked); or [blocks, 16, in] bfloat16, the weight's
+// rows in blocks of 16 outputs, for bfloat16 products in AMX tiles (qwencodec_amx_bf16 true,
+// `in` a multiple of 32). `x`: [B, in, T] float32; `bias`: [out] float32 or null. `*out`: the
+// weight times each stream's columns plus the bias, [B, out, T] float32, a new tensor.
 bool qwencodec_pointwise(const at::Tensor* packed, const at::Tensor* x, const at::Tensor* bias, int64_t out_features,
                          at::Tensor** out, char* error, size_t error_size) {
   RECORD_FUNCTION("qwencodec::pointwise", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
-    const bool pairs = packed->scalar_type() == at::kBFloat16;
+    const bool bf16 = packed->scalar_type() == at::kBFloat16;
+    const bool amx = bf16 && packed->dim() == 3;
+    const bool pairs = bf16 && !amx;
     const int64_t blocks = (out_features + kBlockOutputs - 1) / kBlockOutputs;
-    TORCH_CHECK(out_features > 0 && packed->is_contiguous() && packed->size(0) == blocks &&
-                    (pairs ? packed->dim() == 4 && packed->size(2) == kBlockOutputs && packed->size(3) == 2
-                           : packed->dim() == 3 && packed->scalar_type() == at::kFloat &&
-                                 packed->size(2) == kBlockOutputs),
+    const int64_t amx_blocks = (out_features + qwencodec::kAmxRows - 1) / qwencodec::kAmxRows;
+    TORCH_CHECK(out_features > 0 && packed->is_contiguous() &&
+                    (amx    ? packed->size(0) == amx_blocks && packed->size(1) == qwencodec::kAmxRows &&
+                               packed->size(2) % 32 == 0
+                     : pairs ? packed->dim() == 4 && packed->size(0) == blocks && packed->size(2) == kBlockOutputs &&
+                                   packed->size(3) == 2
+                             : packed->dim() == 3 && packed->scalar_type() == at::kFloat &&
+                                   packed->size(0) == blocks && packed->size(2) == kBlockOutputs),
                 "the packed weight must be contiguous float32 [blocks, in, ", kBlockOutputs,
-                "] or bfloat16 [blocks, in / 2, ", kBlockOutputs, ", 2] for ", out_features, " outputs");
-    const int64_t in = pairs ? 2 * packed->size(1) : packed->size(1);
+                "] or bfloat16 [blocks, in / 2, ", kBlockOutputs, ", 2] or [blocks, ", qwencodec::kAmxRows,
+                ", in] (in a multiple of 32) for ", out_features, " outputs");
+    const int64_t in = amx ? packed->size(2) : pairs ? 2 * packed->size(1) : packed->size(1);
     TORCH_CHECK(x->dim() == 3 && x->size(1) == in && x->scalar_type() == at::kFloat,
                 "the activations must be float32 [B, ", in, ", T]");
     TORCH_CHECK(!bias || (bias->is_contiguous() && bias->numel() == out_features && bias->scalar_type() == at::kFloat),
                 "the bias must be float32, one per output");
-    const at::Tensor input = pairs ? column_pairs(x->contiguous()) : x->contiguous();
+    const int64_t columns = x->size(2);
+    // AMX tiles read whole rows of 16 columns.
+    const int64_t padded = amx ? (columns + 15) / 16 * 16 : columns;
+    const at::Tensor input = bf16 ? column_pairs(x->contiguous(), padded) : x->contiguous();
     const int64_t batch = input.size(0);
-    at::Tensor result = at::empty({batch, out_features, input.size(2)}, input.options());
+    at::Tensor result = at::empty({batch, out_features, columns}, input.options());
     const Product p{static_cast<const float*>(packed->data_ptr()), input.data_ptr<float>(),
                     bias ? bias->data_ptr<float>() : nullptr, result.data_ptr<float>(), input.size(1), out_features,
-                    input.size(2)};
-    if (pairs) {
+                    columns};
+    if (amx) {
+      multiply_amx(p, static_cast<const at::BFloat16*>(packed->data_ptr()), in, padded, batch);
+    } else if (pairs) {
       multiply<Pairs>(p, batch);
     } else {
       multiply<Float32>(p, batch);

@@ -3,7 +3,9 @@
 //! transposed convolutions' taps, beyond the few-row kernel's rows, on CPUs where MKL's float32
 //! products run without AVX-512 ([`Kernel::Pointwise`]). There MKL's products and oneDNN's 1x1
 //! convolution reached 40-93 % of the FMA's rate at the vocoder's shapes, these tiles 89-99 %
-//! (`measurements/results/2026-12-05-amd-epyc-avx512-pointwise.md`).
+//! (`measurements/results/2026-12-05-amd-epyc-avx512-pointwise.md`). In dtype bf16, the layers
+//! bound by arithmetic in bfloat16 products ([`Kernel::PointwiseBf16`]): by `vdpbf16ps` there, in
+//! AMX tiles where the CPU has AMX-BF16 (Intel's too, whose MKL does the float32 ones).
 
 use tch::{Device, Kind, Tensor};
 
@@ -32,11 +34,25 @@ mod ffi {
 /// Outputs per packed block (`kBlockOutputs` in pointwise.cpp, which checks it).
 const BLOCK_OUTPUTS: i64 = 8;
 
+/// Outputs per block of AMX tiles' weights (`qwencodec::kAmxRows`, which pointwise.cpp checks).
+const AMX_OUTPUTS: i64 = 16;
+
+/// How the kernel multiplies: the weight's packing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Products {
+    /// float32 products: [blocks, in, BLOCK_OUTPUTS], each input's weights for a block's
+    /// outputs side by side, zeros past `out`.
+    Float32,
+    /// bfloat16 products by `vdpbf16ps`: [blocks, in / 2, BLOCK_OUTPUTS, 2], in pairs of inputs.
+    Pairs,
+    /// bfloat16 products in AMX tiles: [blocks, AMX_OUTPUTS, in], the weight's rows, zeros past
+    /// `out`; `in` a multiple of 32.
+    Amx,
+}
+
 /// A weight [out, in] packed for the kernel, and its bias.
 pub struct Pointwise {
-    /// [blocks, in, BLOCK_OUTPUTS] float32: each input's weights for a block's outputs side by
-    /// side, zeros past `out`; or bfloat16 [blocks, in / 2, BLOCK_OUTPUTS, 2] in pairs of
-    /// inputs.
+    /// The weight as [`Products`] says.
     packed: Tensor,
     /// [out], contiguous.
     bias: Option<Tensor>,
@@ -47,33 +63,43 @@ impl Pointwise {
     /// `weight` [out, in] and `bias` [out], where the kernel runs for them: float32 on the CPU,
     /// and a CPU and process that run it. With `bfloat16_products` (the layer takes them:
     /// `shim::bfloat16_products` with [`Kernel::PointwiseBf16`]) the weight is rounded to
-    /// bfloat16 and the columns are, at each call: the products run at twice the FMA's rate.
+    /// bfloat16 and the columns are, at each call: the products run at twice the FMA's rate
+    /// (`vdpbf16ps` on the AMD EPYC), or in AMX tiles where the CPU has them and the inputs come
+    /// in 32s (else, there, MKL's float32 products: None).
     pub fn new(weight: &Tensor, bias: Option<&Tensor>, bfloat16_products: bool) -> TorchResult<Option<Self>> {
-        if weight.device() != Device::Cpu
-            || weight.kind() != Kind::Float
-            || !Kernel::Pointwise.runs_in(shim::kernel(Kernel::Pointwise))
-        {
+        if weight.device() != Device::Cpu || weight.kind() != Kind::Float {
             return Ok(None);
         }
-        Self::pack(weight, bias, bfloat16_products).map(Some)
+        let products = match bfloat16_products {
+            true if shim::has_amx_bf16() && weight.size()[1] % 32 == 0 => Products::Amx,
+            true if !shim::has_amx_bf16() => Products::Pairs,
+            false if Kernel::Pointwise.runs_in(shim::kernel(Kernel::Pointwise)) => Products::Float32,
+            _ => return Ok(None),
+        };
+        Self::pack(weight, bias, products).map(Some)
     }
 
-    /// `weight` and `bias` packed, wherever the kernel runs.
-    fn pack(weight: &Tensor, bias: Option<&Tensor>, bfloat16_products: bool) -> TorchResult<Self> {
+    /// `weight` and `bias` packed for `products`, wherever the kernel runs.
+    fn pack(weight: &Tensor, bias: Option<&Tensor>, products: Products) -> TorchResult<Self> {
         let (out, in_channels) = (weight.size()[0], weight.size()[1]);
-        let blocks = (out + BLOCK_OUTPUTS - 1) / BLOCK_OUTPUTS;
+        let block = if products == Products::Amx {
+            AMX_OUTPUTS
+        } else {
+            BLOCK_OUTPUTS
+        };
+        let blocks = (out + block - 1) / block;
         let padded = weight
-            .f_constant_pad_nd([0, 0, 0, blocks * BLOCK_OUTPUTS - out])?
-            .f_view([blocks, BLOCK_OUTPUTS, in_channels])?;
-        let packed = if bfloat16_products {
+            .f_constant_pad_nd([0, 0, 0, blocks * block - out])?
+            .f_view([blocks, block, in_channels])?;
+        let packed = match products {
             // [blocks, in / 2, 8, 2]: each output's weights of inputs 2i and 2i + 1 together.
-            padded
+            Products::Pairs => padded
                 .f_view([blocks, BLOCK_OUTPUTS, in_channels / 2, 2])?
                 .f_permute([0, 2, 1, 3])?
                 .f_to_kind(Kind::BFloat16)?
-                .f_contiguous()?
-        } else {
-            padded.f_transpose(1, 2)?.f_contiguous()?
+                .f_contiguous()?,
+            Products::Amx => padded.f_to_kind(Kind::BFloat16)?.f_contiguous()?,
+            Products::Float32 => padded.f_transpose(1, 2)?.f_contiguous()?,
         };
         let bias = bias
             .map(|bias| bias.f_flatten(0, -1)?.f_contiguous())
@@ -115,28 +141,32 @@ mod tests {
     /// vectors and tiles, streams, with and without a bias, against libtorch's product in
     /// float64, within float32's rounding of the magnitudes summed. In bfloat16 products too
     /// where the CPU has them (even input counts): against the product of the weight and the
-    /// columns rounded to bfloat16, the sums float32 all the same. Built directly, so it runs
-    /// wherever the CPU has AVX-512, whatever MKL runs.
+    /// columns rounded to bfloat16, the sums float32 all the same; and in AMX tiles where the CPU
+    /// has them (inputs in 32s). Built directly, so it runs wherever the CPU has AVX-512,
+    /// whatever MKL runs.
     #[test]
     #[cfg_attr(not(host_avx512), ignore = "this CPU has no AVX-512: the kernel cannot run")]
     fn matches_a_float64_product() {
         shim::tested(CpuKernels::Avx512);
         let mut random = Inputs::new(23);
         let options = (Kind::Float, Device::Cpu);
-        for (inputs, outputs) in [(96, 96), (7, 13), (40, 8), (3, 1), (2, 9)] {
+        for (inputs, outputs) in [(96, 96), (7, 13), (40, 8), (3, 1), (2, 9), (64, 40)] {
             let weight = random.normal([outputs, inputs], options);
             let bias = random.normal([outputs], options);
-            let mut formats = vec![false];
+            let mut formats = vec![Products::Float32];
             if shim::has_bf16_products() && inputs % 2 == 0 {
-                formats.push(true);
+                formats.push(Products::Pairs);
             }
-            for bfloat16 in formats {
-                let packed = Pointwise::pack(&weight, Some(&bias), bfloat16).unwrap();
-                let no_bias = Pointwise::pack(&weight, None, bfloat16).unwrap();
+            if shim::has_amx_bf16() && inputs % 32 == 0 {
+                formats.push(Products::Amx);
+            }
+            for products in formats {
+                let packed = Pointwise::pack(&weight, Some(&bias), products).unwrap();
+                let no_bias = Pointwise::pack(&weight, None, products).unwrap();
                 // The values the products see, in float64.
-                let seen = |values: &Tensor| match bfloat16 {
-                    true => values.to_kind(Kind::BFloat16).to_kind(Kind::Double),
-                    false => values.to_kind(Kind::Double),
+                let seen = |values: &Tensor| match products {
+                    Products::Pairs | Products::Amx => values.to_kind(Kind::BFloat16).to_kind(Kind::Double),
+                    Products::Float32 => values.to_kind(Kind::Double),
                 };
                 for (batch, columns) in [
                     (1, 1),
@@ -165,8 +195,8 @@ mod tests {
                         let (error, _) = max_error_and_scale(&got, &expected);
                         assert!(
                             error <= 1e-6 * scale,
-                            "{inputs} -> {outputs}, {batch} x {columns} columns, bias {}, bfloat16 \
-                             {bfloat16}: off by {error:e} of {scale:e}",
+                            "{inputs} -> {outputs}, {batch} x {columns} columns, bias {}, {products:?}: \
+                             off by {error:e} of {scale:e}",
                             pointwise.bias.is_some()
                         );
                     }
@@ -199,7 +229,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            error.contains("float32 [blocks, in, 8] or bfloat16 [blocks, in / 2, 8, 2] for 12 outputs"),
+            error.contains("float32 [blocks, in, 8] or bfloat16 [blocks, in / 2, 8, 2] or [blocks, 16, in]"),
             "{error}"
         );
     }

@@ -105,14 +105,14 @@ impl Kernel {
     /// AVX2 (the plain C++ ones too, held back with the vector kernels on other CPUs), but for
     /// three that run only on CPUs other than Intel's ([`intel_cpu`]), where each was measured to
     /// pay: the 1x1 convolutions (AVX-512), and the Winograd tiles' and the 1x1 convolutions'
-    /// bfloat16 products (AVX-512 and AVX512_BF16). The Winograd tiles' run on Intel's CPUs too
+    /// bfloat16 products (AVX-512 and AVX512_BF16). The bfloat16 products run on Intel's CPUs too
     /// where they have AMX-BF16 ([`has_amx_bf16`]), in AMX tiles.
     pub fn runs_in(self, kernels: CpuKernels) -> bool {
         let least = match self {
             Kernel::DirectConv => CpuKernels::Avx512,
             Kernel::PointwiseBf16 | Kernel::WinogradBf16 if !has_bf16_products() => return false,
-            Kernel::WinogradBf16 if intel_cpu() && !has_amx_bf16() => return false,
-            Kernel::Pointwise | Kernel::PointwiseBf16 if intel_cpu() => return false,
+            Kernel::PointwiseBf16 | Kernel::WinogradBf16 if intel_cpu() && !has_amx_bf16() => return false,
+            Kernel::Pointwise if intel_cpu() => return false,
             Kernel::Pointwise | Kernel::PointwiseBf16 | Kernel::WinogradBf16 => CpuKernels::Avx512,
             _ => CpuKernels::Avx2,
         };
@@ -260,7 +260,7 @@ unsafe extern "C" {
 
 /// Whether this CPU multiplies bfloat16 in AMX tiles (AMX-BF16's `tdpbf16ps`, 16 rows by 16
 /// outputs by 32 inputs an instruction) and this process may use them (the kernel grants it
-/// once asked: `winograd.cpp`'s `qwencodec_amx_bf16`). With AVX512_BF16, which every such CPU
+/// once asked: `amx.cpp`'s `qwencodec_amx_bf16`). With AVX512_BF16, which every such CPU
 /// has and the rounding of the tiles uses.
 pub fn has_amx_bf16() -> bool {
     static AMX: LazyLock<bool> = LazyLock::new(|| {
@@ -301,8 +301,9 @@ pub fn bfloat16_products(
 /// - Intel's server cores run two 512-bit FMAs a cycle, as many products as `vdpbf16ps`'s pairs at
 ///   one a cycle, so the bfloat16 products gain nothing and pay for rounding their inputs
 ///   (`winograd_bf16` 1.14x; on the AMD EPYC, whose FMA runs 512 bits at half rate, 0.91x);
-///   in AMX tiles, where the CPU has them, they pay (0.93x,
-///   `measurements/results/2026-12-05-intel-xeon-avx512-cpu-bf16-c1-s4-winograd-bf16-amx-kernels-ab.md`).
+///   in AMX tiles, where the CPU has them, they pay (`winograd_bf16` 0.93x, `pointwise_bf16`
+///   0.86x against MKL's float32 products,
+///   `measurements/results/2026-12-05-intel-xeon-avx512-cpu-bf16-c1-s4-{winograd-bf16,pointwise-bf16}-amx-kernels-ab.md`).
 fn intel_cpu() -> bool {
     static INTEL: LazyLock<bool> = LazyLock::new(|| {
         #[cfg(target_arch = "x86_64")]
@@ -398,8 +399,9 @@ mod tests {
             assert_eq!(kernel.runs_in(CpuKernels::Avx2), avx2, "{kernel:?} in AVX2");
             let avx512 = match kernel {
                 Kernel::Pointwise => !intel_cpu(),
-                Kernel::PointwiseBf16 => !intel_cpu() && has_bf16_products(),
-                Kernel::WinogradBf16 => has_bf16_products() && (!intel_cpu() || has_amx_bf16()),
+                Kernel::PointwiseBf16 | Kernel::WinogradBf16 => {
+                    has_bf16_products() && (!intel_cpu() || has_amx_bf16())
+                }
                 _ => true,
             };
             assert_eq!(

@@ -18,16 +18,13 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
 
+#include "amx.h"
 #include "kernels.h"
 #include "shim.h"
 #include "widen.h"
@@ -289,37 +286,6 @@ __attribute__((target("avx512f,avx512bf16"))) void product_block_pairs(const uin
   }
 }
 
-// AMX's tile registers as product_block_amx uses them, each 16 rows of 64 bytes: 0-2 the sums of
-// 16 tiles by 16 outputs (float32), 3 the 16 tiles' next 16 pairs of inputs, 4-6 the block's
-// weights for those pairs, 16 outputs each (both bfloat16 pairs).
-struct TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-static_assert(sizeof(TileConfig) == 64, "AMX's tile configuration is 64 bytes");
-
-constexpr int64_t kAmxRows = 16;
-constexpr int64_t kAmxPairs = 16;
-
-// GCC 12's _tile_loadconfig tells the compiler that it reads 8 bytes of the configuration, which
-// then dropped the stores of the rest; and its tile loads and stores name no memory at all, so
-// the products are fenced from the code around them (compiler_fence).
-__attribute__((target("amx-tile"))) void load_tile_config() {
-  TileConfig config;
-  for (int t = 0; t < 7; ++t) {
-    config.rows[t] = kAmxRows;
-    config.bytes_per_row[t] = 64;
-  }
-  __asm__ volatile("ldtilecfg %0" ::"m"(config));
-}
-
-inline void compiler_fence() { __asm__ volatile("" ::: "memory"); }
-
-__attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
-
 // product_block_pairs in AMX tiles, for CPUs with AMX-BF16, whose two 512-bit FMA units a cycle
 // run as many float32 products as `vdpbf16ps` does bfloat16 ones (where those gain nothing):
 // `tdpbf16ps` multiplies 16 tiles' 32 inputs by 16 outputs at once. All `count` tiles of the
@@ -327,19 +293,19 @@ __attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
 // whose products it drops) against a whole block, of which the first `outputs` are stored; the
 // block's pairs ([in / 2, kBlockOutputs, 2]) are AMX's layout of a product's right side as they
 // lie, 16 outputs 192 bytes a row. `in` a multiple of 32. The sums stay float32 over every input.
-// The tile configuration (load_tile_config) is the calling thread's.
+// The tile configuration (qwencodec::load_tile_config) is the calling thread's.
 __attribute__((target("avx512f,amx-tile,amx-bf16"))) void product_block_amx(const uint32_t* pairs, int64_t count,
                                                                            const at::BFloat16* weight, float* result,
                                                                            int64_t in, int64_t out, int64_t outputs) {
   const int64_t pairs_per_tile = in / 2;
-  alignas(64) float sums[3][kAmxRows * 16];
+  alignas(64) float sums[3][qwencodec::kAmxRows * 16];
   const int64_t vectors = (outputs + 15) / 16;
-  compiler_fence();
-  for (int64_t n0 = 0; n0 < count; n0 += kAmxRows) {
+  qwencodec::compiler_fence();
+  for (int64_t n0 = 0; n0 < count; n0 += qwencodec::kAmxRows) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
-    for (int64_t i = 0; i < pairs_per_tile; i += kAmxPairs) {
+    for (int64_t i = 0; i < pairs_per_tile; i += qwencodec::kAmxPairs) {
       const at::BFloat16* w = weight + i * 2 * kBlockOutputs;
       _tile_loadd(3, pairs + n0 * pairs_per_tile + i, pairs_per_tile * 4);
       _tile_loadd(4, w, kBlockOutputs * 4);
@@ -352,8 +318,8 @@ __attribute__((target("avx512f,amx-tile,amx-bf16"))) void product_block_amx(cons
     _tile_stored(0, sums[0], 64);
     _tile_stored(1, sums[1], 64);
     _tile_stored(2, sums[2], 64);
-    compiler_fence();
-    const int64_t rows = std::min(kAmxRows, count - n0);
+    qwencodec::compiler_fence();
+    const int64_t rows = std::min(qwencodec::kAmxRows, count - n0);
     for (int64_t r = 0; r < rows; ++r) {
       float* row = result + (n0 + r) * out;
       for (int64_t v = 0; v < vectors; ++v) {
@@ -791,7 +757,7 @@ void products_amx(const Convolution& c, const Piece& piece, const uint32_t* pair
   const int64_t count = piece.count(c);
   const int64_t output_blocks = (c.out + kBlockOutputs - 1) / kBlockOutputs;
   at::parallel_for(0, c.points * output_blocks, 1, [&](int64_t begin, int64_t end) {
-    load_tile_config();
+    qwencodec::load_tile_config();
     for (int64_t unit = begin; unit < end; ++unit) {
       const int64_t p = unit / output_blocks;
       const int64_t block = unit % output_blocks;
@@ -801,7 +767,7 @@ void products_amx(const Convolution& c, const Piece& piece, const uint32_t* pair
       product_block_amx(pairs + p * count * (c.in / 2), count, weight, products + p * count * c.out + o0, c.in,
                         c.out, std::min(kBlockOutputs, c.out - o0));
     }
-    release_tiles();
+    qwencodec::release_tiles();
   });
 }
 
@@ -848,7 +814,7 @@ void run_piece(const Convolution& c, const Piece& piece) {
   // read.
   const size_t tiles = static_cast<size_t>(c.points * count * c.in);
   const size_t products_size = static_cast<size_t>(c.points * count * c.out);
-  const size_t amx_rows = c.amx ? static_cast<size_t>(kAmxRows * c.in / 2) : 0;
+  const size_t amx_rows = c.amx ? static_cast<size_t>(qwencodec::kAmxRows * c.in / 2) : 0;
   float* v = qwencodec::thread_buffer<PieceBuffer>(tiles + products_size + (c.bf16 ? tiles / 2 + amx_rows : 0));
   input_transform<Isa>(c, piece, v);
   if (c.bf16) {
@@ -1026,17 +992,6 @@ bool qwencodec_winograd_conv(at::Tensor* context, const at::Tensor* x, const at:
     advance_context(c, context->data_ptr<float>(), x->size(0) * x->size(1));
     *out = new at::Tensor(std::move(result));
   });
-}
-
-// Whether this CPU has AMX-BF16 and the kernel lets this process use its tiles (Linux asks each
-// process to request them: without, their first instruction is fatal). Once per process.
-bool qwencodec_amx_bf16() {
-  unsigned eax, ebx, ecx, edx;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24;
-  if ((edx & (kAmxBf16 | kAmxTile)) != (kAmxBf16 | kAmxTile)) return false;
-  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
 }  // extern "C"

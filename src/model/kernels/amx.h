@@ -1,0 +1,45 @@
+// What the kernels that multiply in AMX tiles share (winograd.cpp, pointwise.cpp): the tiles'
+// configuration and the fences around them. Every such kernel uses tile registers 0-6 as
+// 16 rows of 64 bytes: 0-2 sums (16 rows by 16 float32), 3 the left side (16 rows by 32
+// bfloat16), 4-6 right sides (16 pairs of inputs by 16 outputs, as bfloat16 pairs). Whether the
+// CPU has AMX-BF16 and the process may use it: qwencodec_amx_bf16 (amx.cpp), asked by shim.rs.
+#pragma once
+
+#include "intrinsics.h"
+
+#include <cstdint>
+
+namespace qwencodec {
+
+// Rows and bytes per row of every tile used.
+constexpr int64_t kAmxRows = 16;
+// Pairs of bfloat16 inputs a product takes from each row: 64 bytes.
+constexpr int64_t kAmxPairs = 16;
+
+struct TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64, "AMX's tile configuration is 64 bytes");
+
+// GCC 12's _tile_loadconfig tells the compiler that it reads 8 bytes of the configuration, which
+// then dropped the stores of the rest; and its tile loads and stores name no memory at all, so
+// the products are fenced from the code around them (compiler_fence). Per thread: the
+// configuration is the calling thread's.
+__attribute__((target("amx-tile"))) inline void load_tile_config() {
+  TileConfig config;
+  for (int t = 0; t < 7; ++t) {
+    config.rows[t] = kAmxRows;
+    config.bytes_per_row[t] = 64;
+  }
+  __asm__ volatile("ldtilecfg %0" ::"m"(config));
+}
+
+__attribute__((target("amx-tile"))) inline void release_tiles() { _tile_release(); }
+
+inline void compiler_fence() { __asm__ volatile("" ::: "memory"); }
+
+}  // namespace qwencodec
