@@ -60,7 +60,7 @@ fn main() {
 /// `shim::widest_kernels` reads them at run time): a kernel's tests are ignored, and say so,
 /// where its instruction set cannot run, rather than passing without running it.
 fn announce_instruction_sets() {
-    println!("cargo::rustc-check-cfg=cfg(host_avx2, host_avx512)");
+    println!("cargo::rustc-check-cfg=cfg(host_avx2, host_avx512, host_amx_bf16)");
     let native = env::var("TARGET").ok() == env::var("HOST").ok();
     #[cfg(target_arch = "x86_64")]
     if native && env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64") {
@@ -72,6 +72,13 @@ fn announce_instruction_sets() {
         }
         if std::is_x86_feature_detected!("avx512f") {
             println!("cargo::rustc-cfg=host_avx512");
+        }
+        // AMX-BF16 and AMX-TILE (CPUID leaf 7, EDX bits 22 and 24), with AVX512_BF16, which the
+        // kernels round their inputs with: std's detection of AMX is not stable.
+        let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+        let amx = leaf7.edx & (1 << 22) != 0 && leaf7.edx & (1 << 24) != 0;
+        if amx && std::is_x86_feature_detected!("avx512bf16") {
+            println!("cargo::rustc-cfg=host_amx_bf16");
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -141,65 +141,84 @@ mod tests {
     /// vectors and tiles, streams, with and without a bias, against libtorch's product in
     /// float64, within float32's rounding of the magnitudes summed. In bfloat16 products too
     /// where the CPU has them (even input counts): against the product of the weight and the
-    /// columns rounded to bfloat16, the sums float32 all the same; and in AMX tiles where the CPU
-    /// has them (inputs in 32s). Built directly, so it runs wherever the CPU has AVX-512,
-    /// whatever MKL runs.
+    /// columns rounded to bfloat16, the sums float32 all the same. Built directly, so it runs
+    /// wherever the CPU has AVX-512, whatever MKL runs.
     #[test]
     #[cfg_attr(not(host_avx512), ignore = "this CPU has no AVX-512: the kernel cannot run")]
     fn matches_a_float64_product() {
         shim::tested(CpuKernels::Avx512);
         let mut random = Inputs::new(23);
-        let options = (Kind::Float, Device::Cpu);
-        for (inputs, outputs) in [(96, 96), (7, 13), (40, 8), (3, 1), (2, 9), (64, 40)] {
-            let weight = random.normal([outputs, inputs], options);
-            let bias = random.normal([outputs], options);
+        for (inputs, outputs) in [(96, 96), (7, 13), (40, 8), (3, 1), (2, 9)] {
             let mut formats = vec![Products::Float32];
             if shim::has_bf16_products() && inputs % 2 == 0 {
                 formats.push(Products::Pairs);
             }
-            if shim::has_amx_bf16() && inputs % 32 == 0 {
-                formats.push(Products::Amx);
-            }
-            for products in formats {
-                let packed = Pointwise::pack(&weight, Some(&bias), products).unwrap();
-                let no_bias = Pointwise::pack(&weight, None, products).unwrap();
-                // The values the products see, in float64.
-                let seen = |values: &Tensor| match products {
-                    Products::Pairs | Products::Amx => values.to_kind(Kind::BFloat16).to_kind(Kind::Double),
-                    Products::Float32 => values.to_kind(Kind::Double),
-                };
-                for (batch, columns) in [
-                    (1, 1),
-                    (1, 16),
-                    (1, 17),
-                    (2, 32),
-                    (1, 47),
-                    (3, 48),
-                    (2, 160),
-                    (1, 203),
+            check_products(&mut random, inputs, outputs, &formats);
+        }
+    }
+
+    /// The same in AMX tiles: inputs in 32s (one product's and more), outputs in whole and
+    /// partial blocks of 16.
+    #[test]
+    #[cfg_attr(
+        not(host_amx_bf16),
+        ignore = "this CPU has no AMX-BF16: the products cannot run"
+    )]
+    fn matches_a_float64_product_in_amx_tiles() {
+        assert!(
+            shim::has_amx_bf16(),
+            "the CPU has AMX-BF16, and Linux lends it to this process"
+        );
+        shim::tested(CpuKernels::Avx512);
+        let mut random = Inputs::new(24);
+        for (inputs, outputs) in [(96, 96), (64, 40), (32, 7)] {
+            check_products(&mut random, inputs, outputs, &[Products::Amx]);
+        }
+    }
+
+    fn check_products(random: &mut Inputs, inputs: i64, outputs: i64, formats: &[Products]) {
+        let options = (Kind::Float, Device::Cpu);
+        let weight = random.normal([outputs, inputs], options);
+        let bias = random.normal([outputs], options);
+        for &products in formats {
+            let packed = Pointwise::pack(&weight, Some(&bias), products).unwrap();
+            let no_bias = Pointwise::pack(&weight, None, products).unwrap();
+            // The values the products see, in float64.
+            let seen = |values: &Tensor| match products {
+                Products::Pairs | Products::Amx => values.to_kind(Kind::BFloat16).to_kind(Kind::Double),
+                Products::Float32 => values.to_kind(Kind::Double),
+            };
+            for (batch, columns) in [
+                (1, 1),
+                (1, 16),
+                (1, 17),
+                (2, 32),
+                (1, 47),
+                (3, 48),
+                (2, 160),
+                (1, 203),
+            ] {
+                let x = random.normal([batch, inputs, columns], options);
+                let product = seen(&weight).matmul(&seen(&x));
+                let scale = seen(&weight)
+                    .abs()
+                    .matmul(&seen(&x).abs())
+                    .max()
+                    .double_value(&[])
+                    + bias.abs().max().double_value(&[]);
+                for (pointwise, expected) in [
+                    (&packed, &product + bias.to_kind(Kind::Double).view([1, -1, 1])),
+                    (&no_bias, product.shallow_clone()),
                 ] {
-                    let x = random.normal([batch, inputs, columns], options);
-                    let product = seen(&weight).matmul(&seen(&x));
-                    let scale = seen(&weight)
-                        .abs()
-                        .matmul(&seen(&x).abs())
-                        .max()
-                        .double_value(&[])
-                        + bias.abs().max().double_value(&[]);
-                    for (pointwise, expected) in [
-                        (&packed, &product + bias.to_kind(Kind::Double).view([1, -1, 1])),
-                        (&no_bias, product.shallow_clone()),
-                    ] {
-                        let got = pointwise.forward(&x).unwrap();
-                        assert_eq!(got.size(), expected.size());
-                        let (error, _) = max_error_and_scale(&got, &expected);
-                        assert!(
-                            error <= 1e-6 * scale,
-                            "{inputs} -> {outputs}, {batch} x {columns} columns, bias {}, {products:?}: \
-                             off by {error:e} of {scale:e}",
-                            pointwise.bias.is_some()
-                        );
-                    }
+                    let got = pointwise.forward(&x).unwrap();
+                    assert_eq!(got.size(), expected.size());
+                    let (error, _) = max_error_and_scale(&got, &expected);
+                    assert!(
+                        error <= 1e-6 * scale,
+                        "{inputs} -> {outputs}, {batch} x {columns} columns, bias {}, {products:?}: \
+                         off by {error:e} of {scale:e}",
+                        pointwise.bias.is_some()
+                    );
                 }
             }
         }

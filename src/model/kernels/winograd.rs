@@ -472,11 +472,40 @@ mod tests {
     fn matches_a_float64_convolution(kernels: CpuKernels) {
         let mut random = Inputs::new(5);
         // More inputs than one chain of sums takes (64), and outputs in partial vectors (of 16
-        // and of 8, and a block's second half partly used in AVX2: 40 = 24 + 16); inputs in 32s,
-        // as AMX tiles take them, into two blocks and a few outputs.
-        for (channels_in, channels_out) in [(40, 160), (136, 40), (21, 45), (96, 100)] {
+        // and of 8, and a block's second half partly used in AVX2: 40 = 24 + 16).
+        for (channels_in, channels_out) in [(40, 160), (136, 40), (21, 45)] {
+            // The bfloat16 products by `vdpbf16ps` where the CPU has them.
+            let mut formats = vec![
+                (TransformedWeights::Float32, false),
+                (TransformedWeights::Int16, false),
+            ];
+            if kernels == CpuKernels::Avx512 && has_bf16_products() && channels_in % 2 == 0 {
+                formats.push((TransformedWeights::Bfloat16, false));
+            }
             for taps in [3, 7] {
-                check_kernel(&mut random, channels_in, channels_out, taps, kernels);
+                check_kernel(&mut random, channels_in, channels_out, taps, kernels, &formats);
+            }
+        }
+    }
+
+    /// The bfloat16 products in AMX tiles, as the other formats above: inputs in 32s (one
+    /// product's and more), into two blocks and a few outputs.
+    #[test]
+    #[cfg_attr(
+        not(host_amx_bf16),
+        ignore = "this CPU has no AMX-BF16: the products cannot run"
+    )]
+    fn matches_a_float64_convolution_in_amx_tiles() {
+        assert!(
+            has_amx_bf16(),
+            "the CPU has AMX-BF16, and Linux lends it to this process"
+        );
+        let kernels = shim::tested(CpuKernels::Avx512);
+        let mut random = Inputs::new(6);
+        for (channels_in, channels_out) in [(32, 40), (96, 100)] {
+            for taps in [3, 7] {
+                let formats = [(TransformedWeights::Bfloat16, true)];
+                check_kernel(&mut random, channels_in, channels_out, taps, kernels, &formats);
             }
         }
     }
@@ -498,6 +527,7 @@ mod tests {
         channels_out: i64,
         taps: i64,
         kernels: CpuKernels,
+        formats: &[(TransformedWeights, bool)],
     ) {
         let options = (Kind::Float, Device::Cpu);
         let weight = random.normal([channels_out, channels_in, taps], options) / 17.0;
@@ -505,18 +535,7 @@ mod tests {
         // int16 weights: each transformed weight within half a step of 1/32767 of its channel's
         // largest, which the transforms magnify (tiles of 6: up to about 1e-3 here). bfloat16
         // rounds the tiles too, each to 8 bits of its own size (see bf16_bound).
-        // The bfloat16 products by `vdpbf16ps`, and in AMX tiles where the CPU has them.
-        let mut formats = vec![
-            (TransformedWeights::Float32, false),
-            (TransformedWeights::Int16, false),
-        ];
-        if kernels == CpuKernels::Avx512 && has_bf16_products() && channels_in % 2 == 0 {
-            formats.push((TransformedWeights::Bfloat16, false));
-            if has_amx_bf16() && channels_in % 32 == 0 {
-                formats.push((TransformedWeights::Bfloat16, true));
-            }
-        }
-        for (format, amx) in formats {
+        for &(format, amx) in formats {
             for m in [2, 4, 6] {
                 let bound = match format {
                     TransformedWeights::Float32 => 2e-5,
