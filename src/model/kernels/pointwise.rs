@@ -64,15 +64,14 @@ impl Pointwise {
     /// and a CPU and process that run it. With `bfloat16_products` (the layer takes them:
     /// `shim::bfloat16_products` with [`Kernel::PointwiseBf16`]) the weight is rounded to
     /// bfloat16 and the columns are, at each call: the products run at twice the FMA's rate
-    /// (`vdpbf16ps` on the AMD EPYC), or in AMX tiles where the CPU has them and the inputs come
-    /// in 32s (else, there, MKL's float32 products: None).
+    /// (`vdpbf16ps` on the AMD EPYC), or in AMX tiles where the CPU has them.
     pub fn new(weight: &Tensor, bias: Option<&Tensor>, bfloat16_products: bool) -> TorchResult<Option<Self>> {
         if weight.device() != Device::Cpu || weight.kind() != Kind::Float {
             return Ok(None);
         }
         let products = match bfloat16_products {
-            true if shim::has_amx_bf16() && weight.size()[1] % 32 == 0 => Products::Amx,
-            true if !shim::has_amx_bf16() => Products::Pairs,
+            true if shim::has_amx_bf16() => Products::Amx,
+            true => Products::Pairs,
             false if Kernel::Pointwise.runs_in(shim::kernel(Kernel::Pointwise)) => Products::Float32,
             _ => return Ok(None),
         };

@@ -273,9 +273,10 @@ pub fn has_amx_bf16() -> bool {
 /// Whether a layer takes bfloat16 products by `kernel` (one that computes them: the Winograd
 /// tiles' or the 1x1 convolutions'): in dtype bf16 (`dtype_rounding`, the 16-bit kind weights
 /// are rounded to on the CPU), in the layers bound by arithmetic (whose matrix is not `rounded`
-/// to 16 bits: see `network::precision::rounded_weights`), whose inputs pair up (an even
-/// `in_channels`), where the kernel runs, unless the checkpoint `stored` the weight in bfloat16,
-/// whose products float32 keeps as exact as f32's.
+/// to 16 bits: see `network::precision::rounded_weights`), whose inputs fit the products (in
+/// pairs, an even `in_channels`; in AMX tiles, where the CPU has them, in 32s), where the kernel
+/// runs, unless the checkpoint `stored` the weight in bfloat16, whose products float32 keeps as
+/// exact as f32's. Where the CPU has AMX-BF16 the kernels take the products in its tiles.
 pub fn bfloat16_products(
     dtype_rounding: Option<Kind>,
     rounded: bool,
@@ -286,7 +287,7 @@ pub fn bfloat16_products(
     dtype_rounding == Some(Kind::BFloat16)
         && !rounded
         && stored != Some(Kind::BFloat16)
-        && in_channels.is_multiple_of(2)
+        && in_channels.is_multiple_of(if has_amx_bf16() { 32 } else { 2 })
         && kernel.runs_in(self::kernel(kernel))
 }
 

@@ -264,10 +264,9 @@ impl Winograd {
         m: usize,
         format: TransformedWeights,
     ) -> TorchResult<Self> {
-        // bfloat16 products in AMX tiles where the CPU has them and the inputs come in 32s: on
-        // Intel's CPUs `vdpbf16ps` gains nothing (see `shim::intel_cpu`).
-        let amx =
-            format == TransformedWeights::Bfloat16 && shim::has_amx_bf16() && weight.size()[1] % 32 == 0;
+        // bfloat16 products in AMX tiles where the CPU has them (whose layers take bfloat16
+        // products only with inputs in 32s: `shim::bfloat16_products`).
+        let amx = format == TransformedWeights::Bfloat16 && shim::has_amx_bf16();
         Self::in_kernels(
             weight,
             bias,
@@ -410,8 +409,8 @@ mod tests {
     }
 
     /// Which layers keep which transformed weights: bfloat16 products only in dtype bf16, in the
-    /// layers bound by arithmetic, where the CPU has them, the inputs pair up and the checkpoint
-    /// does not store the weight in bfloat16.
+    /// layers bound by arithmetic, where the CPU has them, the inputs fit them (in pairs; in 32s
+    /// for AMX tiles) and the checkpoint does not store the weight in bfloat16.
     #[test]
     fn bfloat16_products_go_where_bf16_rounds_arithmetic_bound_layers() {
         use TransformedWeights::{Bfloat16, Float32, Int16};
@@ -426,6 +425,13 @@ mod tests {
             "a weight stored in bfloat16 stays exact"
         );
         assert_eq!(TransformedWeights::for_layer(bf16, false, f32, 191), Float32);
+        // AMX tiles take the inputs in 32s: where the CPU has them, pairs alone are not enough.
+        let pairs_alone = if runs && !has_amx_bf16() {
+            Bfloat16
+        } else {
+            Float32
+        };
+        assert_eq!(TransformedWeights::for_layer(bf16, false, f32, 194), pairs_alone);
         assert_eq!(TransformedWeights::for_layer(f16, false, f32, 192), Float32);
         assert_eq!(TransformedWeights::for_layer(f16, true, f32, 384), Int16);
         assert_eq!(TransformedWeights::for_layer(None, false, f32, 192), Float32);
