@@ -10,8 +10,15 @@ scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 steps=12
 
-PROFILE_RESULTS="$scratch" bash tools/profile.sh tests/fixtures/release-tiny --steps "$steps" \
-  >"$scratch/log" 2>&1 || { cat "$scratch/log" >&2; echo "check-profile: make profile failed" >&2; exit 1; }
+# make profile of `steps` steps into folder $1, with the benchmark's options that follow.
+profile() {
+  local into=$1
+  shift
+  PROFILE_RESULTS="$into" bash tools/profile.sh tests/fixtures/release-tiny --steps "$steps" "$@" \
+    >"$scratch/log" 2>&1 || { cat "$scratch/log" >&2; echo "check-profile: make profile $* failed" >&2; exit 1; }
+}
+
+profile "$scratch"
 
 python3 - "$scratch" "$steps" <<'PY'
 import json, sys
@@ -36,8 +43,7 @@ print("check-profile: ok;", "perf samples:", perf["samples"] if perf else "none 
 PY
 
 batched="$scratch/batched"
-PROFILE_RESULTS="$batched" bash tools/profile.sh tests/fixtures/release-tiny --steps "$steps" --streams 2 \
-  >"$scratch/log" 2>&1 || { cat "$scratch/log" >&2; echo "check-profile: make profile --streams 2 failed" >&2; exit 1; }
+profile "$batched" --streams 2
 
 python3 - "$batched" "$steps" <<'PY'
 import json, sys

@@ -59,8 +59,8 @@ impl fmt::Display for Dtype {
 /// What a decoder in `dtype` on `device` should know of the other dtypes' speed here. Where the
 /// CPU takes every bfloat16 product of ours (AVX512_BF16 on a CPU other than Intel's, AMX-BF16 on
 /// any, our kernels on: see `Kernel::runs_in`), `bf16` is the fastest dtype; where it takes none
-/// (no AVX512_BF16, an Intel CPU without AMX, the kernels held back), `bf16` runs `f16`'s path at `f16`'s speed and rounds
-/// more, so `f16` is the better reduced dtype. None where there is nothing to add (CUDA; `f32`;
+/// (no AVX512_BF16, an Intel CPU without AMX, the kernels held back), `bf16` runs `f16`'s path
+/// at `f16`'s speed and rounds more, so `f16` is the better reduced dtype. None where there is nothing to add (CUDA; `f32`;
 /// the dtype already the fastest; some products held back by name, unmeasured).
 pub fn dtype_note(dtype: Dtype, device: Device) -> Option<&'static str> {
     if device != Device::Cpu {
