@@ -82,13 +82,14 @@ pub struct CausalConv {
     /// is rounded to 16 bits, which is then always multiplied as a matrix.
     kernel_weights: Option<(Tensor, Tensor)>,
     /// A dense convolution's weight as one [out, in * kernel] matrix (for plain weights a view)
-    /// and its bias, for short inputs (see `forward`).
+    /// and its bias, for short inputs (see `forward`); none for a 1x1 convolution whose kernel
+    /// takes every step (bfloat16 products in AMX tiles: `precision::amx_products`).
     matrix: Option<Matrix>,
     /// The same convolution by Winograd tiles, for CPU float32 weights where it pays (see
     /// `forward`); beside a 16-bit matrix, for the steps too large for it, with its transformed
     /// weights in 16 bits too (see `Winograd::new`).
     winograd: Option<Winograd>,
-    /// A CPU float32 1x1 convolution's own way, beyond the matrix's rows.
+    /// A CPU float32 1x1 convolution's own way, beyond the matrix's rows (or at every step).
     one_by_one: Option<OneByOne>,
     /// Whether the kernel weights are summed directly (`direct_conv`): depthwise, or few outputs.
     direct: bool,
@@ -115,8 +116,10 @@ impl CausalConv {
         let context = (kernel - 1) * dilation;
         let weight = weights.get("weight", &[out_channels, in_channels / groups, kernel])?;
         let bias = weights.get("bias", &[out_channels])?;
-        // Grouped convolutions have no matrix form.
-        let matrix = if groups == 1 {
+        let amx_products = kernel == 1 && groups == 1 && precision::amx_products(&weights, in_channels);
+        // Grouped convolutions have no matrix form; a 1x1 convolution in AMX tiles at every step
+        // needs none.
+        let matrix = if groups == 1 && !amx_products {
             Some(Matrix::new(
                 weight.f_view([out_channels as i64, -1])?,
                 Some(bias.shallow_clone()),
@@ -243,12 +246,13 @@ impl CausalConv {
 /// input column, computed as one matrix product per step. With kernel `2s` each input column
 /// also adds into the next column's block: that overlap is carried to the next step.
 pub struct CausalTransConv {
-    /// [out * kernel, in]: row `o * kernel + j` is output channel `o`'s tap `j`.
-    matrix: Matrix,
+    /// [out * kernel, in]: row `o * kernel + j` is output channel `o`'s tap `j`. None where the
+    /// 1x1 kernel takes every step (bfloat16 products in AMX tiles: `precision::amx_products`).
+    matrix: Option<Matrix>,
     /// The same weight packed for our 1x1 kernel where it runs ([`Pointwise`]), for steps of
     /// more rows than the few-row kernel takes: faster than MKL's product (AVX2 on the CPUs it
     /// runs on) and oneDNN's 1x1 convolution at every block's shape
-    /// (`measurements/results/2026-12-05-amd-epyc-avx512-pointwise.md`).
+    /// (`measurements/results/2026-12-05-amd-epyc-avx512-pointwise.md`); or for every step.
     pointwise: Option<Pointwise>,
     /// [1, out, 1], float32.
     bias: Tensor,
@@ -278,21 +282,32 @@ impl CausalTransConv {
         }
         let weights = weights.at("conv");
         let weight = weights.get("weight", &[in_channels, out_channels, kernel])?;
-        let matrix = Matrix::new(
-            weight
-                .f_reshape([in_channels as i64, -1])?
-                .f_transpose(0, 1)?
-                .f_contiguous()?,
-            None,
-            precision::rounded_weights(&weights, in_channels),
-            weights.columns_per_frame(),
-        )?;
-        let pointwise = match &matrix {
-            Matrix::Plain { weight, .. } => {
-                let bfloat16 = bfloat16_products(&weights, false, in_channels, Kernel::PointwiseBf16);
-                Pointwise::new(weight, None, bfloat16)?
+        let taps = weight
+            .f_reshape([in_channels as i64, -1])?
+            .f_transpose(0, 1)?
+            .f_contiguous()?;
+        let every_step = match precision::amx_products(&weights, in_channels) {
+            true => Pointwise::new(&taps, None, true)?,
+            false => None,
+        };
+        let (matrix, pointwise) = match every_step {
+            Some(pointwise) => (None, Some(pointwise)),
+            None => {
+                let matrix = Matrix::new(
+                    taps,
+                    None,
+                    precision::rounded_weights(&weights, in_channels),
+                    weights.columns_per_frame(),
+                )?;
+                let pointwise = match &matrix {
+                    Matrix::Plain { weight, .. } => {
+                        let bfloat16 = bfloat16_products(&weights, false, in_channels, Kernel::PointwiseBf16);
+                        Pointwise::new(weight, None, bfloat16)?
+                    }
+                    _ => None,
+                };
+                (Some(matrix), pointwise)
             }
-            _ => None,
         };
         Ok(Self {
             matrix,
@@ -314,20 +329,18 @@ impl CausalTransConv {
     pub fn forward(&self, x: &Tensor, state: &mut State) -> TorchResult<Tensor> {
         let (batch, columns) = (x.size()[0], x.size()[2]);
         // [B, out * kernel, T]: what each new input column contributes to each output tap.
-        let pointwise = self
-            .pointwise
-            .as_ref()
-            .filter(|_| batch * columns > skinny_gemm::MAX_ROWS);
-        let taps = match pointwise {
-            Some(pointwise) => pointwise.forward(x)?,
+        let taps = match (&self.matrix, &self.pointwise) {
+            (matrix, Some(pointwise)) if matrix.is_none() || batch * columns > skinny_gemm::MAX_ROWS => {
+                pointwise.forward(x)?
+            }
             // The product comes as a transposed view of [out * kernel, B * T] (see
             // `Matrix::forward`), so this is a view.
-            None => self
-                .matrix
+            (Some(matrix), _) => matrix
                 .forward(&x.f_transpose(1, 2)?.f_flatten(0, 1)?)?
                 .f_transpose(0, 1)?
                 .f_unflatten(1, [batch, columns])?
                 .f_permute([1, 0, 2])?,
+            (None, _) => unreachable!("a transposed convolution without a matrix has the 1x1 kernel"),
         };
         // Our kernel on the CPU unless our kernels are off (then CUDA's path, run here).
         if x.device() == Device::Cpu && shim::kernel(Kernel::OverlapAdd) != CpuKernels::Off {

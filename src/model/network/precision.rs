@@ -5,6 +5,7 @@
 use tch::Kind;
 
 use crate::model::checkpoint::Weights;
+use crate::model::kernels::shim::{self, Kernel};
 
 /// Which Winograd tiles a convolution takes, where it takes them: tiles of more outputs need
 /// fewer products and round more (see [`winograd_outputs`]).
@@ -29,6 +30,39 @@ pub fn rounded_weights(weights: &Weights, in_features: usize) -> Option<Kind> {
         .filter(|_| weights.columns_per_frame() * 16 <= in_features)
 }
 
+/// Columns per frame from which a 16-bit weight's products are bound by arithmetic on a CPU with
+/// AMX-BF16: 32 multiply-adds for each weight's 2 bytes, where the Intel Xeon's float32 FMAs (366
+/// GFLOP/s on 2 cores) match about 11 against its memory (33 GB/s).
+const AMX_COLUMNS_PER_FRAME: usize = 32;
+
+/// Whether a product layer of 1x1 form (a 1x1 convolution, a transposed convolution's taps) at
+/// `weights` with `in_channels` inputs per column takes its bfloat16 products in AMX tiles at
+/// every step, where [`rounded_weights`] would keep its weight in 16 bits for float32 products:
+/// dtype bf16 on a CPU with AMX-BF16, from [`AMX_COLUMNS_PER_FRAME`] columns per frame (the
+/// vocoder's block 1's 1x1 convolutions and block 2's transposed convolution in the released
+/// geometry). The weight's bytes are the same 16 bits; on the Intel Xeon a one-frame step took
+/// about 0.9x the time and its error against float64 grew from 1.3975e-1 to 1.4070e-1 (see
+/// docs/performance.md, "Which layer takes what").
+pub fn amx_products(weights: &Weights, in_channels: usize) -> bool {
+    amx_products_for(
+        weights.weight_rounding(),
+        weights.stored_kind("weight"),
+        in_channels,
+        weights.columns_per_frame(),
+    )
+}
+
+fn amx_products_for(
+    dtype_rounding: Option<Kind>,
+    stored: Option<Kind>,
+    in_channels: usize,
+    columns_per_frame: usize,
+) -> bool {
+    shim::has_amx_bf16()
+        && columns_per_frame >= AMX_COLUMNS_PER_FRAME
+        && shim::bfloat16_products(dtype_rounding, false, stored, in_channels, Kernel::PointwiseBf16)
+}
+
 /// Outputs per tile of a float32 convolution at `weights` computed by Winograd's algorithm
 /// (`kernels::winograd`) that wants `tiles`. In float32, 4 (fewer products) for the vocoder's
 /// residual units and 2 for the layers before the blocks, so that the released geometry's
@@ -41,5 +75,31 @@ pub fn winograd_outputs(weights: &Weights, tiles: Tiles) -> usize {
         (true, _) if weights.columns_per_frame() >= 160 => 6,
         (true, _) | (false, Tiles::Fast) => 4,
         (false, Tiles::Precise) => 2,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// AMX tiles take the layers of many columns in dtype bf16 alone, where the CPU has them and
+    /// the kernel runs, the inputs come in 32s and the checkpoint's weight is not bfloat16.
+    #[test]
+    fn amx_products_go_to_many_columns_in_bf16_where_the_cpu_has_amx() {
+        let amx = shim::has_amx_bf16() && Kernel::PointwiseBf16.runs_in(shim::kernel(Kernel::PointwiseBf16));
+        let (bf16, f16, f32) = (Some(Kind::BFloat16), Some(Kind::Half), Some(Kind::Float));
+        assert_eq!(amx_products_for(bf16, f32, 768, 32), amx);
+        assert_eq!(amx_products_for(bf16, f32, 768, 160), amx);
+        assert!(
+            !amx_products_for(bf16, f32, 1536, 4),
+            "bound by the weight's bytes"
+        );
+        assert!(!amx_products_for(bf16, f32, 770, 32), "inputs not in 32s");
+        assert!(
+            !amx_products_for(bf16, bf16, 768, 32),
+            "a weight stored in bfloat16 stays exact"
+        );
+        assert!(!amx_products_for(f16, f32, 768, 32));
+        assert!(!amx_products_for(None, f32, 768, 32));
     }
 }
