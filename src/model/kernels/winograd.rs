@@ -126,7 +126,9 @@ impl TransformedWeights {
     /// products float32 tiles keep as exact as f32's. Rounding the tiles puts the
     /// released geometry's decode at 1.4e-1 from float64, against 1.1e-1 with float32 tiles and
     /// upstream's own bf16 decode's 2.0e-1; the same products in blocks 2 to 4 put it at 1.8e-1,
-    /// in every block at 2.1e-1.
+    /// in every block at 2.1e-1. On CPUs with AMX-BF16 blocks 2-4 take them in tiles of 4
+    /// outputs, block 2 though its matrix is `rounded` (`network::precision::amx_winograd`,
+    /// whose caller passes `rounded` false for it): 1.4e-1.
     pub fn for_layer(
         dtype_rounding: Option<Kind>,
         rounded: bool,
