@@ -30,68 +30,70 @@ pub fn rounded_weights(weights: &Weights, in_features: usize) -> Option<Kind> {
         .filter(|_| weights.columns_per_frame() * 16 <= in_features)
 }
 
-/// Columns per frame from which a 16-bit weight's products are bound by arithmetic on a CPU with
-/// AMX-BF16: 32 multiply-adds for each weight's 2 bytes, where the Intel Xeon's float32 FMAs (366
-/// GFLOP/s on 2 cores) match about 11 against its memory (33 GB/s).
-const AMX_COLUMNS_PER_FRAME: usize = 32;
+/// Where a kind of product takes AMX's bfloat16 tiles (dtype bf16 on a CPU with AMX-BF16): from
+/// how many columns a frame, by which of our kernels (which must run, and take the layer's
+/// inputs: in 32s, a weight not stored in bfloat16; see `shim::bfloat16_products`).
+struct AmxRule {
+    from_columns: usize,
+    kernel: Kernel,
+}
+
+/// 1x1 products from 32 columns a frame: 32 multiply-adds for each 2-byte weight, where the Intel
+/// Xeon's float32 FMAs (366 GFLOP/s on 2 cores) match its memory (33 GB/s) at about 11, so that
+/// the products are bound by arithmetic.
+const AMX_ONE_BY_ONE: AmxRule = AmxRule {
+    from_columns: 32,
+    kernel: Kernel::PointwiseBf16,
+};
+
+/// Winograd products from 160 columns a frame: the vocoder's blocks 2-4 of the released geometry.
+/// Block 1's (32 columns) would put the decode's error at 1.54e-1 in tiles of 2 outputs and
+/// 1.91e-1 in tiles of 4 for 0.1-0.2 ms a step: it keeps its 16-bit integer weights and float32
+/// products.
+const AMX_WINOGRAD: AmxRule = AmxRule {
+    from_columns: 160,
+    kernel: Kernel::WinogradBf16,
+};
+
+impl AmxRule {
+    fn takes(
+        &self,
+        dtype_rounding: Option<Kind>,
+        stored: Option<Kind>,
+        in_channels: usize,
+        columns: usize,
+    ) -> bool {
+        shim::has_amx_bf16()
+            && columns >= self.from_columns
+            && shim::bfloat16_products(dtype_rounding, false, stored, in_channels, self.kernel)
+    }
+
+    fn takes_layer(&self, weights: &Weights, in_channels: usize) -> bool {
+        self.takes(
+            weights.weight_rounding(),
+            weights.stored_kind("weight"),
+            in_channels,
+            weights.columns_per_frame(),
+        )
+    }
+}
 
 /// Whether a product layer of 1x1 form (a 1x1 convolution, a transposed convolution's taps) at
 /// `weights` with `in_channels` inputs per column takes its bfloat16 products in AMX tiles at
-/// every step, where [`rounded_weights`] would keep its weight in 16 bits for float32 products:
-/// dtype bf16 on a CPU with AMX-BF16, from [`AMX_COLUMNS_PER_FRAME`] columns per frame (the
-/// vocoder's block 1's 1x1 convolutions and block 2's transposed convolution in the released
-/// geometry). The weight's bytes are the same 16 bits; on the Intel Xeon a one-frame step took
-/// about 0.9x the time and its error against float64 grew from 1.3975e-1 to 1.4070e-1 (see
-/// docs/performance.md, "Which layer takes what").
+/// every step ([`AMX_ONE_BY_ONE`]), where [`rounded_weights`] would keep its weight in 16 bits
+/// for float32 products: the vocoder's block 1's 1x1 convolutions and block 2's transposed
+/// convolution in the released geometry. The weight's bytes are the same 16 bits; on the Intel
+/// Xeon a one-frame step took about 0.9x the time and its error against float64 grew from
+/// 1.3975e-1 to 1.4070e-1 (see docs/performance.md, "Which layer takes what").
 pub fn amx_products(weights: &Weights, in_channels: usize) -> bool {
-    amx_products_for(
-        weights.weight_rounding(),
-        weights.stored_kind("weight"),
-        in_channels,
-        weights.columns_per_frame(),
-    )
+    AMX_ONE_BY_ONE.takes_layer(weights, in_channels)
 }
-
-fn amx_products_for(
-    dtype_rounding: Option<Kind>,
-    stored: Option<Kind>,
-    in_channels: usize,
-    columns_per_frame: usize,
-) -> bool {
-    shim::has_amx_bf16()
-        && columns_per_frame >= AMX_COLUMNS_PER_FRAME
-        && shim::bfloat16_products(dtype_rounding, false, stored, in_channels, Kernel::PointwiseBf16)
-}
-
-/// Columns per frame from which a convolution's Winograd products take AMX's bfloat16 tiles,
-/// where the CPU has them: the vocoder's blocks 2-4 of the released geometry. Block 1's (32
-/// columns) would put the decode's error at 1.54e-1 in tiles of 2 outputs and 1.91e-1 in tiles
-/// of 4 for 0.1-0.2 ms a step: it keeps its 16-bit integer weights and float32 products.
-const AMX_WINOGRAD_COLUMNS_PER_FRAME: usize = 160;
 
 /// Whether a convolution at `weights` with `in_channels` inputs takes its Winograd products in
-/// AMX's bfloat16 tiles (dtype bf16 on a CPU with AMX-BF16, from
-/// [`AMX_WINOGRAD_COLUMNS_PER_FRAME`] columns per frame, inputs in 32s, a weight not stored in
-/// bfloat16), in tiles of 4 outputs ([`winograd_outputs`]), whether or not [`rounded_weights`]
-/// keeps its matrix in 16 bits.
+/// AMX's bfloat16 tiles ([`AMX_WINOGRAD`]), in tiles of 4 outputs ([`winograd_outputs`]),
+/// whether or not [`rounded_weights`] keeps its matrix in 16 bits.
 pub fn amx_winograd(weights: &Weights, in_channels: usize) -> bool {
-    amx_winograd_for(
-        weights.weight_rounding(),
-        weights.stored_kind("weight"),
-        in_channels,
-        weights.columns_per_frame(),
-    )
-}
-
-fn amx_winograd_for(
-    dtype_rounding: Option<Kind>,
-    stored: Option<Kind>,
-    in_channels: usize,
-    columns_per_frame: usize,
-) -> bool {
-    shim::has_amx_bf16()
-        && columns_per_frame >= AMX_WINOGRAD_COLUMNS_PER_FRAME
-        && shim::bfloat16_products(dtype_rounding, false, stored, in_channels, Kernel::WinogradBf16)
+    AMX_WINOGRAD.takes_layer(weights, in_channels)
 }
 
 /// Outputs per tile of a float32 convolution at `weights` computed by Winograd's algorithm
@@ -125,19 +127,19 @@ mod tests {
     fn amx_products_go_to_many_columns_in_bf16_where_the_cpu_has_amx() {
         let amx = shim::has_amx_bf16() && Kernel::PointwiseBf16.runs_in(shim::kernel(Kernel::PointwiseBf16));
         let (bf16, f16, f32) = (Some(Kind::BFloat16), Some(Kind::Half), Some(Kind::Float));
-        assert_eq!(amx_products_for(bf16, f32, 768, 32), amx);
-        assert_eq!(amx_products_for(bf16, f32, 768, 160), amx);
+        assert_eq!(AMX_ONE_BY_ONE.takes(bf16, f32, 768, 32), amx);
+        assert_eq!(AMX_ONE_BY_ONE.takes(bf16, f32, 768, 160), amx);
         assert!(
-            !amx_products_for(bf16, f32, 1536, 4),
+            !AMX_ONE_BY_ONE.takes(bf16, f32, 1536, 4),
             "bound by the weight's bytes"
         );
-        assert!(!amx_products_for(bf16, f32, 770, 32), "inputs not in 32s");
+        assert!(!AMX_ONE_BY_ONE.takes(bf16, f32, 770, 32), "inputs not in 32s");
         assert!(
-            !amx_products_for(bf16, bf16, 768, 32),
+            !AMX_ONE_BY_ONE.takes(bf16, bf16, 768, 32),
             "a weight stored in bfloat16 stays exact"
         );
-        assert!(!amx_products_for(f16, f32, 768, 32));
-        assert!(!amx_products_for(None, f32, 768, 32));
+        assert!(!AMX_ONE_BY_ONE.takes(f16, f32, 768, 32));
+        assert!(!AMX_ONE_BY_ONE.takes(None, f32, 768, 32));
     }
 
     /// Winograd's AMX tiles take blocks 2-4 in dtype bf16 alone (from 160 columns a frame), not
@@ -148,18 +150,18 @@ mod tests {
         let amx = shim::has_amx_bf16() && Kernel::WinogradBf16.runs_in(shim::kernel(Kernel::WinogradBf16));
         let (bf16, f16, f32) = (Some(Kind::BFloat16), Some(Kind::Half), Some(Kind::Float));
         for (channels, columns) in [(384, 160), (192, 640), (96, 1920)] {
-            assert_eq!(amx_winograd_for(bf16, f32, channels, columns), amx);
+            assert_eq!(AMX_WINOGRAD.takes(bf16, f32, channels, columns), amx);
         }
         assert!(
-            !amx_winograd_for(bf16, f32, 768, 32),
+            !AMX_WINOGRAD.takes(bf16, f32, 768, 32),
             "block 1 keeps its float32 products"
         );
-        assert!(!amx_winograd_for(bf16, f32, 400, 160), "inputs not in 32s");
+        assert!(!AMX_WINOGRAD.takes(bf16, f32, 400, 160), "inputs not in 32s");
         assert!(
-            !amx_winograd_for(bf16, bf16, 384, 160),
+            !AMX_WINOGRAD.takes(bf16, bf16, 384, 160),
             "a weight stored in bfloat16 stays exact"
         );
-        assert!(!amx_winograd_for(f16, f32, 384, 160));
-        assert!(!amx_winograd_for(None, f32, 384, 160));
+        assert!(!AMX_WINOGRAD.takes(f16, f32, 384, 160));
+        assert!(!AMX_WINOGRAD.takes(None, f32, 384, 160));
     }
 }
