@@ -424,7 +424,10 @@ impl LiveStreams {
         while self.sinks.iter().any(|sink| sink.latency() < latency) {
             assert!(
                 started.elapsed() < Duration::from_secs(5),
-                "the sinks were not given the pipeline's latency {latency} within 5 s"
+                "the sinks were not given the pipeline's latency {latency} within 5 s: they have {:?}, \
+                 the pipeline answers {} now",
+                self.sinks.iter().map(|sink| sink.latency()).collect::<Vec<_>>(),
+                self.latency()
             );
             std::thread::sleep(Duration::from_millis(5));
         }
