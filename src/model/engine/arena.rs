@@ -1,7 +1,8 @@
 //! The state of every stream of a model, as rows of one state: a stream holds a row from its
-//! start to its end. A step of one stream runs on its row in place; a batched step selects its
-//! streams' rows (one `index_select` per state tensor, whatever the number of rows) and puts
-//! them back (one `index_copy_` each). A CUDA graph records that selection with the rows as a
+//! start to its end. A step runs on its streams' rows in place where they follow one another
+//! (one stream's, or a server's first sessions'); else it selects them (one `index_select` per
+//! state tensor, whatever the number of rows) and puts them back (one `index_copy_` each), about
+//! 5 MB a row at the released widths. A CUDA graph records that selection with the rows as a
 //! device tensor of indices, so any cohort of streams replays the same graph.
 //!
 //! Who holds which row is a table of its own (behind its own lock, see [`RowAssignment`]): a new

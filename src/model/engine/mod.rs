@@ -11,8 +11,8 @@
 //! without it, streams stepping together split into two cohorts that take turns, each batch
 //! half as large. A lone stream is its own last batch, back at once: it never waits.
 //!
-//! The streams' states are rows of one arena (see [`arena`]): a batched step selects its
-//! rows and puts them back, a step of one row runs on its row in place. On CUDA, batched steps
+//! The streams' states are rows of one arena (see [`arena`]): a step runs on rows that follow
+//! one another in place, and selects others and puts them back. On CUDA, batched steps
 //! replay graphs that the engine records per bucket of rows and step size (see
 //! [`batch_graphs`]).
 
@@ -30,7 +30,7 @@ use tch::{Kind, Tensor};
 
 use super::executor;
 use super::log;
-use super::network::{Network, StepTables};
+use super::network::{Network, State, StepTables};
 use arena::{Arena, RowAssignment};
 use batch_graphs::BatchGraphs;
 
@@ -207,9 +207,9 @@ impl Engine {
     }
 
     /// How long a warm step of `rows` streams of `frames` frames takes on this model: the
-    /// median of a few steps of silence on the scratch row (after one that pays first-use
-    /// costs), through the path real batches take. Measured once per shape, so that every
-    /// stream of the model sees the same figure.
+    /// median of a few steps of silence (after one that pays first-use costs), through the path
+    /// real batches take. Measured once per shape, so that every stream of the model sees the
+    /// same figure.
     pub fn warm_step_time(
         &self,
         network: &Network,
@@ -247,10 +247,19 @@ impl Engine {
             })
             .collect();
         let mut times = executor::run(network.device(), || {
+            // Where no graph replays, a batch of streams on rows that follow one another (a
+            // server's first sessions) steps on them in place: so does this one, on rows of
+            // its own, not on the scratch row selected again and again.
+            let graphs = cuda_graphs && self.rows().graphs.is_some();
+            let mut detached = match graphs {
+                true => None,
+                false => Some(network.new_state(rows as i64)?),
+            };
             (0..=TIMED_STEPS)
                 .map(|_| {
                     let started = Instant::now();
-                    self.compute(network, &batch).map(|_| started.elapsed())
+                    self.compute_on(network, &batch, detached.as_mut())
+                        .map(|_| started.elapsed())
                 })
                 .collect::<Result<Vec<_>, _>>()
         })?;
@@ -464,16 +473,42 @@ impl Engine {
     /// On the compute thread: the batch's rows as one step; each row's audio, and whether a
     /// graph computed it.
     fn compute(&self, network: &Network, batch: &[Job]) -> Result<(Vec<Vec<f32>>, bool), tch::TchError> {
+        self.compute_on(network, batch, None)
+    }
+
+    /// [`Self::compute`], on `detached` (a state of the batch's rows of its own) in place of
+    /// the arena's rows where given.
+    fn compute_on(
+        &self,
+        network: &Network,
+        batch: &[Job],
+        detached: Option<&mut State>,
+    ) -> Result<(Vec<Vec<f32>>, bool), tch::TchError> {
         let rows = batch.len();
         let frames = batch[0].step.frames;
         let codebooks = network.config().num_quantizers;
         let device = network.device();
+        let mut guard = self.rows();
+        let Rows {
+            arena,
+            tables,
+            graphs,
+        } = &mut *guard;
+        // The batch in the order of its arena rows, read with the arena locked (no shrink moves
+        // them until the step is done): rows that follow one another step in place, as one
+        // row does, where others are selected into a copy and put back.
+        let mut order: Vec<usize> = (0..rows).collect();
+        order.sort_by_key(|&position| batch[position].step.row.index());
+        let arena_rows: Vec<i64> = order
+            .iter()
+            .map(|&position| batch[position].step.row.index())
+            .collect();
         let codes = match batch {
             [job] => Tensor::f_from_slice(&job.step.codes)?,
             _ => Tensor::f_from_slice(
-                &batch
+                &order
                     .iter()
-                    .flat_map(|job| job.step.codes.iter().copied())
+                    .flat_map(|&position| batch[position].step.codes.iter().copied())
                     .collect::<Vec<i16>>(),
             )?,
         };
@@ -481,18 +516,8 @@ impl Engine {
             .f_view([rows as i64, frames as i64, codebooks as i64])?
             .f_to_device(device)?
             .f_to_kind(Kind::Int64)?;
-        let mut guard = self.rows();
-        let Rows {
-            arena,
-            tables,
-            graphs,
-        } = &mut *guard;
-        // Read with the arena locked: no shrink moves them until the step is done.
-        let arena_rows: Vec<i64> = batch.iter().map(|job| job.step.row.index()).collect();
-        for (job, &row) in batch.iter().zip(&arena_rows) {
-            if job.step.clear {
-                arena.state().row(row)?.clear()?;
-            }
+        for job in batch.iter().filter(|job| job.step.clear) {
+            arena.state().rows_from(job.step.row.index(), 1)?.clear()?;
         }
         let tables = match tables.entry(frames) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
@@ -500,7 +525,7 @@ impl Engine {
         };
         let graphs = graphs
             .as_mut()
-            .filter(|_| batch.iter().all(|job| job.step.cuda_graphs));
+            .filter(|_| detached.is_none() && batch.iter().all(|job| job.step.cuda_graphs));
         let replayed = match graphs {
             Some(graphs) => graphs
                 .run(network, arena, tables, &arena_rows, &codes)
@@ -508,21 +533,28 @@ impl Engine {
             None => None,
         };
         let graph = replayed.is_some();
-        let audio = match (replayed, &arena_rows[..]) {
+        let consecutive = arena_rows.windows(2).all(|pair| pair[1] == pair[0] + 1);
+        let audio = match (replayed, detached) {
             (Some(audio), _) => audio,
-            (None, &[row]) => network.step(&codes, &mut arena.state().row(row)?, tables)?,
-            (None, _) => {
+            (None, Some(state)) => network.step(&codes, state, tables)?,
+            (None, None) if consecutive => network.step(
+                &codes,
+                &mut arena.state().rows_from(arena_rows[0], rows as i64)?,
+                tables,
+            )?,
+            (None, None) => {
                 let index = Tensor::f_from_slice(&arena_rows)?.f_to_device(device)?;
                 arena.step_rows(network, &index, &codes, tables)?
             }
         };
         // Copies to the host, one per row, before another replay of the graph overwrites its
-        // audio.
+        // audio; each to its step's place in the batch.
         let audio = audio.f_to_kind(Kind::Float)?.f_to_device(tch::Device::Cpu)?;
-        let audio = (0..rows as i64)
-            .map(|row| Vec::<f32>::try_from(audio.f_get(row)?))
-            .collect::<Result<_, _>>()?;
-        Ok((audio, graph))
+        let mut per_step = vec![Vec::new(); rows];
+        for (row, &position) in order.iter().enumerate() {
+            per_step[position] = Vec::<f32>::try_from(audio.f_get(row as i64)?)?;
+        }
+        Ok((per_step, graph))
     }
 }
 

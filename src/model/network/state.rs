@@ -110,10 +110,10 @@ impl State {
         Ok(())
     }
 
-    /// Row `row` as a state of one row that shares this one's memory: steps on it update
-    /// this state in place.
-    pub fn row(&self, row: i64) -> TorchResult<State> {
-        self.map(|tensor| tensor.f_narrow(0, row, 1))
+    /// Rows `first..first + count` as a state that shares this one's memory: steps on it
+    /// update this state in place.
+    pub fn rows_from(&self, first: i64, count: i64) -> TorchResult<State> {
+        self.map(|tensor| tensor.f_narrow(0, first, count))
     }
 
     /// The rows listed in `index` (int64, on the state's device), in its order, as one state
