@@ -70,10 +70,12 @@ pub enum Kernel {
     Pointwise,
     /// Their products in bfloat16 (dtype bf16, AVX512_BF16).
     PointwiseBf16,
+    /// The few-row products of bfloat16 weights in AMX tiles (dtype bf16, AMX-BF16).
+    SkinnyGemmBf16,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 10] = [
+    pub const ALL: [Kernel; 11] = [
         Kernel::SkinnyGemm,
         Kernel::Winograd,
         Kernel::WinogradBf16,
@@ -84,6 +86,7 @@ impl Kernel {
         Kernel::RmsNorm,
         Kernel::Pointwise,
         Kernel::PointwiseBf16,
+        Kernel::SkinnyGemmBf16,
     ];
 
     pub fn name(self) -> &'static str {
@@ -98,6 +101,7 @@ impl Kernel {
             Kernel::RmsNorm => "rms_norm",
             Kernel::Pointwise => "pointwise",
             Kernel::PointwiseBf16 => "pointwise_bf16",
+            Kernel::SkinnyGemmBf16 => "skinny_gemm_bf16",
         }
     }
 
@@ -106,14 +110,18 @@ impl Kernel {
     /// three that run only on CPUs other than Intel's ([`intel_cpu`]), where each was measured to
     /// pay: the 1x1 convolutions (AVX-512), and the Winograd tiles' and the 1x1 convolutions'
     /// bfloat16 products (AVX-512 and AVX512_BF16). The bfloat16 products run on Intel's CPUs too
-    /// where they have AMX-BF16 ([`has_amx_bf16`]), in AMX tiles.
+    /// where they have AMX-BF16 ([`has_amx_bf16`]), in AMX tiles; the few-row products' only
+    /// there.
     pub fn runs_in(self, kernels: CpuKernels) -> bool {
         let least = match self {
             Kernel::DirectConv => CpuKernels::Avx512,
+            Kernel::SkinnyGemmBf16 if !has_amx_bf16() => return false,
             Kernel::PointwiseBf16 | Kernel::WinogradBf16 if !has_bf16_products() => return false,
             Kernel::PointwiseBf16 | Kernel::WinogradBf16 if intel_cpu() && !has_amx_bf16() => return false,
             Kernel::Pointwise if intel_cpu() => return false,
-            Kernel::Pointwise | Kernel::PointwiseBf16 | Kernel::WinogradBf16 => CpuKernels::Avx512,
+            Kernel::Pointwise | Kernel::PointwiseBf16 | Kernel::WinogradBf16 | Kernel::SkinnyGemmBf16 => {
+                CpuKernels::Avx512
+            }
             _ => CpuKernels::Avx2,
         };
         kernels >= least
@@ -395,7 +403,11 @@ mod tests {
         for kernel in Kernel::ALL {
             let avx2 = !matches!(
                 kernel,
-                Kernel::DirectConv | Kernel::Pointwise | Kernel::PointwiseBf16 | Kernel::WinogradBf16
+                Kernel::DirectConv
+                    | Kernel::Pointwise
+                    | Kernel::PointwiseBf16
+                    | Kernel::WinogradBf16
+                    | Kernel::SkinnyGemmBf16
             );
             assert_eq!(kernel.runs_in(CpuKernels::Avx2), avx2, "{kernel:?} in AVX2");
             let avx512 = match kernel {
@@ -403,6 +415,7 @@ mod tests {
                 Kernel::PointwiseBf16 | Kernel::WinogradBf16 => {
                     has_bf16_products() && (!intel_cpu() || has_amx_bf16())
                 }
+                Kernel::SkinnyGemmBf16 => has_amx_bf16(),
                 _ => true,
             };
             assert_eq!(

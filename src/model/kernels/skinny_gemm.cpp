@@ -20,9 +20,11 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
+#include "amx.h"
 #include "kernels.h"
 #include "shim.h"
 #include "widen.h"
@@ -272,6 +274,75 @@ void multiply_packed(const PackedProduct<H>& p) {
   });
 }
 
+// In AMX tiles (dtype bf16 where the CPU has AMX-BF16): a bfloat16 weight against the rows
+// rounded to bfloat16, float32 sums. Groups of 3 blocks of 16 outputs, packed at load time as
+// [groups, in / 32, 3, 16, 16, 2]: for each 32 inputs, the group's three right sides one after
+// another (16 pairs of inputs by 16 outputs each, as `tdpbf16ps` takes them), so that a group's
+// weight is one stream. The rows, 16 at a time, are the left side: each product multiplies 16
+// rows' next 32 inputs by 16 outputs. The weight is read once per 16 rows; at any count of
+// rows a tile of products takes 1 KB of weight per 16 cycles, far more than memory brings.
+constexpr int64_t kAmxGroupBlocks = 3;
+constexpr int64_t kAmxGroupOutputs = kAmxGroupBlocks * qwencodec::kAmxRows;
+// bfloat16 values per tile.
+constexpr int64_t kAmxTileValues = qwencodec::kAmxRows * 32;
+
+struct AmxProduct {
+  const at::BFloat16* packed;  // [groups, in / 32, 3, 16, 16, 2], zero past `out`
+  const at::BFloat16* rows;    // [n rounded up to 16, in], zero past `n`
+  const float* bias;           // [out] or null
+  float* result;               // [n, out]
+  int64_t in, out, n;
+};
+
+// Group `group`'s outputs of every row. The tile configuration (qwencodec::load_tile_config) is
+// the calling thread's.
+__attribute__((target("avx512f,amx-tile,amx-bf16"))) void amx_group(const AmxProduct& p, int64_t group) {
+  const int64_t steps = p.in / 32;
+  const at::BFloat16* weight = p.packed + group * steps * kAmxGroupBlocks * kAmxTileValues;
+  alignas(64) float sums[kAmxGroupBlocks][qwencodec::kAmxRows * 16];
+  for (int64_t row = 0; row < p.n; row += qwencodec::kAmxRows) {
+    qwencodec::compiler_fence();
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    const at::BFloat16* x = p.rows + row * p.in;
+    const at::BFloat16* w = weight;
+    for (int64_t step = 0; step < steps; ++step, w += kAmxGroupBlocks * kAmxTileValues) {
+      _tile_loadd(3, x + step * 32, p.in * 2);
+      _tile_loadd(4, w, 64);
+      _tile_loadd(5, w + kAmxTileValues, 64);
+      _tile_loadd(6, w + 2 * kAmxTileValues, 64);
+      _tile_dpbf16ps(0, 3, 4);
+      _tile_dpbf16ps(1, 3, 5);
+      _tile_dpbf16ps(2, 3, 6);
+    }
+    _tile_stored(0, sums[0], 64);
+    _tile_stored(1, sums[1], 64);
+    _tile_stored(2, sums[2], 64);
+    qwencodec::compiler_fence();
+    const int64_t rows = std::min<int64_t>(qwencodec::kAmxRows, p.n - row);
+    for (int64_t block = 0; block < kAmxGroupBlocks; ++block) {
+      const int64_t first = group * kAmxGroupOutputs + block * qwencodec::kAmxRows;
+      if (first >= p.out) break;
+      const __mmask16 mask = qwencodec::tail_mask(p.out - first);
+      const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(mask, p.bias + first) : _mm512_setzero_ps();
+      for (int64_t r = 0; r < rows; ++r) {
+        _mm512_mask_storeu_ps(p.result + (row + r) * p.out + first, mask,
+                              _mm512_add_ps(bias, _mm512_load_ps(sums[block] + r * 16)));
+      }
+    }
+  }
+}
+
+void multiply_amx(const AmxProduct& p) {
+  const int64_t groups = (p.out + kAmxGroupOutputs - 1) / kAmxGroupOutputs;
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    qwencodec::load_tile_config();
+    for (int64_t group = begin; group < end; ++group) amx_group(p, group);
+    qwencodec::release_tiles();
+  });
+}
+
 at::Tensor few_row_product(const at::Tensor& weight, const at::Tensor& rows, const at::Tensor* bias,
                            qwencodec::CpuKernels kernels) {
   const auto kind = weight.scalar_type();
@@ -349,6 +420,41 @@ bool qwencodec_packed_gemm(const at::Tensor* packed, const at::Tensor* rows, con
                                                   bias_data, result.data_ptr<float>(), input.size(1), out_features,
                                                   input.size(0)});
     }
+    *out = new at::Tensor(std::move(result));
+  });
+}
+
+// `packed`: [groups, in / 32, 3, 16, 16, 2] bfloat16, contiguous: a weight [out, in]'s outputs in
+// groups of 48 (zeros past `out`), for each 32 inputs three blocks of 16 outputs, each 16 pairs
+// of inputs by 16 outputs by the pair (AMX's right side); for a CPU with AMX-BF16, which the
+// caller has checked. `rows`: [n, in] float32, rounded to bfloat16 here; `bias`: [out] float32
+// or null. `*out`: the rows times the weight's transpose plus the bias, [n, out] float32, a new
+// tensor.
+bool qwencodec_amx_gemm(const at::Tensor* packed, const at::Tensor* rows, const at::Tensor* bias,
+                        int64_t out_features, at::Tensor** out, char* error, size_t error_size) {
+  RECORD_FUNCTION("qwencodec::skinny_gemm_bf16", c10::ArrayRef<const c10::IValue>{});
+  return qwencodec::guarded(error, error_size, [&] {
+    const int64_t groups = (out_features + kAmxGroupOutputs - 1) / kAmxGroupOutputs;
+    TORCH_CHECK(packed->dim() == 6 && packed->is_contiguous() && packed->scalar_type() == at::kBFloat16 &&
+                    packed->size(0) == groups && packed->size(2) == kAmxGroupBlocks &&
+                    packed->size(3) == qwencodec::kAmxPairs && packed->size(4) == qwencodec::kAmxRows &&
+                    packed->size(5) == 2,
+                "the packed weight must be contiguous bfloat16 [groups, in / 32, ", kAmxGroupBlocks, ", ",
+                qwencodec::kAmxPairs, ", ", qwencodec::kAmxRows, ", 2] for ", out_features, " outputs");
+    const int64_t in = packed->size(1) * 32;
+    TORCH_CHECK(rows->dim() == 2 && rows->size(1) == in && rows->scalar_type() == at::kFloat,
+                "the activations must be float32 rows of the weight's width");
+    TORCH_CHECK(!bias || (bias->is_contiguous() && bias->numel() == out_features &&
+                          bias->scalar_type() == at::kFloat),
+                "the bias must be float32, one per output");
+    const int64_t n = rows->size(0);
+    // The left side reads whole tiles of 16 rows.
+    at::Tensor left = at::zeros({(n + qwencodec::kAmxRows - 1) / qwencodec::kAmxRows * qwencodec::kAmxRows, in},
+                                rows->options().dtype(at::kBFloat16));
+    left.narrow(0, 0, n).copy_(*rows);
+    at::Tensor result = at::empty({n, out_features}, rows->options());
+    multiply_amx(AmxProduct{packed->data_ptr<at::BFloat16>(), left.data_ptr<at::BFloat16>(),
+                            bias ? bias->data_ptr<float>() : nullptr, result.data_ptr<float>(), in, out_features, n});
     *out = new at::Tensor(std::move(result));
   });
 }

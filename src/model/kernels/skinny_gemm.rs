@@ -13,6 +13,12 @@
 //! load time for the kernel's outer products instead ([`pack`], [`packed_product`]), which
 //! spend no time summing vector lanes, and run as fast as MKL's float32 product
 //! (`measurements/results/2026-12-01-intel-xeon-avx512-packed-f16.md` has the figures).
+//!
+//! In dtype bf16 on CPUs with AMX-BF16, bfloat16 weights are packed for AMX's tiles instead
+//! ([`pack_amx`], [`amx_product`]; `network::precision::amx_matrix`), whose products round the
+//! rows to bfloat16 too: the same bytes read at one frame a step, and in batches of streams
+//! (4-16 rows a frame), where the widened weights' float32 FMAs were bound by arithmetic, about
+//! 0.6x the time (`measurements/results/2026-12-05-intel-xeon-avx512-cpu-bf16-amx-matrix.md`).
 
 use tch::{Device, Kind, Tensor};
 
@@ -31,6 +37,16 @@ mod ffi {
             rows: *const C_tensor,
             bias: *const C_tensor,
             kernels: i32,
+            out: *mut *mut C_tensor,
+            error: *mut c_char,
+            size: usize,
+        ) -> bool;
+
+        pub fn qwencodec_amx_gemm(
+            packed: *const C_tensor,
+            rows: *const C_tensor,
+            bias: *const C_tensor,
+            out_features: i64,
             out: *mut *mut C_tensor,
             error: *mut c_char,
             size: usize,
@@ -115,6 +131,48 @@ pub fn packed_product(
     // SAFETY: the tensors are live for the duration of the call; the bias may be null.
     call("16-bit product", |result, error, size| unsafe {
         ffi::qwencodec_packed_gemm(packed.as_ptr(), rows.as_ptr(), bias_ptr, out, result, error, size)
+    })
+}
+
+/// Outputs per group of a weight packed for AMX tiles (the kernel's `kAmxGroupOutputs`: 3 blocks
+/// of 16).
+const AMX_GROUP_BLOCKS: i64 = 3;
+const AMX_BLOCK: i64 = 16;
+
+/// `weight` [out, in] (`in` a multiple of 32) as bfloat16 for [`amx_product`],
+/// [groups, in / 32, 3, 16, 16, 2]: for each 32 inputs, the three blocks of 16 outputs of a
+/// group of 48 one after another, each as AMX's right side (16 pairs of inputs by 16 outputs, an
+/// output's two weights of a pair side by side), zeros past the last output.
+pub fn pack_amx(weight: &Tensor) -> TorchResult<Tensor> {
+    let (out, inputs) = (weight.size()[0], weight.size()[1]);
+    let group = AMX_GROUP_BLOCKS * AMX_BLOCK;
+    let groups = (out + group - 1) / group;
+    weight
+        .f_to_kind(Kind::BFloat16)?
+        .f_constant_pad_nd([0, 0, 0, groups * group - out])?
+        .f_view([groups, AMX_GROUP_BLOCKS, AMX_BLOCK, inputs / 32, 16, 2])?
+        .f_permute([0, 3, 1, 4, 2, 5])?
+        .f_contiguous()
+}
+
+/// The bfloat16 weight [out, in] that [`pack_amx`] packed into `packed`: for a test's formula.
+#[cfg(test)]
+pub fn unpack_amx(packed: &Tensor, out: i64) -> Tensor {
+    let inputs = packed.size()[1] * 32;
+    packed
+        .permute([0, 2, 4, 1, 3, 5])
+        .reshape([-1, inputs])
+        .narrow(0, 0, out)
+}
+
+/// A weight packed by [`pack_amx`] times each row of `rows` [R, in] rounded to bfloat16, in
+/// AMX tiles with float32 sums, plus `bias` (`out` values): [R, out]. The CPU must have AMX-BF16
+/// ([`shim::has_amx_bf16`]).
+pub fn amx_product(packed: &Tensor, rows: &Tensor, bias: Option<&Tensor>, out: i64) -> TorchResult<Tensor> {
+    let bias_ptr = bias.map_or(std::ptr::null(), Tensor::as_ptr);
+    // SAFETY: the tensors are live for the duration of the call; the bias may be null.
+    call("bfloat16 product in AMX tiles", |result, error, size| unsafe {
+        ffi::qwencodec_amx_gemm(packed.as_ptr(), rows.as_ptr(), bias_ptr, out, result, error, size)
     })
 }
 
@@ -210,6 +268,44 @@ pub(crate) mod tests {
         }
     }
 
+    /// In AMX tiles: inputs in 32s (one product's and more), outputs in whole and partial
+    /// groups of 48 and blocks of 16, rows in whole and partial tiles of 16, with and without a
+    /// bias, against the float64 product of the weight and the rows rounded to bfloat16 (what
+    /// the products see), within float32's rounding of the sums.
+    #[test]
+    #[cfg_attr(
+        not(host_amx_bf16),
+        ignore = "this CPU has no AMX-BF16: the products cannot run"
+    )]
+    fn amx_kernel_matches_a_float64_product_of_bfloat16_values() {
+        assert!(
+            shim::has_amx_bf16(),
+            "the CPU has AMX-BF16, and Linux lends it to this process"
+        );
+        let mut random = Inputs::new(12);
+        let options = (Kind::Float, Device::Cpu);
+        for (out, inputs) in [(48, 32), (7, 64), (100, 96), (1536, 1024)] {
+            let weight = random.normal([out, inputs], options);
+            let bias = random.normal([out], options);
+            let packed = pack_amx(&weight).unwrap();
+            let seen = |values: &Tensor| values.to_kind(Kind::BFloat16).to_kind(Kind::Float);
+            for rows in [1, 4, 16, 17, 40] {
+                let x = random.normal([rows, inputs], options);
+                for bias in [None, Some(&bias)] {
+                    let got = amx_product(&packed, &x, bias, out).unwrap();
+                    assert_eq!(got.size(), [rows, out]);
+                    let expected = float64_product(&seen(&weight), &seen(&x), bias).transpose(0, 1);
+                    let (error, scale) = max_error_and_scale(&got, &expected);
+                    assert!(
+                        error <= 1e-5 * scale,
+                        "{out}x{inputs} against {rows} rows (bias {}): off by {error:e} of {scale:e}",
+                        bias.is_some()
+                    );
+                }
+            }
+        }
+    }
+
     /// Shapes that do not fit are an error naming what is wrong, not a crash (the checks run
     /// before any vector instruction, so they are made with AVX2 asked for on any CPU).
     #[test]
@@ -239,5 +335,17 @@ pub(crate) mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("[blocks, in, 32] for 40 outputs"), "{error}");
+        // Checked before any tile is touched, so on any CPU.
+        let error = amx_product(&pack_amx(&weight).unwrap(), &rows, None, 8)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("rows of the weight's width"), "{error}");
+        let error = amx_product(&pack_amx(&weight).unwrap(), &weight, None, 49)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("[groups, in / 32, 3, 16, 16, 2] for 49 outputs"),
+            "{error}"
+        );
     }
 }

@@ -125,6 +125,7 @@ impl CausalConv {
                 Some(bias.shallow_clone()),
                 precision::rounded_weights(&weights, in_channels * kernel),
                 weights.columns_per_frame(),
+                precision::amx_matrix(&weights, in_channels * kernel),
             )?)
         } else {
             None
@@ -303,6 +304,7 @@ impl CausalTransConv {
                     None,
                     precision::rounded_weights(&weights, in_channels),
                     weights.columns_per_frame(),
+                    precision::amx_matrix(&weights, in_channels),
                 )?;
                 let pointwise = match &matrix {
                     Matrix::Plain { weight, .. } => {

@@ -76,17 +76,27 @@ pub enum Matrix {
         bias: Option<Tensor>,
         out: i64,
     },
+    /// Rounded to bfloat16 on a CPU with AMX-BF16 (`precision::amx_matrix`): packed for AMX's
+    /// tiles ([`skinny_gemm::pack_amx`]), whose products round the activations to bfloat16 too;
+    /// the bias float32 [out].
+    Amx {
+        packed: Tensor,
+        bias: Option<Tensor>,
+        out: i64,
+    },
 }
 
 impl Matrix {
     /// `weight` [out, in] and `bias` [out], in the compute kind; with `rounded` (see
     /// `precision::rounded_weights`) the weight rounded to that 16-bit kind, the bias float32,
-    /// and packed where it sees `rows_per_frame` rows per frame ([`skinny_gemm::packs`]).
+    /// and packed for AMX's tiles with `amx` (see `precision::amx_matrix`), else where it sees
+    /// `rows_per_frame` rows per frame ([`skinny_gemm::packs`]).
     pub fn new(
         weight: Tensor,
         bias: Option<Tensor>,
         rounded: Option<Kind>,
         rows_per_frame: usize,
+        amx: bool,
     ) -> TorchResult<Self> {
         let Some(kind) = rounded else {
             return Ok(Self::Plain {
@@ -94,12 +104,22 @@ impl Matrix {
                 bias: bias.map(|bias| bias.f_view([-1, 1])).transpose()?,
             });
         };
+        let flat_bias = || {
+            bias.as_ref()
+                .map(|bias| bias.f_to_kind(Kind::Float)?.f_contiguous())
+                .transpose()
+        };
+        if amx {
+            return Ok(Self::Amx {
+                packed: skinny_gemm::pack_amx(&weight)?,
+                bias: flat_bias()?,
+                out: weight.size()[0],
+            });
+        }
         if skinny_gemm::packs(weight.device(), rows_per_frame) {
             return Ok(Self::Packed {
                 packed: skinny_gemm::pack(&weight, kind)?,
-                bias: bias
-                    .map(|bias| bias.f_to_kind(Kind::Float)?.f_contiguous())
-                    .transpose()?,
+                bias: flat_bias()?,
                 out: weight.size()[0],
             });
         }
@@ -114,7 +134,10 @@ impl Matrix {
     /// Whether the weight is rounded to 16 bits with float32 activations: there are no
     /// convolution kernels for it, so a convolution always multiplies it as a matrix.
     pub fn is_rounded(&self) -> bool {
-        matches!(self, Self::Rounded { .. } | Self::Packed { .. })
+        matches!(
+            self,
+            Self::Rounded { .. } | Self::Packed { .. } | Self::Amx { .. }
+        )
     }
 
     /// `rows` [R, in] float32 -> [R, out] float32 (a transposed view, but for packed weights).
@@ -137,6 +160,7 @@ impl Matrix {
             Self::Packed { packed, bias, out } => {
                 skinny_gemm::packed_product(packed, rows, bias.as_ref(), *out)
             }
+            Self::Amx { packed, bias, out } => skinny_gemm::amx_product(packed, rows, bias.as_ref(), *out),
         }
     }
 }
@@ -147,6 +171,7 @@ pub struct LinearWeights {
     bias: Option<Tensor>,
     rounded: Option<Kind>,
     rows_per_frame: usize,
+    amx: bool,
 }
 
 impl LinearWeights {
@@ -161,6 +186,7 @@ impl LinearWeights {
             bias: bias.then(|| weights.get("bias", &[out_features])).transpose()?,
             rounded: super::precision::rounded_weights(weights, in_features),
             rows_per_frame: weights.columns_per_frame(),
+            amx: super::precision::amx_matrix(weights, in_features),
         })
     }
 
@@ -174,6 +200,7 @@ impl LinearWeights {
             // Parts share their input, so they are kept alike.
             rounded: parts[0].rounded,
             rows_per_frame: parts[0].rows_per_frame,
+            amx: parts[0].amx,
         })
     }
 }
@@ -190,6 +217,7 @@ impl Linear {
                 weights.bias,
                 weights.rounded,
                 weights.rows_per_frame,
+                weights.amx,
             )?,
         })
     }
@@ -208,14 +236,22 @@ impl Linear {
         )?)?)
     }
 
-    /// The weight [out, in] and bias ([out, 1]) as stored, whatever multiplies them; none when
-    /// packed. For a test's formula.
+    /// The weight [out, in] and bias ([out, 1]) as its products see them, and whether they
+    /// round the activations to bfloat16 too (AMX's tiles); none when packed for the outer
+    /// products. For a test's formula.
     #[cfg(test)]
-    pub fn stored_weights(&self) -> Option<(&Tensor, Option<&Tensor>)> {
+    pub fn stored_weights(&self) -> Option<(Tensor, Option<Tensor>, bool)> {
         match &self.matrix {
-            Matrix::Plain { weight, bias } | Matrix::Rounded { weight, bias } => {
-                Some((weight, bias.as_ref()))
-            }
+            Matrix::Plain { weight, bias } | Matrix::Rounded { weight, bias } => Some((
+                weight.shallow_clone(),
+                bias.as_ref().map(Tensor::shallow_clone),
+                false,
+            )),
+            Matrix::Amx { packed, bias, out } => Some((
+                skinny_gemm::unpack_amx(packed, *out),
+                bias.as_ref().map(|bias| bias.view([-1, 1])),
+                true,
+            )),
             Matrix::Packed { .. } => None,
         }
     }
@@ -291,6 +327,7 @@ mod tests {
                         bias.map(Tensor::shallow_clone),
                         rounded,
                         rows_per_frame,
+                        false,
                     )
                     .unwrap();
                     assert_eq!(
@@ -311,6 +348,46 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// A matrix packed for AMX's tiles gives its rows' products, [R, out], as the others do: the
+    /// float64 product of the weight and the rows rounded to bfloat16, plus the bias.
+    #[test]
+    #[cfg_attr(
+        not(host_amx_bf16),
+        ignore = "this CPU has no AMX-BF16: the products cannot run"
+    )]
+    fn an_amx_matrix_matches_a_float64_product_of_bfloat16_values() {
+        // Asked first: the process may use the tiles once it has asked (amx.cpp).
+        assert!(
+            shim::has_amx_bf16(),
+            "the CPU has AMX-BF16, and Linux lends it to this process"
+        );
+        let mut random = Inputs::new(8);
+        let options = (Kind::Float, Device::Cpu);
+        let (out, inputs) = (100, 64);
+        let weight = random.normal([out, inputs], options);
+        let bias = random.normal([out], options);
+        let matrix = Matrix::new(
+            weight.shallow_clone(),
+            Some(bias.shallow_clone()),
+            Some(Kind::BFloat16),
+            1,
+            true,
+        )
+        .unwrap();
+        assert!(matches!(matrix, Matrix::Amx { .. }) && matrix.is_rounded());
+        let seen = |values: &Tensor| values.to_kind(Kind::BFloat16);
+        for rows in [1, 5, 33] {
+            let x = random.normal([rows, inputs], options);
+            let got = matrix.forward(&x).unwrap().transpose(0, 1);
+            let (error, scale) =
+                max_error_and_scale(&got, &float64_product(&seen(&weight), &seen(&x), Some(&bias)));
+            assert!(
+                error <= 1e-5 * scale,
+                "{rows} rows: off by {error:e} of {scale:e}"
+            );
         }
     }
 }

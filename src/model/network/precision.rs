@@ -55,6 +55,15 @@ const AMX_WINOGRAD: AmxRule = AmxRule {
     kernel: Kernel::WinogradBf16,
 };
 
+/// The products of the layers whose weight [`rounded_weights`] keeps in bfloat16, at any count of
+/// columns a frame: bound by the weight's bytes at one frame a step, but by arithmetic in
+/// batches of streams (the released geometry's block 1 transposed convolution: 16 columns at 4
+/// rows a frame), where the Intel Xeon's float32 FMAs took 2-3 times the weight's bytes' time.
+const AMX_MATRIX: AmxRule = AmxRule {
+    from_columns: 1,
+    kernel: Kernel::SkinnyGemmBf16,
+};
+
 impl AmxRule {
     fn takes(
         &self,
@@ -87,6 +96,15 @@ impl AmxRule {
 /// 1.3975e-1 to 1.4070e-1 (see docs/performance.md, "Which layer takes what").
 pub fn amx_products(weights: &Weights, in_channels: usize) -> bool {
     AMX_ONE_BY_ONE.takes_layer(weights, in_channels)
+}
+
+/// Whether a product layer at `weights` with `in_features` inputs per column, whose weight
+/// [`rounded_weights`] keeps in bfloat16 for float32 products, takes bfloat16 products in AMX
+/// tiles instead ([`AMX_MATRIX`]; `ops::Matrix::Amx`): the same 16-bit weight, the activations
+/// rounded to bfloat16 too.
+pub fn amx_matrix(weights: &Weights, in_features: usize) -> bool {
+    rounded_weights(weights, in_features) == Some(Kind::BFloat16)
+        && AMX_MATRIX.takes_layer(weights, in_features)
 }
 
 /// Whether a convolution at `weights` with `in_channels` inputs takes its Winograd products in
@@ -163,5 +181,25 @@ mod tests {
         );
         assert!(!AMX_WINOGRAD.takes(f16, f32, 384, 160));
         assert!(!AMX_WINOGRAD.takes(None, f32, 384, 160));
+    }
+
+    /// AMX's few-row products take every layer of 16-bit weights in dtype bf16, whatever its
+    /// columns a frame, where the CPU has them, the inputs come in 32s and the checkpoint's
+    /// weight is not bfloat16.
+    #[test]
+    fn amx_matrix_takes_the_weights_kept_in_bfloat16_where_the_cpu_has_amx() {
+        let amx =
+            shim::has_amx_bf16() && Kernel::SkinnyGemmBf16.runs_in(shim::kernel(Kernel::SkinnyGemmBf16));
+        let (bf16, f16, f32) = (Some(Kind::BFloat16), Some(Kind::Half), Some(Kind::Float));
+        for (inputs, columns) in [(512, 1), (1024, 1), (4096, 4), (7168, 4), (1536, 4)] {
+            assert_eq!(AMX_MATRIX.takes(bf16, f32, inputs, columns), amx);
+        }
+        assert!(!AMX_MATRIX.takes(bf16, f32, 1030, 1), "inputs not in 32s");
+        assert!(
+            !AMX_MATRIX.takes(bf16, bf16, 1024, 1),
+            "a weight stored in bfloat16 stays exact"
+        );
+        assert!(!AMX_MATRIX.takes(f16, f32, 1024, 1));
+        assert!(!AMX_MATRIX.takes(None, f32, 1024, 1));
     }
 }
