@@ -1,7 +1,8 @@
-// What the kernels that multiply in AMX tiles share (winograd.cpp, pointwise.cpp): the tiles'
-// configuration and the fences around them. Every such kernel uses tile registers 0-6 as
-// 16 rows of 64 bytes: 0-2 sums (16 rows by 16 float32), 3 the left side (16 rows by 32
-// bfloat16), 4-6 right sides (16 pairs of inputs by 16 outputs, as bfloat16 pairs). Whether the
+// What the kernels that multiply in AMX tiles share (winograd.cpp, pointwise.cpp,
+// skinny_gemm.cpp): the tiles' configuration and the fences around them. Every such kernel uses
+// tile registers 0-6 as rows of 64 bytes: 0-2 sums (16 rows, or fewer, by 16 float32), 3 the
+// left side (as many rows by 32 bfloat16), 4-6 right sides (16 pairs of inputs by 16 outputs,
+// as bfloat16 pairs). Whether the
 // CPU has AMX-BF16 and the process may use it: qwencodec_amx_bf16 (amx.cpp), asked by shim.rs.
 #pragma once
 
@@ -28,11 +29,12 @@ static_assert(sizeof(TileConfig) == 64, "AMX's tile configuration is 64 bytes");
 // GCC 12's _tile_loadconfig tells the compiler that it reads 8 bytes of the configuration, which
 // then dropped the stores of the rest; and its tile loads and stores name no memory at all, so
 // the products are fenced from the code around them (compiler_fence). Per thread: the
-// configuration is the calling thread's.
-__attribute__((target("amx-tile"))) inline void load_tile_config() {
+// configuration is the calling thread's. `left_rows`: the rows of the sums and the left side
+// (tiles 0-3), fewer than 16 for a product of fewer rows.
+__attribute__((target("amx-tile"))) inline void load_tile_config(int64_t left_rows = kAmxRows) {
   TileConfig config;
   for (int t = 0; t < 7; ++t) {
-    config.rows[t] = kAmxRows;
+    config.rows[t] = static_cast<uint8_t>(t < 4 ? left_rows : kAmxRows);
     config.bytes_per_row[t] = 64;
   }
   __asm__ volatile("ldtilecfg %0" ::"m"(config));

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "amx.h"
 #include "kernels.h"
@@ -278,29 +279,38 @@ void multiply_packed(const PackedProduct<H>& p) {
 // rounded to bfloat16, float32 sums. Groups of 3 blocks of 16 outputs, packed at load time as
 // [groups, in / 32, 3, 16, 16, 2]: for each 32 inputs, the group's three right sides one after
 // another (16 pairs of inputs by 16 outputs each, as `tdpbf16ps` takes them), so that a group's
-// weight is one stream. The rows, 16 at a time, are the left side: each product multiplies 16
-// rows' next 32 inputs by 16 outputs. The weight is read once per 16 rows; at any count of
+// weight is one stream. The rows, up to 16 at a time, are the left side: each product multiplies
+// their next 32 inputs by 16 outputs. The weight is read once per 16 rows; at any count of
 // rows a tile of products takes 1 KB of weight per 16 cycles, far more than memory brings.
 constexpr int64_t kAmxGroupBlocks = 3;
 constexpr int64_t kAmxGroupOutputs = kAmxGroupBlocks * qwencodec::kAmxRows;
 // bfloat16 values per tile.
 constexpr int64_t kAmxTileValues = qwencodec::kAmxRows * 32;
+// Steps of 32 inputs (3 KB of weight) the prefetches run ahead.
+constexpr int64_t kAmxAhead = 8;
 
 struct AmxProduct {
   const at::BFloat16* packed;  // [groups, in / 32, 3, 16, 16, 2], zero past `out`
-  const at::BFloat16* rows;    // [n rounded up to 16, in], zero past `n`
+  const at::BFloat16* rows;    // [n, in]
   const float* bias;           // [out] or null
   float* result;               // [n, out]
   int64_t in, out, n;
 };
 
-// Group `group`'s outputs of every row. The tile configuration (qwencodec::load_tile_config) is
-// the calling thread's.
-__attribute__((target("avx512f,amx-tile,amx-bf16"))) void amx_group(const AmxProduct& p, int64_t group) {
+// Group `group`'s outputs of every row, the tiles configured for `configured` rows of the left
+// side (16, or the last tile's fewer), which it updates as it configures them for others.
+__attribute__((target("avx512f,amx-tile,amx-bf16"))) void amx_group(const AmxProduct& p, int64_t group,
+                                                                   int64_t& configured) {
   const int64_t steps = p.in / 32;
   const at::BFloat16* weight = p.packed + group * steps * kAmxGroupBlocks * kAmxTileValues;
   alignas(64) float sums[kAmxGroupBlocks][qwencodec::kAmxRows * 16];
   for (int64_t row = 0; row < p.n; row += qwencodec::kAmxRows) {
+    // A left side of fewer rows, not one padded to 16: a one-frame step has 1 to 4.
+    const int64_t rows = std::min<int64_t>(qwencodec::kAmxRows, p.n - row);
+    if (rows != configured) {
+      qwencodec::load_tile_config(rows);
+      configured = rows;
+    }
     qwencodec::compiler_fence();
     _tile_zero(0);
     _tile_zero(1);
@@ -308,6 +318,12 @@ __attribute__((target("avx512f,amx-tile,amx-bf16"))) void amx_group(const AmxPro
     const at::BFloat16* x = p.rows + row * p.in;
     const at::BFloat16* w = weight;
     for (int64_t step = 0; step < steps; ++step, w += kAmxGroupBlocks * kAmxTileValues) {
+      // The weight's stream into the second-level cache, kAmxAhead steps ahead: the Xeon's
+      // prefetchers alone leave it well below memory speed (as in tile_avx512).
+      const char* ahead = reinterpret_cast<const char*>(w + kAmxAhead * kAmxGroupBlocks * kAmxTileValues);
+      for (int64_t line = 0; line < kAmxGroupBlocks * kAmxTileValues * 2; line += 64) {
+        _mm_prefetch(ahead + line, _MM_HINT_T1);
+      }
       _tile_loadd(3, x + step * 32, p.in * 2);
       _tile_loadd(4, w, 64);
       _tile_loadd(5, w + kAmxTileValues, 64);
@@ -320,7 +336,6 @@ __attribute__((target("avx512f,amx-tile,amx-bf16"))) void amx_group(const AmxPro
     _tile_stored(1, sums[1], 64);
     _tile_stored(2, sums[2], 64);
     qwencodec::compiler_fence();
-    const int64_t rows = std::min<int64_t>(qwencodec::kAmxRows, p.n - row);
     for (int64_t block = 0; block < kAmxGroupBlocks; ++block) {
       const int64_t first = group * kAmxGroupOutputs + block * qwencodec::kAmxRows;
       if (first >= p.out) break;
@@ -334,11 +349,22 @@ __attribute__((target("avx512f,amx-tile,amx-bf16"))) void amx_group(const AmxPro
   }
 }
 
+// `count` float32 values rounded to bfloat16 (to nearest even).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_to_bfloat16(const float* values,
+                                                                                      int64_t count,
+                                                                                      at::BFloat16* rounded) {
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 mask = qwencodec::tail_mask(count - i);
+    const __m256bh half = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, values + i));
+    _mm256_mask_storeu_epi16(rounded + i, mask, (__m256i)half);
+  }
+}
+
 void multiply_amx(const AmxProduct& p) {
   const int64_t groups = (p.out + kAmxGroupOutputs - 1) / kAmxGroupOutputs;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    qwencodec::load_tile_config();
-    for (int64_t group = begin; group < end; ++group) amx_group(p, group);
+    int64_t configured = 0;
+    for (int64_t group = begin; group < end; ++group) amx_group(p, group, configured);
     qwencodec::release_tiles();
   });
 }
@@ -448,12 +474,13 @@ bool qwencodec_amx_gemm(const at::Tensor* packed, const at::Tensor* rows, const 
                           bias->scalar_type() == at::kFloat),
                 "the bias must be float32, one per output");
     const int64_t n = rows->size(0);
-    // The left side reads whole tiles of 16 rows.
-    at::Tensor left = at::zeros({(n + qwencodec::kAmxRows - 1) / qwencodec::kAmxRows * qwencodec::kAmxRows, in},
-                                rows->options().dtype(at::kBFloat16));
-    left.narrow(0, 0, n).copy_(*rows);
+    const at::Tensor input = rows->contiguous();
+    // The rows in bfloat16 here, not by libtorch's op: a one-frame step makes dozens of these
+    // products of a row or a few, where an op's dispatch costs as much as the rounding.
+    std::vector<at::BFloat16> left(static_cast<size_t>(n * in));
+    round_to_bfloat16(input.data_ptr<float>(), n * in, left.data());
     at::Tensor result = at::empty({n, out_features}, rows->options());
-    multiply_amx(AmxProduct{packed->data_ptr<at::BFloat16>(), left.data_ptr<at::BFloat16>(),
+    multiply_amx(AmxProduct{packed->data_ptr<at::BFloat16>(), left.data(),
                             bias ? bias->data_ptr<float>() : nullptr, result.data_ptr<float>(), in, out_features, n});
     *out = new at::Tensor(std::move(result));
   });

@@ -14,11 +14,12 @@
 //! spend no time summing vector lanes, and run as fast as MKL's float32 product
 //! (`measurements/results/2026-12-01-intel-xeon-avx512-packed-f16.md` has the figures).
 //!
-//! In dtype bf16 on CPUs with AMX-BF16, bfloat16 weights are packed for AMX's tiles instead
-//! ([`pack_amx`], [`amx_product`]; `network::precision::amx_matrix`), whose products round the
-//! rows to bfloat16 too: the same bytes read at one frame a step, and in batches of streams
-//! (4-16 rows a frame), where the widened weights' float32 FMAs were bound by arithmetic, about
-//! 0.6x the time (`measurements/results/2026-12-05-intel-xeon-avx512-cpu-bf16-amx-matrix.md`).
+//! In dtype bf16 on CPUs with AMX-BF16, the bfloat16 weights of 2 or more columns a frame are
+//! packed for AMX's tiles instead ([`pack_amx`], [`amx_product`];
+//! `network::precision::amx_matrix`), whose products round the rows to bfloat16 too: the same
+//! bytes, read about as fast, for a few rows; 0.8-0.9x the time at 4, 0.4-0.45x at 16, where
+//! the widened weights' float32 FMAs are bound by arithmetic
+//! (`measurements/results/2026-12-05-intel-xeon-avx512-cpu-bf16-amx-matrix.md`).
 
 use tch::{Device, Kind, Tensor};
 
@@ -153,16 +154,6 @@ pub fn pack_amx(weight: &Tensor) -> TorchResult<Tensor> {
         .f_view([groups, AMX_GROUP_BLOCKS, AMX_BLOCK, inputs / 32, 16, 2])?
         .f_permute([0, 3, 1, 4, 2, 5])?
         .f_contiguous()
-}
-
-/// The bfloat16 weight [out, in] that [`pack_amx`] packed into `packed`: for a test's formula.
-#[cfg(test)]
-pub fn unpack_amx(packed: &Tensor, out: i64) -> Tensor {
-    let inputs = packed.size()[1] * 32;
-    packed
-        .permute([0, 2, 4, 1, 3, 5])
-        .reshape([-1, inputs])
-        .narrow(0, 0, out)
 }
 
 /// A weight packed by [`pack_amx`] times each row of `rows` [R, in] rounded to bfloat16, in

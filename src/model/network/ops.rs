@@ -236,23 +236,15 @@ impl Linear {
         )?)?)
     }
 
-    /// The weight [out, in] and bias ([out, 1]) as its products see them, and whether they
-    /// round the activations to bfloat16 too (AMX's tiles); none when packed for the outer
-    /// products. For a test's formula.
+    /// The weight [out, in] and bias ([out, 1]) as stored, whatever multiplies them; none when
+    /// packed. For a test's formula.
     #[cfg(test)]
-    pub fn stored_weights(&self) -> Option<(Tensor, Option<Tensor>, bool)> {
+    pub fn stored_weights(&self) -> Option<(&Tensor, Option<&Tensor>)> {
         match &self.matrix {
-            Matrix::Plain { weight, bias } | Matrix::Rounded { weight, bias } => Some((
-                weight.shallow_clone(),
-                bias.as_ref().map(Tensor::shallow_clone),
-                false,
-            )),
-            Matrix::Amx { packed, bias, out } => Some((
-                skinny_gemm::unpack_amx(packed, *out),
-                bias.as_ref().map(|bias| bias.view([-1, 1])),
-                true,
-            )),
-            Matrix::Packed { .. } => None,
+            Matrix::Plain { weight, bias } | Matrix::Rounded { weight, bias } => {
+                Some((weight, bias.as_ref()))
+            }
+            Matrix::Packed { .. } | Matrix::Amx { .. } => None,
         }
     }
 
