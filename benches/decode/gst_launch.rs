@@ -39,11 +39,20 @@ impl LaunchFiles {
         std::fs::write(&long, bytes.repeat(LONG_REPEATS)).unwrap();
         // The plugin `make build` made, which the benchmark's own library build is not.
         let plugin_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release");
-        assert!(
-            plugin_dir.join("libgstqwencodec.so").exists(),
-            "no {}/libgstqwencodec.so: run `make build` first",
-            plugin_dir.display()
-        );
+        let plugin = plugin_dir.join("libgstqwencodec.so");
+        assert!(plugin.exists(), "no {}: run `make build` first", plugin.display());
+        // gst-launch loads that file, not this binary's library: one built before the sources'
+        // last change would time other code.
+        let built = std::fs::metadata(&plugin).and_then(|m| m.modified()).unwrap();
+        if let Some(newer) = newest_source(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
+            .filter(|(changed, _)| *changed > built)
+        {
+            panic!(
+                "{} is older than {}: run `make build` first",
+                plugin.display(),
+                newer.1.display()
+            );
+        }
         Self {
             short,
             long,
@@ -52,6 +61,22 @@ impl LaunchFiles {
             scratch: scratch.to_owned(),
         }
     }
+}
+
+/// The most recently changed file under `dir`, and when.
+fn newest_source(dir: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let path = entry.path();
+            if path.is_dir() {
+                newest_source(&path)
+            } else {
+                Some((entry.metadata().ok()?.modified().ok()?, path))
+            }
+        })
+        .max_by_key(|(changed, _)| *changed)
 }
 
 /// One `gst-launch-1.0` process decoding `codes` to `sink`: its wall time in seconds.

@@ -42,6 +42,52 @@ __attribute__((target("amx-tile"))) inline void load_tile_config(int64_t left_ro
 
 __attribute__((target("amx-tile"))) inline void release_tiles() { _tile_release(); }
 
+// The sums (tiles 0-2) to zero.
+__attribute__((target("amx-tile"))) inline void zero_sums() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+}
+
+// Tile `t` of the sums (0-2) += the left side times the right side at `right` (rows
+// `right_stride` bytes apart), through tiles 3 and 4 + t; sum 0 first loads the left side from
+// `left` (rows `left_stride` bytes apart), which sums 1 and 2 then reuse. (GCC's tile intrinsics
+// take their tiles' numbers as written.)
+template <int t>
+__attribute__((target("amx-tile,amx-bf16"))) inline void multiply_into(const void* left, int64_t left_stride,
+                                                                       const void* right, int64_t right_stride) {
+  static_assert(t >= 0 && t < 3, "three sums");
+  if constexpr (t == 0) {
+    _tile_loadd(3, left, left_stride);
+    _tile_loadd(4, right, right_stride);
+    _tile_dpbf16ps(0, 3, 4);
+  } else if constexpr (t == 1) {
+    _tile_loadd(5, right, right_stride);
+    _tile_dpbf16ps(1, 3, 5);
+  } else {
+    _tile_loadd(6, right, right_stride);
+    _tile_dpbf16ps(2, 3, 6);
+  }
+}
+
+// Each of the sums += the left side at `left` times its own of three right sides, `right_step`
+// bytes apart, each with rows `right_stride` bytes apart.
+__attribute__((target("amx-tile,amx-bf16"))) inline void multiply_into_three(const void* left, int64_t left_stride,
+                                                                             const void* right, int64_t right_step,
+                                                                             int64_t right_stride) {
+  const char* r = static_cast<const char*>(right);
+  multiply_into<0>(left, left_stride, r, right_stride);
+  multiply_into<1>(left, left_stride, r + right_step, right_stride);
+  multiply_into<2>(left, left_stride, r + 2 * right_step, right_stride);
+}
+
+// The sums as 16 rows (or fewer, as configured) of 16 float32 each, 64 bytes a row.
+__attribute__((target("amx-tile"))) inline void store_sums(float (&sums)[3][kAmxRows * 16]) {
+  _tile_stored(0, sums[0], 64);
+  _tile_stored(1, sums[1], 64);
+  _tile_stored(2, sums[2], 64);
+}
+
 inline void compiler_fence() { __asm__ volatile("" ::: "memory"); }
 
 }  // namespace qwencodec

@@ -189,26 +189,14 @@ __attribute__((target("avx512f,amx-tile,amx-bf16"))) void block_amx(const Produc
   qwencodec::compiler_fence();
   for (int64_t t0 = 0; t0 < p.columns; t0 += 48) {
     const int64_t tiles = std::min<int64_t>(3, (p.columns - t0 + 15) / 16);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
+    qwencodec::zero_sums();
     for (int64_t i = 0; i < pairs; i += qwencodec::kAmxPairs) {
       const float* row = words + i * padded + t0;
-      _tile_loadd(3, weight + 2 * i, in * 2);
-      _tile_loadd(4, row, padded * 4);
-      _tile_dpbf16ps(0, 3, 4);
-      if (tiles > 1) {
-        _tile_loadd(5, row + 16, padded * 4);
-        _tile_dpbf16ps(1, 3, 5);
-      }
-      if (tiles > 2) {
-        _tile_loadd(6, row + 32, padded * 4);
-        _tile_dpbf16ps(2, 3, 6);
-      }
+      qwencodec::multiply_into<0>(weight + 2 * i, in * 2, row, padded * 4);
+      if (tiles > 1) qwencodec::multiply_into<1>(nullptr, 0, row + 16, padded * 4);
+      if (tiles > 2) qwencodec::multiply_into<2>(nullptr, 0, row + 32, padded * 4);
     }
-    _tile_stored(0, sums[0], 64);
-    _tile_stored(1, sums[1], 64);
-    _tile_stored(2, sums[2], 64);
+    qwencodec::store_sums(sums);
     qwencodec::compiler_fence();
     for (int64_t o = 0; o < outputs; ++o) {
       const __m512 bias = _mm512_set1_ps(p.bias ? p.bias[first + o] : 0.0f);

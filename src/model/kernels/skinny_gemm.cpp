@@ -312,9 +312,7 @@ __attribute__((target("avx512f,amx-tile,amx-bf16"))) void amx_group(const AmxPro
       configured = rows;
     }
     qwencodec::compiler_fence();
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
+    qwencodec::zero_sums();
     const at::BFloat16* x = p.rows + row * p.in;
     const at::BFloat16* w = weight;
     for (int64_t step = 0; step < steps; ++step, w += kAmxGroupBlocks * kAmxTileValues) {
@@ -324,17 +322,10 @@ __attribute__((target("avx512f,amx-tile,amx-bf16"))) void amx_group(const AmxPro
       for (int64_t line = 0; line < kAmxGroupBlocks * kAmxTileValues * 2; line += 64) {
         _mm_prefetch(ahead + line, _MM_HINT_T1);
       }
-      _tile_loadd(3, x + step * 32, p.in * 2);
-      _tile_loadd(4, w, 64);
-      _tile_loadd(5, w + kAmxTileValues, 64);
-      _tile_loadd(6, w + 2 * kAmxTileValues, 64);
-      _tile_dpbf16ps(0, 3, 4);
-      _tile_dpbf16ps(1, 3, 5);
-      _tile_dpbf16ps(2, 3, 6);
+      // The group's three right sides, one after another.
+      qwencodec::multiply_into_three(x + step * 32, p.in * 2, w, kAmxTileValues * 2, 64);
     }
-    _tile_stored(0, sums[0], 64);
-    _tile_stored(1, sums[1], 64);
-    _tile_stored(2, sums[2], 64);
+    qwencodec::store_sums(sums);
     qwencodec::compiler_fence();
     for (int64_t block = 0; block < kAmxGroupBlocks; ++block) {
       const int64_t first = group * kAmxGroupOutputs + block * qwencodec::kAmxRows;

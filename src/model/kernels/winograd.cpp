@@ -302,22 +302,13 @@ __attribute__((target("avx512f,amx-tile,amx-bf16"))) void product_block_amx(cons
   const int64_t vectors = (outputs + 15) / 16;
   qwencodec::compiler_fence();
   for (int64_t n0 = 0; n0 < count; n0 += qwencodec::kAmxRows) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
+    qwencodec::zero_sums();
     for (int64_t i = 0; i < pairs_per_tile; i += qwencodec::kAmxPairs) {
-      const at::BFloat16* w = weight + i * 2 * kBlockOutputs;
-      _tile_loadd(3, pairs + n0 * pairs_per_tile + i, pairs_per_tile * 4);
-      _tile_loadd(4, w, kBlockOutputs * 4);
-      _tile_loadd(5, w + 32, kBlockOutputs * 4);
-      _tile_loadd(6, w + 64, kBlockOutputs * 4);
-      _tile_dpbf16ps(0, 3, 4);
-      _tile_dpbf16ps(1, 3, 5);
-      _tile_dpbf16ps(2, 3, 6);
+      // The block's three sets of 16 outputs, 64 bytes apart in its rows of 192.
+      qwencodec::multiply_into_three(pairs + n0 * pairs_per_tile + i, pairs_per_tile * 4,
+                                     weight + i * 2 * kBlockOutputs, 64, kBlockOutputs * 4);
     }
-    _tile_stored(0, sums[0], 64);
-    _tile_stored(1, sums[1], 64);
-    _tile_stored(2, sums[2], 64);
+    qwencodec::store_sums(sums);
     qwencodec::compiler_fence();
     const int64_t rows = std::min(qwencodec::kAmxRows, count - n0);
     for (int64_t r = 0; r < rows; ++r) {
