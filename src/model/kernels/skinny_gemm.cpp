@@ -340,17 +340,6 @@ __attribute__((target("avx512f,amx-tile,amx-bf16"))) void amx_group(const AmxPro
   }
 }
 
-// `count` float32 values rounded to bfloat16 (to nearest even).
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_to_bfloat16(const float* values,
-                                                                                      int64_t count,
-                                                                                      at::BFloat16* rounded) {
-  for (int64_t i = 0; i < count; i += 16) {
-    const __mmask16 mask = qwencodec::tail_mask(count - i);
-    const __m256bh half = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, values + i));
-    _mm256_mask_storeu_epi16(rounded + i, mask, (__m256i)half);
-  }
-}
-
 void multiply_amx(const AmxProduct& p) {
   const int64_t groups = (p.out + kAmxGroupOutputs - 1) / kAmxGroupOutputs;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
@@ -468,8 +457,9 @@ bool qwencodec_amx_gemm(const at::Tensor* packed, const at::Tensor* rows, const 
     const at::Tensor input = rows->contiguous();
     // The rows in bfloat16 here, not by libtorch's op: a one-frame step makes dozens of these
     // products of a row or a few, where an op's dispatch costs as much as the rounding.
+    // `in` is a multiple of 32: whole pairs, in the words the rounding writes.
     std::vector<at::BFloat16> left(static_cast<size_t>(n * in));
-    round_to_bfloat16(input.data_ptr<float>(), n * in, left.data());
+    qwencodec::round_to_bf16(input.data_ptr<float>(), n * in, reinterpret_cast<uint32_t*>(left.data()));
     at::Tensor result = at::empty({n, out_features}, rows->options());
     multiply_amx(AmxProduct{packed->data_ptr<at::BFloat16>(), left.data(),
                             bias ? bias->data_ptr<float>() : nullptr, result.data_ptr<float>(), in, out_features, n});

@@ -1,7 +1,8 @@
 // The AVX-512 kernels' vector helpers. Sixteen weights as float32 in a register, from float32 or
 // 16 bits: the kernels keep weights in 16 bits where reading them is the cost (dtypes f16 and
-// bf16), so that only the weights are rounded and the activations and sums stay float32. And the mask of a
-// vector's first lanes, for the partial vector at the end of a row.
+// bf16), so that only the weights are rounded and the activations and sums stay float32. The mask of a
+// vector's first lanes, for the partial vector at the end of a row. And float32 values rounded to
+// bfloat16, for the bfloat16 products (AVX512_BF16, AMX-BF16).
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -33,6 +34,20 @@ __attribute__((target("avx512f"))) inline __m512 widen(const at::BFloat16* w) {
 // Integers, exact in float32 (a scale applies to their sums).
 __attribute__((target("avx512f"))) inline __m512 widen(const int16_t* w) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))));
+}
+
+// `count` floats (even) rounded to bfloat16, to nearest even, in their order.
+__attribute__((target("avx512f,avx512bf16"))) inline void round_to_bf16(const float* values, int64_t count,
+                                                                        uint32_t* pairs) {
+  int64_t j = 0;
+  for (; j + 32 <= count; j += 32) {
+    const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(values + j + 16), _mm512_loadu_ps(values + j));
+    _mm512_storeu_si512(pairs + j / 2, (__m512i)both);
+  }
+  for (; j < count; j += 2) {
+    const __m256bh two = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(0x3, values + j));
+    pairs[j / 2] = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_castsi256_si128((__m256i)two)));
+  }
 }
 
 }  // namespace qwencodec

@@ -321,20 +321,6 @@ __attribute__((target("avx512f,amx-tile,amx-bf16"))) void product_block_amx(cons
   }
 }
 
-// `count` floats (even) rounded to bfloat16, to nearest even, in their order.
-__attribute__((target("avx512f,avx512bf16"))) void round_to_bf16(const float* values, int64_t count,
-                                                                 uint32_t* pairs) {
-  int64_t j = 0;
-  for (; j + 32 <= count; j += 32) {
-    const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(values + j + 16), _mm512_loadu_ps(values + j));
-    _mm512_storeu_si512(pairs + j / 2, (__m512i)both);
-  }
-  for (; j < count; j += 2) {
-    const __m256bh two = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(0x3, values + j));
-    pairs[j / 2] = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_castsi256_si128((__m256i)two)));
-  }
-}
-
 // One group of 16 output channels (from c0, the first `lanes` used) of the piece's tiles from
 // their products, plus the bias, into outputs[column * 16 + lane]: each tile's P products read
 // once, then its outputs. P known when compiling keeps them in registers; the coefficients are
@@ -813,7 +799,7 @@ void run_piece(const Convolution& c, const Piece& piece) {
       auto* pairs = reinterpret_cast<uint32_t*>(v + tiles + products_size);
       // In pieces of whole pairs across the threads.
       at::parallel_for(0, static_cast<int64_t>(tiles / 2), 4096, [&](int64_t begin, int64_t end) {
-        round_to_bf16(v + 2 * begin, 2 * (end - begin), pairs + begin);
+        qwencodec::round_to_bf16(v + 2 * begin, 2 * (end - begin), pairs + begin);
       });
       if (c.amx) {
         std::fill(pairs + tiles / 2, pairs + tiles / 2 + amx_rows, 0u);
