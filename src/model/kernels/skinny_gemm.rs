@@ -16,7 +16,7 @@
 //!
 //! In dtype bf16 on CPUs with AMX-BF16, the bfloat16 weights of 2 or more columns a frame are
 //! packed for AMX's tiles instead ([`pack_amx`], [`amx_product`];
-//! `network::precision::amx_matrix`), whose products round the rows to bfloat16 too: the same
+//! `network::precision::matrix_rounding`), whose products round the rows to bfloat16 too: the same
 //! bytes, read about as fast, for a few rows; 0.8-0.9x the time at 4, 0.4-0.45x at 16, where
 //! the widened weights' float32 FMAs are bound by arithmetic
 //! (`measurements/results/2026-12-05-intel-xeon-avx512-cpu-bf16-amx-matrix.md`).

@@ -123,9 +123,8 @@ impl CausalConv {
             Some(Matrix::new(
                 weight.f_view([out_channels as i64, -1])?,
                 Some(bias.shallow_clone()),
-                precision::rounded_weights(&weights, in_channels * kernel),
+                precision::matrix_rounding(&weights, in_channels * kernel),
                 weights.columns_per_frame(),
-                precision::amx_matrix(&weights, in_channels * kernel),
             )?)
         } else {
             None
@@ -302,9 +301,8 @@ impl CausalTransConv {
                 let matrix = Matrix::new(
                     taps,
                     None,
-                    precision::rounded_weights(&weights, in_channels),
+                    precision::matrix_rounding(&weights, in_channels),
                     weights.columns_per_frame(),
-                    precision::amx_matrix(&weights, in_channels),
                 )?;
                 let pointwise = match &matrix {
                     Matrix::Plain { weight, .. } => {

@@ -3,6 +3,7 @@
 
 use tch::{Device, Kind, Tensor};
 
+use super::precision::MatrixRounding;
 use super::state::ACTIVATION_KIND;
 use crate::model::checkpoint::Weights;
 use crate::model::error::ModelError;
@@ -76,7 +77,7 @@ pub enum Matrix {
         bias: Option<Tensor>,
         out: i64,
     },
-    /// Rounded to bfloat16 on a CPU with AMX-BF16 (`precision::amx_matrix`): packed for AMX's
+    /// Rounded to bfloat16 on a CPU with AMX-BF16 ([`MatrixRounding::AmxBf16`]): packed for AMX's
     /// tiles ([`skinny_gemm::pack_amx`]), whose products round the activations to bfloat16 too;
     /// the bias float32 [out].
     Amx {
@@ -87,35 +88,37 @@ pub enum Matrix {
 }
 
 impl Matrix {
-    /// `weight` [out, in] and `bias` [out], in the compute kind; with `rounded` (see
-    /// `precision::rounded_weights`) the weight rounded to that 16-bit kind, the bias float32,
-    /// and packed for AMX's tiles with `amx` (see `precision::amx_matrix`), else where it sees
-    /// `rows_per_frame` rows per frame ([`skinny_gemm::packs`]).
+    /// `weight` [out, in] and `bias` [out], in the compute kind, as `rounding` says (see
+    /// `precision::matrix_rounding`): the weight rounded to a 16-bit kind, the bias float32, and
+    /// packed where it sees `rows_per_frame` rows per frame ([`skinny_gemm::packs`]); or packed
+    /// for AMX's tiles.
     pub fn new(
         weight: Tensor,
         bias: Option<Tensor>,
-        rounded: Option<Kind>,
+        rounding: MatrixRounding,
         rows_per_frame: usize,
-        amx: bool,
     ) -> TorchResult<Self> {
-        let Some(kind) = rounded else {
-            return Ok(Self::Plain {
-                weight,
-                bias: bias.map(|bias| bias.f_view([-1, 1])).transpose()?,
-            });
-        };
         let flat_bias = || {
             bias.as_ref()
                 .map(|bias| bias.f_to_kind(Kind::Float)?.f_contiguous())
                 .transpose()
         };
-        if amx {
-            return Ok(Self::Amx {
-                packed: skinny_gemm::pack_amx(&weight)?,
-                bias: flat_bias()?,
-                out: weight.size()[0],
-            });
-        }
+        let kind = match rounding {
+            MatrixRounding::Kept => {
+                return Ok(Self::Plain {
+                    weight,
+                    bias: bias.map(|bias| bias.f_view([-1, 1])).transpose()?,
+                });
+            }
+            MatrixRounding::AmxBf16 => {
+                return Ok(Self::Amx {
+                    packed: skinny_gemm::pack_amx(&weight)?,
+                    bias: flat_bias()?,
+                    out: weight.size()[0],
+                });
+            }
+            MatrixRounding::Weight(kind) => kind,
+        };
         if skinny_gemm::packs(weight.device(), rows_per_frame) {
             return Ok(Self::Packed {
                 packed: skinny_gemm::pack(&weight, kind)?,
@@ -169,9 +172,8 @@ impl Matrix {
 pub struct LinearWeights {
     weight: Tensor,
     bias: Option<Tensor>,
-    rounded: Option<Kind>,
+    rounding: MatrixRounding,
     rows_per_frame: usize,
-    amx: bool,
 }
 
 impl LinearWeights {
@@ -184,9 +186,8 @@ impl LinearWeights {
         Ok(Self {
             weight: weights.get("weight", &[out_features, in_features])?,
             bias: bias.then(|| weights.get("bias", &[out_features])).transpose()?,
-            rounded: super::precision::rounded_weights(weights, in_features),
+            rounding: super::precision::matrix_rounding(weights, in_features),
             rows_per_frame: weights.columns_per_frame(),
-            amx: super::precision::amx_matrix(weights, in_features),
         })
     }
 
@@ -198,9 +199,8 @@ impl LinearWeights {
             weight: Tensor::f_cat(&weights, 0)?,
             bias: biases.map(|biases| Tensor::f_cat(&biases, 0)).transpose()?,
             // Parts share their input, so they are kept alike.
-            rounded: parts[0].rounded,
+            rounding: parts[0].rounding,
             rows_per_frame: parts[0].rows_per_frame,
-            amx: parts[0].amx,
         })
     }
 }
@@ -215,9 +215,8 @@ impl Linear {
             matrix: Matrix::new(
                 weights.weight,
                 weights.bias,
-                weights.rounded,
+                weights.rounding,
                 weights.rows_per_frame,
-                weights.amx,
             )?,
         })
     }
@@ -314,12 +313,12 @@ mod tests {
                     (Some(&bias), Some(Kind::Half), 8),
                     (Some(&bias), Some(Kind::BFloat16), 8),
                 ] {
+                    let rounding = rounded.map_or(MatrixRounding::Kept, MatrixRounding::Weight);
                     let matrix = Matrix::new(
                         weight.shallow_clone(),
                         bias.map(Tensor::shallow_clone),
-                        rounded,
+                        rounding,
                         rows_per_frame,
-                        false,
                     )
                     .unwrap();
                     assert_eq!(
@@ -364,9 +363,8 @@ mod tests {
         let matrix = Matrix::new(
             weight.shallow_clone(),
             Some(bias.shallow_clone()),
-            Some(Kind::BFloat16),
+            MatrixRounding::AmxBf16,
             1,
-            true,
         )
         .unwrap();
         assert!(matches!(matrix, Matrix::Amx { .. }) && matrix.is_rounded());

@@ -24,7 +24,7 @@ pub enum Tiles {
 /// many inputs (at least 16 inputs per column; a convolution's inputs count every tap). The
 /// others, the vocoder's late layers, are bound by arithmetic, where half the bytes gain
 /// nothing, and stay float32.
-pub fn rounded_weights(weights: &Weights, in_features: usize) -> Option<Kind> {
+fn rounded_weights(weights: &Weights, in_features: usize) -> Option<Kind> {
     weights
         .weight_rounding()
         .filter(|_| weights.columns_per_frame() * 16 <= in_features)
@@ -101,13 +101,26 @@ pub fn amx_products(weights: &Weights, in_channels: usize) -> bool {
     AMX_ONE_BY_ONE.takes_layer(weights, in_channels)
 }
 
-/// Whether a product layer at `weights` with `in_features` inputs per column, whose weight
-/// [`rounded_weights`] keeps in bfloat16 for float32 products, takes bfloat16 products in AMX
-/// tiles instead ([`AMX_MATRIX`]; `ops::Matrix::Amx`): the same 16-bit weight, the activations
-/// rounded to bfloat16 too.
-pub fn amx_matrix(weights: &Weights, in_features: usize) -> bool {
-    rounded_weights(weights, in_features) == Some(Kind::BFloat16)
-        && AMX_MATRIX.takes_layer(weights, in_features)
+/// What a product layer's matrix (`ops::Matrix`) rounds.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum MatrixRounding {
+    /// Nothing: the weight stays in the compute kind.
+    Kept,
+    /// The weight, to this 16-bit kind, for float32 products ([`rounded_weights`]).
+    Weight(Kind),
+    /// The weight and the activations, to bfloat16, for AMX's products ([`AMX_MATRIX`]): where
+    /// [`rounded_weights`] keeps the weight in bfloat16 and the layer sees enough columns.
+    AmxBf16,
+}
+
+/// What a product layer at `weights` with `in_features` inputs per column rounds (see
+/// [`MatrixRounding`]).
+pub fn matrix_rounding(weights: &Weights, in_features: usize) -> MatrixRounding {
+    match rounded_weights(weights, in_features) {
+        None => MatrixRounding::Kept,
+        Some(Kind::BFloat16) if AMX_MATRIX.takes_layer(weights, in_features) => MatrixRounding::AmxBf16,
+        Some(kind) => MatrixRounding::Weight(kind),
+    }
 }
 
 /// Whether a convolution at `weights` with `in_channels` inputs takes its Winograd products in
