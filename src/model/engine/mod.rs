@@ -226,8 +226,12 @@ impl Engine {
         {
             return Ok(time);
         }
-        if self.rows().arena.rows() == 0 {
-            // The scratch row it steps on comes with the arena's first rows.
+        // Where no graph replays, a batch of streams on rows that follow one another (a server's
+        // first sessions) steps on them in place: so does this one, on rows of its own, not on
+        // the scratch row selected again and again. Graphs replay on the scratch row.
+        let graphs = cuda_graphs && self.rows().graphs.is_some();
+        if graphs && self.rows().arena.rows() == 0 {
+            // The scratch row comes with the arena's first rows.
             let row = self.new_row(network)?;
             self.release_row(network, &row);
         }
@@ -247,10 +251,6 @@ impl Engine {
             })
             .collect();
         let mut times = executor::run(network.device(), || {
-            // Where no graph replays, a batch of streams on rows that follow one another (a
-            // server's first sessions) steps on them in place: so does this one, on rows of
-            // its own, not on the scratch row selected again and again.
-            let graphs = cuda_graphs && self.rows().graphs.is_some();
             let mut detached = match graphs {
                 true => None,
                 false => Some(network.new_state(rows as i64)?),
