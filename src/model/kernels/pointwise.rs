@@ -34,9 +34,6 @@ mod ffi {
 /// Outputs per packed block (`kBlockOutputs` in pointwise.cpp, which checks it).
 const BLOCK_OUTPUTS: i64 = 8;
 
-/// Outputs per block of AMX tiles' weights (`qwencodec::kAmxRows`, which pointwise.cpp checks).
-const AMX_OUTPUTS: i64 = 16;
-
 /// How the kernel multiplies: the weight's packing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Products {
@@ -45,8 +42,8 @@ enum Products {
     Float32,
     /// bfloat16 products by `vdpbf16ps`: [blocks, in / 2, BLOCK_OUTPUTS, 2], in pairs of inputs.
     Pairs,
-    /// bfloat16 products in AMX tiles: [blocks, AMX_OUTPUTS, in], the weight's rows, zeros past
-    /// `out`; `in` a multiple of 32.
+    /// bfloat16 products in AMX tiles: [blocks, shim::AMX_BLOCK_OUTPUTS, in], the weight's rows,
+    /// zeros past `out`; `in` a multiple of 32.
     Amx,
 }
 
@@ -82,7 +79,7 @@ impl Pointwise {
     fn pack(weight: &Tensor, bias: Option<&Tensor>, products: Products) -> TorchResult<Self> {
         let (out, in_channels) = (weight.size()[0], weight.size()[1]);
         let block = if products == Products::Amx {
-            AMX_OUTPUTS
+            shim::AMX_BLOCK_OUTPUTS
         } else {
             BLOCK_OUTPUTS
         };

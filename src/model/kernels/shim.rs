@@ -266,6 +266,10 @@ unsafe extern "C" {
     fn qwencodec_amx_bf16() -> bool;
 }
 
+/// Outputs per block of a weight packed for AMX's tiles: a product's 16 (`qwencodec::kAmxRows`,
+/// which the kernels check).
+pub const AMX_BLOCK_OUTPUTS: i64 = 16;
+
 /// Whether this CPU multiplies bfloat16 in AMX tiles (AMX-BF16's `tdpbf16ps`, 16 rows by 16
 /// outputs by 32 inputs an instruction) and this process may use them (the kernel grants it
 /// once asked: `amx.cpp`'s `qwencodec_amx_bf16`). With AVX512_BF16, which every such CPU

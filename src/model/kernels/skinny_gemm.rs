@@ -135,10 +135,9 @@ pub fn packed_product(
     })
 }
 
-/// Outputs per group of a weight packed for AMX tiles (the kernel's `kAmxGroupOutputs`: 3 blocks
-/// of 16).
+/// Blocks of 16 outputs per group of a weight packed for AMX's tiles (the kernel's
+/// `kAmxGroupBlocks`).
 const AMX_GROUP_BLOCKS: i64 = 3;
-const AMX_BLOCK: i64 = 16;
 
 /// `weight` [out, in] (`in` a multiple of 32) as bfloat16 for [`amx_product`],
 /// [groups, in / 32, 3, 16, 16, 2]: for each 32 inputs, the three blocks of 16 outputs of a
@@ -146,12 +145,19 @@ const AMX_BLOCK: i64 = 16;
 /// output's two weights of a pair side by side), zeros past the last output.
 pub fn pack_amx(weight: &Tensor) -> TorchResult<Tensor> {
     let (out, inputs) = (weight.size()[0], weight.size()[1]);
-    let group = AMX_GROUP_BLOCKS * AMX_BLOCK;
+    let group = AMX_GROUP_BLOCKS * shim::AMX_BLOCK_OUTPUTS;
     let groups = (out + group - 1) / group;
     weight
         .f_to_kind(Kind::BFloat16)?
         .f_constant_pad_nd([0, 0, 0, groups * group - out])?
-        .f_view([groups, AMX_GROUP_BLOCKS, AMX_BLOCK, inputs / 32, 16, 2])?
+        .f_view([
+            groups,
+            AMX_GROUP_BLOCKS,
+            shim::AMX_BLOCK_OUTPUTS,
+            inputs / 32,
+            16,
+            2,
+        ])?
         .f_permute([0, 3, 1, 4, 2, 5])?
         .f_contiguous()
 }
