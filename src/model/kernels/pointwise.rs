@@ -161,10 +161,7 @@ mod tests {
         ignore = "this CPU has no AMX-BF16: the products cannot run"
     )]
     fn matches_a_float64_product_in_amx_tiles() {
-        assert!(
-            shim::has_amx_bf16(),
-            "the CPU has AMX-BF16, and Linux lends it to this process"
-        );
+        shim::tested_amx();
         shim::tested(CpuKernels::Avx512);
         let mut random = Inputs::new(24);
         for (inputs, outputs) in [(96, 96), (64, 40), (32, 7)] {

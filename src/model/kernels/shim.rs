@@ -235,6 +235,18 @@ pub fn tested(kernels: CpuKernels) -> CpuKernels {
     kernels
 }
 
+/// For a test of AMX's products, which the building CPU has (build.rs's `host_amx_bf16`, by which
+/// such tests are ignored elsewhere): asks Linux for the tiles, as the kernels' selection does
+/// before any of them runs (without, their first instruction is fatal), and fails where this
+/// CPU or process has none.
+#[cfg(test)]
+pub fn tested_amx() {
+    assert!(
+        has_amx_bf16(),
+        "the CPU has AMX-BF16, and Linux lends it to this process"
+    );
+}
+
 /// The widest [`CpuKernels`] this CPU runs, whatever the environment says.
 pub fn widest_kernels() -> CpuKernels {
     #[cfg(target_arch = "x86_64")]

@@ -504,10 +504,7 @@ mod tests {
         ignore = "this CPU has no AMX-BF16: the products cannot run"
     )]
     fn matches_a_float64_convolution_in_amx_tiles() {
-        assert!(
-            has_amx_bf16(),
-            "the CPU has AMX-BF16, and Linux lends it to this process"
-        );
+        shim::tested_amx();
         let kernels = shim::tested(CpuKernels::Avx512);
         let mut random = Inputs::new(6);
         for (channels_in, channels_out) in [(32, 40), (96, 100)] {

@@ -350,11 +350,7 @@ mod tests {
         ignore = "this CPU has no AMX-BF16: the products cannot run"
     )]
     fn an_amx_matrix_matches_a_float64_product_of_bfloat16_values() {
-        // Asked first: the process may use the tiles once it has asked (amx.cpp).
-        assert!(
-            shim::has_amx_bf16(),
-            "the CPU has AMX-BF16, and Linux lends it to this process"
-        );
+        shim::tested_amx();
         let mut random = Inputs::new(8);
         let options = (Kind::Float, Device::Cpu);
         let (out, inputs) = (100, 64);
