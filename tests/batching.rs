@@ -696,3 +696,116 @@ fn the_frames_a_stream_names_for_its_next_step_run_as_one_step() {
         }
     }
 }
+
+/// Live streams hand over their steps at phases of their own. With a hold (what their latency
+/// allows for a batch in flight, `StreamDecoder::set_batch_hold`), each batch waits for the
+/// others: after their first steps, which go at once, every batch holds all three. Counted, not
+/// timed: a frame every 300 ms, the phases 100 ms apart, the hold 2 s. Without a hold each step
+/// runs as it comes, alone.
+#[test]
+fn live_streams_at_phases_of_their_own_fall_into_one_batch_within_their_hold() {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    let fixture = load_fixture("release-tiny");
+    let codebooks = fixture.codebooks;
+    let batches_with = |hold: Duration| {
+        let model = load(&fixture);
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        model.observe_batches({
+            let batches = batches.clone();
+            move |run| batches.lock().unwrap().push(*run)
+        });
+        let start = std::time::Instant::now();
+        std::thread::scope(|scope| {
+            for phase in 0..3u32 {
+                let model = model.clone();
+                let codes = &fixture.codes;
+                scope.spawn(move || {
+                    let mut decoder = StreamDecoder::new(model, 1, TailStrategy::Eager).unwrap();
+                    decoder.set_batch_hold(hold);
+                    for frame in 0..6 {
+                        let due = start
+                            + Duration::from_millis(300) * frame as u32
+                            + Duration::from_millis(100) * phase;
+                        std::thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
+                        let audio = decoder
+                            .push(&codes[frame * codebooks..(frame + 1) * codebooks])
+                            .unwrap();
+                        assert!(!audio.is_empty());
+                    }
+                });
+            }
+        });
+        batches
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|run| run.rows)
+            .collect::<Vec<_>>()
+    };
+
+    let held = batches_with(Duration::from_secs(2));
+    let (firsts, rest) = held.split_at(held.len() - 5);
+    assert_eq!(
+        rest, [3; 5],
+        "every step after the first steps in a batch of all three (first steps: {firsts:?})"
+    );
+    assert_eq!(firsts.iter().sum::<usize>(), 3, "the first steps: {held:?}");
+
+    let at_once = batches_with(Duration::ZERO);
+    assert!(
+        at_once.iter().filter(|&&rows| rows == 3).count() < 3,
+        "without a hold, steps 100 ms apart run as they come: {at_once:?}"
+    );
+}
+
+/// A hold is bounded: a stream that stepped and went quiet is waited for until the hold runs
+/// out, not longer; a stream's first step is never held; a stream that ended is not waited for.
+/// Lower bounds of time only (a wait cannot end before its hold unless every stream is there)
+/// and a hold of a second against waits of nothing.
+#[test]
+fn a_hold_waits_for_a_quiet_stream_until_it_runs_out_and_never_for_an_ended_one() {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    let fixture = load_fixture("release-tiny");
+    let codebooks = fixture.codebooks;
+    let frame = |index: usize| &fixture.codes[index * codebooks..(index + 1) * codebooks];
+    let model = load(&fixture);
+    let batches = Arc::new(Mutex::new(Vec::new()));
+    model.observe_batches({
+        let batches = batches.clone();
+        move |run| batches.lock().unwrap().push(*run)
+    });
+    let last_batch = || *batches.lock().unwrap().last().unwrap();
+    let hold = Duration::from_secs(1);
+    let half = hold / 2;
+
+    let mut quiet = StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap();
+    quiet.set_batch_hold(hold);
+    quiet.push(frame(0)).unwrap();
+
+    let mut live = StreamDecoder::new(model.clone(), 1, TailStrategy::Eager).unwrap();
+    live.set_batch_hold(hold);
+    live.push(frame(0)).unwrap();
+    let first = last_batch();
+    assert!(
+        first.rows == 1 && first.held < half,
+        "a first step goes at once: {first:?}"
+    );
+    live.push(frame(1)).unwrap();
+    let waited = last_batch();
+    assert!(
+        waited.rows == 1 && waited.held >= half,
+        "held for the quiet stream until the hold ran out: {waited:?}"
+    );
+
+    drop(quiet);
+    live.push(frame(2)).unwrap();
+    let alone = last_batch();
+    assert!(
+        alone.rows == 1 && alone.held < half,
+        "the quiet stream ended: nothing to wait for: {alone:?}"
+    );
+}

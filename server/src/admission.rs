@@ -263,6 +263,7 @@ mod tests {
             time: Duration::from_millis(ms),
             waiting,
             grace_ran_out: false,
+            held: Duration::ZERO,
         }
     }
 

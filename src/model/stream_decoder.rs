@@ -65,6 +65,8 @@ pub struct StreamDecoder {
     chunk_frames: usize,
     tail: TailStrategy,
     limits: StepLimits,
+    /// How long each step may wait for the model's other live streams (see [`Self::set_batch_hold`]).
+    batch_hold: Duration,
     /// This stream's row of the model's state arena (which the arena may move), and its size.
     row: Row,
     /// Whether the next step clears the row first: a new stream's, or one reset.
@@ -96,6 +98,7 @@ impl StreamDecoder {
             chunk_frames,
             tail,
             limits: StepLimits::default(),
+            batch_hold: Duration::ZERO,
             row,
             clear_row: true,
             row_bytes,
@@ -110,6 +113,14 @@ impl StreamDecoder {
             finished: false,
             broken: false,
         })
+    }
+
+    /// How long each step from now on may wait, once the engine is free, for the steps of the
+    /// model's other streams that hold theirs, to run in one batch with them (zero, the
+    /// default: at once). For a live stream, whose latency allows for a batch in flight: live
+    /// streams at phases of their own then fall into one batch a frame instead of one each.
+    pub fn set_batch_hold(&mut self, hold: Duration) {
+        self.batch_hold = hold;
     }
 
     /// Sets how this stream's steps may be grouped (see [`StepLimits`]; values below 1, or a
@@ -292,6 +303,7 @@ impl StreamDecoder {
             cuda_graphs: self.limits.cuda_graphs,
             first: self.steps == 0,
             clear: self.clear_row,
+            hold: self.batch_hold,
         };
         let done = self.model.engine().run(self.model.network(), step);
         // Cleared or not (a failed step leaves the stream broken until a reset clears it).

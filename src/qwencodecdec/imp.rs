@@ -708,6 +708,14 @@ impl QwenCodecDec {
         obj.set_latency(min, max);
     }
 
+    /// How long the next step may wait for the model's other live streams (see
+    /// [`Latency::batch_hold`]).
+    pub(super) fn batch_hold(&self) -> std::time::Duration {
+        self.latency()
+            .as_ref()
+            .map_or(std::time::Duration::ZERO, |figures| figures.batch_hold())
+    }
+
     /// Keeps whether a latency query's answer says upstream is live.
     pub(super) fn note_upstream_live(&self, live: bool) {
         if let Some(figures) = self.latency().as_mut() {

@@ -152,6 +152,19 @@ impl Latency {
         true
     }
 
+    /// How long a step may wait in the engine for the steps of the model's other live streams
+    /// (`StreamDecoder::set_batch_hold`): the minimum counts two steps of the batch a frame
+    /// joins, one of them a batch in flight that it may come just after; with none in flight,
+    /// its step may wait as long for others to join its batch. Nothing behind a source that is
+    /// not live, whose frames come as fast as it can give them.
+    pub(super) fn batch_hold(&self) -> Duration {
+        if !self.live {
+            return Duration::ZERO;
+        }
+        let steps = Duration::from_nanos(self.min.saturating_sub(self.frames_waited).nseconds());
+        steps.saturating_sub(REJOIN_GRACE) / 2
+    }
+
     /// From a latency query's answer: whether upstream is live.
     pub(super) fn note_query(&mut self, live: bool) {
         self.live = live;
@@ -279,6 +292,26 @@ mod tests {
             assert!(!latency.after_step(ms(delay), now));
         }
         assert_eq!(latency.min, ms(95));
+    }
+
+    /// A live stream's step may wait one of the two steps its minimum counts (without the
+    /// grace and the frames its step waits for), and follows a risen minimum.
+    #[test]
+    fn a_live_step_may_be_held_for_one_of_the_steps_its_minimum_counts() {
+        let mut latency = Latency::new(ms(80), 2, 8, 4, Duration::from_millis(10));
+        assert_eq!(latency.min, ms(80 + 30) + clock_time(REJOIN_GRACE));
+        assert_eq!(latency.batch_hold(), Duration::ZERO, "not live: never held");
+        latency.note_query(true);
+        assert_eq!(latency.batch_hold(), Duration::from_millis(15));
+        let now = Instant::now();
+        for _ in 0..OVERRUNS {
+            latency.after_step(ms(200), now);
+        }
+        assert_eq!(latency.min, ms(250));
+        assert_eq!(
+            latency.batch_hold(),
+            (Duration::from_millis(170) - REJOIN_GRACE) / 2
+        );
     }
 
     #[test]

@@ -278,12 +278,13 @@ impl Stream {
             drop(inner);
             // The backlog shrank: a streaming thread waiting for room may go on.
             self.changed.notify_all();
-            let result = decoder.push(&codes);
-
             let Some(element) = element.upgrade() else {
                 return;
             };
             let imp = element.imp();
+            decoder.set_batch_hold(imp.batch_hold());
+            let result = decoder.push(&codes);
+
             let mut inner = self.lock();
             inner.decoder = Some(decoder);
             let mut failed = None;

@@ -11,6 +11,12 @@
 //! without it, streams stepping together split into two cohorts that take turns, each batch
 //! half as large. A lone stream is its own last batch, back at once: it never waits.
 //!
+//! Live streams hand over a step each frame (or chunk) at phases of their own: run as they
+//! come, four such streams cost four one-row steps a frame where one batch of four would do.
+//! A step may carry a hold ([`Step::hold`], the part of its stream's latency that allows for a
+//! batch in flight): the next batch then waits, up to the earliest hold of its waiting steps,
+//! until every stream that holds its steps has one waiting, and the streams fall into step.
+//!
 //! The streams' states are rows of one arena (see [`arena`]): a step runs on rows that follow
 //! one another in place, and selects others and puts them back. On CUDA, batched steps
 //! replay graphs that the engine records per bucket of rows and step size (see
@@ -56,6 +62,10 @@ pub struct Step {
     /// stream's row, or one reset, cleared on the compute thread as part of the step rather
     /// than in a wait of its own for the batch in flight.
     pub clear: bool,
+    /// How long after it is handed over the step may wait for the steps of the model's other
+    /// live streams, to run in one batch with them (zero: as soon as the engine is free). The
+    /// stream is one the engine waits for while it hands over held steps.
+    pub hold: Duration,
 }
 
 /// What a step gives back: its audio, how many rows its batch had, and whether the batch
@@ -78,6 +88,8 @@ pub struct BatchRun {
     /// Whether it started when the rejoin grace ran out, before every stream of the batch
     /// before had handed over its next step (one had ended, or was late).
     pub grace_ran_out: bool,
+    /// How long it waited, once the engine was free, for live streams' steps (see [`Step::hold`]).
+    pub held: Duration,
 }
 
 type Observer = Box<dyn Fn(&BatchRun) + Send + Sync>;
@@ -108,6 +120,11 @@ pub fn max_batch_frames(device: tch::Device) -> usize {
         _ => 8,
     }
 }
+
+/// How long after its last step a stream that holds its steps is still waited for: longer than
+/// a step period of any usual chunk size (8 frames are 640 ms), so that a stream in a pause
+/// between utterances costs the others at most their hold for a while.
+pub const HELD_STREAM_WINDOW: Duration = Duration::from_secs(2);
 
 /// Warm steps timed per shape by [`Engine::warm_step_time`] (after one that is not).
 const TIMED_STEPS: usize = 3;
@@ -150,11 +167,15 @@ struct Queue {
     /// Rows of the batch that ended last, and the steps handed over since it ended.
     last_rows: usize,
     arrived_since: usize,
+    /// The streams that hold their steps ([`Step::hold`]), by row id, and when each last
+    /// handed one over.
+    held_streams: HashMap<usize, Instant>,
 }
 
 struct Job {
     id: u64,
     step: Step,
+    handed_over: Instant,
 }
 
 impl Engine {
@@ -247,7 +268,9 @@ impl Engine {
                     cuda_graphs,
                     first: false,
                     clear: false,
+                    hold: Duration::ZERO,
                 },
+                handed_over: Instant::now(),
             })
             .collect();
         let mut times = executor::run(network.device(), || {
@@ -303,6 +326,7 @@ impl Engine {
     /// Gives a stream's row back when the stream ends (the arena may shrink, moving other
     /// streams' rows down).
     pub fn release_row(&self, network: &Network, row: &Row) {
+        self.lock().held_streams.remove(&row.id());
         if let Err(err) = executor::run(network.device(), || self.rows().arena.release(row)) {
             // The rows stay as they were: only memory is not given back.
             log::warning(format_args!("cannot shrink the state arena: {err}"));
@@ -347,11 +371,14 @@ impl Engine {
                 continue;
             }
             queue.running = true;
-            let (mut locked, grace_ran_out) = self.await_rejoin(queue);
+            let (locked, grace_ran_out) = self.await_rejoin(queue);
+            let free = Instant::now();
+            let mut locked = self.await_held(locked, max_batch_frames(network.device()));
+            let held = free.elapsed();
             let batch = take_batch(&mut locked.waiting, max_batch_frames(network.device()));
             let left_waiting = locked.waiting.len();
             drop(locked);
-            let outcome = self.lead(network, id, &batch, left_waiting, grace_ran_out);
+            let outcome = self.lead(network, id, &batch, left_waiting, grace_ran_out, held);
             queue = self.hand_out(batch, outcome);
         }
     }
@@ -361,7 +388,17 @@ impl Engine {
         let mut queue = self.lock();
         let id = queue.next_id;
         queue.next_id += 1;
-        queue.waiting.push_back(Job { id, step });
+        let handed_over = Instant::now();
+        if step.hold > Duration::ZERO && step.max_rows > 1 {
+            queue.held_streams.insert(step.row.id(), handed_over);
+        } else {
+            queue.held_streams.remove(&step.row.id());
+        }
+        queue.waiting.push_back(Job {
+            id,
+            step,
+            handed_over,
+        });
         queue.arrived_since += 1;
         self.step_arrived.notify_all();
         (queue, id)
@@ -384,6 +421,43 @@ impl Engine {
         (queue, false)
     }
 
+    /// Waits while the steps waiting may be held (see [`Step::hold`]): until every stream that
+    /// holds its steps has one waiting, a batch fills `max_frames`, a stream's first step waits
+    /// (its first audio goes first), or the earliest hold of the waiting steps runs out.
+    fn await_held<'a>(
+        &'a self,
+        mut queue: MutexGuard<'a, Queue>,
+        max_frames: usize,
+    ) -> MutexGuard<'a, Queue> {
+        loop {
+            let now = Instant::now();
+            queue
+                .held_streams
+                .retain(|_, last| now.duration_since(*last) < HELD_STREAM_WINDOW);
+            let Some(until) = hold_until(&queue.waiting) else {
+                return queue;
+            };
+            let Some(left) = until.checked_duration_since(now) else {
+                return queue;
+            };
+            let waiting_frames: usize = queue.waiting.iter().map(|job| job.step.frames).sum();
+            let streams_waiting: std::collections::HashSet<usize> =
+                queue.waiting.iter().map(|job| job.step.row.id()).collect();
+            let all_there = queue
+                .held_streams
+                .keys()
+                .all(|stream| streams_waiting.contains(stream));
+            if all_there || waiting_frames >= max_frames {
+                return queue;
+            }
+            queue = self
+                .step_arrived
+                .wait_timeout(queue, left)
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .0;
+        }
+    }
+
     /// Runs `batch` on the compute thread with the queue unlocked, on the thread of step `id`
     /// (a panic in the compute becomes every row's error), and tells the observers.
     fn lead(
@@ -393,6 +467,7 @@ impl Engine {
         batch: &[Job],
         left_waiting: usize,
         grace_ran_out: bool,
+        held: Duration,
     ) -> Result<(Vec<Vec<f32>>, bool), tch::TchError> {
         let leading = Leading {
             engine: self,
@@ -414,9 +489,10 @@ impl Engine {
             time: started.elapsed(),
             waiting: left_waiting,
             grace_ran_out,
+            held,
         };
         log::debug(format_args!(
-            "batch of {} rows of {} frames in {:.1} ms{} ({left_waiting} steps waiting)",
+            "batch of {} rows of {} frames in {:.1} ms{} (held {:.1} ms for live streams; {left_waiting} steps waiting)",
             run.rows,
             run.frames,
             run.time.as_secs_f64() * 1e3,
@@ -425,6 +501,7 @@ impl Engine {
             } else {
                 ""
             },
+            held.as_secs_f64() * 1e3,
         ));
         for observer in self.observers.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             observer(&run);
@@ -582,6 +659,20 @@ fn take_batch(waiting: &mut VecDeque<Job>, max_frames: usize) -> Vec<Job> {
     batch
 }
 
+/// Until when the waiting steps may be held: the earliest end of their holds; None when one
+/// may not wait (a stream's first step, a step without a hold or alone by `max_rows`).
+fn hold_until(waiting: &VecDeque<Job>) -> Option<Instant> {
+    waiting
+        .iter()
+        .map(|job| {
+            let step = &job.step;
+            (!step.first && step.max_rows > 1 && step.hold > Duration::ZERO)
+                .then(|| job.handed_over + step.hold)
+        })
+        .min()
+        .flatten()
+}
+
 /// The thread that leads a batch, while it runs the batch with the queue unlocked. Should it
 /// unwind there (an observer's panic: the compute's own are caught), the batch's other steps
 /// get an error and another thread may lead; else `running` stayed set and every other stream
@@ -639,7 +730,9 @@ mod tests {
                 cuda_graphs: false,
                 first,
                 clear: false,
+                hold: Duration::ZERO,
             },
+            handed_over: Instant::now(),
         }
     }
 
