@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use gstqwencodec::model::{BatchRun, DecodeError, Model};
+use gstqwencodec::model::{BatchRun, DecodeError, Model, StepLimits};
 
 /// The part of its frames' time that a step of every session, measured alone, may take. On a
 /// 2-core AMD EPYC at the released widths (`bf16`, one-frame steps, real WebRTC peers), 4
@@ -55,6 +55,33 @@ pub fn real_time_capacity(
     }
     let served = steps.iter().take_while(|&&step| step <= budget).count();
     Ok((served.max(1), steps))
+}
+
+/// Times, before any session, the batches that the sessions' decoders time as they start, and
+/// gives their rows and times: each decoder's latency counts a batch of the streams open on the
+/// model rounded up to a power of two (at most its `max-batch`), timed once per shape on the
+/// compute thread. Timed while other sessions played, the four steps of such a batch held their
+/// audio: the fifth session of the released geometry timed 8 rows, about 0.3 s on 2 cores, and
+/// the four before it underran.
+pub fn time_session_batches(
+    model: &Model,
+    chunk_frames: usize,
+    most: usize,
+) -> Result<Vec<(usize, Duration)>, DecodeError> {
+    session_batch_rows(most)
+        .into_iter()
+        .map(|rows| Ok((rows, model.warm_step_time(rows, chunk_frames, true)?)))
+        .collect()
+}
+
+/// The batches, in rows, that the decoders of up to `most` sessions count in their latency.
+fn session_batch_rows(most: usize) -> Vec<usize> {
+    let max_batch = StepLimits::default().max_batch;
+    let mut rows: Vec<usize> = (1..=most.max(1))
+        .map(|open| open.next_power_of_two().min(max_batch))
+        .collect();
+    rows.dedup();
+    rows
 }
 
 /// The server's capacity: the most sessions it admits (measured at start, or `--max-sessions`),
@@ -255,6 +282,15 @@ mod tests {
     use super::*;
 
     const FRAME: Duration = Duration::from_millis(80);
+
+    #[test]
+    fn the_sessions_decoders_count_batches_of_powers_of_two_up_to_their_max_batch() {
+        assert_eq!(session_batch_rows(0), [1]);
+        assert_eq!(session_batch_rows(1), [1]);
+        assert_eq!(session_batch_rows(5), [1, 2, 4, 8]);
+        assert_eq!(session_batch_rows(8), [1, 2, 4, 8]);
+        assert_eq!(session_batch_rows(40), [1, 2, 4, 8, 16]);
+    }
 
     fn run(rows: usize, frames: usize, ms: u64, waiting: usize) -> BatchRun {
         BatchRun {

@@ -366,6 +366,15 @@ fn run() -> Result<(), Box<dyn Error>> {
         "off" => max_sessions,
         other => return Err(format!("--admission takes measured or off, not {other:?}").into()),
     };
+    let timed = admission::time_session_batches(&model, chunk_frames as usize, max_sessions)?;
+    let timed: Vec<String> = timed
+        .iter()
+        .map(|(rows, step)| format!("{rows} rows {:.1} ms", step.as_secs_f64() * 1e3))
+        .collect();
+    log!(
+        "the sessions' decoders count batches of {} in their latency (timed now, not while sessions play)",
+        timed.join(", ")
+    );
     let capacity = Arc::new(admission::Capacity::new(
         max_sessions,
         admission == "measured",
