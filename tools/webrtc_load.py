@@ -1430,7 +1430,12 @@ def parse_options(argv=None):
     )
     parser.add_argument("--capacity-start", type=int, default=1)
     parser.add_argument("--capacity-max", type=int, default=64)
-    parser.add_argument("--settle-s", type=float, default=2.0, help="pause between --find-capacity steps (2)")
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=4.0,
+        help="pause between --find-capacity steps (4: longer than the server's 3 s window of late audio)",
+    )
     parser.add_argument(
         "--underrun-ms",
         type=float,
