@@ -708,12 +708,18 @@ impl QwenCodecDec {
         obj.set_latency(min, max);
     }
 
-    /// How long the next step may wait for the model's other live streams (see
-    /// [`Latency::batch_hold`]).
-    pub(super) fn batch_hold(&self) -> std::time::Duration {
-        self.latency()
+    /// How long the next step, whose oldest frame has been the element's to decode `since`
+    /// (running time), may wait for the model's other live streams: [`Latency::batch_hold`],
+    /// less what the frame waited already (behind a step in flight, or in a backlog).
+    pub(super) fn batch_hold(&self, since: Option<gst::ClockTime>) -> std::time::Duration {
+        let hold = self
+            .latency()
             .as_ref()
-            .map_or(std::time::Duration::ZERO, |figures| figures.batch_hold())
+            .map_or(std::time::Duration::ZERO, |figures| figures.batch_hold());
+        let waited = since
+            .zip(self.now())
+            .map_or(gst::ClockTime::ZERO, |(since, now)| now.saturating_sub(since));
+        hold.saturating_sub(std::time::Duration::from_nanos(waited.nseconds()))
     }
 
     /// Keeps whether a latency query's answer says upstream is live.

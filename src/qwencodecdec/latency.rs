@@ -13,6 +13,9 @@
 //! The maximum is what the element can hold on top: the frames that may wait for the decoder
 //! before upstream waits (its read-ahead).
 //!
+//! Behind a live source, a step may wait in the engine for the model's other live streams as
+//! long as one of the two steps the minimum counts ([`Latency::batch_hold`]).
+//!
 //! While it plays behind a live source the minimum is kept true: when frames keep coming out
 //! later than it allows after they reached the element (or after their time, for frames that
 //! came early; in 3 of the last 8 steps: a busier machine,

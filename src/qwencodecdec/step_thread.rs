@@ -282,7 +282,10 @@ impl Stream {
                 return;
             };
             let imp = element.imp();
-            decoder.set_batch_hold(imp.batch_hold());
+            // When the step's oldest frame became the element's to decode (as `check_latency`
+            // counts it): what it waited since is spent of its hold.
+            let since = oldest_start.map(|start| pushed_at.map_or(start, |pushed| start.max(pushed)));
+            decoder.set_batch_hold(imp.batch_hold(since));
             let result = decoder.push(&codes);
 
             let mut inner = self.lock();
@@ -303,8 +306,8 @@ impl Stream {
                 let _ = imp.step_error(err);
             }
             // Before the push, which a synchronised sink holds until the audio's time.
-            if let Some(start) = oldest_start {
-                imp.check_latency(pushed_at.map_or(start, |pushed| start.max(pushed)));
+            if let Some(since) = since {
+                imp.check_latency(since);
             }
             imp.push_outbox(self);
             pushed_at = imp.now();
