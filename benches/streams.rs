@@ -474,15 +474,15 @@ fn live(
     })
 }
 
-/// The hold the element gives a live stream's steps with `streams` open on the model: half of
-/// the two steps (and half again) that its minimum latency counts of a batch of the open
-/// streams rounded up to a power of two (`qwencodecdec`'s latency.rs).
+/// The hold the element gives a live stream's steps with `streams` open on the model: one of
+/// the two steps its minimum latency counts of a batch of the open streams rounded up to a
+/// power of two (`qwencodecdec`'s latency.rs).
 fn element_hold(model: &Model, streams: usize, max_batch: usize) -> Duration {
     if streams == 1 {
         return Duration::ZERO;
     }
     let rows = streams.next_power_of_two().min(max_batch);
-    model.warm_step_time(rows, 1, true).unwrap() * 3 / 2
+    model.warm_step_time(rows, 1, true).unwrap()
 }
 
 /// Each mode run twice, alternating (batched, off, batched, off); per mode, the run with the

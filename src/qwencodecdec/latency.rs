@@ -14,7 +14,7 @@
 //! before upstream waits (its read-ahead).
 //!
 //! Behind a live source, a step may wait in the engine for the model's other live streams as
-//! long as one of the two steps the minimum counts ([`Latency::batch_hold`]).
+//! long as one of the two steps the minimum counts, without their margin ([`Latency::batch_hold`]).
 //!
 //! While it plays behind a live source the minimum is kept true: when frames keep coming out
 //! later than it allows after they reached the element (or after their time, for frames that
@@ -157,15 +157,18 @@ impl Latency {
 
     /// How long a step may wait in the engine for the steps of the model's other live streams
     /// (`StreamDecoder::set_batch_hold`): the minimum counts two steps of the batch a frame
-    /// joins, one of them a batch in flight that it may come just after; with none in flight,
-    /// its step may wait as long for others to join its batch. Nothing behind a source that is
-    /// not live, whose frames come as fast as it can give them.
+    /// joins, one of them a batch in flight that it may come just after, and half as much again
+    /// for scheduling; with none in flight, its step may wait one step for others to join its
+    /// batch, the margin kept (held for one and a half steps, four sessions of a server on a
+    /// machine that stalled at times underran more often than before the hold). Nothing behind
+    /// a source that is not live, whose frames come as fast as it can give them.
     pub(super) fn batch_hold(&self) -> Duration {
         if !self.live {
             return Duration::ZERO;
         }
         let steps = Duration::from_nanos(self.min.saturating_sub(self.frames_waited).nseconds());
-        steps.saturating_sub(REJOIN_GRACE) / 2
+        // Two steps and half as much again (`SCHEDULING`): one step is a third.
+        steps.saturating_sub(REJOIN_GRACE) * SCHEDULING / (2 * (SCHEDULING + 1))
     }
 
     /// From a latency query's answer: whether upstream is live.
@@ -297,15 +300,15 @@ mod tests {
         assert_eq!(latency.min, ms(95));
     }
 
-    /// A live stream's step may wait one of the two steps its minimum counts (without the
-    /// grace and the frames its step waits for), and follows a risen minimum.
+    /// A live stream's step may wait one of the two steps its minimum counts (without their
+    /// margin, the grace and the frames its step waits for), and follows a risen minimum.
     #[test]
     fn a_live_step_may_be_held_for_one_of_the_steps_its_minimum_counts() {
         let mut latency = Latency::new(ms(80), 2, 8, 4, Duration::from_millis(10));
         assert_eq!(latency.min, ms(80 + 30) + clock_time(REJOIN_GRACE));
         assert_eq!(latency.batch_hold(), Duration::ZERO, "not live: never held");
         latency.note_query(true);
-        assert_eq!(latency.batch_hold(), Duration::from_millis(15));
+        assert_eq!(latency.batch_hold(), Duration::from_millis(10), "the warm step");
         let now = Instant::now();
         for _ in 0..OVERRUNS {
             latency.after_step(ms(200), now);
@@ -313,7 +316,7 @@ mod tests {
         assert_eq!(latency.min, ms(250));
         assert_eq!(
             latency.batch_hold(),
-            (Duration::from_millis(170) - REJOIN_GRACE) / 2
+            (Duration::from_millis(170) - REJOIN_GRACE) / 3
         );
     }
 
