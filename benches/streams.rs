@@ -4,7 +4,8 @@
 //! cargo bench --bench streams -- --model DIR [--out measurements/results] [--streams 1,2,4,8,16]
 //!     [--step-frames 1] [--frames 40] [--bulk 1,2,4,8,16] [--bulk-frames 40] [--first-audio 8,16]
 //!     [--probes 10] [--live 1,2,3,4] [--live-seconds 10] [--live-spacing-ms 300] [--live-runs 2]
-//!     [--max-batch 16] [--max-step-frames 8] [--off-up-to N] [--device cpu] [--dtype f32]
+//!     [--max-batch 16] [--max-step-frames 8] [--off-up-to N] [--unheld-up-to N] [--device cpu]
+//!     [--dtype f32]
 //!
 //! - **Throughput**: N streams whose frames are all there from the start, each pushed a step at
 //!   a time as fast as the decoder takes them (steps of a fixed size, by default one frame, so
@@ -29,7 +30,7 @@
 //!   and the compute the streams' frames need at that cost (past 1, no schedule serves them: the
 //!   machine is too slow). Batched live streams run twice: their steps held as the element holds
 //!   them behind a live source (for the model's other live streams, `set_batch_hold`), and not
-//!   held.
+//!   held (from 2 streams up to `--unheld-up-to`).
 //!
 //! Each throughput and bulk measurement runs twice, the two modes alternating, and the better run
 //! counts: the speed of these shared machines drifts by 15% and more within minutes. Live
@@ -73,6 +74,8 @@ struct Args {
     max_batch: usize,
     max_step_frames: usize,
     off_up_to: usize,
+    /// Live streams are also run not held up to this many (`--unheld-up-to`).
+    unheld_up_to: usize,
     device: String,
     dtype: Dtype,
 }
@@ -100,6 +103,7 @@ fn parse_args() -> Args {
             max_step_frames: options
                 .take_parsed("--max-step-frames", StepLimits::default().max_step_frames)?,
             off_up_to: options.take_parsed("--off-up-to", usize::MAX)?,
+            unheld_up_to: options.take_parsed("--unheld-up-to", usize::MAX)?,
             device: options.take("--device")?.unwrap_or_else(|| "cpu".into()),
             dtype: options.take_parsed("--dtype", Dtype::F32)?,
         })
@@ -697,7 +701,10 @@ fn main() {
     let mut served = json!({"batched": 0, "batched, not held": 0, "batching off": 0});
     for &streams in &args.live {
         let mut modes = modes(&args, streams);
-        modes.insert(1, Mode::NotHeld(args.max_batch, args.max_step_frames));
+        // A lone stream is never held: the two runs would be the same.
+        if streams > 1 && streams <= args.unheld_up_to {
+            modes.insert(1, Mode::NotHeld(args.max_batch, args.max_step_frames));
+        }
         let mut runs: Vec<Vec<Value>> = vec![Vec::new(); modes.len()];
         for run in 0..args.live_runs {
             for (index, &mode) in modes.iter().enumerate() {

@@ -21,7 +21,8 @@
 #  7. the benchmark on CUDA (upstream PyTorch on the GPU against ours, f32 and bf16; our core
 #     with and without CUDA graphs);
 #  8. many streams on CUDA: ms per step for each bucket of rows (1 to 64) and step size, and
-#     live streams up to 256, batched (graphs of up to 64 rows) and, up to 8 streams, not.
+#     live streams up to 256, batched (graphs of up to 64 rows; their steps held for one another
+#     as the element holds them) and, up to 8 streams, not batched or not held.
 # Results of the GPU steps go to $OUT (else measurements/results/); PYTHON is the host's Python with
 # torch (else python3).
 set -euo pipefail
@@ -107,7 +108,7 @@ fi
 
 echo "== many streams on CUDA: steps per bucket of rows and step size, live streams"
 "$bundle/bin/streams" --model "$model" --out "$out" --device cuda --max-batch 64 \
-  --streams 1,2,4,8,16,32,64 --step-frames 1,4 --frames 24 --off-up-to 8 \
+  --streams 1,2,4,8,16,32,64 --step-frames 1,4 --frames 24 --off-up-to 8 --unheld-up-to 8 \
   --live 1,32,128,256 --live-seconds 6 --live-spacing-ms 20 || failed+=("many streams")
 
 if [ ${#failed[@]} -gt 0 ]; then
