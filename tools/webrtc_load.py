@@ -676,18 +676,63 @@ class LoopLag:
         return {"p99_ms": round(percentile(lags, 99) or 0, 1), "max_ms": round(max(lags, default=0), 1)}
 
 
-async def fetch_status(address: str) -> dict | None:
-    """GET /status: {"sessions": N, "pipelines": M}."""
+async def http_get(address: str, path: str) -> bytes | None:
+    """The body of GET path from the server (which closes the connection after it)."""
     try:
         host, port = address.rsplit(":", 1)
         reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(f"GET /status HTTP/1.1\r\nHost: {address}\r\n\r\n".encode())
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {address}\r\n\r\n".encode())
         await writer.drain()
         response = await asyncio.wait_for(reader.read(), 5)
         writer.close()
-        return json.loads(response.split(b"\r\n\r\n", 1)[1])
-    except (TimeoutError, OSError, ValueError, IndexError):
+        return response.split(b"\r\n\r\n", 1)[1]
+    except (TimeoutError, OSError, IndexError):
         return None
+
+
+async def fetch_status(address: str) -> dict | None:
+    """GET /status: {"sessions": N, "pipelines": M}."""
+    body = await http_get(address, "/status")
+    try:
+        return json.loads(body) if body is not None else None
+    except ValueError:
+        return None
+
+
+DECODER_METRICS = (
+    "qwencodec_decode_batch_rows_sum",
+    "qwencodec_decode_batch_rows_count",
+    "qwencodec_decode_step_seconds_sum",
+)
+
+
+async def fetch_decoder_totals(address: str) -> dict | None:
+    """The decoder's totals from GET /metrics: rows and batches run, seconds computing."""
+    body = await http_get(address, "/metrics")
+    if body is None:
+        return None
+    totals = {}
+    for line in body.decode(errors="replace").splitlines():
+        name, _, value = line.partition(" ")
+        if name in DECODER_METRICS:
+            totals[name] = float(value)
+    return totals if len(totals) == len(DECODER_METRICS) else None
+
+
+def decoder_batches(before: dict | None, after: dict | None, seconds: float) -> dict | None:
+    """What the decoder did between two readings of its totals: batches, their mean rows, and
+    the share of the time it computed (the rows a batch show whether the sessions' frames run
+    together, one batch a frame, or apart)."""
+    if not before or not after:
+        return None
+    batches = after["qwencodec_decode_batch_rows_count"] - before["qwencodec_decode_batch_rows_count"]
+    rows = after["qwencodec_decode_batch_rows_sum"] - before["qwencodec_decode_batch_rows_sum"]
+    busy = after["qwencodec_decode_step_seconds_sum"] - before["qwencodec_decode_step_seconds_sum"]
+    return {
+        "batches": int(batches),
+        "rows_per_batch": round(rows / batches, 2) if batches else None,
+        "compute_busy_percent": round(100 * busy / seconds, 1) if seconds > 0 else None,
+    }
 
 
 async def wait_for_sessions_gone(address: str, timeout: float = 10.0) -> dict | None:
@@ -718,6 +763,7 @@ async def run_sessions_at_once(
     frames = round(options.seconds * options.frame_rate)
     loop_lag = LoopLag()
     loop_lag.start()
+    decoder_before = await fetch_decoder_totals(target.address)
     cpu_before, start = client_cpu_s(), time.monotonic()
     sampler.sample_now()
 
@@ -729,6 +775,7 @@ async def run_sessions_at_once(
     sessions = await asyncio.gather(*(staggered(i) for i in range(count)))
     end = time.monotonic()
     sampler.sample_now()
+    decoder = decoder_batches(decoder_before, await fetch_decoder_totals(target.address), end - start)
     client = {
         "cpu_percent": round(100 * (client_cpu_s() - cpu_before) / (end - start), 1),
         "loop_lag": await loop_lag.stop(),
@@ -739,6 +786,7 @@ async def run_sessions_at_once(
         "results": results,
         "summary": summarise(results),
         "server_process": sampler.summary(start, end),
+        "decoder": decoder,
         "client": client,
     }
 
@@ -1253,6 +1301,7 @@ def markdown_sessions_table(results: list[dict]) -> list[str]:
 
 def markdown_run_summary(run: dict) -> list[str]:
     s, p, c = run["summary"], run["server_process"] or {}, run["client"]
+    d = run.get("decoder") or {}
     fa = s["first_audio_ms"]
     return [
         f"- first audio: p50 {fmt(fa['p50'])} ms, p95 {fmt(fa['p95'])} ms, max {fmt(fa['max'])} ms "
@@ -1264,6 +1313,8 @@ def markdown_run_summary(run: dict) -> list[str]:
         f"(decoder {fmt(p.get('decoder_cpu_percent'))} %, the rest {fmt(p.get('other_cpu_percent'))} %), "
         f"RSS {fmt(p.get('rss_mb_start'))} → peak {fmt(p.get('rss_mb_peak'))} MB, "
         f"threads up to {fmt(p.get('threads_peak'))}, fds up to {fmt(p.get('fds_peak'))}",
+        f"- decoder (the server's /metrics): {fmt(d.get('batches'))} batches of {fmt(d.get('rows_per_batch'))} "
+        f"rows on average, computing {fmt(d.get('compute_busy_percent'))} % of the run",
         f"- load generator: CPU {c['cpu_percent']} % of a core, "
         f"event-loop lag p99 {c['loop_lag']['p99_ms']} ms (max {c['loop_lag']['max_ms']} ms)",
     ]
@@ -1273,8 +1324,8 @@ def markdown_capacity(report: dict) -> list[str]:
     capacity = report["capacity"]
     lines = [
         row("sessions", "result", "first audio p50 / p95 / max ms", "underran", "failed", "server CPU %")
-        + " RSS peak MB | client loop lag p99 ms |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        + " rows a batch | RSS peak MB | client loop lag p99 ms |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for run in capacity["steps"]:
         fa, p, summary = run["summary"]["first_audio_ms"], run["server_process"] or {}, run["summary"]
@@ -1283,7 +1334,12 @@ def markdown_capacity(report: dict) -> list[str]:
             row(
                 run["sessions"], run["failure"] or "pass", first_audio, summary["underran"], summary["failed"]
             )
-            + row(p.get("cpu_percent"), p.get("rss_mb_peak"), run["client"]["loop_lag"]["p99_ms"])[1:]
+            + row(
+                p.get("cpu_percent"),
+                (run.get("decoder") or {}).get("rows_per_batch"),
+                p.get("rss_mb_peak"),
+                run["client"]["loop_lag"]["p99_ms"],
+            )[1:]
         )
     lines += ["", f"**Capacity: {capacity['largest_passing']} sessions** pass."]
     if capacity["first_failing"]:
