@@ -1313,8 +1313,9 @@ def markdown_run_summary(run: dict) -> list[str]:
         f"(decoder {fmt(p.get('decoder_cpu_percent'))} %, the rest {fmt(p.get('other_cpu_percent'))} %), "
         f"RSS {fmt(p.get('rss_mb_start'))} → peak {fmt(p.get('rss_mb_peak'))} MB, "
         f"threads up to {fmt(p.get('threads_peak'))}, fds up to {fmt(p.get('fds_peak'))}",
-        f"- decoder (the server's /metrics): {fmt(d.get('batches'))} batches of {fmt(d.get('rows_per_batch'))} "
-        f"rows on average, computing {fmt(d.get('compute_busy_percent'))} % of the run",
+        f"- decoder (the server's /metrics): {fmt(d.get('batches'))} batches of "
+        f"{fmt(d.get('rows_per_batch'))} rows on average, computing {fmt(d.get('compute_busy_percent'))} % "
+        "of the run",
         f"- load generator: CPU {c['cpu_percent']} % of a core, "
         f"event-loop lag p99 {c['loop_lag']['p99_ms']} ms (max {c['loop_lag']['max_ms']} ms)",
     ]
