@@ -485,8 +485,13 @@ fn element_hold(model: &Model, streams: usize, max_batch: usize) -> Duration {
     if streams == 1 {
         return Duration::ZERO;
     }
-    let rows = streams.next_power_of_two().min(max_batch);
-    model.warm_step_time(rows, 1, true).unwrap()
+    let limits = StepLimits {
+        max_batch,
+        ..StepLimits::default()
+    };
+    model
+        .warm_step_time(limits.latency_batch_rows(streams), 1, true)
+        .unwrap()
 }
 
 /// Each mode run twice, alternating (batched, off, batched, off); per mode, the run with the

@@ -74,11 +74,12 @@ pub fn time_session_batches(
         .collect()
 }
 
-/// The batches, in rows, that the decoders of up to `most` sessions count in their latency.
+/// The batches, in rows, that the decoders of up to `most` sessions (the element's limits, which
+/// the server leaves as they are) count in their latency.
 fn session_batch_rows(most: usize) -> Vec<usize> {
-    let max_batch = StepLimits::default().max_batch;
+    let limits = StepLimits::default();
     let mut rows: Vec<usize> = (1..=most.max(1))
-        .map(|open| open.next_power_of_two().min(max_batch))
+        .map(|open| limits.latency_batch_rows(open))
         .collect();
     rows.dedup();
     rows

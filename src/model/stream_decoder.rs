@@ -56,6 +56,15 @@ impl Default for StepLimits {
     }
 }
 
+impl StepLimits {
+    /// The rows of the batch that a live stream's latency counts (the element's) with
+    /// `open_streams` open on the model: rounded up to a power of two, at most `max_batch`, so
+    /// that few shapes are timed and streams of the same settings count the same.
+    pub fn latency_batch_rows(&self, open_streams: usize) -> usize {
+        open_streams.max(1).next_power_of_two().min(self.max_batch.max(1))
+    }
+}
+
 /// Decodes one stream of frames incrementally. Its output, concatenated over calls, equals the
 /// full-sequence decode of all frames pushed, whatever the split into calls. Frames wait until
 /// `chunk_frames` of them make a step; [`Self::finish`] decodes the rest. Steps go through the

@@ -64,11 +64,6 @@ pub(super) struct Latency {
     raised: Option<Instant>,
 }
 
-/// The rows of the batch a step joins with `open` streams on the model.
-fn batch_rows(open: usize, max_batch: usize) -> usize {
-    open.max(1).next_power_of_two().min(max_batch.max(1))
-}
-
 /// What a frame waits for its step in a batch of `rows` whose step takes `step` when timed,
 /// with the margin: alone, its step; else a batch without it and its own, and the grace.
 fn step_delay(rows: usize, step: Duration) -> gst::ClockTime {
@@ -93,7 +88,7 @@ impl Latency {
         let frame = gst::ClockTime::SECOND
             .mul_div_floor(den as u64, num as u64)
             .unwrap();
-        let rows = batch_rows(model.open_streams(), limits.max_batch);
+        let rows = limits.latency_batch_rows(model.open_streams());
         let step = model.warm_step_time(rows, chunk_frames, limits.cuda_graphs)?;
         Ok(Self::new(frame, chunk_frames, read_ahead_frames, rows, step))
     }
@@ -199,6 +194,13 @@ mod tests {
 
     #[test]
     fn batches_count_two_steps_rounded_up_to_a_power_of_two_of_rows() {
+        let batch_rows = |open, max_batch| {
+            StepLimits {
+                max_batch,
+                ..StepLimits::default()
+            }
+            .latency_batch_rows(open)
+        };
         assert_eq!(batch_rows(0, 16), 1);
         assert_eq!(batch_rows(1, 16), 1);
         assert_eq!(batch_rows(3, 16), 4);

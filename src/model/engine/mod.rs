@@ -68,6 +68,13 @@ pub struct Step {
     pub hold: Duration,
 }
 
+impl Step {
+    /// Whether the step may be held for other streams' (a hold, and a batch it may share).
+    fn holds(&self) -> bool {
+        self.hold > Duration::ZERO && self.max_rows > 1
+    }
+}
+
 /// What a step gives back: its audio, how many rows its batch had, and whether the batch
 /// replayed a CUDA graph. A failed step may leave its row half updated.
 pub struct StepDone {
@@ -124,7 +131,7 @@ pub fn max_batch_frames(device: tch::Device) -> usize {
 /// How long after its last step a stream that holds its steps is still waited for: longer than
 /// a step period of any usual chunk size (8 frames are 640 ms), so that a stream in a pause
 /// between utterances costs the others at most their hold for a while.
-pub const HELD_STREAM_WINDOW: Duration = Duration::from_secs(2);
+const HELD_STREAM_WINDOW: Duration = Duration::from_secs(2);
 
 /// Warm steps timed per shape by [`Engine::warm_step_time`] (after one that is not).
 const TIMED_STEPS: usize = 3;
@@ -389,7 +396,7 @@ impl Engine {
         let id = queue.next_id;
         queue.next_id += 1;
         let handed_over = Instant::now();
-        if step.hold > Duration::ZERO && step.max_rows > 1 {
+        if step.holds() {
             queue.held_streams.insert(step.row.id(), handed_over);
         } else {
             queue.held_streams.remove(&step.row.id());
@@ -666,8 +673,7 @@ fn hold_until(waiting: &VecDeque<Job>) -> Option<Instant> {
         .iter()
         .map(|job| {
             let step = &job.step;
-            (!step.first && step.max_rows > 1 && step.hold > Duration::ZERO)
-                .then(|| job.handed_over + step.hold)
+            (!step.first && step.holds()).then(|| job.handed_over + step.hold)
         })
         .min()
         .flatten()
