@@ -174,6 +174,10 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
         }
     }
     drop(session);
+    // The client's place first: once `/status` counts the session gone, its client may join
+    // again (the place, dropped at the return, came back after the count, and a join in between
+    // was refused as one too many).
+    drop(join);
     server.sessions.close(&id, &left);
     log!(
         "session {id} left: {} ({} sessions)",
