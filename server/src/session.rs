@@ -209,7 +209,7 @@ impl Session {
         // is held packet by packet, after the payloader: a step's audio (80 ms a frame) held
         // whole would leave at the step's start, up to a step ahead, and in bursts that the
         // browser's jitter buffer answers by growing.
-        let clocksync = make("clocksync")?;
+        let (pacing_queue, clocksync) = packet_pacing()?;
         let held_latency = Arc::new(AtomicU64::new(0));
         count_late_audio(
             &clocksync,
@@ -234,6 +234,7 @@ impl Session {
             &make("audioresample")?,
             &opusenc,
             &payloader,
+            &pacing_queue,
             &clocksync,
         ];
         pipeline.add_many(chain).map_err(|err| err.to_string())?;
@@ -587,6 +588,23 @@ fn drop_flushes(pad: &gst::Pad) {
             None,
         );
     }
+}
+
+/// A queue and the clocksync after it, which holds each packet until its time plus the latency
+/// upstream of it ([`sync_after_latency`]). The queue takes a step's packets from the decoder's
+/// step thread, which goes on to its next step while they wait for their time. Without it the
+/// thread waited in the clocksync until the step's last packet left, a frame (80 ms) less one
+/// Opus packet (20 ms) after the first, and the next step had those 20 ms to be decoded before
+/// its audio was late, whatever latency the decoder reported: four sessions of the released
+/// geometry on 2 cores (steps of 4 rows in 40-75 ms) sent packets 50-250 ms behind their
+/// schedule, with it 2-30 ms (docs/streaming-server.md, "Audio at its time").
+fn packet_pacing() -> Result<(gst::Element, gst::Element), String> {
+    let make = |factory: &str| {
+        gst::ElementFactory::make(factory)
+            .build()
+            .map_err(|err| err.to_string())
+    };
+    Ok((make("queue")?, make("clocksync")?))
 }
 
 /// Has `clocksync` hold each packet until its time plus the latency upstream of it, now and
@@ -974,5 +992,86 @@ impl Sessions {
 
     pub fn count(&self) -> usize {
         self.registry.lock().unwrap().open.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Counts the buffers that pass `pad`.
+    fn count_buffers(pad: &gst::Pad, count: Arc<AtomicUsize>) {
+        pad.add_probe(gst::PadProbeType::BUFFER, move |_, _| {
+            count.fetch_add(1, Ordering::SeqCst);
+            gst::PadProbeReturn::Ok
+        });
+    }
+
+    /// Packets handed to the pacing all at once (a step's, or a burst's) are taken at once,
+    /// while the clocksync lets them go one by one at their time: the thread that hands them
+    /// over (the decoder's step thread) is free for its next step. Without the queue it was
+    /// held until the last but one of them had left.
+    #[test]
+    fn the_pacing_takes_a_steps_packets_at_once_and_lets_them_go_at_their_time() {
+        gst::init().unwrap();
+        const PACKETS: u64 = 20;
+        // Opus packets of 20 ms: a burst's worth (the queue holds a second).
+        const PACKET: gst::ClockTime = gst::ClockTime::from_mseconds(20);
+        let pipeline = gst::Pipeline::new();
+        let source = gst_app::AppSrc::builder()
+            .format(gst::Format::Time)
+            .is_live(true)
+            .build();
+        let (queue, clocksync) = packet_pacing().unwrap();
+        let sink = gst::ElementFactory::make("fakesink")
+            .property("sync", false)
+            .property("async", false)
+            .build()
+            .unwrap();
+        let chain = [source.upcast_ref(), &queue, &clocksync, &sink];
+        pipeline.add_many(chain).unwrap();
+        gst::Element::link_many(chain).unwrap();
+        let (taken, left) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        count_buffers(&queue.static_pad("sink").unwrap(), taken.clone());
+        count_buffers(&clocksync.static_pad("src").unwrap(), left.clone());
+        pipeline.set_state(gst::State::Playing).unwrap();
+        let (reached, _, _) = pipeline.state(gst::ClockTime::from_seconds(10));
+        reached.unwrap();
+        let start = pipeline.current_running_time().unwrap();
+        for index in 0..PACKETS {
+            let mut packet = gst::Buffer::with_size(8).unwrap();
+            let packet_mut = packet.get_mut().unwrap();
+            packet_mut.set_pts(start + PACKET * index);
+            packet_mut.set_duration(PACKET);
+            source.push_buffer(packet).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while taken.load(Ordering::SeqCst) < PACKETS as usize && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let left_when_taken = left.load(Ordering::SeqCst);
+        assert_eq!(
+            taken.load(Ordering::SeqCst),
+            PACKETS as usize,
+            "every packet taken"
+        );
+        assert!(
+            left_when_taken <= PACKETS as usize / 4,
+            "{left_when_taken} of {PACKETS} packets had left when the last was taken"
+        );
+        // And they leave at their time: the last 19 packets after the first.
+        while left.load(Ordering::SeqCst) < PACKETS as usize && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(left.load(Ordering::SeqCst), PACKETS as usize, "every packet left");
+        let elapsed = pipeline.current_running_time().unwrap().saturating_sub(start);
+        assert!(
+            elapsed >= PACKET * (PACKETS - 1),
+            "they left at their time: {elapsed}"
+        );
+        pipeline.set_state(gst::State::Null).unwrap();
     }
 }
