@@ -15,4 +15,4 @@ gst-launch-1.0 -q filesrc location="$codes" \
   ! "audio/x-qwen3-tts-codes,codebooks=${CODEBOOKS:-16},framerate=${FRAMERATE:-25/2}" \
   ! qwencodecdec model-path="$model" device="${DEVICE:-auto}" \
   ! audioconvert ! audioresample ! opusenc audio-type=voice \
-  ! rtpopuspay pt=96 ! udpsink host="${HOST:-127.0.0.1}" port="${PORT:-5004}"
+  ! rtpopuspay pt=96 ! queue ! udpsink host="${HOST:-127.0.0.1}" port="${PORT:-5004}"

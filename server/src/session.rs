@@ -597,7 +597,8 @@ fn drop_flushes(pad: &gst::Pad) {
 /// Opus packet (20 ms) after the first, and the next step had those 20 ms to be decoded before
 /// its audio was late, whatever latency the decoder reported: four sessions of the released
 /// geometry on 2 cores (steps of 4 rows in 40-75 ms) sent packets 50-250 ms behind their
-/// schedule, with it 2-30 ms (docs/streaming-server.md, "Audio at its time").
+/// schedule, with it 2-44 ms (docs/streaming-server.md, "The decoder goes on while packets
+/// wait").
 fn packet_pacing() -> Result<(gst::Element, gst::Element), String> {
     let make = |factory: &str| {
         gst::ElementFactory::make(factory)
