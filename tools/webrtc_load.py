@@ -703,11 +703,13 @@ DECODER_METRICS = (
     "qwencodec_decode_batch_rows_sum",
     "qwencodec_decode_batch_rows_count",
     "qwencodec_decode_step_seconds_sum",
+    "qwencodec_late_audio_total",
 )
 
 
 async def fetch_decoder_totals(address: str) -> dict | None:
-    """The decoder's totals from GET /metrics: rows and batches run, seconds computing."""
+    """The decoder's totals from GET /metrics: rows and batches run, seconds computing, and the
+    packets that reached the sender late."""
     body = await http_get(address, "/metrics")
     if body is None:
         return None
@@ -720,9 +722,10 @@ async def fetch_decoder_totals(address: str) -> dict | None:
 
 
 def decoder_batches(before: dict | None, after: dict | None, seconds: float) -> dict | None:
-    """What the decoder did between two readings of its totals: batches, their mean rows, and
-    the share of the time it computed (the rows a batch show whether the sessions' frames run
-    together, one batch a frame, or apart)."""
+    """What the decoder did between two readings of its totals: batches, their mean rows, the
+    share of the time it computed (the rows a batch show whether the sessions' frames run
+    together, one batch a frame, or apart), and the packets that the server counted late at its
+    sender (over 100 ms past their speech's schedule: the server's side of an underrun)."""
     if not before or not after:
         return None
     batches = after["qwencodec_decode_batch_rows_count"] - before["qwencodec_decode_batch_rows_count"]
@@ -732,6 +735,7 @@ def decoder_batches(before: dict | None, after: dict | None, seconds: float) -> 
         "batches": int(batches),
         "rows_per_batch": round(rows / batches, 2) if batches else None,
         "compute_busy_percent": round(100 * busy / seconds, 1) if seconds > 0 else None,
+        "late_at_sender": int(after["qwencodec_late_audio_total"] - before["qwencodec_late_audio_total"]),
     }
 
 
@@ -1315,7 +1319,7 @@ def markdown_run_summary(run: dict) -> list[str]:
         f"threads up to {fmt(p.get('threads_peak'))}, fds up to {fmt(p.get('fds_peak'))}",
         f"- decoder (the server's /metrics): {fmt(d.get('batches'))} batches of "
         f"{fmt(d.get('rows_per_batch'))} rows on average, computing {fmt(d.get('compute_busy_percent'))} % "
-        "of the run",
+        f"of the run; {fmt(d.get('late_at_sender'))} packets late at the server's sender",
         f"- load generator: CPU {c['cpu_percent']} % of a core, "
         f"event-loop lag p99 {c['loop_lag']['p99_ms']} ms (max {c['loop_lag']['max_ms']} ms)",
     ]
@@ -1325,8 +1329,8 @@ def markdown_capacity(report: dict) -> list[str]:
     capacity = report["capacity"]
     lines = [
         row("sessions", "result", "first audio p50 / p95 / max ms", "underran", "failed", "server CPU %")
-        + " rows a batch | RSS peak MB | client loop lag p99 ms |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        + " rows a batch | late at the sender | RSS peak MB | client loop lag p99 ms |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for run in capacity["steps"]:
         fa, p, summary = run["summary"]["first_audio_ms"], run["server_process"] or {}, run["summary"]
@@ -1338,6 +1342,7 @@ def markdown_capacity(report: dict) -> list[str]:
             + row(
                 p.get("cpu_percent"),
                 (run.get("decoder") or {}).get("rows_per_batch"),
+                (run.get("decoder") or {}).get("late_at_sender"),
                 p.get("rss_mb_peak"),
                 run["client"]["loop_lag"]["p99_ms"],
             )[1:]
