@@ -841,18 +841,44 @@ def capacity_failure(run: dict, options) -> str | None:
     return "; ".join(reasons) or None
 
 
+def only_dtls_failures(run: dict) -> bool:
+    """Whether a run's only problem is sessions whose DTLS handshake failed: aiortc's known fault
+    (docs/load-test.md), not the server's capacity."""
+    summary = run["summary"]
+    errors = [r["error"] for r in run["results"] if r["error"]]
+    p95 = summary["first_audio_ms"]["p95"]
+    return (
+        bool(errors)
+        and all("DTLS failed" in error for error in errors)
+        and not summary["underran"]
+        and not summary["short_audio"]
+        and p95 is not None
+        and p95 <= run["max_first_audio_ms"]
+    )
+
+
 async def find_capacity(target: Target, sampler: Sampler, options) -> dict:
     """Doubles N while a run of N sessions passes, then bisects between the last N that passed
-    and the first that failed."""
+    and the first that failed. A step that failed only on aiortc's DTLS fault runs once more."""
     steps = {}
 
-    async def step(n: int) -> bool:
+    async def run_step(n: int) -> dict:
         run = await run_sessions_at_once(target, sampler, n, options)
         run["failure"] = capacity_failure(run, options)
-        steps[n] = run
-        print_progress(f"capacity: {n} sessions: {run['failure'] or 'pass'}")
+        run["max_first_audio_ms"] = options.max_first_audio_ms
         await wait_for_sessions_gone(target.address)
         await asyncio.sleep(options.settle_s)
+        return run
+
+    async def step(n: int) -> bool:
+        run = await run_step(n)
+        if run["failure"] and only_dtls_failures(run):
+            print_progress(f"capacity: {n} sessions: {run['failure']}: aiortc's DTLS fault, once more")
+            first = run["failure"]
+            run = await run_step(n)
+            run["before"] = first
+        steps[n] = run
+        print_progress(f"capacity: {n} sessions: {run['failure'] or 'pass'}")
         return run["failure"] is None
 
     passed, failed = 0, None
@@ -1337,7 +1363,12 @@ def markdown_capacity(report: dict) -> list[str]:
         first_audio = f"{fmt(fa['p50'])} / {fmt(fa['p95'])} / {fmt(fa['max'])}"
         lines.append(
             row(
-                run["sessions"], run["failure"] or "pass", first_audio, summary["underran"], summary["failed"]
+                run["sessions"],
+                (run["failure"] or "pass")
+                + (f" (run again: the first try {run['before']})" if run.get("before") else ""),
+                first_audio,
+                summary["underran"],
+                summary["failed"],
             )
             + row(
                 p.get("cpu_percent"),
