@@ -49,16 +49,19 @@ __attribute__((target("amx-tile"))) inline void zero_sums() {
   _tile_zero(2);
 }
 
-// Tile `t` of the sums (0-2) += the left side times the right side at `right` (rows
-// `right_stride` bytes apart), through tiles 3 and 4 + t; sum 0 first loads the left side from
-// `left` (rows `left_stride` bytes apart), which sums 1 and 2 then reuse. (GCC's tile intrinsics
-// take their tiles' numbers as written.)
+// The left side of the products that follow (tile 3), from `left`, rows `left_stride` bytes
+// apart.
+__attribute__((target("amx-tile"))) inline void load_left(const void* left, int64_t left_stride) {
+  _tile_loadd(3, left, left_stride);
+}
+
+// Tile `t` of the sums (0-2) += the left side (`load_left`) times the right side at `right`
+// (rows `right_stride` bytes apart), through tile 4 + t. (GCC's tile intrinsics take their
+// tiles' numbers as written.)
 template <int t>
-__attribute__((target("amx-tile,amx-bf16"))) inline void multiply_into(const void* left, int64_t left_stride,
-                                                                       const void* right, int64_t right_stride) {
+__attribute__((target("amx-tile,amx-bf16"))) inline void multiply_into(const void* right, int64_t right_stride) {
   static_assert(t >= 0 && t < 3, "three sums");
   if constexpr (t == 0) {
-    _tile_loadd(3, left, left_stride);
     _tile_loadd(4, right, right_stride);
     _tile_dpbf16ps(0, 3, 4);
   } else if constexpr (t == 1) {
@@ -76,9 +79,10 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void multiply_into_three(con
                                                                              const void* right, int64_t right_step,
                                                                              int64_t right_stride) {
   const char* r = static_cast<const char*>(right);
-  multiply_into<0>(left, left_stride, r, right_stride);
-  multiply_into<1>(left, left_stride, r + right_step, right_stride);
-  multiply_into<2>(left, left_stride, r + 2 * right_step, right_stride);
+  load_left(left, left_stride);
+  multiply_into<0>(r, right_stride);
+  multiply_into<1>(r + right_step, right_stride);
+  multiply_into<2>(r + 2 * right_step, right_stride);
 }
 
 // The sums as 16 rows (or fewer, as configured) of 16 float32 each, 64 bytes a row.

@@ -192,9 +192,10 @@ __attribute__((target("avx512f,amx-tile,amx-bf16"))) void block_amx(const Produc
     qwencodec::zero_sums();
     for (int64_t i = 0; i < pairs; i += qwencodec::kAmxPairs) {
       const float* row = words + i * padded + t0;
-      qwencodec::multiply_into<0>(weight + 2 * i, in * 2, row, padded * 4);
-      if (tiles > 1) qwencodec::multiply_into<1>(nullptr, 0, row + 16, padded * 4);
-      if (tiles > 2) qwencodec::multiply_into<2>(nullptr, 0, row + 32, padded * 4);
+      qwencodec::load_left(weight + 2 * i, in * 2);
+      qwencodec::multiply_into<0>(row, padded * 4);
+      if (tiles > 1) qwencodec::multiply_into<1>(row + 16, padded * 4);
+      if (tiles > 2) qwencodec::multiply_into<2>(row + 32, padded * 4);
     }
     qwencodec::store_sums(sums);
     qwencodec::compiler_fence();
