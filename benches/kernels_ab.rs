@@ -12,6 +12,9 @@
 //! one that goes first swapped from pair to pair; a pair's ratio is its two steps' times. The
 //! machine's speed moves by a third within minutes but little from one step to the next, so pairs
 //! resolve what whole runs taken in turns could not (a round's ratio was good to about ±10%).
+//! The step that goes second runs beside the first child's OpenMP workers, still spinning, and
+//! is slower for it: the ratio is the geometric mean of the two orders' medians (see
+//! [`order_free`]).
 //! The rounds repeat this with fresh processes (the weights land elsewhere in memory). The runs
 //! start from `QWENCODEC_CPU_KERNELS` as this program finds it (`avx2` to measure the AVX2
 //! kernels; hold libtorch's libraries to AVX2 alike, as `make bench` documents), and hold the
@@ -226,18 +229,54 @@ fn kernel_ab(args: &Args, base: &str, kernel: Kernel) -> Value {
     ab(args, kernel.name(), base, &without)
 }
 
+/// Pairs' ratios (with / without) by which side stepped first.
+#[derive(Default)]
+struct Pairs {
+    with_first: Vec<f64>,
+    without_first: Vec<f64>,
+}
+
+impl Pairs {
+    fn push(&mut self, with_went_first: bool, ratio: f64) {
+        if with_went_first {
+            self.with_first.push(ratio);
+        } else {
+            self.without_first.push(ratio);
+        }
+    }
+
+    /// The ratio, and each order's median.
+    fn order_free(&self) -> (f64, f64, f64) {
+        order_free(&self.with_first, &self.without_first)
+    }
+}
+
+/// The ratio of pairs whose order sways them: the geometric mean of the medians of the pairs
+/// where `with` stepped first and of those where `without` did. The second step of a pair runs
+/// beside the first child's OpenMP workers, still spinning between its ops, and took 1.3-1.4x
+/// as long on the Intel Xeon (2026-12-06, an A/A: 0.73 with A first, 1.37 with B first), so
+/// the median over every pair fell on the edge of one order's cluster (the A/A read 1.108x; the
+/// geometric mean, 1.000). An order's slowdown multiplies both alike and cancels.
+fn order_free(with_first: &[f64], without_first: &[f64]) -> (f64, f64, f64) {
+    let (a, b) = (percentile(with_first, 0.5), percentile(without_first, 0.5));
+    ((a * b).sqrt(), a, b)
+}
+
 /// The steps of `with` and `without` in turns, round after round; `name` labels them.
 fn ab(args: &Args, name: &str, with: &str, without: &str) -> Value {
+    assert!(args.steps >= 2, "--steps 2 at least: a pair of each order");
     let (mut with_ms, mut without_ms, mut ratios, mut round_ratios) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut pairs = Pairs::default();
     let mut rows_lowest = f64::INFINITY;
     for round in 0..args.rounds {
         let (mut a, mut b) = (Side::start(args, with), Side::start(args, without));
         a.ready();
         b.ready();
-        let mut round_ratio = Vec::new();
+        let mut round_pairs = Pairs::default();
         for pair in 0..args.steps {
-            let (a_ms, b_ms) = if pair % 2 == 0 {
+            let with_first = pair % 2 == 0;
+            let (a_ms, b_ms) = if with_first {
                 let a_ms = a.step();
                 (a_ms, b.step())
             } else {
@@ -246,14 +285,19 @@ fn ab(args: &Args, name: &str, with: &str, without: &str) -> Value {
             };
             with_ms.push(a_ms);
             without_ms.push(b_ms);
-            round_ratio.push(a_ms / b_ms);
+            ratios.push(a_ms / b_ms);
+            pairs.push(with_first, a_ms / b_ms);
+            round_pairs.push(with_first, a_ms / b_ms);
         }
         rows_lowest = rows_lowest.min(a.finish()).min(b.finish());
-        let median = percentile(&round_ratio, 0.5);
-        eprintln!("{name}: round {round}: with / without {median:.3}");
-        round_ratios.push(median);
-        ratios.extend(round_ratio);
+        let (ratio, with_first, without_first) = round_pairs.order_free();
+        eprintln!(
+            "{name}: round {round}: with / without {ratio:.3} (with first {with_first:.3}, \
+             without first {without_first:.3})"
+        );
+        round_ratios.push(ratio);
     }
+    let (ratio, with_first, without_first) = pairs.order_free();
     json!({
         "kernel": name,
         "with": with,
@@ -262,9 +306,9 @@ fn ab(args: &Args, name: &str, with: &str, without: &str) -> Value {
         "with_ms_p50": percentile(&with_ms, 0.5),
         "without_ms_p50": percentile(&without_ms, 0.5),
         "pair_ratios": ratios,
-        "ratio_p50": percentile(&ratios, 0.5),
-        "ratio_p25": percentile(&ratios, 0.25),
-        "ratio_p75": percentile(&ratios, 0.75),
+        "ratio": ratio,
+        "ratio_with_first": with_first,
+        "ratio_without_first": without_first,
         "round_ratios": round_ratios,
         "batch_rows_lowest": rows_lowest,
     })
@@ -280,10 +324,12 @@ fn markdown(report: &Value) -> String {
          per kernel, each with fresh processes.\n\n\
          A ratio under 1 means the step is faster with the kernel. The first row runs the same \
          kernels on both sides: how far a ratio strays by chance. A pair's ratio is the two steps' \
-         times, taken one after the other; the table gives the median over every pair of every round \
-         (and the quartiles), and each round's median.\n\n\
-         | kernel | with ({}) | step p50 ms with | step p50 ms without | with / without, p50 of pairs (p25-p75) | each round's p50 | batch rows, lowest side's mean |\n\
-         | --- | --- | ---: | ---: | ---: | --- | ---: |\n",
+         times, taken one after the other. The step that goes second runs beside the other \
+         process's OpenMP workers, still spinning, and is slower for it: the table gives the \
+         geometric mean of the median over the pairs where the kernel's side went first and of the \
+         median over those where the other did (each given beside it), and each round's.\n\n\
+         | kernel | with ({}) | step p50 ms with | step p50 ms without | with / without | its side first / the other first, medians | each round's | batch rows, lowest side's mean |\n\
+         | --- | --- | ---: | ---: | ---: | ---: | --- | ---: |\n",
         report["date"].as_str().unwrap(),
         machine["cpu"].as_str().unwrap_or("?"),
         common::flags(machine),
@@ -306,7 +352,7 @@ fn markdown(report: &Value) -> String {
         };
         let with = row["with"].as_str().unwrap();
         if row["runs_here"] != json!(true) {
-            text += &format!("| {kernel} | `{with}` | does not run here | | | | |\n");
+            text += &format!("| {kernel} | `{with}` | does not run here | | | | | |\n");
             continue;
         }
         let rounds: Vec<String> = row["round_ratios"]
@@ -316,12 +362,12 @@ fn markdown(report: &Value) -> String {
             .map(|ratio| format!("{:.3}", ratio.as_f64().unwrap()))
             .collect();
         text += &format!(
-            "| {kernel} | `{with}` | {:.2} | {:.2} | {:.3}x ({:.3}-{:.3}) | {} | {:.2} |\n",
+            "| {kernel} | `{with}` | {:.2} | {:.2} | {:.3}x | {:.3} / {:.3} | {} | {:.2} |\n",
             row["with_ms_p50"].as_f64().unwrap(),
             row["without_ms_p50"].as_f64().unwrap(),
-            row["ratio_p50"].as_f64().unwrap(),
-            row["ratio_p25"].as_f64().unwrap(),
-            row["ratio_p75"].as_f64().unwrap(),
+            row["ratio"].as_f64().unwrap(),
+            row["ratio_with_first"].as_f64().unwrap(),
+            row["ratio_without_first"].as_f64().unwrap(),
             rounds.join(", "),
             row["batch_rows_lowest"].as_f64().unwrap(),
         );
