@@ -14,7 +14,7 @@
 //! resolve what whole runs taken in turns could not (a round's ratio was good to about ±10%).
 //! The step that goes second runs beside the first child's OpenMP workers, still spinning, and
 //! is slower for it: the ratio is the geometric mean of the two orders' medians (see
-//! [`order_free`]).
+//! [`Pairs::order_free`]).
 //! The rounds repeat this with fresh processes (the weights land elsewhere in memory). The runs
 //! start from `QWENCODEC_CPU_KERNELS` as this program finds it (`avx2` to measure the AVX2
 //! kernels; hold libtorch's libraries to AVX2 alike, as `make bench` documents), and hold the
@@ -245,21 +245,20 @@ impl Pairs {
         }
     }
 
-    /// The ratio, and each order's median.
+    /// The ratio of pairs whose order sways them, and each order's median: the geometric mean
+    /// of the medians of the pairs where `with` stepped first and of those where `without` did.
+    /// The second step of a pair runs beside the first child's OpenMP workers, still spinning
+    /// between its ops, and took 1.3-1.4x as long on the Intel Xeon (2026-12-06, an A/A: 0.73
+    /// with A first, 1.37 with B first), so the median over every pair fell on the edge of one
+    /// order's cluster (the A/A read 1.108x; the geometric mean, 1.000). An order's slowdown
+    /// multiplies both alike and cancels.
     fn order_free(&self) -> (f64, f64, f64) {
-        order_free(&self.with_first, &self.without_first)
+        let (a, b) = (
+            percentile(&self.with_first, 0.5),
+            percentile(&self.without_first, 0.5),
+        );
+        ((a * b).sqrt(), a, b)
     }
-}
-
-/// The ratio of pairs whose order sways them: the geometric mean of the medians of the pairs
-/// where `with` stepped first and of those where `without` did. The second step of a pair runs
-/// beside the first child's OpenMP workers, still spinning between its ops, and took 1.3-1.4x
-/// as long on the Intel Xeon (2026-12-06, an A/A: 0.73 with A first, 1.37 with B first), so
-/// the median over every pair fell on the edge of one order's cluster (the A/A read 1.108x; the
-/// geometric mean, 1.000). An order's slowdown multiplies both alike and cancels.
-fn order_free(with_first: &[f64], without_first: &[f64]) -> (f64, f64, f64) {
-    let (a, b) = (percentile(with_first, 0.5), percentile(without_first, 0.5));
-    ((a * b).sqrt(), a, b)
 }
 
 /// The steps of `with` and `without` in turns, round after round; `name` labels them.
@@ -283,11 +282,12 @@ fn ab(args: &Args, name: &str, with: &str, without: &str) -> Value {
                 let b_ms = b.step();
                 (a.step(), b_ms)
             };
+            let ratio = a_ms / b_ms;
             with_ms.push(a_ms);
             without_ms.push(b_ms);
-            ratios.push(a_ms / b_ms);
-            pairs.push(with_first, a_ms / b_ms);
-            round_pairs.push(with_first, a_ms / b_ms);
+            ratios.push(ratio);
+            pairs.push(with_first, ratio);
+            round_pairs.push(with_first, ratio);
         }
         rows_lowest = rows_lowest.min(a.finish()).min(b.finish());
         let (ratio, with_first, without_first) = round_pairs.order_free();

@@ -186,11 +186,6 @@ impl Session {
             .format(gst::Format::Time)
             .is_live(true)
             .build();
-        let make = |factory: &str| {
-            gst::ElementFactory::make(factory)
-                .build()
-                .map_err(|err| err.to_string())
-        };
         let decoder = gst::ElementFactory::make("qwencodecdec")
             .property(
                 "model-path",
@@ -600,12 +595,14 @@ fn drop_flushes(pad: &gst::Pad) {
 /// schedule, with it 2-44 ms (docs/streaming-server.md, "The decoder goes on while packets
 /// wait").
 fn packet_pacing() -> Result<(gst::Element, gst::Element), String> {
-    let make = |factory: &str| {
-        gst::ElementFactory::make(factory)
-            .build()
-            .map_err(|err| err.to_string())
-    };
     Ok((make("queue")?, make("clocksync")?))
+}
+
+/// An element of `factory` with its defaults, or why there is none.
+fn make(factory: &str) -> Result<gst::Element, String> {
+    gst::ElementFactory::make(factory)
+        .build()
+        .map_err(|err| err.to_string())
 }
 
 /// Has `clocksync` hold each packet until its time plus the latency upstream of it, now and

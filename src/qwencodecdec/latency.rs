@@ -156,8 +156,8 @@ impl Latency {
     /// for scheduling; with none in flight, its step may wait one step for others to join its
     /// batch, the margin kept (held for one and a half steps, four sessions of the server
     /// underran more often than before the hold, while its pacing gave a step 20 ms before its
-    /// audio was late: docs/many-streams.md). Nothing behind
-    /// a source that is not live, whose frames come as fast as it can give them.
+    /// audio was late: docs/many-streams.md). Nothing behind a source that is not live, whose
+    /// frames come as fast as it can give them.
     pub(super) fn batch_hold(&self) -> Duration {
         if !self.live {
             return Duration::ZERO;
