@@ -613,7 +613,12 @@ fn make(factory: &str) -> Result<gst::Element, String> {
 /// burst; a new connection's browser then lost up to 180 ms of its first speech (in 40). The
 /// latency the clocksync holds packets by is kept in `held_latency`.
 fn sync_after_latency(pipeline: &gst::Pipeline, clocksync: &gst::Element, held_latency: Arc<AtomicU64>) {
+    // One query at a time: of two at once, the one that asked first could pass the clocksync
+    // last and leave it the older, lower latency (as the eight decoders of tests/latency.rs did
+    // to their sinks when two recalculations ran together).
+    let asking = Arc::new(Mutex::new(()));
     let query = move |src: &gst::Pad| {
+        let _one = asking.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut latency = gst::query::Latency::new();
         if src.query(&mut latency) {
             held_latency.store(latency.result().1.nseconds(), Ordering::Relaxed);
