@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 const KERNELS_DIR: &str = "src/model/kernels";
 const SHIM_HEADERS: [&str; 5] = ["amx.h", "intrinsics.h", "kernels.h", "shim.h", "widen.h"];
 const OP_PROFILER: &str = "src/model/op_profiler/op_profiler.cpp";
+const EXECUTOR: &str = "src/model/executor.cpp";
 const CUDA_GRAPH: &str = "src/model/engine/cuda_graph.cpp";
 const CPU_KERNELS: [&str; 9] = [
     "amx.cpp",
@@ -25,6 +26,7 @@ fn main() {
     announce_instruction_sets();
     println!("cargo::rerun-if-changed={CUDA_GRAPH}");
     println!("cargo::rerun-if-changed={OP_PROFILER}");
+    println!("cargo::rerun-if-changed={EXECUTOR}");
     for file in SHIM_HEADERS.iter().chain(&CPU_KERNELS) {
         println!("cargo::rerun-if-changed={KERNELS_DIR}/{file}");
     }
@@ -147,6 +149,7 @@ fn build_cpu_shims(lib_dir: &Path) {
         .flag("-fopenmp")
         .files(CPU_KERNELS.map(|kernel| format!("{KERNELS_DIR}/{kernel}")))
         .file(OP_PROFILER)
+        .file(EXECUTOR)
         .include(KERNELS_DIR)
         .compile("qwencodec_cpu_kernels");
     println!("cargo::rustc-link-lib=gomp");
