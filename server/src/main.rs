@@ -488,11 +488,13 @@ fn run() -> Result<(), Box<dyn Error>> {
     });
     let signal = signals.forever().next().map_or("a signal", signal_name);
     // Draining: the listeners stay open, so that a router reads /status and retries a join
-    // answered 503 elsewhere, and a session's sender may still come back for its speech.
+    // answered 503 elsewhere, and a session's sender may still come back for its speech. Said
+    // once it holds: /status asked after the line reads "draining" (asked between a line
+    // logged first and the drain, it read false once in make test).
+    server.sessions.drain(DRAINING);
     log!(
         "{signal}: draining: no new session; each session ends once its speech has played, the rest after {drain_timeout} s (--drain-timeout); a second signal ends them at once"
     );
-    server.sessions.drain(DRAINING);
     let deadline = Instant::now() + Duration::from_secs_f64(drain_timeout);
     let why = loop {
         let left = server.sessions.close_where_speech_over(DRAIN_TAIL, SHUTTING_DOWN);
