@@ -4,13 +4,21 @@ use std::path::{Path, PathBuf};
 /// The CPU kernels' sources, in `KERNELS_DIR` beside the headers they share (the op profiler's
 /// shim includes them too).
 const KERNELS_DIR: &str = "src/model/kernels";
-const SHIM_HEADERS: [&str; 5] = ["amx.h", "intrinsics.h", "kernels.h", "shim.h", "widen.h"];
+const SHIM_HEADERS: [&str; 6] = [
+    "amx.h",
+    "intrinsics.h",
+    "kernels.h",
+    "shim.h",
+    "transpose.h",
+    "widen.h",
+];
 const OP_PROFILER: &str = "src/model/op_profiler/op_profiler.cpp";
 const EXECUTOR: &str = "src/model/executor.cpp";
 const CUDA_GRAPH: &str = "src/model/engine/cuda_graph.cpp";
-const CPU_KERNELS: [&str; 9] = [
+const CPU_KERNELS: [&str; 10] = [
     "amx.cpp",
     "attention.cpp",
+    "conv_amx.cpp",
     "direct_conv.cpp",
     "overlap_add.cpp",
     "pointwise.cpp",

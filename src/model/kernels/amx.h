@@ -1,8 +1,9 @@
 // What the kernels that multiply in AMX tiles share (winograd.cpp, pointwise.cpp,
-// skinny_gemm.cpp): the tiles' configuration and the fences around them. Every such kernel uses
-// tile registers 0-6 as rows of 64 bytes: 0-2 sums (16 rows, or fewer, by 16 float32), 3 the
-// left side (as many rows by 32 bfloat16), 4-6 right sides (16 pairs of inputs by 16 outputs,
-// as bfloat16 pairs). Whether the
+// skinny_gemm.cpp, conv_amx.cpp): the tiles' configuration and the fences around them. Every such
+// kernel uses tile registers 0-6 as rows of 64 bytes: 0-2 sums (16 rows, or fewer, by 16
+// float32), 3 the left side (as many rows by 32 bfloat16), 4-6 right sides (16 pairs of inputs by
+// 16 outputs, as bfloat16 pairs); but conv_amx.cpp, which uses all eight as 16 rows of 64 bytes
+// (load_eight_tile_config). Whether the
 // CPU has AMX-BF16 and the process may use it: qwencodec_amx_bf16 (amx.cpp), asked by shim.rs.
 #pragma once
 
@@ -35,6 +36,16 @@ __attribute__((target("amx-tile"))) inline void load_tile_config(int64_t left_ro
   TileConfig config;
   for (int t = 0; t < 7; ++t) {
     config.rows[t] = static_cast<uint8_t>(t < 4 ? left_rows : kAmxRows);
+    config.bytes_per_row[t] = 64;
+  }
+  __asm__ volatile("ldtilecfg %0" ::"m"(config));
+}
+
+// All eight tiles as 16 rows of 64 bytes (conv_amx.cpp: four sums, two left sides, two right).
+__attribute__((target("amx-tile"))) inline void load_eight_tile_config() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = static_cast<uint8_t>(kAmxRows);
     config.bytes_per_row[t] = 64;
   }
   __asm__ volatile("ldtilecfg %0" ::"m"(config));

@@ -4,6 +4,7 @@
 //! libtorch's ops (the path CUDA takes), and `shim` says which kernels this CPU runs.
 
 pub mod attention;
+pub mod conv_amx;
 pub mod direct_conv;
 pub mod overlap_add;
 pub mod pointwise;

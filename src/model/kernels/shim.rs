@@ -72,10 +72,12 @@ pub enum Kernel {
     PointwiseBf16,
     /// The few-row products of bfloat16 weights in AMX tiles (dtype bf16, AMX-BF16).
     SkinnyGemmBf16,
+    /// Convolutions of several taps in AMX tiles, directly (dtype bf16, AMX-BF16).
+    ConvAmx,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 11] = [
+    pub const ALL: [Kernel; 12] = [
         Kernel::SkinnyGemm,
         Kernel::Winograd,
         Kernel::WinogradBf16,
@@ -87,6 +89,7 @@ impl Kernel {
         Kernel::Pointwise,
         Kernel::PointwiseBf16,
         Kernel::SkinnyGemmBf16,
+        Kernel::ConvAmx,
     ];
 
     pub fn name(self) -> &'static str {
@@ -102,6 +105,7 @@ impl Kernel {
             Kernel::Pointwise => "pointwise",
             Kernel::PointwiseBf16 => "pointwise_bf16",
             Kernel::SkinnyGemmBf16 => "skinny_gemm_bf16",
+            Kernel::ConvAmx => "conv_amx",
         }
     }
 
@@ -110,18 +114,20 @@ impl Kernel {
     /// three that run only on CPUs other than Intel's ([`intel_cpu`]), where each was measured to
     /// pay: the 1x1 convolutions (AVX-512), and the Winograd tiles' and the 1x1 convolutions'
     /// bfloat16 products (AVX-512 and AVX512_BF16). The bfloat16 products run on Intel's CPUs too
-    /// where they have AMX-BF16 ([`has_amx_bf16`]), in AMX tiles; the few-row products' only
-    /// there.
+    /// where they have AMX-BF16 ([`has_amx_bf16`]), in AMX tiles; the few-row products' and the
+    /// direct convolutions' in AMX tiles only there.
     pub fn runs_in(self, kernels: CpuKernels) -> bool {
         let least = match self {
             Kernel::DirectConv => CpuKernels::Avx512,
-            Kernel::SkinnyGemmBf16 if !has_amx_bf16() => return false,
+            Kernel::SkinnyGemmBf16 | Kernel::ConvAmx if !has_amx_bf16() => return false,
             Kernel::PointwiseBf16 | Kernel::WinogradBf16 if !has_bf16_products() => return false,
             Kernel::PointwiseBf16 | Kernel::WinogradBf16 if intel_cpu() && !has_amx_bf16() => return false,
             Kernel::Pointwise if intel_cpu() => return false,
-            Kernel::Pointwise | Kernel::PointwiseBf16 | Kernel::WinogradBf16 | Kernel::SkinnyGemmBf16 => {
-                CpuKernels::Avx512
-            }
+            Kernel::Pointwise
+            | Kernel::PointwiseBf16
+            | Kernel::WinogradBf16
+            | Kernel::SkinnyGemmBf16
+            | Kernel::ConvAmx => CpuKernels::Avx512,
             _ => CpuKernels::Avx2,
         };
         kernels >= least

@@ -9,6 +9,7 @@ use super::state::{ACTIVATION_KIND, State, StateLayout};
 use crate::model::checkpoint::Weights;
 use crate::model::error::ModelError;
 use crate::model::error::TorchResult;
+use crate::model::kernels::conv_amx::ConvAmx;
 use crate::model::kernels::direct_conv;
 use crate::model::kernels::overlap_add;
 use crate::model::kernels::pointwise::Pointwise;
@@ -78,6 +79,9 @@ fn bfloat16_products(weights: &Weights, rounded: bool, in_channels: usize, kerne
 
 /// A 1-D convolution padded causally: `(kernel - 1) * dilation` columns of the past on the left.
 pub struct CausalConv {
+    /// The convolution in AMX tiles at every step (dtype bf16 on a CPU with AMX-BF16:
+    /// `precision::amx_conv`), which then keeps no other form.
+    amx: Option<ConvAmx>,
     /// [out, in / groups, kernel] and [out], for the convolution kernels; none where the matrix
     /// is rounded to 16 bits, which is then always multiplied as a matrix.
     kernel_weights: Option<(Tensor, Tensor)>,
@@ -116,6 +120,27 @@ impl CausalConv {
         let context = (kernel - 1) * dilation;
         let weight = weights.get("weight", &[out_channels, in_channels / groups, kernel])?;
         let bias = weights.get("bias", &[out_channels])?;
+        if groups == 1
+            && kernel > 1
+            && weight.kind() == Kind::Float
+            && weights.device() == Device::Cpu
+            && precision::amx_conv(&weights, in_channels, out_channels)
+        {
+            return Ok(Self {
+                amx: Some(ConvAmx::new(&weight, &bias, dilation as i64)?),
+                kernel_weights: None,
+                matrix: None,
+                winograd: None,
+                one_by_one: None,
+                direct: false,
+                in_channels: in_channels as i64,
+                kernel: kernel as i64,
+                dilation: dilation as i64,
+                groups: groups as i64,
+                context: context as i64,
+                slot: layout.reserve(in_channels, context),
+            });
+        }
         let amx_products = kernel == 1 && groups == 1 && precision::amx_products(&weights, in_channels);
         // Grouped convolutions have no matrix form; a 1x1 convolution in AMX tiles at every step
         // needs none.
@@ -162,6 +187,7 @@ impl CausalConv {
             .transpose()?;
         let direct = !rounded && direct_conv::applies(&weight, groups as i64, weights.device());
         Ok(Self {
+            amx: None,
             kernel_weights: (!rounded).then_some((weight, bias)),
             matrix,
             winograd,
@@ -178,6 +204,10 @@ impl CausalConv {
 
     /// `x`: [B, in, T] -> [B, out, T].
     pub fn forward(&self, x: &Tensor, state: &mut State) -> TorchResult<Tensor> {
+        if let Some(amx) = &self.amx {
+            let slot = self.slot.expect("a kernel of several taps has a context");
+            return amx.forward(&mut state.contexts[slot], x);
+        }
         let (batch, columns) = (x.size()[0], x.size()[2]);
         // As one matrix product over the gathered taps: on CPU where the weight dominates (few
         // output columns against many input channels: the low-rate layers of a small step), as

@@ -55,6 +55,16 @@ const AMX_WINOGRAD: AmxRule = AmxRule {
     kernel: Kernel::WinogradBf16,
 };
 
+/// Convolutions of several taps from 32 columns a frame (the vocoder's residual units, blocks 1-4
+/// of the released geometry), directly in AMX tiles (`kernels::conv_amx`) at every step: at 32
+/// columns AMX reads block 1's bfloat16 weights at memory's rate where its Winograd tiles of
+/// 16-bit integers were bound by float32 FMAs, and from 160 columns its products outrun Winograd's
+/// fewer ones with their transforms.
+const AMX_CONV: AmxRule = AmxRule {
+    from_columns: 32,
+    kernel: Kernel::ConvAmx,
+};
+
 /// The products of the layers whose weight [`rounded_weights`] keeps in bfloat16, from 2 columns a
 /// frame (the released geometry's upsampler, the vocoder's input convolution and block 1's
 /// transposed one): bound by the weight's bytes in one stream's one-frame steps, but by
@@ -122,6 +132,17 @@ pub fn matrix_rounding(weights: &Weights, in_features: usize) -> MatrixRounding 
         Some(kind) => MatrixRounding::Weight(kind),
     }
 }
+
+/// Whether a dense convolution of several taps at `weights` with `in_channels` inputs and
+/// `out_channels` outputs runs in AMX tiles at every step ([`AMX_CONV`]), instead of a matrix or
+/// Winograd tiles.
+pub fn amx_conv(weights: &Weights, in_channels: usize, out_channels: usize) -> bool {
+    out_channels >= AMX_CONV_MIN_OUTPUTS && AMX_CONV.takes_layer(weights, in_channels)
+}
+
+/// Fewest outputs for [`amx_conv`]: a unit of its work makes 32, and the vocoder's last
+/// convolution (one output) runs faster by `kernels::direct_conv`.
+const AMX_CONV_MIN_OUTPUTS: usize = 32;
 
 /// Whether a convolution at `weights` with `in_channels` inputs takes its Winograd products in
 /// AMX's bfloat16 tiles ([`AMX_WINOGRAD`]), in tiles of 4 outputs ([`winograd_outputs`]),
@@ -197,6 +218,29 @@ mod tests {
         );
         assert!(!AMX_WINOGRAD.takes(f16, f32, 384, 160));
         assert!(!AMX_WINOGRAD.takes(None, f32, 384, 160));
+    }
+
+    /// AMX's convolutions take the residual units' (from 32 columns a frame: blocks 1-4) in
+    /// dtype bf16 alone, where the CPU has them and the kernel runs, the inputs come in 32s and
+    /// the checkpoint's weight is not bfloat16.
+    #[test]
+    fn amx_conv_takes_the_residual_units_in_bf16_where_the_cpu_has_amx() {
+        let amx = shim::has_amx_bf16() && Kernel::ConvAmx.runs_in(shim::kernel(Kernel::ConvAmx));
+        let (bf16, f16, f32) = (Some(Kind::BFloat16), Some(Kind::Half), Some(Kind::Float));
+        for (channels, columns) in [(768, 32), (384, 160), (192, 640), (96, 1920)] {
+            assert_eq!(AMX_CONV.takes(bf16, f32, channels, columns), amx);
+        }
+        assert!(
+            !AMX_CONV.takes(bf16, f32, 1024, 4),
+            "the vocoder's input convolution, bound by its weight's bytes"
+        );
+        assert!(!AMX_CONV.takes(bf16, f32, 400, 160), "inputs not in 32s");
+        assert!(
+            !AMX_CONV.takes(bf16, bf16, 384, 160),
+            "a weight stored in bfloat16 stays exact"
+        );
+        assert!(!AMX_CONV.takes(f16, f32, 384, 160));
+        assert!(!AMX_CONV.takes(None, f32, 384, 160));
     }
 
     /// AMX's few-row products take the layers of 16-bit weights of 2 or more columns a frame in
