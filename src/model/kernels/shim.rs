@@ -113,15 +113,18 @@ impl Kernel {
     /// AVX2 (the plain C++ ones too, held back with the vector kernels on other CPUs), but for
     /// three that run only on CPUs other than Intel's ([`intel_cpu`]), where each was measured to
     /// pay: the 1x1 convolutions (AVX-512), and the Winograd tiles' and the 1x1 convolutions'
-    /// bfloat16 products (AVX-512 and AVX512_BF16). The bfloat16 products run on Intel's CPUs too
-    /// where they have AMX-BF16 ([`has_amx_bf16`]), in AMX tiles; the few-row products' and the
-    /// direct convolutions' in AMX tiles only there.
+    /// bfloat16 products (AVX-512 and AVX512_BF16). The 1x1 convolutions' bfloat16 products run
+    /// on Intel's CPUs too where they have AMX-BF16 ([`has_amx_bf16`]), in AMX tiles; the few-row
+    /// products' and the convolutions' of several taps in AMX tiles only there (which take the
+    /// layers of the Winograd tiles' bfloat16 products).
     pub fn runs_in(self, kernels: CpuKernels) -> bool {
         let least = match self {
             Kernel::DirectConv => CpuKernels::Avx512,
             Kernel::SkinnyGemmBf16 | Kernel::ConvAmx if !has_amx_bf16() => return false,
             Kernel::PointwiseBf16 | Kernel::WinogradBf16 if !has_bf16_products() => return false,
-            Kernel::PointwiseBf16 | Kernel::WinogradBf16 if intel_cpu() && !has_amx_bf16() => return false,
+            // Its AMX tiles gave way to `conv_amx`'s, which take the same layers without Winograd.
+            Kernel::WinogradBf16 if intel_cpu() => return false,
+            Kernel::PointwiseBf16 if intel_cpu() && !has_amx_bf16() => return false,
             Kernel::Pointwise if intel_cpu() => return false,
             Kernel::Pointwise
             | Kernel::PointwiseBf16
@@ -332,9 +335,11 @@ pub fn bfloat16_products(
 /// - Intel's server cores run two 512-bit FMAs a cycle, as many products as `vdpbf16ps`'s pairs at
 ///   one a cycle, so the bfloat16 products gain nothing and pay for rounding their inputs
 ///   (`winograd_bf16` 1.14x; on the AMD EPYC, whose FMA runs 512 bits at half rate, 0.91x);
-///   in AMX tiles, where the CPU has them, they pay (`winograd_bf16` 0.93x, `pointwise_bf16`
-///   0.86x against MKL's float32 products,
-///   `measurements/results/2026-12-05-intel-xeon-avx512-cpu-bf16-c1-s4-{winograd-bf16,pointwise-bf16}-amx-kernels-ab.md`).
+///   in AMX tiles, where the CPU has them, they pay (`pointwise_bf16` 0.86x against MKL's float32
+///   products,
+///   `measurements/results/2026-12-05-intel-xeon-avx512-cpu-bf16-c1-s4-pointwise-bf16-amx-kernels-ab.md`;
+///   the Winograd tiles' in AMX tiles, 0.93x, gave way to `conv_amx`, 0.77x against them in
+///   batches of 4: `measurements/results/2026-12-06-intel-xeon-avx512-cpu-bf16-c1-s4-conv-amx-kernels-ab.md`).
 fn intel_cpu() -> bool {
     static INTEL: LazyLock<bool> = LazyLock::new(|| {
         #[cfg(target_arch = "x86_64")]
@@ -430,14 +435,14 @@ mod tests {
                     | Kernel::PointwiseBf16
                     | Kernel::WinogradBf16
                     | Kernel::SkinnyGemmBf16
+                    | Kernel::ConvAmx
             );
             assert_eq!(kernel.runs_in(CpuKernels::Avx2), avx2, "{kernel:?} in AVX2");
             let avx512 = match kernel {
                 Kernel::Pointwise => !intel_cpu(),
-                Kernel::PointwiseBf16 | Kernel::WinogradBf16 => {
-                    has_bf16_products() && (!intel_cpu() || has_amx_bf16())
-                }
-                Kernel::SkinnyGemmBf16 => has_amx_bf16(),
+                Kernel::PointwiseBf16 => has_bf16_products() && (!intel_cpu() || has_amx_bf16()),
+                Kernel::WinogradBf16 => has_bf16_products() && !intel_cpu(),
+                Kernel::SkinnyGemmBf16 | Kernel::ConvAmx => has_amx_bf16(),
                 _ => true,
             };
             assert_eq!(

@@ -24,7 +24,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "amx.h"
 #include "kernels.h"
 #include "shim.h"
 #include "transpose.h"
@@ -92,7 +91,6 @@ struct Convolution {
   int64_t m, points, dilation;
   int64_t tiles;  // tiles per phase: ceil(columns / (m * dilation))
   bool bf16;      // the products in bfloat16 (see product_block_pairs)
-  bool amx;       // ... in AMX tiles (see product_block_amx)
 
   int64_t block() const { return m * dilation; }
 };
@@ -248,41 +246,6 @@ __attribute__((target("avx512f,avx512bf16"))) void product_block_pairs(const uin
       }
     }
     store_sums<V, R>(sums, nullptr, result, out, last_mask, i0 == 0);
-  }
-}
-
-// product_block_pairs in AMX tiles, for CPUs with AMX-BF16, whose two 512-bit FMA units a cycle
-// run as many float32 products as `vdpbf16ps` does bfloat16 ones (where those gain nothing):
-// `tdpbf16ps` multiplies 16 tiles' 32 inputs by 16 outputs at once. All `count` tiles of the
-// piece in passes of 16 (`pairs` holds 16 rows past the last, which the last pass may read and
-// whose products it drops) against a whole block, of which the first `outputs` are stored; the
-// block's pairs ([in / 2, kBlockOutputs, 2]) are AMX's layout of a product's right side as they
-// lie, 16 outputs 192 bytes a row. `in` a multiple of 32. The sums stay float32 over every input.
-// The tile configuration (qwencodec::load_tile_config) is the calling thread's.
-__attribute__((target("avx512f,amx-tile,amx-bf16"))) void product_block_amx(const uint32_t* pairs, int64_t count,
-                                                                           const at::BFloat16* weight, float* result,
-                                                                           int64_t in, int64_t out, int64_t outputs) {
-  const int64_t pairs_per_tile = in / 2;
-  alignas(64) float sums[3][qwencodec::kAmxRows * 16];
-  const int64_t vectors = (outputs + 15) / 16;
-  qwencodec::compiler_fence();
-  for (int64_t n0 = 0; n0 < count; n0 += qwencodec::kAmxRows) {
-    qwencodec::zero_sums();
-    for (int64_t i = 0; i < pairs_per_tile; i += qwencodec::kAmxPairs) {
-      // The block's three sets of 16 outputs, 64 bytes apart in its rows of 192.
-      qwencodec::multiply_into_three(pairs + n0 * pairs_per_tile + i, pairs_per_tile * 4,
-                                     weight + i * 2 * kBlockOutputs, 64, kBlockOutputs * 4);
-    }
-    qwencodec::store_sums(sums);
-    qwencodec::compiler_fence();
-    const int64_t rows = std::min(qwencodec::kAmxRows, count - n0);
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = result + (n0 + r) * out;
-      for (int64_t v = 0; v < vectors; ++v) {
-        const __mmask16 mask = qwencodec::tail_mask(outputs - 16 * v);
-        _mm512_mask_storeu_ps(row + 16 * v, mask, _mm512_load_ps(sums[v] + r * 16));
-      }
-    }
   }
 }
 
@@ -693,26 +656,6 @@ void products(const Convolution& c, const Piece& piece, const T* v, float* produ
   });
 }
 
-// products<Avx512, at::BFloat16> in AMX tiles: a unit is a point's whole block, all of the piece's
-// tiles in one call.
-void products_amx(const Convolution& c, const Piece& piece, const uint32_t* pairs, float* products) {
-  const int64_t count = piece.count(c);
-  const int64_t output_blocks = (c.out + kBlockOutputs - 1) / kBlockOutputs;
-  at::parallel_for(0, c.points * output_blocks, 1, [&](int64_t begin, int64_t end) {
-    qwencodec::load_tile_config();
-    for (int64_t unit = begin; unit < end; ++unit) {
-      const int64_t p = unit / output_blocks;
-      const int64_t block = unit % output_blocks;
-      const auto* weight =
-          static_cast<const at::BFloat16*>(c.weights) + (p * output_blocks + block) * c.in * kBlockOutputs;
-      const int64_t o0 = block * kBlockOutputs;
-      product_block_amx(pairs + p * count * (c.in / 2), count, weight, products + p * count * c.out + o0, c.in,
-                        c.out, std::min(kBlockOutputs, c.out - o0));
-    }
-    qwencodec::release_tiles();
-  });
-}
-
 // Groups `begin..end` of 16 output channels of the piece from its products, plus the bias.
 template <typename Isa>
 void output_groups(const Convolution& c, const Piece& piece, const float* products, int64_t begin, int64_t end) {
@@ -751,13 +694,11 @@ void output_transform(const Convolution& c, const Piece& piece, const float* pro
 template <typename Isa>
 void run_piece(const Convolution& c, const Piece& piece) {
   const int64_t count = piece.count(c);
-  // The tiles, then the products, then (bfloat16 products) the tiles rounded, and for AMX 16
-  // rows of zeros past them (see product_block_amx); every other value is written before it is
-  // read.
+  // The tiles, then the products, then (bfloat16 products) the tiles rounded; every value is
+  // written before it is read.
   const size_t tiles = static_cast<size_t>(c.points * count * c.in);
   const size_t products_size = static_cast<size_t>(c.points * count * c.out);
-  const size_t amx_rows = c.amx ? static_cast<size_t>(qwencodec::kAmxRows * c.in / 2) : 0;
-  float* v = qwencodec::thread_buffer<PieceBuffer>(tiles + products_size + (c.bf16 ? tiles / 2 + amx_rows : 0));
+  float* v = qwencodec::thread_buffer<PieceBuffer>(tiles + products_size + (c.bf16 ? tiles / 2 : 0));
   input_transform<Isa>(c, piece, v);
   if (c.bf16) {
     if constexpr (std::is_same_v<Isa, Avx512>) {
@@ -766,12 +707,7 @@ void run_piece(const Convolution& c, const Piece& piece) {
       at::parallel_for(0, static_cast<int64_t>(tiles / 2), 4096, [&](int64_t begin, int64_t end) {
         qwencodec::round_to_bf16(v + 2 * begin, 2 * (end - begin), pairs + begin);
       });
-      if (c.amx) {
-        std::fill(pairs + tiles / 2, pairs + tiles / 2 + amx_rows, 0u);
-        products_amx(c, piece, pairs, v + tiles);
-      } else {
-        products<Isa, at::BFloat16>(c, piece, static_cast<const uint32_t*>(pairs), v + tiles);
-      }
+      products<Isa, at::BFloat16>(c, piece, static_cast<const uint32_t*>(pairs), v + tiles);
     } else {
       TORCH_CHECK(false, "bfloat16 Winograd products run in AVX-512 only");
     }
@@ -814,11 +750,10 @@ extern "C" {
 // at [p][o / 48][i / 2][o % 48][i % 2], whose products are bfloat16 (AVX-512 only); `bias`: `out`
 // values; `bt`: [points, points] and `at`: [m, points], the input and output transforms; all
 // float32 unless said, and contiguous; `kernels`: the instruction set (qwencodec::CpuKernels,
-// AVX2 or AVX-512); `amx`: bfloat16 products in AMX tiles (qwencodec_amx_bf16 true, 32 or a
-// multiple of inputs). `*out`: [B, out, T].
+// AVX2 or AVX-512). `*out`: [B, out, T].
 bool qwencodec_winograd_conv(at::Tensor* context, const at::Tensor* x, const at::Tensor* weights,
                              const at::Tensor* scales, const at::Tensor* bias, const at::Tensor* bt, const at::Tensor* at_matrix,
-                             int64_t dilation, int32_t kernels, bool amx, at::Tensor** out, char* error,
+                             int64_t dilation, int32_t kernels, at::Tensor** out, char* error,
                              size_t error_size) {
   RECORD_FUNCTION("qwencodec::winograd_conv", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
@@ -835,10 +770,7 @@ bool qwencodec_winograd_conv(at::Tensor* context, const at::Tensor* x, const at:
                       weights->size(2) * 2 == x->size(1) && weights->size(3) == kBlockOutputs && weights->size(4) == 2,
                   "bfloat16 Winograd weights are contiguous [points, blocks, in / 2, ", kBlockOutputs, ", 2] for ",
                   out_channels, " outputs and an even number of inputs");
-      TORCH_CHECK(!amx || x->size(1) % 32 == 0, "AMX bfloat16 products take inputs in multiples of 32, not ",
-                  x->size(1));
     } else {
-      TORCH_CHECK(!amx, "AMX products are bfloat16");
       TORCH_CHECK(weights->dim() == 4 && weights->scalar_type() == (scales ? at::kShort : at::kFloat) &&
                       weights->is_contiguous() && weights->size(1) == blocks && weights->size(2) == x->size(1) &&
                       weights->size(3) == kBlockOutputs,
@@ -881,8 +813,7 @@ bool qwencodec_winograd_conv(at::Tensor* context, const at::Tensor* x, const at:
                   points,
                   dilation,
                   0,
-                  bf16,
-                  amx};
+                  bf16};
     c.tiles = (columns + c.block() - 1) / c.block();
     // Tiles of every phase per piece, as many pieces as fit the cache budget, rounded up to a
     // multiple of the threads so that none idles at the end.

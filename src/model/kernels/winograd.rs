@@ -37,7 +37,6 @@ mod ffi {
             at: *const C_tensor,
             dilation: i64,
             kernels: i32,
-            amx: bool,
             out: *mut *mut C_tensor,
             error: *mut c_char,
             size: usize,
@@ -110,8 +109,8 @@ pub enum TransformedWeights {
     /// where the bytes are the cost).
     Int16,
     /// bfloat16 weights and tiles, multiplied in pairs into float32 sums by AVX512_BF16's
-    /// `vdpbf16ps`, twice the products of an FMA on the AMD EPYC, or in AMX tiles (AMX-BF16):
-    /// dtype bf16 where the CPU has them ([`TransformedWeights::for_layer`]).
+    /// `vdpbf16ps`, twice the products of an FMA on the AMD EPYC: dtype bf16 where the CPU has
+    /// them ([`TransformedWeights::for_layer`]).
     Bfloat16,
 }
 
@@ -126,9 +125,8 @@ impl TransformedWeights {
     /// products float32 tiles keep as exact as f32's. Rounding the tiles puts the
     /// released geometry's decode at 1.4e-1 from float64, against 1.1e-1 with float32 tiles and
     /// upstream's own bf16 decode's 2.0e-1; the same products in blocks 2 to 4 put it at 1.8e-1,
-    /// in every block at 2.1e-1. On CPUs with AMX-BF16 blocks 2-4 take them in tiles of 4
-    /// outputs, block 2 though its matrix is `rounded` (`network::precision::amx_winograd`,
-    /// whose caller passes `rounded` false for it): 1.4e-1.
+    /// in every block at 2.1e-1. On CPUs with AMX-BF16 these layers run in its tiles without
+    /// Winograd's transforms (`kernels::conv_amx`).
     pub fn for_layer(
         dtype_rounding: Option<Kind>,
         rounded: bool,
@@ -237,8 +235,6 @@ pub struct Winograd {
     dilation: i64,
     /// The instruction set it runs in.
     kernels: CpuKernels,
-    /// bfloat16 products in AMX tiles (see [`Winograd::new`]).
-    amx: bool,
 }
 
 impl Winograd {
@@ -266,23 +262,11 @@ impl Winograd {
         m: usize,
         format: TransformedWeights,
     ) -> TorchResult<Self> {
-        // bfloat16 products in AMX tiles where the CPU has them (whose layers take bfloat16
-        // products only with inputs in 32s: `shim::bfloat16_products`).
-        let amx = format == TransformedWeights::Bfloat16 && shim::has_amx_bf16();
-        Self::in_kernels(
-            weight,
-            bias,
-            dilation,
-            m,
-            format,
-            shim::kernel(Kernel::Winograd),
-            amx,
-        )
+        Self::in_kernels(weight, bias, dilation, m, format, shim::kernel(Kernel::Winograd))
     }
 
     /// [`Winograd::new`] in `kernels` (AVX2 or AVX-512), which the CPU must have; bfloat16
-    /// weights run in AVX-512, where the CPU must have AVX512_BF16, and with `amx` in AMX tiles,
-    /// where it must have AMX-BF16 and the inputs come in 32s.
+    /// weights run in AVX-512, where the CPU must have AVX512_BF16.
     fn in_kernels(
         weight: &Tensor,
         bias: &Tensor,
@@ -290,7 +274,6 @@ impl Winograd {
         m: usize,
         format: TransformedWeights,
         kernels: CpuKernels,
-        amx: bool,
     ) -> TorchResult<Self> {
         let taps = weight.size()[2] as usize;
         let transforms = Transforms::new(m, taps);
@@ -343,7 +326,6 @@ impl Winograd {
             output_transform: matrix(&transforms.output, Kind::Float)?,
             dilation: dilation as i64,
             kernels,
-            amx,
         })
     }
 
@@ -367,7 +349,6 @@ impl Winograd {
                 self.output_transform.as_ptr(),
                 self.dilation,
                 self.kernels as i32,
-                self.amx,
                 out,
                 error,
                 size,
@@ -483,33 +464,11 @@ mod tests {
         // and of 8, and a block's second half partly used in AVX2: 40 = 24 + 16).
         for (channels_in, channels_out) in [(40, 160), (136, 40), (21, 45)] {
             // The bfloat16 products by `vdpbf16ps` where the CPU has them.
-            let mut formats = vec![
-                (TransformedWeights::Float32, false),
-                (TransformedWeights::Int16, false),
-            ];
+            let mut formats = vec![TransformedWeights::Float32, TransformedWeights::Int16];
             if kernels == CpuKernels::Avx512 && has_bf16_products() && channels_in % 2 == 0 {
-                formats.push((TransformedWeights::Bfloat16, false));
+                formats.push(TransformedWeights::Bfloat16);
             }
             for taps in [3, 7] {
-                check_kernel(&mut random, channels_in, channels_out, taps, kernels, &formats);
-            }
-        }
-    }
-
-    /// The bfloat16 products in AMX tiles, as the other formats above: inputs in 32s (one
-    /// product's and more), into two blocks and a few outputs.
-    #[test]
-    #[cfg_attr(
-        not(host_amx_bf16),
-        ignore = "this CPU has no AMX-BF16: the products cannot run"
-    )]
-    fn matches_a_float64_convolution_in_amx_tiles() {
-        shim::tested_amx();
-        let kernels = shim::tested(CpuKernels::Avx512);
-        let mut random = Inputs::new(6);
-        for (channels_in, channels_out) in [(32, 40), (96, 100)] {
-            for taps in [3, 7] {
-                let formats = [(TransformedWeights::Bfloat16, true)];
                 check_kernel(&mut random, channels_in, channels_out, taps, kernels, &formats);
             }
         }
@@ -532,7 +491,7 @@ mod tests {
         channels_out: i64,
         taps: i64,
         kernels: CpuKernels,
-        formats: &[(TransformedWeights, bool)],
+        formats: &[TransformedWeights],
     ) {
         let options = (Kind::Float, Device::Cpu);
         let weight = random.normal([channels_out, channels_in, taps], options) / 17.0;
@@ -540,7 +499,7 @@ mod tests {
         // int16 weights: each transformed weight within half a step of 1/32767 of its channel's
         // largest, which the transforms magnify (tiles of 6: up to about 1e-3 here). bfloat16
         // rounds the tiles too, each to 8 bits of its own size (see bf16_bound).
-        for &(format, amx) in formats {
+        for &format in formats {
             for m in [2, 4, 6] {
                 let bound = match format {
                     TransformedWeights::Float32 => 2e-5,
@@ -548,12 +507,10 @@ mod tests {
                     TransformedWeights::Bfloat16 => bf16_bound(m),
                 };
                 for dilation in [1, 3, 9] {
-                    let conv =
-                        Winograd::in_kernels(&weight, &bias, dilation, m, format, kernels, amx).unwrap();
+                    let conv = Winograd::in_kernels(&weight, &bias, dilation, m, format, kernels).unwrap();
                     let what = format!(
                         "{kernels:?}: {channels_in} -> {channels_out} channels, F({m}, {taps}), \
-                         dilation {dilation}, {format:?} weights{}",
-                        if amx { " in AMX tiles" } else { "" }
+                         dilation {dilation}, {format:?} weights"
                     );
                     check_tiles(random, &conv, &weight, &bias, dilation, bound, &what);
                 }

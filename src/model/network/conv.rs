@@ -155,19 +155,14 @@ impl CausalConv {
             None
         };
         let rounded = matrix.as_ref().is_some_and(Matrix::is_rounded);
-        let amx_winograd = groups == 1 && kernel > 1 && precision::amx_winograd(&weights, in_channels);
-        let tile = precision::winograd_outputs(&weights, tiles, amx_winograd);
+        let tile = precision::winograd_outputs(&weights, tiles);
         let winograd = (groups == 1
             && weight.kind() == Kind::Float
             && Winograd::applies(weights.device(), in_channels.min(out_channels), tile, kernel))
         .then(|| {
             let stored = weights.stored_kind("weight");
-            let format = TransformedWeights::for_layer(
-                weights.weight_rounding(),
-                rounded && !amx_winograd,
-                stored,
-                in_channels,
-            );
+            let format =
+                TransformedWeights::for_layer(weights.weight_rounding(), rounded, stored, in_channels);
             Winograd::new(&weight, &bias, dilation, tile, format)
         })
         .transpose()?;

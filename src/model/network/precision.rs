@@ -46,15 +46,6 @@ const AMX_ONE_BY_ONE: AmxRule = AmxRule {
     kernel: Kernel::PointwiseBf16,
 };
 
-/// Winograd products from 160 columns a frame: the vocoder's blocks 2-4 of the released geometry.
-/// Block 1's (32 columns) would put the decode's error at 1.54e-1 in tiles of 2 outputs and
-/// 1.91e-1 in tiles of 4 for 0.1-0.2 ms a step: it keeps its 16-bit integer weights and float32
-/// products.
-const AMX_WINOGRAD: AmxRule = AmxRule {
-    from_columns: 160,
-    kernel: Kernel::WinogradBf16,
-};
-
 /// Convolutions of several taps from 32 columns a frame (the vocoder's residual units, blocks 1-4
 /// of the released geometry), directly in AMX tiles (`kernels::conv_amx`) at every step: at 32
 /// columns AMX reads block 1's bfloat16 weights at memory's rate where its Winograd tiles of
@@ -144,27 +135,14 @@ pub fn amx_conv(weights: &Weights, in_channels: usize, out_channels: usize) -> b
 /// convolution (one output) runs faster by `kernels::direct_conv`.
 const AMX_CONV_MIN_OUTPUTS: usize = 32;
 
-/// Whether a convolution at `weights` with `in_channels` inputs takes its Winograd products in
-/// AMX's bfloat16 tiles ([`AMX_WINOGRAD`]), in tiles of 4 outputs ([`winograd_outputs`]),
-/// whether or not [`rounded_weights`] keeps its matrix in 16 bits.
-pub fn amx_winograd(weights: &Weights, in_channels: usize) -> bool {
-    AMX_WINOGRAD.takes_layer(weights, in_channels)
-}
-
 /// Outputs per tile of a float32 convolution at `weights` computed by Winograd's algorithm
 /// (`kernels::winograd`) that wants `tiles`. In float32, 4 (fewer products) for the vocoder's
 /// residual units and 2 for the layers before the blocks, so that the released geometry's
 /// decode stays about as close to float64 as upstream's own. Dtypes f16 and bf16, whose 16-bit
 /// weights err far more, take 4 everywhere, and 6 from 160 columns per frame (blocks 2-4 of the
 /// released geometry), where a one-frame step has tens of tiles per point and fewer products
-/// outweigh the larger transformed matrices. In AMX's bfloat16 tiles ([`amx_winograd`]), 4:
-/// their inputs are rounded to bfloat16, which tiles of 6 magnify (the released geometry's error
-/// against float64 1.41e-1 with blocks 3-4 in AMX tiles of 6; 1.19e-1 with them in tiles of 4,
-/// 1.42e-1 with blocks 2-4 in tiles of 4, 1.85e-1 with blocks 2-4 in tiles of 6).
-pub fn winograd_outputs(weights: &Weights, tiles: Tiles, amx_winograd: bool) -> usize {
-    if amx_winograd {
-        return 4;
-    }
+/// outweigh the larger transformed matrices.
+pub fn winograd_outputs(weights: &Weights, tiles: Tiles) -> usize {
     match (weights.weight_rounding().is_some(), tiles) {
         (true, _) if weights.columns_per_frame() >= 160 => 6,
         (true, _) | (false, Tiles::Fast) => 4,
@@ -195,29 +173,6 @@ mod tests {
         );
         assert!(!AMX_ONE_BY_ONE.takes(f16, f32, 768, 32));
         assert!(!AMX_ONE_BY_ONE.takes(None, f32, 768, 32));
-    }
-
-    /// Winograd's AMX tiles take blocks 2-4 in dtype bf16 alone (from 160 columns a frame), not
-    /// block 1, where the CPU has them and the kernel runs, the inputs come in 32s and the
-    /// checkpoint's weight is not bfloat16.
-    #[test]
-    fn amx_winograd_goes_to_the_late_blocks_in_bf16_where_the_cpu_has_amx() {
-        let amx = shim::has_amx_bf16() && Kernel::WinogradBf16.runs_in(shim::kernel(Kernel::WinogradBf16));
-        let (bf16, f16, f32) = (Some(Kind::BFloat16), Some(Kind::Half), Some(Kind::Float));
-        for (channels, columns) in [(384, 160), (192, 640), (96, 1920)] {
-            assert_eq!(AMX_WINOGRAD.takes(bf16, f32, channels, columns), amx);
-        }
-        assert!(
-            !AMX_WINOGRAD.takes(bf16, f32, 768, 32),
-            "block 1 keeps its float32 products"
-        );
-        assert!(!AMX_WINOGRAD.takes(bf16, f32, 400, 160), "inputs not in 32s");
-        assert!(
-            !AMX_WINOGRAD.takes(bf16, bf16, 384, 160),
-            "a weight stored in bfloat16 stays exact"
-        );
-        assert!(!AMX_WINOGRAD.takes(f16, f32, 384, 160));
-        assert!(!AMX_WINOGRAD.takes(None, f32, 384, 160));
     }
 
     /// AMX's convolutions take the residual units' (from 32 columns a frame: blocks 1-4) in
