@@ -3,7 +3,8 @@
 // KV window moved on by the step's positions. A step has a few positions against a window of a
 // few dozen, so the arithmetic is small and libtorch's way (about forty ops per layer, each
 // dispatched, allocated and split over the threads) spent most of the layer's time outside its
-// products. Plain loops, float32 like libtorch's ops, any x86-64 CPU. Errors as in shim.h.
+// products. Plain loops, float32 like libtorch's ops, compiled for AVX2 and FMA (the kernel runs
+// where those are: shim.rs), the dot products in vectors. Errors as in shim.h.
 
 #include "intrinsics.h"  // first: see there
 
@@ -38,14 +39,32 @@ struct Attention {
 
 // `x` rotated as upstream's RoPE rotates it: x * cos + rotate_half(x) * sin, rotate_half(x)
 // being [-x2, x1] for the halves x1, x2.
-void rope(const float* x, const float* cos, const float* sin, float* out, int64_t d) {
+__attribute__((target("avx2,fma"))) void rope(const float* x, const float* cos, const float* sin, float* out, int64_t d) {
   const int64_t half = d / 2;
   for (int64_t i = 0; i < half; ++i) out[i] = x[i] * cos[i] + (-x[i + half]) * sin[i];
   for (int64_t i = half; i < d; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
 }
 
+// The dot product of `a` and `b` (`d` values) in two vectors of partial sums: one chain of d
+// dependent adds, as a plain loop keeps them, took most of the layer's attention.
+__attribute__((target("avx2,fma"))) float dot(const float* a, const float* b, int64_t d) {
+  __m256 first = _mm256_setzero_ps(), second = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= d; i += 16) {
+    first = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), first);
+    second = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), second);
+  }
+  for (; i + 8 <= d; i += 8) first = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), first);
+  const __m256 both = _mm256_add_ps(first, second);
+  __m128 four = _mm_add_ps(_mm256_castps256_ps128(both), _mm256_extractf128_ps(both, 1));
+  four = _mm_add_ps(four, _mm_movehl_ps(four, four));
+  float sum = _mm_cvtss_f32(_mm_add_ss(four, _mm_shuffle_ps(four, four, 1)));
+  for (; i < d; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
 // Key/value head `g` of row `b`: the query heads it serves, then its window moved on.
-void group(const Attention& a, int64_t b, int64_t g) {
+__attribute__((target("avx2,fma"))) void group(const Attention& a, int64_t b, int64_t g) {
   const int64_t d = a.head_dim, positions = a.positions(), groups = a.heads / a.kv_heads;
   float* window_keys = a.keys + (b * a.kv_heads + g) * a.slots * d;
   float* window_values = a.values + (b * a.kv_heads + g) * a.slots * d;
@@ -69,10 +88,7 @@ void group(const Attention& a, int64_t b, int64_t g) {
       const float* mask = a.mask + (b * a.steps + t) * positions;
       float top = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < positions; ++j) {
-        const float* k = rotated_keys.data() + j * d;
-        float dot = 0.0f;
-        for (int64_t i = 0; i < d; ++i) dot += query[i] * k[i];
-        scores[j] = dot * scale + mask[j];
+        scores[j] = dot(query.data(), rotated_keys.data() + j * d, d) * scale + mask[j];
         top = std::max(top, scores[j]);
       }
       float total = 0.0f;
