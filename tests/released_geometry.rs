@@ -84,7 +84,8 @@ fn streams_batched_at_released_widths_stay_exact() {
 /// 1.36-1.41e-1; and blocks 2-4's Winograd products in AMX tiles of 4 outputs, 1.37-1.42e-1; and
 /// the products of the weights kept in bfloat16 in AMX tiles too (the upsampler's, the vocoder's
 /// input convolution and block 1's transposed one), 1.43-1.48e-1 (with the transformer's,
-/// 1.52-1.57e-1).
+/// 1.52-1.57e-1); with the residual units' convolutions directly in AMX tiles instead of
+/// Winograd's (`conv_amx`), 1.13-1.22e-1.
 #[test]
 fn rounded_weights_on_cpu_stay_within_their_bounds_at_released_widths() {
     let fixture = released_fixture();
