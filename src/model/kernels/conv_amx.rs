@@ -46,14 +46,15 @@ pub struct ConvAmx {
 }
 
 impl ConvAmx {
-    /// `weight` [out, in, taps] and `bias` [out], float32, `in` a multiple of [`AMX_INPUTS`];
-    /// the caller has checked that the CPU and process have AMX-BF16.
+    /// `weight` [out, in, taps] and `bias` [out], float32, `in` a multiple of [`AMX_INPUTS`] (an
+    /// error otherwise); the caller has checked that the CPU and process have AMX-BF16.
     pub fn new(weight: &Tensor, bias: &Tensor, dilation: i64) -> TorchResult<Self> {
         let (out, in_channels, taps) = (weight.size()[0], weight.size()[1], weight.size()[2]);
-        assert!(
-            in_channels % AMX_INPUTS == 0,
-            "AMX convolutions take inputs in multiples of {AMX_INPUTS}, not {in_channels}"
-        );
+        if in_channels % AMX_INPUTS != 0 {
+            return Err(tch::TchError::Shape(format!(
+                "AMX convolutions take inputs in multiples of {AMX_INPUTS}, not {in_channels}"
+            )));
+        }
         let pair = 2 * AMX_BLOCK_OUTPUTS;
         let blocks = (out + pair - 1) / pair * 2;
         let padding = blocks * AMX_BLOCK_OUTPUTS - out;
