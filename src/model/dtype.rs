@@ -58,7 +58,8 @@ impl fmt::Display for Dtype {
 
 /// What a decoder in `dtype` on `device` should know of the other dtypes' speed here. Where the
 /// CPU takes every bfloat16 product of ours (AVX512_BF16 on a CPU other than Intel's, AMX-BF16 on
-/// any, our kernels on: see `Kernel::runs_in`), `bf16` is the fastest dtype; where it takes none
+/// any, our kernels on: see `Kernel::runs_in`; the convolutions' by Winograd tiles in bfloat16
+/// pairs or directly in AMX tiles), `bf16` is the fastest dtype; where it takes none
 /// (no AVX512_BF16, an Intel CPU without AMX, the kernels held back), `bf16` runs `f16`'s path
 /// at `f16`'s speed and rounds more, so `f16` is the better reduced dtype. None where there is nothing to add (CUDA; `f32`;
 /// the dtype already the fastest; some products held back by name, unmeasured).
@@ -67,7 +68,8 @@ pub fn dtype_note(dtype: Dtype, device: Device) -> Option<&'static str> {
         return None;
     }
     let runs = |kernel: Kernel| kernel.runs_in(shim::kernel(kernel));
-    let products = match (runs(Kernel::WinogradBf16), runs(Kernel::PointwiseBf16)) {
+    let convolutions = runs(Kernel::WinogradBf16) || runs(Kernel::ConvAmx);
+    let products = match (convolutions, runs(Kernel::PointwiseBf16)) {
         (true, true) => Bf16Products::All,
         (false, false) => Bf16Products::None,
         _ => Bf16Products::Some,
@@ -86,8 +88,8 @@ enum Bf16Products {
 fn dtype_note_of(dtype: Dtype, products: Bf16Products) -> Option<&'static str> {
     match (dtype, products) {
         (Dtype::F16, Bf16Products::All) => Some(
-            "dtype bf16 is the fastest on this CPU (bfloat16 products: AVX512_BF16 or AMX), at 1.4e-1 from \
-             float64 at the released widths where f16 is at 1.7e-2 (docs/performance.md)",
+            "dtype bf16 is the fastest on this CPU (bfloat16 products: AVX512_BF16 or AMX), at 1.2-1.4e-1 \
+             from float64 at the released widths where f16 is at 1.7e-2 (docs/performance.md)",
         ),
         (Dtype::Bf16, Bf16Products::None) => Some(
             "our bfloat16 products do not run on this CPU (they need AVX512_BF16 on a CPU other \
@@ -125,5 +127,22 @@ mod tests {
         assert_eq!(dtype_note_of(Dtype::Bf16, Part), None);
         assert_eq!(dtype_note_of(Dtype::F32, All), None);
         assert_eq!(dtype_note(Dtype::Bf16, Device::Cuda(0)), None);
+    }
+
+    /// On a CPU with AMX-BF16, whose convolutions take their bfloat16 products by `conv_amx`, not
+    /// by Winograd's pairs (which do not run on Intel's CPUs), f16 is told that bf16 is the
+    /// fastest, wherever this process runs those kernels (not under `QWENCODEC_CPU_KERNELS=avx2`
+    /// or `off`).
+    #[test]
+    #[cfg_attr(
+        not(host_amx_bf16),
+        ignore = "this CPU has no AMX-BF16: its convolutions take no AMX products"
+    )]
+    fn names_bf16_the_fastest_where_the_cpu_has_amx() {
+        let runs = |kernel: Kernel| kernel.runs_in(shim::kernel(kernel));
+        let kernels_run = runs(Kernel::ConvAmx) && runs(Kernel::PointwiseBf16);
+        let named =
+            dtype_note(Dtype::F16, Device::Cpu).is_some_and(|note| note.contains("bf16 is the fastest"));
+        assert_eq!(named, kernels_run);
     }
 }
