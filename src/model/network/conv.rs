@@ -120,31 +120,19 @@ impl CausalConv {
         let context = (kernel - 1) * dilation;
         let weight = weights.get("weight", &[out_channels, in_channels / groups, kernel])?;
         let bias = weights.get("bias", &[out_channels])?;
-        if groups == 1
+        // In AMX tiles at every step, where it takes them, then in no other form.
+        let amx = (groups == 1
             && kernel > 1
             && weight.kind() == Kind::Float
             && weights.device() == Device::Cpu
-            && precision::amx_conv(&weights, in_channels, out_channels)
-        {
-            return Ok(Self {
-                amx: Some(ConvAmx::new(&weight, &bias, dilation as i64)?),
-                kernel_weights: None,
-                matrix: None,
-                winograd: None,
-                one_by_one: None,
-                direct: false,
-                in_channels: in_channels as i64,
-                kernel: kernel as i64,
-                dilation: dilation as i64,
-                groups: groups as i64,
-                context: context as i64,
-                slot: layout.reserve(in_channels, context),
-            });
-        }
+            && precision::amx_conv(&weights, in_channels, out_channels))
+        .then(|| ConvAmx::new(&weight, &bias, dilation as i64))
+        .transpose()?;
+        let other_forms = amx.is_none();
         let amx_products = kernel == 1 && groups == 1 && precision::amx_products(&weights, in_channels);
         // Grouped convolutions have no matrix form; a 1x1 convolution in AMX tiles at every step
         // needs none.
-        let matrix = if groups == 1 && !amx_products {
+        let matrix = if other_forms && groups == 1 && !amx_products {
             Some(Matrix::new(
                 weight.f_view([out_channels as i64, -1])?,
                 Some(bias.shallow_clone()),
@@ -156,7 +144,8 @@ impl CausalConv {
         };
         let rounded = matrix.as_ref().is_some_and(Matrix::is_rounded);
         let tile = precision::winograd_outputs(&weights, tiles);
-        let winograd = (groups == 1
+        let winograd = (other_forms
+            && groups == 1
             && weight.kind() == Kind::Float
             && Winograd::applies(weights.device(), in_channels.min(out_channels), tile, kernel))
         .then(|| {
@@ -180,10 +169,11 @@ impl CausalConv {
                 })
             })
             .transpose()?;
-        let direct = !rounded && direct_conv::applies(&weight, groups as i64, weights.device());
+        let direct =
+            other_forms && !rounded && direct_conv::applies(&weight, groups as i64, weights.device());
         Ok(Self {
-            amx: None,
-            kernel_weights: (!rounded).then_some((weight, bias)),
+            amx,
+            kernel_weights: (other_forms && !rounded).then_some((weight, bias)),
             matrix,
             winograd,
             one_by_one,
