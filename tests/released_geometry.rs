@@ -7,7 +7,7 @@ mod common;
 
 use common::{RELEASED_FIXTURE, code_bytes, harness, pull_all, relative_l2, released_fixture, samples};
 use gst::prelude::*;
-use gstqwencodec::model::{Dtype, Model, StepLimits, StreamDecoder, TailStrategy};
+use gstqwencodec::model::{Dtype, Kernel, Model, StepLimits, StreamDecoder, TailStrategy, cpu_kernels};
 
 /// The core at one frame per call and per step, and at three frames per step with the codes in
 /// one call (joined into larger steps, then a tail of two frames decoded eagerly).
@@ -69,6 +69,55 @@ fn streams_batched_at_released_widths_stay_exact() {
     let model = std::sync::Arc::new(Model::load(&fixture.dir, tch::Device::Cpu, Dtype::F32).unwrap());
     let (plans, outcomes) = common::batching::three_streams_of_different_ages(&fixture, &model);
     common::batching::check(&fixture, &model, &plans, &outcomes);
+}
+
+/// bf16 batched at the released widths: three streams of different ages in batches of three,
+/// two frames a step. Where this process multiplies in AMX tiles (CPUs with AMX-BF16, kernels on),
+/// each stream's audio is its solo decode bit for bit: every product's rows are summed alike
+/// whoever shares the batch, and a layer's way (its matrix or Winograd tiles) follows the
+/// stream's step, not the batch's rows. Elsewhere a batch can change a layer's way, and the
+/// audio within the dtype's error (2.9e-2 from the solo decode held to AVX2 on the Intel Xeon,
+/// 2026-12-06); each stream then stays within bf16's bound of upstream's float64 decode, which
+/// it would not with another stream's rows or context.
+#[test]
+fn bf16_streams_batched_at_released_widths_decode_as_alone() {
+    let fixture = released_fixture();
+    // A model of its own: the test holds and watches its batches.
+    let model = std::sync::Arc::new(Model::load(&fixture.dir, tch::Device::Cpu, Dtype::Bf16).unwrap());
+    let (plans, outcomes) = common::batching::three_streams_of_different_ages(&fixture, &model);
+    let amx = Kernel::ConvAmx.runs_in(cpu_kernels()) && Kernel::SkinnyGemmBf16.runs_in(cpu_kernels());
+    for (index, (plan, outcome)) in plans.iter().zip(&outcomes).enumerate() {
+        let solo = common::batching::decode(
+            &model,
+            &common::batching::Plan {
+                max_batch: 1,
+                cuda_graphs: false,
+                ..plan.clone()
+            },
+            fixture.codebooks,
+        );
+        let from_solo = relative_l2(&outcome.audio, &solo.audio);
+        let frames = plan.codes.len() / fixture.codebooks;
+        let from_float64 = relative_l2(
+            &outcome.audio,
+            &fixture.audio[..frames * fixture.samples_per_frame],
+        );
+        println!(
+            "measured {RELEASED_FIXTURE} bf16 batched stream {index}: {from_solo:.3e} from its solo \
+             decode, {from_float64:.3e} from float64 (AMX: {amx})"
+        );
+        if amx {
+            assert!(
+                outcome.audio == solo.audio,
+                "stream {index}: {from_solo:.3e} from its solo decode in AMX tiles"
+            );
+        }
+        assert!(
+            from_float64 <= fixture.bf16_bound(),
+            "stream {index}: {from_float64:.3e} from float64, above {:.3e}",
+            fixture.bf16_bound()
+        );
+    }
 }
 
 /// Dtypes f16 and bf16 on the CPU (16-bit weights, float32 activations but for bf16's late blocks'

@@ -198,12 +198,17 @@ impl CausalConv {
         // output columns against many input channels: the low-rate layers of a small step), as
         // it reads the weight faster than the convolution kernels do; on CUDA always, as cuBLAS
         // keeps float32 exact where cuDNN defaults to TF32; 16-bit weights always, unless the
-        // step is large enough for Winograd tiles.
+        // step is large enough for Winograd tiles: a stream's step, not the batch's rows, where the
+        // matrix is in AMX tiles (`Matrix::is_amx`), whose products stay bound by the weight's
+        // bytes at a batch's rows, so that a stream's audio does not depend on its batch.
         let rows = batch * columns;
         let by_matrix = match &self.matrix {
             None => false,
             Some(_) if x.device().is_cuda() => true,
-            Some(_) if self.winograd.is_some() => rows <= MATRIX_MAX_ROWS,
+            Some(matrix) if self.winograd.is_some() => {
+                let counted = if matrix.is_amx() { columns } else { rows };
+                counted <= MATRIX_MAX_ROWS
+            }
             Some(matrix) => matrix.is_rounded() || rows * 16 <= self.in_channels,
         };
         // Otherwise by Winograd tiles where the CPU has them for this many channels: fewer

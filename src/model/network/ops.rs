@@ -143,6 +143,11 @@ impl Matrix {
         )
     }
 
+    /// Whether it is packed for AMX's tiles ([`MatrixRounding::AmxBf16`]).
+    pub fn is_amx(&self) -> bool {
+        matches!(self, Self::Amx { .. })
+    }
+
     /// `rows` [R, in] float32 -> [R, out] float32 (a transposed view, but for packed weights).
     pub fn forward(&self, rows: &Tensor) -> TorchResult<Tensor> {
         match self {
