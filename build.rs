@@ -4,8 +4,9 @@ use std::path::{Path, PathBuf};
 /// The CPU kernels' sources, in `KERNELS_DIR` beside the headers they share (the op profiler's
 /// shim includes them too).
 const KERNELS_DIR: &str = "src/model/kernels";
-const SHIM_HEADERS: [&str; 6] = [
+const SHIM_HEADERS: [&str; 7] = [
     "amx.h",
+    "context.h",
     "intrinsics.h",
     "kernels.h",
     "shim.h",

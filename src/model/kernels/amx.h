@@ -1,5 +1,5 @@
-// What the kernels that multiply in AMX tiles share (winograd.cpp, pointwise.cpp,
-// skinny_gemm.cpp, conv_amx.cpp): the tiles' configuration and the fences around them. Every such
+// What the kernels that multiply in AMX tiles share (pointwise.cpp, skinny_gemm.cpp,
+// conv_amx.cpp): the tiles' configuration and the fences around them. Every such
 // kernel uses tile registers 0-6 as rows of 64 bytes: 0-2 sums (16 rows, or fewer, by 16
 // float32), 3 the left side (as many rows by 32 bfloat16), 4-6 right sides (16 pairs of inputs by
 // 16 outputs, as bfloat16 pairs); but conv_amx.cpp, which uses all eight as 16 rows of 64 bytes

@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "amx.h"
+#include "context.h"
 #include "shim.h"
 #include "transpose.h"
 #include "widen.h"
@@ -34,11 +35,11 @@ constexpr int64_t kInputs = 32;
 constexpr int64_t kUnit = 2 * kAmxRows;
 
 struct Convolution {
-  const at::BFloat16* weights;  // [out_blocks / 2, taps, in / 32, 2, 16, 16, 2] (see the entry point)
-  const float* bias_tiles;      // [out_blocks, 16, 16]: each block's bias in every row
+  const at::BFloat16* weights;  // [pairs, taps, in / 32, 2, 16, 16, 2] (see the entry point)
+  const float* bias_tiles;      // [2 pairs, 16, 16]: each block's bias in every row
   const at::BFloat16* rows;     // [B, stream_rows, in]
   float* y;                     // [B, out, columns]
-  int64_t in, out, out_blocks, taps, dilation, columns, stream_rows;
+  int64_t in, out, taps, dilation, columns, stream_rows;
 };
 
 // Stream b's input rows t0..t0 + 16 of inputs c0..c0 + 16 (context rows first, then the new
@@ -122,9 +123,10 @@ extern "C" {
 
 // `context`: [B, in, reach] float32, the kernel's reach into the past ((taps - 1) * dilation
 // columns), moved on in place to the last `reach` columns of the input; `x`: [B, in, T] float32,
-// the new columns; `weights`: bfloat16 [out_blocks / 2, taps, in / 32, 2, 16, 16, 2], input i of
-// output o at tap k at [o / 32][k][i / 32][(o / 16) % 2][(i % 32) / 2][o % 16][i % 2] (a pair of
-// blocks of 16 outputs in the order a unit reads them), zeros past the outputs; `bias_tiles`: float32 [out_blocks, 16, 16], block ob's 16 biases in each of its rows;
+// the new columns; `weights`: bfloat16 [pairs, taps, in / 32, 2, 16, 16, 2], pairs the outputs'
+// 32s rounded up, input i of output o at tap k at [o / 32][k][i / 32][(o / 16) % 2][(i % 32) /
+// 2][o % 16][i % 2] (a pair of blocks of 16 outputs in the order a unit reads them), zeros past
+// the outputs; `bias_tiles`: float32 [2 pairs, 16, 16], block ob's 16 biases in each of its rows;
 // `out_features`: the outputs; all contiguous, `in` a multiple of 32 (qwencodec_amx_bf16 true).
 // `*out`: [B, out_features, T] float32.
 bool qwencodec_conv_amx(at::Tensor* context, const at::Tensor* x, const at::Tensor* weights,
@@ -136,10 +138,10 @@ bool qwencodec_conv_amx(at::Tensor* context, const at::Tensor* x, const at::Tens
                 "a convolution's input is contiguous float32 [B, channels, T]");
     const int64_t batch = x->size(0), in = x->size(1), columns = x->size(2);
     TORCH_CHECK(weights->dim() == 7 && weights->scalar_type() == at::kBFloat16 && weights->is_contiguous() &&
-                    weights->size(0) * kUnit >= out_features && out_features > 0 &&
+                    out_features > 0 && weights->size(0) == (out_features + kUnit - 1) / kUnit &&
                     weights->size(2) * kInputs == in && weights->size(3) == 2 && weights->size(4) == kAmxRows &&
                     weights->size(5) == kAmxRows && weights->size(6) == 2,
-                "AMX convolution weights are contiguous bfloat16 [out_blocks / 2, taps, in / 32, 2, 16, 16, 2] "
+                "AMX convolution weights are contiguous bfloat16 [out / 32 rounded up, taps, in / 32, 2, 16, 16, 2] "
                 "for ",
                 out_features, " outputs and ", in, " inputs (a multiple of 32)");
     const int64_t taps = weights->size(1), out_blocks = 2 * weights->size(0);
@@ -174,16 +176,12 @@ bool qwencodec_conv_amx(at::Tensor* context, const at::Tensor* x, const at::Tens
                         result.data_ptr<float>(),
                         in,
                         out_features,
-                        out_blocks,
                         taps,
                         dilation,
                         columns,
                         stream_rows};
     // Units by output pair, then stream, then columns: a thread's range shares its weights.
-    const int64_t pairs = out_blocks / 2;
-    // Output pairs of padding alone (more blocks than the outputs fill) are skipped.
-    const int64_t used_pairs = (out_features + kUnit - 1) / kUnit;
-    const int64_t units = std::min(pairs, used_pairs) * batch * units_per_stream;
+    const int64_t units = weights->size(0) * batch * units_per_stream;
     at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
       qwencodec::load_eight_tile_config();
       for (int64_t u = begin; u < end; ++u) {
@@ -192,15 +190,8 @@ bool qwencodec_conv_amx(at::Tensor* context, const at::Tensor* x, const at::Tens
       }
       qwencodec::release_tiles();
     });
-    // The context moves on to the input's last `reach` columns.
-    const int64_t kept = std::max<int64_t>(0, reach - columns);
-    float* moved = context->data_ptr<float>();
-    for (int64_t row = 0; row < batch * in; ++row) {
-      float* own = moved + row * reach;
-      const float* fresh = now + row * columns;
-      std::copy(own + reach - kept, own + reach, own);
-      std::copy(fresh + columns - (reach - kept), fresh + columns, own + kept);
-    }
+    // The context moves on to the input's last `reach` columns, once every unit has read it.
+    qwencodec::advance_context(context->data_ptr<float>(), now, batch * in, reach, columns);
     *out = new at::Tensor(std::move(result));
   });
 }

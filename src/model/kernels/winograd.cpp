@@ -24,6 +24,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "context.h"
 #include "kernels.h"
 #include "shim.h"
 #include "transpose.h"
@@ -719,18 +720,6 @@ void run_piece(const Convolution& c, const Piece& piece) {
   output_transform<Isa>(c, piece, v + tiles);
 }
 
-// The context moves on to the last `reach` columns of the input (context, then new columns),
-// once every piece has read it. A few hundred short rows: one thread.
-void advance_context(const Convolution& c, float* context, int64_t rows) {
-  const int64_t kept = std::max<int64_t>(0, c.reach - c.columns);
-  for (int64_t row = 0; row < rows; ++row) {
-    float* past = context + row * c.reach;
-    const float* x = c.x + row * c.columns;
-    std::copy(past + c.reach - kept, past + c.reach, past);
-    std::copy(x + c.columns - (c.reach - kept), x + c.columns, past + kept);
-  }
-}
-
 void check_matrix(const at::Tensor* matrix, int64_t rows, int64_t cols, const char* name) {
   TORCH_CHECK(matrix->scalar_type() == at::kFloat && matrix->is_contiguous() && matrix->dim() == 2 &&
                   matrix->size(0) == rows && matrix->size(1) == cols,
@@ -862,7 +851,8 @@ bool qwencodec_winograd_conv(at::Tensor* context, const at::Tensor* x, const at:
     } else {
       run_pieces(Avx2{});
     }
-    advance_context(c, context->data_ptr<float>(), x->size(0) * x->size(1));
+    // Once every piece has read the context.
+    qwencodec::advance_context(context->data_ptr<float>(), c.x, x->size(0) * x->size(1), c.reach, c.columns);
     *out = new at::Tensor(std::move(result));
   });
 }
