@@ -87,15 +87,7 @@ fn bf16_streams_batched_at_released_widths_decode_as_alone() {
     let (plans, outcomes) = common::batching::three_streams_of_different_ages(&fixture, &model);
     let amx = Kernel::ConvAmx.runs_in(cpu_kernels()) && Kernel::SkinnyGemmBf16.runs_in(cpu_kernels());
     for (index, (plan, outcome)) in plans.iter().zip(&outcomes).enumerate() {
-        let solo = common::batching::decode(
-            &model,
-            &common::batching::Plan {
-                max_batch: 1,
-                cuda_graphs: false,
-                ..plan.clone()
-            },
-            fixture.codebooks,
-        );
+        let solo = common::batching::solo(&model, plan, fixture.codebooks);
         let from_solo = relative_l2(&outcome.audio, &solo.audio);
         let frames = plan.codes.len() / fixture.codebooks;
         let from_float64 = relative_l2(

@@ -155,15 +155,7 @@ pub fn check(fixture: &Fixture, model: &Arc<Model>, plans: &[Plan], outcomes: &[
             plan.tail,
             plan.codes.len() / fixture.codebooks
         );
-        let solo = decode(
-            model,
-            &Plan {
-                max_batch: 1,
-                cuda_graphs: false,
-                ..plan.clone()
-            },
-            fixture.codebooks,
-        );
+        let solo = solo(model, plan, fixture.codebooks);
         assert_eq!(solo.max_rows, 1, "{what}: max_batch 1 runs alone");
         let error = relative_l2(&outcome.audio, &solo.audio);
         println!("{what}: {error:.3e} from its solo decode");
@@ -173,6 +165,19 @@ pub fn check(fixture: &Fixture, model: &Arc<Model>, plans: &[Plan], outcomes: &[
         );
         fixture.assert_prefix_matches(&outcome.audio, plan.codes.len() / fixture.codebooks, &what);
     }
+}
+
+/// `plan` decoded alone (a batch of one, no CUDA graphs): what a batched stream is held to.
+pub fn solo(model: &Arc<Model>, plan: &Plan, codebooks: usize) -> Outcome {
+    decode(
+        model,
+        &Plan {
+            max_batch: 1,
+            cuda_graphs: false,
+            ..plan.clone()
+        },
+        codebooks,
+    )
 }
 
 /// `count` streams of the same shape: `fixture`'s first `frames` frames pushed `chunk_frames` at
