@@ -2,7 +2,8 @@
 // activations on the CPU: a depthwise one (a channel's taps on its own row) or one of few output
 // channels (the vocoder's last, to one channel). oneDNN's kernels, which libtorch's conv1d calls,
 // spent hundreds of microseconds on each of these for what is a few thousand vector operations.
-// AVX-512 only (shim.rs checks the CPU). Errors as in shim.h.
+// In AVX-512 or AVX2 with FMA (the caller names which, having checked the CPU). Errors as in
+// shim.h.
 
 #include "intrinsics.h"  // first: see there
 
@@ -13,15 +14,17 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels.h"
 #include "shim.h"
 #include "widen.h"
 
 namespace {
 
-// Output vectors of 16 columns summed side by side: independent chains, so that each
-// multiply-add need not wait for the one before.
+// Output vectors (of 16 columns in AVX-512, 8 in AVX2) summed side by side: independent chains,
+// so that each multiply-add need not wait for the one before.
 constexpr int kVectors = 4;
 constexpr int64_t kUnitColumns = 16 * kVectors;
+constexpr int64_t kUnitColumns8 = 8 * kVectors;
 
 // Multiply-adds per thread below which a split costs more than it saves.
 constexpr int64_t kGrain = 1 << 16;
@@ -61,17 +64,52 @@ __attribute__((target("avx512f"))) void unit(const Convolution& c, int64_t b, in
   for (int v = 0; v < kVectors; ++v) _mm512_mask_storeu_ps(result + 16 * v, masks[v], sums[v]);
 }
 
+// AVX2's lanes below `lanes`, as a mask of maskload and maskstore.
+__attribute__((target("avx2"))) inline __m256i tail_mask8(int64_t lanes) {
+  const int32_t below = static_cast<int32_t>(std::clamp<int64_t>(lanes, 0, 8));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(below), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// `unit` in AVX2: columns `t0..t0 + kUnitColumns8`.
+__attribute__((target("avx2,fma"))) void unit8(const Convolution& c, int64_t b, int64_t o, int64_t t0) {
+  __m256 sums[kVectors];
+  __m256i masks[kVectors];
+  for (int v = 0; v < kVectors; ++v) {
+    sums[v] = _mm256_set1_ps(c.bias[o]);
+    masks[v] = tail_mask8(c.columns - t0 - 8 * v);
+  }
+  const int64_t first = o / (c.out / c.groups) * c.group_inputs;
+  for (int64_t i = 0; i < c.group_inputs; ++i) {
+    const float* row = c.input + (b * c.in + first + i) * c.length + t0;
+    const float* taps = c.weight + (o * c.group_inputs + i) * c.taps;
+    for (int64_t k = 0; k < c.taps; ++k) {
+      const __m256 w = _mm256_set1_ps(taps[k]);
+      const float* shifted = row + k * c.dilation;
+#pragma GCC unroll 4
+      for (int v = 0; v < kVectors; ++v) {
+        sums[v] = _mm256_fmadd_ps(w, _mm256_maskload_ps(shifted + 8 * v, masks[v]), sums[v]);
+      }
+    }
+  }
+  float* result = c.y + (b * c.out + o) * c.columns + t0;
+#pragma GCC unroll 4
+  for (int v = 0; v < kVectors; ++v) _mm256_maskstore_ps(result + 8 * v, masks[v], sums[v]);
+}
+
 }  // namespace
 
 extern "C" {
 
 // `input`: [B, in, reach + T] float32, the context ((taps - 1) * dilation columns) then the new
 // columns; `weight`: [out, in / groups, taps] and `bias`: [out] float32; `groups` 1 or `in` (then
-// `out` a multiple of it). All contiguous. `*out`: the convolution's T new columns, [B, out, T].
+// `out` a multiple of it). All contiguous. `kernels`: the instruction set (qwencodec::CpuKernels,
+// AVX2 or AVX-512). `*out`: the convolution's T new columns, [B, out, T].
 bool qwencodec_direct_conv(const at::Tensor* input, const at::Tensor* weight, const at::Tensor* bias,
-                           int64_t dilation, int64_t groups, at::Tensor** out, char* error, size_t error_size) {
+                           int64_t dilation, int64_t groups, int32_t kernels, at::Tensor** out, char* error,
+                           size_t error_size) {
   RECORD_FUNCTION("qwencodec::direct_conv", c10::ArrayRef<const c10::IValue>{});
   return qwencodec::guarded(error, error_size, [&] {
+    const auto isa = qwencodec::vector_kernels(kernels, "a direct convolution");
     TORCH_CHECK(input->dim() == 3 && input->scalar_type() == at::kFloat && input->is_contiguous(),
                 "a direct convolution's input is contiguous float32 [B, channels, columns]");
     const int64_t in = input->size(1);
@@ -94,13 +132,20 @@ bool qwencodec_direct_conv(const at::Tensor* input, const at::Tensor* weight, co
     at::Tensor result = at::empty({batch, out_channels, columns}, input->options());
     const Convolution c{input->data_ptr<float>(), weight->data_ptr<float>(), bias->data_ptr<float>(),
                         result.data_ptr<float>(), in, out_channels, groups, in / groups, taps, dilation, length, columns};
-    const int64_t per_row = (columns + kUnitColumns - 1) / kUnitColumns;
+    const bool wide = isa == qwencodec::CpuKernels::kAvx512;
+    const int64_t unit_columns = wide ? kUnitColumns : kUnitColumns8;
+    const int64_t per_row = (columns + unit_columns - 1) / unit_columns;
     const int64_t units = batch * out_channels * per_row;
-    const int64_t unit_work = c.group_inputs * taps * kUnitColumns;
+    const int64_t unit_work = c.group_inputs * taps * unit_columns;
     at::parallel_for(0, units, std::max<int64_t>(1, kGrain / unit_work), [&](int64_t begin, int64_t end) {
       for (int64_t u = begin; u < end; ++u) {
-        const int64_t row = u / per_row;
-        unit(c, row / out_channels, row % out_channels, u % per_row * kUnitColumns);
+        const int64_t row = u / per_row, b = row / out_channels, o = row % out_channels;
+        const int64_t t0 = u % per_row * unit_columns;
+        if (wide) {
+          unit(c, b, o, t0);
+        } else {
+          unit8(c, b, o, t0);
+        }
       }
     });
     *out = new at::Tensor(std::move(result));

@@ -1,12 +1,15 @@
 //! Convolutions with few multiply-adds per output column (depthwise, or to fewer than
 //! [`MAX_DENSE_OUTPUTS`] channels) summed directly by the C++ kernel of `direct_conv.cpp`
-//! (AVX-512): the upsampler's depthwise convolutions and the vocoder's last one, for which
-//! libtorch's conv1d (oneDNN) took far longer than their arithmetic
-//! (`measurements/results/2026-12-01-intel-xeon-avx512-direct-convs.md`).
+//! (AVX-512 or AVX2): the upsampler's depthwise convolutions and the vocoder's last one, for
+//! which libtorch's conv1d (oneDNN) took far longer than their arithmetic
+//! (`measurements/results/2026-12-01-intel-xeon-avx512-direct-convs.md`). In AVX2, where oneDNN's
+//! took 1.03 ms of a one-frame `f16` step for the three on the Intel Xeon held to AVX2, the step
+//! took 0.973x the time with the kernel
+//! (`measurements/results/2026-12-06-intel-xeon-as-avx2-avx2-kernels-cpu-f16-c1-direct-conv-kernels-ab.md`).
 
 use tch::{Device, Kind, Tensor};
 
-use super::shim::{self, Kernel, call};
+use super::shim::{self, CpuKernels, Kernel, call};
 use crate::model::error::TorchResult;
 
 mod ffi {
@@ -22,6 +25,7 @@ mod ffi {
             bias: *const C_tensor,
             dilation: i64,
             groups: i64,
+            kernels: i32,
             out: *mut *mut C_tensor,
             error: *mut c_char,
             size: usize,
@@ -43,13 +47,15 @@ pub fn applies(weight: &Tensor, groups: i64, device: Device) -> bool {
         && Kernel::DirectConv.runs_in(shim::kernel(Kernel::DirectConv))
 }
 
-/// `input` [B, in, reach + T] (the context, then the new columns) -> [B, out, T].
+/// `input` [B, in, reach + T] (the context, then the new columns) -> [B, out, T], by the kernel
+/// in the instruction set of `kernels` (AVX2 or AVX-512), which the CPU must have.
 pub fn forward(
     input: &Tensor,
     weight: &Tensor,
     bias: &Tensor,
     dilation: i64,
     groups: i64,
+    kernels: CpuKernels,
 ) -> TorchResult<Tensor> {
     let input = input.f_contiguous()?;
     // SAFETY: the tensors are live for the duration of the call.
@@ -60,6 +66,7 @@ pub fn forward(
             bias.as_ptr(),
             dilation,
             groups,
+            kernels as i32,
             out,
             error,
             size,
@@ -70,14 +77,13 @@ pub fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::kernels::shim::CpuKernels;
     use crate::model::kernels::{Inputs, max_error_and_scale};
 
     /// (in, out, groups, taps): depthwise convolutions and dense ones of few outputs.
     const SHAPES: [(i64, i64, i64, i64); 4] = [(24, 24, 24, 7), (8, 16, 8, 3), (96, 1, 1, 7), (5, 3, 1, 2)];
 
-    /// Such convolutions come here on AVX-512 CPUs unless the process holds the kernels back;
-    /// others (many outputs, grouped but not depthwise, float16) never.
+    /// Such convolutions come here on CPUs with AVX2 or AVX-512 unless the process holds the
+    /// kernels back; others (many outputs, grouped but not depthwise, float16) never.
     #[test]
     fn applies_to_depthwise_and_few_outputs() {
         let options = (Kind::Float, Device::Cpu);
@@ -85,7 +91,7 @@ mod tests {
             let weight = Tensor::zeros([outputs, inputs / groups, taps], options);
             assert_eq!(
                 applies(&weight, groups, Device::Cpu),
-                shim::kernel(Kernel::DirectConv) == CpuKernels::Avx512
+                shim::kernel(Kernel::DirectConv) >= CpuKernels::Avx2
             );
             assert!(!applies(&weight, groups, Device::Cuda(0)));
             assert!(!applies(&weight.to_kind(Kind::Half), groups, Device::Cpu));
@@ -94,14 +100,26 @@ mod tests {
         assert!(!applies(&Tensor::zeros([16, 4, 3], options), 2, Device::Cpu));
     }
 
-    /// Depthwise and few-output convolutions, with dilations, batches and column counts that
-    /// leave partial vectors, against libtorch's convolution in float64, within float32's
-    /// rounding of the magnitudes summed. The kernel runs whenever the CPU has AVX-512, whatever
-    /// the process runs.
+    #[test]
+    #[cfg_attr(
+        not(host_avx2),
+        ignore = "this CPU has no AVX2 with FMA and F16C: the kernel cannot run"
+    )]
+    fn avx2_kernel_matches_a_float64_convolution() {
+        matches_a_float64_convolution(shim::tested(CpuKernels::Avx2));
+    }
+
     #[test]
     #[cfg_attr(not(host_avx512), ignore = "this CPU has no AVX-512: the kernel cannot run")]
-    fn matches_a_float64_convolution() {
-        shim::tested(CpuKernels::Avx512);
+    fn avx512_kernel_matches_a_float64_convolution() {
+        matches_a_float64_convolution(shim::tested(CpuKernels::Avx512));
+    }
+
+    /// Depthwise and few-output convolutions, with dilations, batches and column counts that
+    /// leave partial vectors (and, in AVX2, units of whole vectors), against libtorch's
+    /// convolution in float64, within float32's rounding of the magnitudes summed. The kernel in
+    /// `kernels` runs whatever the process runs.
+    fn matches_a_float64_convolution(kernels: CpuKernels) {
         let mut random = Inputs::new(11);
         let options = (Kind::Float, Device::Cpu);
         for (inputs, outputs, groups, taps) in SHAPES {
@@ -110,7 +128,7 @@ mod tests {
             for dilation in [1, 3] {
                 for (batch, columns) in [(1, 1), (1, 17), (2, 64), (3, 200)] {
                     let input = random.normal([batch, inputs, (taps - 1) * dilation + columns], options);
-                    let got = forward(&input, &weight, &bias, dilation, groups).unwrap();
+                    let got = forward(&input, &weight, &bias, dilation, groups, kernels).unwrap();
                     let expected = input.to_kind(Kind::Double).conv1d(
                         &weight.to_kind(Kind::Double),
                         Some(&bias.to_kind(Kind::Double)),
@@ -140,8 +158,8 @@ mod tests {
                         + bias.abs().max().double_value(&[]);
                     assert!(
                         error <= 1e-6 * scale,
-                        "{inputs} -> {outputs} channels in {groups} groups, {taps} taps, dilation \
-                         {dilation}, {batch} x {columns} columns: off by {error:e} of {scale:e}"
+                        "{kernels:?}: {inputs} -> {outputs} channels in {groups} groups, {taps} taps, \
+                         dilation {dilation}, {batch} x {columns} columns: off by {error:e} of {scale:e}"
                     );
                 }
             }
@@ -155,14 +173,23 @@ mod tests {
         let weight = Tensor::zeros([4, 1, 7], options);
         let bias = Tensor::zeros([4], options);
         let short = Tensor::zeros([1, 4, 6], options);
-        let error = forward(&short, &weight, &bias, 1, 4).unwrap_err().to_string();
+        let error = forward(&short, &weight, &bias, 1, 4, CpuKernels::Avx2)
+            .unwrap_err()
+            .to_string();
         assert!(
             error.contains("6 columns of context and at least one more"),
             "{error}"
         );
-        let error = forward(&Tensor::zeros([1, 4, 20], options), &weight, &bias, 1, 2)
-            .unwrap_err()
-            .to_string();
+        let error = forward(
+            &Tensor::zeros([1, 4, 20], options),
+            &weight,
+            &bias,
+            1,
+            2,
+            CpuKernels::Avx2,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(error.contains("dense or depthwise"), "{error}");
     }
 }

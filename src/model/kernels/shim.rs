@@ -109,8 +109,8 @@ impl Kernel {
         }
     }
 
-    /// Whether the kernel runs in `kernels`: the direct convolutions need AVX-512, the others
-    /// AVX2 (the plain C++ ones too, held back with the vector kernels on other CPUs), but for
+    /// Whether the kernel runs in `kernels`: AVX2 (the plain C++ ones too, held back with the
+    /// vector kernels on other CPUs), but for
     /// three that run only on CPUs other than Intel's ([`intel_cpu`]), where each was measured to
     /// pay: the 1x1 convolutions (AVX-512), and the Winograd tiles' and the 1x1 convolutions'
     /// bfloat16 products (AVX-512 and AVX512_BF16). The 1x1 convolutions' bfloat16 products run
@@ -119,7 +119,6 @@ impl Kernel {
     /// layers of the Winograd tiles' bfloat16 products).
     pub fn runs_in(self, kernels: CpuKernels) -> bool {
         let least = match self {
-            Kernel::DirectConv => CpuKernels::Avx512,
             Kernel::SkinnyGemmBf16 | Kernel::ConvAmx if !has_amx_bf16() => return false,
             Kernel::PointwiseBf16 | Kernel::WinogradBf16 if !has_bf16_products() => return false,
             // Its AMX tiles gave way to `conv_amx`'s, which take the same layers without Winograd.
@@ -430,8 +429,7 @@ mod tests {
         for kernel in Kernel::ALL {
             let avx2 = !matches!(
                 kernel,
-                Kernel::DirectConv
-                    | Kernel::Pointwise
+                Kernel::Pointwise
                     | Kernel::PointwiseBf16
                     | Kernel::WinogradBf16
                     | Kernel::SkinnyGemmBf16

@@ -259,7 +259,14 @@ impl CausalConv {
             .as_ref()
             .expect("convolutions without a 16-bit matrix keep their kernel weights");
         if self.direct {
-            return direct_conv::forward(&input, weight, bias, self.dilation, self.groups);
+            return direct_conv::forward(
+                &input,
+                weight,
+                bias,
+                self.dilation,
+                self.groups,
+                shim::kernel(Kernel::DirectConv),
+            );
         }
         with_weights(&input, weight.kind(), |input| {
             input.f_conv1d(weight, Some(bias), [1], [0], [self.dilation], self.groups)
