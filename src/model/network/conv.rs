@@ -136,7 +136,10 @@ impl CausalConv {
             Some(Matrix::new(
                 weight.f_view([out_channels as i64, -1])?,
                 Some(bias.shallow_clone()),
-                precision::matrix_rounding(&weights, in_channels * kernel),
+                match kernel {
+                    1 => precision::one_by_one_rounding(&weights, in_channels),
+                    _ => precision::matrix_rounding(&weights, in_channels * kernel),
+                },
                 weights.columns_per_frame(),
             )?)
         } else {
@@ -328,7 +331,7 @@ impl CausalTransConv {
                 let matrix = Matrix::new(
                     taps,
                     None,
-                    precision::matrix_rounding(&weights, in_channels),
+                    precision::one_by_one_rounding(&weights, in_channels),
                     weights.columns_per_frame(),
                 )?;
                 let pointwise = match &matrix {

@@ -2,10 +2,11 @@
 //! round to 16 bits on the CPU, and how many outputs the Winograd tiles of each convolution make. The
 //! figures behind each choice: docs/performance.md, "Which layer takes what".
 
-use tch::Kind;
+use tch::{Device, Kind};
 
 use crate::model::checkpoint::Weights;
 use crate::model::kernels::shim::{self, Kernel};
+use crate::model::kernels::skinny_gemm;
 
 /// Which Winograd tiles a convolution takes, where it takes them: tiles of more outputs need
 /// fewer products and round more (see [`winograd_outputs`]).
@@ -124,6 +125,32 @@ pub fn matrix_rounding(weights: &Weights, in_features: usize) -> MatrixRounding 
     }
 }
 
+/// What a product layer of 1x1 form (a 1x1 convolution, a transposed convolution's taps), only
+/// ever multiplied as a matrix, at `weights` with `in_channels` inputs per column rounds: as
+/// [`matrix_rounding`], but nothing where its 16-bit weight would be widened to float32 at every
+/// step ([`widened_at_every_step`]: on CPUs with AVX2 but not AVX-512, from 9 columns a frame,
+/// block 1's 1x1 convolutions and block 2's transposed one in the released geometry). The
+/// widening took 1.1 ms of a one-frame `f16` step on the Intel Xeon held to AVX2, and saved no
+/// bytes: MKL's product then reads the float32 copy.
+pub fn one_by_one_rounding(weights: &Weights, in_channels: usize) -> MatrixRounding {
+    match matrix_rounding(weights, in_channels) {
+        MatrixRounding::Weight(_) if widened_at_every_step(weights.device(), weights.columns_per_frame()) => {
+            MatrixRounding::Kept
+        }
+        rounding => rounding,
+    }
+}
+
+/// Whether a 16-bit weight multiplied as a matrix, `columns` columns a frame on `device`, is
+/// widened at every step: the few-row product runs, but takes fewer rows
+/// (`skinny_gemm::max_rows`) and cannot pack the weight for more (AVX-512 only), so that MKL's
+/// float32 product takes it. Where our kernels are held back (`off`) every 16-bit weight is
+/// widened, as libtorch's own path does, which is what that switch is for.
+fn widened_at_every_step(device: Device, columns: usize) -> bool {
+    let rows = skinny_gemm::max_rows();
+    device == Device::Cpu && rows > 0 && columns as i64 > rows && !skinny_gemm::packs(device, columns)
+}
+
 /// Whether a dense convolution of several taps at `weights` with `in_channels` inputs and
 /// `out_channels` outputs runs in AMX tiles at every step ([`AMX_CONV`]), instead of a matrix or
 /// Winograd tiles.
@@ -153,6 +180,7 @@ pub fn winograd_outputs(weights: &Weights, tiles: Tiles) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::kernels::shim::CpuKernels;
 
     /// AMX tiles take the layers of many columns in dtype bf16 alone, where the CPU has them and
     /// the kernel runs, the inputs come in 32s and the checkpoint's weight is not bfloat16.
@@ -173,6 +201,20 @@ mod tests {
         );
         assert!(!AMX_ONE_BY_ONE.takes(f16, f32, 768, 32));
         assert!(!AMX_ONE_BY_ONE.takes(None, f32, 768, 32));
+    }
+
+    /// A 16-bit weight of 1x1 form is widened at every step only where the few-row product runs in
+    /// AVX2: above its 8 rows a frame (block 1's 1x1 convolutions, 32 columns a frame), not at
+    /// the upsampler's 2 or block 1's transposed convolution's 4; in AVX-512 it packs them, and
+    /// with the kernels held back nothing is ours to spare the widening.
+    #[test]
+    fn a_weight_is_widened_at_every_step_beyond_the_avx2_products_rows() {
+        let avx2 = shim::kernel(Kernel::SkinnyGemm) == CpuKernels::Avx2;
+        assert_eq!(widened_at_every_step(Device::Cpu, 32), avx2);
+        assert_eq!(widened_at_every_step(Device::Cpu, 160), avx2);
+        assert!(!widened_at_every_step(Device::Cpu, 4));
+        assert!(!widened_at_every_step(Device::Cpu, 8));
+        assert!(!widened_at_every_step(Device::Cuda(0), 32));
     }
 
     /// AMX's convolutions take the residual units' (from 32 columns a frame: blocks 1-4) in
