@@ -300,8 +300,8 @@ fn bf16_compute_stays_within_upstreams_bf16() {
     }
 }
 
-/// Our CPU kernels run in the widest instruction set the CPU has (the few-row product and
-/// SnakeBeta in AVX2 or AVX-512, the others in AVX-512), unless the environment holds them back
+/// Our CPU kernels run in the widest instruction set the CPU has (AVX2 or AVX-512; `pointwise`
+/// in AVX-512 only), unless the environment holds them back
 /// (`QWENCODEC_CPU_KERNELS=avx2` or `off`, and kernels by name: `on,-snake_beta`). make test runs
 /// this file again with each, so that the parity above holds on the paths other CPUs take too:
 /// a step's ops say which path ran.
@@ -339,7 +339,7 @@ fn the_cpu_kernels_run_as_the_cpu_and_environment_allow() {
     }
     for (kernel, runs) in [
         ("snake_beta", expected >= CpuKernels::Avx2),
-        ("direct_conv", expected == CpuKernels::Avx512),
+        ("direct_conv", expected >= CpuKernels::Avx2),
         ("overlap_add", expected >= CpuKernels::Avx2),
         ("skinny_gemm", expected >= CpuKernels::Avx2),
         ("attention", expected >= CpuKernels::Avx2),
