@@ -64,19 +64,13 @@ __attribute__((target("avx512f"))) void unit(const Convolution& c, int64_t b, in
   for (int v = 0; v < kVectors; ++v) _mm512_mask_storeu_ps(result + 16 * v, masks[v], sums[v]);
 }
 
-// AVX2's lanes below `lanes`, as a mask of maskload and maskstore.
-__attribute__((target("avx2"))) inline __m256i tail_mask8(int64_t lanes) {
-  const int32_t below = static_cast<int32_t>(std::clamp<int64_t>(lanes, 0, 8));
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(below), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 // `unit` in AVX2: columns `t0..t0 + kUnitColumns8`.
 __attribute__((target("avx2,fma"))) void unit8(const Convolution& c, int64_t b, int64_t o, int64_t t0) {
   __m256 sums[kVectors];
   __m256i masks[kVectors];
   for (int v = 0; v < kVectors; ++v) {
     sums[v] = _mm256_set1_ps(c.bias[o]);
-    masks[v] = tail_mask8(c.columns - t0 - 8 * v);
+    masks[v] = qwencodec::tail_mask8(c.columns - t0 - 8 * v);
   }
   const int64_t first = o / (c.out / c.groups) * c.group_inputs;
   for (int64_t i = 0; i < c.group_inputs; ++i) {

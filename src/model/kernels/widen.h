@@ -1,7 +1,7 @@
-// The AVX-512 kernels' vector helpers. Sixteen weights as float32 in a register, from float32 or
+// The kernels' vector helpers. Sixteen weights as float32 in a register, from float32 or
 // 16 bits: the kernels keep weights in 16 bits where reading them is the cost (dtypes f16 and
 // bf16), so that only the weights are rounded and the activations and sums stay float32. The mask of a
-// vector's first lanes, for the partial vector at the end of a row. And float32 values rounded to
+// vector's first lanes (AVX-512's and AVX2's), for the partial vector at the end of a row. And float32 values rounded to
 // bfloat16, for the bfloat16 products (AVX512_BF16, AMX-BF16).
 #pragma once
 
@@ -17,6 +17,13 @@ namespace qwencodec {
 // The first `lanes` of a vector's sixteen: none for 0 or fewer, all for 16 or more.
 __attribute__((target("avx512f"))) inline __mmask16 tail_mask(int64_t lanes) {
   return static_cast<__mmask16>((1u << std::clamp<int64_t>(lanes, 0, 16)) - 1);
+}
+
+// The first `lanes` of AVX2's eight (none for 0 or fewer, all for 8 or more), as its masked loads
+// and stores take them: a lane's top bit.
+__attribute__((target("avx2"))) inline __m256i tail_mask8(int64_t lanes) {
+  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(lanes, 0, 8))), index);
 }
 
 __attribute__((target("avx512f"))) inline __m512 widen(const float* w) { return _mm512_loadu_ps(w); }

@@ -284,13 +284,6 @@ __attribute__((target("avx512f"))) void group_outputs(const Convolution& c, cons
 // The same in AVX2: 8 lanes and 16 registers. The layout stays the AVX-512 one (groups of 16
 // channels side by side), each group taken as two halves of 8.
 
-// The first `lanes` of 8 (none for 0 or fewer, all for 8 or more), as AVX2's masked loads and
-// stores take them: a lane's top bit.
-__attribute__((target("avx2,fma"))) inline __m256i tail_mask8(int64_t lanes) {
-  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(lanes, 0, 8))), index);
-}
-
 // 8 rows of 8 floats (row r at src + r * src_stride) into 8 rows of 8 (dst + j * dst_stride gets
 // column j): pairs, then fours, then the 128-bit halves.
 __attribute__((target("avx2,fma"))) void transpose8(const float* src, int64_t src_stride, float* dst,
@@ -349,7 +342,7 @@ __attribute__((target("avx2,fma"))) void group_tiles8(const Convolution& c, cons
   const int64_t tiles = piece.k1 - piece.k0;
   const float* bt = c.bt;
   for (int64_t half = 0; half * 8 < lanes; ++half) {
-    const __m256i mask = tail_mask8(lanes - half * 8);
+    const __m256i mask = qwencodec::tail_mask8(lanes - half * 8);
     for (int64_t r = 0; r < c.dilation; ++r) {
       for (int64_t k = 0; k < tiles; ++k) {
         const float* inputs = columns + (k * c.block() + r) * 16 + half * 8;
@@ -381,7 +374,7 @@ __attribute__((target("avx2,fma"))) inline __m256 widen8(const int16_t* w) {
 template <int V, int R, typename W>
 __attribute__((target("avx2,fma"))) void product_block8(const float* tiles, const W* weight, const float* scale,
                                                        float* result, int64_t in, int64_t out, int64_t last) {
-  const __m256i last_mask = tail_mask8(last);
+  const __m256i last_mask = qwencodec::tail_mask8(last);
   for (int64_t i0 = 0; i0 < in; i0 += kSumInputs) {
     const int64_t i1 = std::min(in, i0 + kSumInputs);
     __m256 sums[R][V];
@@ -428,7 +421,7 @@ __attribute__((target("avx2,fma"))) void group_outputs8(const Convolution& c, co
   const int64_t count = piece.count(c);
   const int64_t tiles = piece.k1 - piece.k0;
   for (int64_t half = 0; half * 8 < lanes; ++half) {
-    const __m256i mask = tail_mask8(lanes - half * 8);
+    const __m256i mask = qwencodec::tail_mask8(lanes - half * 8);
     const int64_t h0 = c0 + half * 8;
     const __m256 bias = _mm256_maskload_ps(c.bias + h0, mask);
     for (int64_t r = 0; r < c.dilation; ++r) {
