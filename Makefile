@@ -71,7 +71,7 @@ test: build lint released-fixture setup-load setup-agents
 	python3 tools/check-links.py
 	bash tools/check-inspect.sh
 	bash tools/check-install.sh
-	bash tools/check-profile.sh
+	bash benches/tools/check-profile.sh
 	bash tools/fuzz-short.sh
 	bash tools/check-plain-cargo.sh
 	bash tools/check-load.sh
@@ -130,13 +130,13 @@ BENCH_MODEL := measurements/cache/full-release
 BENCH_FRAMES ?= 100
 BENCH_REPEATS ?= 5
 bench: build setup-reference $(BENCH_MODEL)/model.safetensors
-	$(VENV)/bin/python tools/bench_upstream.py $(BENCH_MODEL) --out measurements/cache/upstream.json \
+	$(VENV)/bin/python benches/tools/bench_upstream.py $(BENCH_MODEL) --out measurements/cache/upstream.json \
 	  --reference measurements/cache/reference.f32 --repeats $(BENCH_REPEATS)
 	cargo bench --bench decode -- --model $(BENCH_MODEL) --upstream measurements/cache/upstream.json \
 	  --reference measurements/cache/reference.f32 --out measurements/results --repeats $(BENCH_REPEATS) $(BENCH_ARGS)
 	cargo bench --bench streams -- --model $(BENCH_MODEL) --out measurements/results $(STREAMS_ARGS)
 	cargo bench --bench effect -- --model $(BENCH_MODEL) --out measurements/results $(EFFECT_ARGS)
-	$(VENV)/bin/python tools/bench_summary.py measurements/results --into docs/performance.md
+	$(VENV)/bin/python benches/tools/bench_summary.py measurements/results --into docs/performance.md
 
 # The benchmark's checkpoint: the released geometry with random weights and BENCH_FRAMES frames of
 # codes.
@@ -159,7 +159,7 @@ kernels-ab: build $(BENCH_MODEL)/model.safetensors
 # profile.{md,json}. PROFILE_ARGS: options of benches/profile.rs (--chunk-frames 1, --dtype,
 # --steps, --device, --streams).
 profile: build $(BENCH_MODEL)/model.safetensors
-	bash tools/profile.sh $(BENCH_MODEL) $(PROFILE_ARGS)
+	bash benches/tools/profile.sh $(BENCH_MODEL) $(PROFILE_ARGS)
 
 # What tools/gpu-check.sh needs on a GPU host without Rust or GStreamer (see that script).
 gpu-bundle: build setup-reference

@@ -1,5 +1,5 @@
 //! `make profile`: the raw material of a profile of one stream's steps (not a test: it asserts
-//! nothing). `tools/profile.sh` runs it under `perf record` and `tools/profile_report.py` makes
+//! nothing). `benches/tools/profile.sh` runs it under `perf record` and `benches/tools/profile_report.py` makes
 //! the report.
 //!
 //! cargo bench --bench profile -- --model DIR --out DIR [--chunk-frames 1] [--steps 100]

@@ -138,7 +138,7 @@ fn rms(samples: &[f64]) -> f64 {
     (samples.iter().map(|s| s * s).sum::<f64>() / samples.len().max(1) as f64).sqrt()
 }
 
-/// Runs `receiver` (a pipelines/ script writing the WAV it is given, then `receiver_args`) on a
+/// Runs `receiver` (a examples/pipelines/ script writing the WAV it is given, then `receiver_args`) on a
 /// free port, then `sender` with `sender_args` to that port; waits for the receiver to end by
 /// itself and returns the WAV's rate, channels and samples.
 fn receive_while_sending(
@@ -202,9 +202,9 @@ fn rtp_receiver_gets_what_the_sender_decodes() {
     let codes = short_codes(dir.path());
     let model = root().join("tests/fixtures/release-tiny");
     let (rate, channels, samples) = receive_while_sending(
-        "pipelines/rtp-receive.sh",
+        "examples/pipelines/rtp-receive.sh",
         &[],
-        "pipelines/rtp-send.sh",
+        "examples/pipelines/rtp-send.sh",
         &[&codes, &model],
     );
     assert_eq!(channels, 1);
@@ -232,7 +232,7 @@ fn rtp_receiver_gets_what_the_sender_decodes() {
 /// (RMS 0.3): measured 4.2e-5 (2026-12-02, the test below); twice that.
 const RTP_CODES_WAV_ERROR: f64 = 1e-4;
 
-/// Codes over RTP (pipelines/rtp-codes-send.sh to rtp-codes-receive.sh): the receiver decodes
+/// Codes over RTP (examples/pipelines/rtp-codes-send.sh to rtp-codes-receive.sh): the receiver decodes
 /// the speech upstream decodes, every frame of it, to the 16-bit rounding of the WAV.
 #[test]
 fn rtp_codes_receiver_decodes_what_upstream_decodes() {
@@ -240,9 +240,9 @@ fn rtp_codes_receiver_decodes_what_upstream_decodes() {
     let codes = short_codes(dir.path());
     let model = root().join("tests/fixtures/release-tiny");
     let (rate, channels, samples) = receive_while_sending(
-        "pipelines/rtp-codes-receive.sh",
+        "examples/pipelines/rtp-codes-receive.sh",
         &[&model],
-        "pipelines/rtp-codes-send.sh",
+        "examples/pipelines/rtp-codes-send.sh",
         &[&codes],
     );
     assert_eq!((rate, channels), (24_000, 1));

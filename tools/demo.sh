@@ -4,7 +4,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$here/demo.wav}"
-"$here/pipelines/codes-to-wav.sh" "${CODES:-$here/tests/fixtures/release-tiny/codes.raw}" "$out" "${MODEL:-}"
+"$here/examples/pipelines/codes-to-wav.sh" "${CODES:-$here/tests/fixtures/release-tiny/codes.raw}" "$out" "${MODEL:-}"
 
 # wavenc's header: rate at byte 24, channels at 22, bits at 34, the data chunk's size at 40 (a
 # chunk of tags may follow the data).
@@ -25,7 +25,7 @@ describe "$out" ""
 text="${TEXT:-Hello from the Qwen3-TTS talker, streamed into GStreamer.}"
 tts_out="${out%.wav}-tts.wav"
 if [ -n "${TALKER:-}" ]; then
-  "$here/pipelines/text-to-wav.sh" "$TALKER" "$text" "$tts_out" ${SPEAKER:+--speaker "$SPEAKER"} 2>"$tts_out.log" \
+  "$here/examples/pipelines/text-to-wav.sh" "$TALKER" "$text" "$tts_out" ${SPEAKER:+--speaker "$SPEAKER"} 2>"$tts_out.log" \
     || { cat "$tts_out.log" >&2; exit 1; }
 else
   talker="${QWENCODEC_CACHE:-/var/cache/qwencodec}/fixtures/talker-tiny-custom_voice"
@@ -34,7 +34,7 @@ else
     "$python" "$here/tools/make_talker_fixture.py" --kind custom_voice --out "$talker" >"$tts_out.log" 2>&1 \
       || { cat "$tts_out.log" >&2; exit 1; }
   fi
-  DECODER="$here/tests/fixtures/release-tiny" "$here/pipelines/text-to-wav.sh" "$talker" "$text" "$tts_out" \
+  DECODER="$here/tests/fixtures/release-tiny" "$here/examples/pipelines/text-to-wav.sh" "$talker" "$text" "$tts_out" \
     --speaker vivian --seed 1 2>"$tts_out.log" || { cat "$tts_out.log" >&2; exit 1; }
 fi
 frames="$(grep -o 'sent [0-9]* frames' "$tts_out.log" | tail -1)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one command, on a GPU host with PyTorch 2.11.0 (Python 3.12) but neither
 # Rust nor GStreamer. Run it from the repository root with gpu-bundle/ (make gpu-bundle) beside
-# it; what it reads there: gpu-bundle/, tools/ and tests/fixtures/ (the binaries find
+# it; what it reads there: gpu-bundle/, tools/, benches/tools/ and tests/fixtures/ (the binaries find
 # the fixtures through QWENCODEC_FIXTURES, not the build machine's paths).
 #
 # First the bundle on the CPU, so that a bundle that cannot run stops before any GPU step:
@@ -96,7 +96,7 @@ echo "== soak on CUDA: a pipeline per stream, on one model and its CUDA graphs"
   | tee "$out/$day-gpu-soak.txt" || failed+=("soak ($out/$day-gpu-soak.txt)")
 
 echo "== benchmark on CUDA"
-if "$python" tools/bench_upstream.py "$model" --device cuda --out "$work/upstream.json" \
+if "$python" benches/tools/bench_upstream.py "$model" --device cuda --out "$work/upstream.json" \
   --reference "$work/reference.f32"; then
   for dtype in f32 bf16; do
     "$bundle/bin/bench" --model "$model" --upstream "$work/upstream.json" --reference "$work/reference.f32" \

@@ -17,7 +17,7 @@ the agents' adapters take text as with a download. Deterministic by --seed.
 (Qwen3-TTS-12Hz-0.6B / 1.7B; the values and where each came from:
 measurements/results/2026-12-04-amd-epyc-avx2-talker-speed.md) with upstream's own
 initialisation (std 0.02), stored in bfloat16 as the release is, for speed
-measurements (tools/bench_talker.py): no EOS trick, so runs end at
+measurements (benches/tools/bench_talker.py): no EOS trick, so runs end at
 max_new_tokens. 0.6B is 1.8 GB, 1.7B 3.9 GB.
 """
 

@@ -8,10 +8,10 @@
 //!
 //! Both sides are measured alike: every decode runs once as a warm-up, then `--repeats` times,
 //! and each row gives the best and the median of those runs. Upstream's full decode, the one
-//! the goals compare with, runs in a Python process of its own (`tools/bench_upstream.py
+//! the goals compare with, runs in a Python process of its own (`benches/tools/bench_upstream.py
 //! --serve`, started with `--python`), one decode before each round of this chunk size's runs:
 //! the machine's speed drifts by 20% within minutes, so each row's ratio to upstream is taken
-//! against upstream's runs of the same rounds. `upstream.json` (tools/bench_upstream.py) gives
+//! against upstream's runs of the same rounds. `upstream.json` (benches/tools/bench_upstream.py) gives
 //! the errors and upstream's windowed row, timed before. "First audio" is, for every row, the
 //! time from the first frame handed over to its audio when frames arrive at the talker's pace:
 //! the wait for the frames of a full step (chunk-frames - 1 frame periods) plus the time from

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::common::percentile;
 use crate::{Args, Run, frame_period, row};
 
-/// Upstream's full decode in its own Python process (`tools/bench_upstream.py --serve`): the
+/// Upstream's full decode in its own Python process (`benches/tools/bench_upstream.py --serve`): the
 /// model loaded once, each decode timed on request.
 pub(crate) struct UpstreamFull {
     process: Child,
@@ -21,13 +21,13 @@ pub(crate) struct UpstreamFull {
 impl UpstreamFull {
     pub(crate) fn start(args: &Args) -> Self {
         let mut process = Command::new(&args.python)
-            .arg("tools/bench_upstream.py")
+            .arg("benches/tools/bench_upstream.py")
             .arg(&args.model)
             .args(["--serve", "--device", &args.device])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("{} tools/bench_upstream.py --serve: {e}", args.python));
+            .unwrap_or_else(|e| panic!("{} benches/tools/bench_upstream.py --serve: {e}", args.python));
         let requests = process.stdin.take();
         let mut answers = BufReader::new(process.stdout.take().unwrap());
         let mut line = String::new();
@@ -60,7 +60,7 @@ impl Drop for UpstreamFull {
     }
 }
 
-/// Upstream's windowed row, timed by tools/bench_upstream.py alike.
+/// Upstream's windowed row, timed by benches/tools/bench_upstream.py alike.
 pub(crate) fn windowed_row(upstream: &Value) -> Value {
     let u = &upstream["windowed"];
     let steps: Vec<f64> = u["step_ms"]

@@ -345,7 +345,7 @@ fn npy_pipeline_scripts_run() {
     let dir = tempfile::tempdir().unwrap();
     let npy = temp_file(&dir, "codes.npy", &fixture_npy(&fixture, 1, "<i8", false));
     let wav = dir.path().join("out.wav");
-    common::run_script("pipelines/npy-to-wav.sh", &[&npy, &wav, &fixture.dir], &[]);
+    common::run_script("examples/pipelines/npy-to-wav.sh", &[&npy, &wav, &fixture.dir], &[]);
     // 16-bit samples.
     let bytes = std::fs::read(&wav).unwrap();
     assert_eq!(common::wav_chunks(&bytes).1.len(), 2 * fixture.audio.len());
@@ -353,7 +353,7 @@ fn npy_pipeline_scripts_run() {
     let default_wav = dir.path().join("default.wav");
     std::fs::create_dir(dir.path().join("cwd")).unwrap();
     let status = std::process::Command::new("bash")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/npy-to-wav.sh"))
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/pipelines/npy-to-wav.sh"))
         .arg("")
         .arg(&default_wav)
         .env_remove("QWENCODEC_MODEL_PATH")
@@ -391,7 +391,7 @@ fn npy_pipeline_scripts_run() {
     assert!(apart <= 1, "the two runs are {apart} LSB apart");
 
     common::run_script(
-        "pipelines/play-npy.sh",
+        "examples/pipelines/play-npy.sh",
         &[&npy, &fixture.dir],
         &[("AUDIO_SINK", "fakesink sync=false")],
     );

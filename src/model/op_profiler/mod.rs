@@ -1,6 +1,6 @@
 //! libtorch's op profiler around a device's steps (`op_profiler.cpp`): every op the
 //! steps dispatch, every kernel of the shims, and the network's stages as named scopes, each
-//! with its start and end. `benches/profile.rs` and `tools/profile_report.py` make the profile
+//! with its start and end. `benches/profile.rs` and `benches/tools/profile_report.py` make the profile
 //! of a step from them.
 
 use std::ffi::{CStr, CString, c_char, c_void};

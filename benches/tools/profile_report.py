@@ -220,7 +220,7 @@ def markdown(run, ops, perf):
     out = []
     w = out.append
     w(f"# Where a chunk-frames-{run['chunk_frames']} step's time goes: {machine['cpu']} ({run['date']})\n")
-    w(f"`make profile` (`benches/profile.rs`, `tools/profile_report.py`): {who}, "
+    w(f"`make profile` (`benches/profile.rs`, `benches/tools/profile_report.py`): {who}, "
       f"{run['dtype']} on {run['device']}, model `{run['model']}`, steps of {run['chunk_frames']} "
       f"frame(s); code {machine.get('code', 'unknown')}; {machine['cores']} cores, "
       f"{machine['torch_threads']} torch threads; CPU flags: "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Receives Opus over RTP (from pipelines/rtp-send.sh) and writes the audio to a WAV file.
-#   pipelines/rtp-receive.sh [OUT.wav]
+# Receives Opus over RTP (from examples/pipelines/rtp-send.sh) and writes the audio to a WAV file.
+#   examples/pipelines/rtp-receive.sh [OUT.wav]
 # ADDRESS and PORT (environment; default 127.0.0.1 and 5004) say where to listen. RTP has no
 # end of stream: the receiver ends by itself (IDLE_TIMEOUT, WAIT_TIMEOUT: lib/receive-until-idle.sh).
 set -euo pipefail

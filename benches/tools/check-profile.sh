@@ -4,7 +4,7 @@
 # perf's part its samples where perf may sample here. Then of two streams' batched steps: one
 # step scope per batch, batches of more than one row.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
@@ -14,7 +14,7 @@ steps=12
 profile() {
   local into=$1
   shift
-  PROFILE_RESULTS="$into" bash tools/profile.sh tests/fixtures/release-tiny --steps "$steps" "$@" \
+  PROFILE_RESULTS="$into" bash benches/tools/profile.sh tests/fixtures/release-tiny --steps "$steps" "$@" \
     >"$scratch/log" 2>&1 || { cat "$scratch/log" >&2; echo "check-profile: make profile $* failed" >&2; exit 1; }
 }
 

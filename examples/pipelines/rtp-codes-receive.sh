@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Receives codes over RTP (from pipelines/rtp-codes-send.sh), decodes them here and writes the
+# Receives codes over RTP (from examples/pipelines/rtp-codes-send.sh), decodes them here and writes the
 # speech to a WAV file.
-#   pipelines/rtp-codes-receive.sh [OUT.wav] [MODEL]
+#   examples/pipelines/rtp-codes-receive.sh [OUT.wav] [MODEL]
 # ADDRESS and PORT (environment; default 127.0.0.1 and 5004) say where to listen; DEVICE as in
 # codes-to-wav.sh. The caps are what an SDP's a=rtpmap and a=fmtp carry (docs/rtp-codes.md): the
 # payload's version (1), CODEBOOKS (16), CODEBOOK_SIZE (2048), CLOCK_RATE (24000),

@@ -8,7 +8,7 @@ With --into, the table replaces the block between the bench-summary markers
 of that file, its links relative to it (`make bench` does this for
 docs/performance.md); else it is printed, its links relative to the repository.
 
-    python tools/bench_summary.py measurements/results [--into docs/performance.md]
+    python benches/tools/bench_summary.py measurements/results [--into docs/performance.md]
 """
 
 import argparse
@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-BEGIN = "<!-- bench-summary: begin (tools/bench_summary.py writes this table) -->"
+BEGIN = "<!-- bench-summary: begin (benches/tools/bench_summary.py writes this table) -->"
 END = "<!-- bench-summary: end -->"
 
 
@@ -92,7 +92,7 @@ def table(results, links):
         if path.stem.endswith(("-streams", "-profile", "-kernels-ab", "-rtp-codes", "-talker-speed")) \
                 or "-time-to-effect" in path.stem:
             # benches/streams.rs, effect.rs, kernels_ab.rs, rtp_codes.rs, make profile and
-            # tools/bench_talker.py: tabled in their own files
+            # benches/tools/bench_talker.py: tabled in their own files
             continue
         report = json.loads(path.read_text())
         lines.append("| " + " | ".join(summary_row(path, report, links)) + " |")

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Decodes codec frames and sends the speech as Opus over RTP (UDP), paced in real time.
-#   pipelines/rtp-send.sh [CODES.raw] [MODEL]
-# HOST and PORT (environment; default 127.0.0.1 and 5004) say where to send; pipelines/rtp-receive.sh
+#   examples/pipelines/rtp-send.sh [CODES.raw] [MODEL]
+# HOST and PORT (environment; default 127.0.0.1 and 5004) say where to send; examples/pipelines/rtp-receive.sh
 # is the other end. CODEBOOKS, FRAMERATE, DEVICE as in codes-to-wav.sh.
 set -euo pipefail
-here="$(cd "$(dirname "$0")/.." && pwd)"
+here="$(cd "$(dirname "$0")/../.." && pwd)"
 codes="${1:-$here/tests/fixtures/release-tiny/codes.raw}"
 model="${2:-${QWENCODEC_MODEL_PATH:-$here/tests/fixtures/release-tiny}}"
 export GST_PLUGIN_PATH="$here/target/release${GST_PLUGIN_PATH:+:$GST_PLUGIN_PATH}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make profile: where one stream's steps spend their time on this machine, in one command.
 # benches/profile.rs runs the steps (timed under perf's sampling, then under libtorch's op
-# profiler) and tools/profile_report.py writes measurements/results/<date>-<cpu>-<device>-<dtype>-
+# profiler) and benches/tools/profile_report.py writes measurements/results/<date>-<cpu>-<device>-<dtype>-
 # c<frames>-profile.md (and .json; PROFILE_RESULTS names another folder). Arguments go to the
 # benchmark (--chunk-frames, --dtype, --steps, --device, --streams). Without perf (or its
 # permission) the report has the op profile only.
@@ -35,4 +35,4 @@ else
   echo "profile: perf record failed; profiling without it" >&2
   "${bench[@]}"
 fi
-python3 tools/profile_report.py "$raw" "${perf_args[@]}" --out-dir "${PROFILE_RESULTS:-measurements/results}"
+python3 benches/tools/profile_report.py "$raw" "${perf_args[@]}" --out-dir "${PROFILE_RESULTS:-measurements/results}"

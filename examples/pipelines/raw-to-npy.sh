@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Wraps raw codec frames (Q little-endian int16 codes each) in a .npy header, as np.save would
 # write an int16 array of shape [T, Q].
-#   pipelines/raw-to-npy.sh CODES.raw CODEBOOKS OUT.npy
+#   examples/pipelines/raw-to-npy.sh CODES.raw CODEBOOKS OUT.npy
 set -euo pipefail
 raw="$1" codebooks="$2" out="$3"
 frames=$(( $(stat -c %s "$raw") / (2 * codebooks) ))

@@ -2,12 +2,12 @@
 # Text to a WAV file, streaming: the talker (python/qwencodec_talker, upstream's Qwen3-TTS
 # generate) writes each frame's codes to a pipe as it makes them, and qwencodecdec decodes them
 # as they come.
-#   pipelines/text-to-wav.sh TALKER "TEXT" [OUT.wav] [talker options, e.g. --speaker vivian]
+#   examples/pipelines/text-to-wav.sh TALKER "TEXT" [OUT.wav] [talker options, e.g. --speaker vivian]
 # TALKER is a Qwen3-TTS 12 Hz checkpoint folder (published layout, with speech_tokenizer/);
 # DECODER (environment) names another decoder checkpoint. Needs the venv of
 # tools/setup-reference.sh (make setup-reference).
 set -euo pipefail
-here="$(cd "$(dirname "$0")/.." && pwd)"
+here="$(cd "$(dirname "$0")/../.." && pwd)"
 talker="$1"
 text="$2"
 out="${3:-speech.wav}"

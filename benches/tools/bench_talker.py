@@ -17,7 +17,7 @@ loop. It also times the machine (matrix products per dtype, memory reads) and,
 with --decoder, one decode step of qwencodecdec at chunk-frames 1 (GStreamer's
 Python bindings), so time to first audio = TTFF + one decoder step.
 
-    PYTHONPATH=python python tools/bench_talker.py --model /var/cache/qwencodec/fixtures/talker-0.6b \\
+    PYTHONPATH=python python benches/tools/bench_talker.py --model /var/cache/qwencodec/fixtures/talker-0.6b \\
         --dtypes f32,bf16,f16 --streams 1,2 --frames 50 --json out.json --md out.md
 """
 

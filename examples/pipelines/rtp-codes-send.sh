@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Sends codec frames as codes over RTP (X-QWEN3-TTS-CODES, docs/rtp-codes.md), paced in real
-# time: the speech is decoded where it is heard (pipelines/rtp-codes-receive.sh).
-#   pipelines/rtp-codes-send.sh [CODES.raw]
+# time: the speech is decoded where it is heard (examples/pipelines/rtp-codes-receive.sh).
+#   examples/pipelines/rtp-codes-send.sh [CODES.raw]
 # HOST and PORT (environment; default 127.0.0.1 and 5004) say where to send; FRAMES_PER_PACKET
 # (default 1: the lowest latency); CODEBOOKS and FRAMERATE as in codes-to-wav.sh. No model here.
 set -euo pipefail
-here="$(cd "$(dirname "$0")/.." && pwd)"
+here="$(cd "$(dirname "$0")/../.." && pwd)"
 codes="${1:-$here/tests/fixtures/release-tiny/codes.raw}"
 export GST_PLUGIN_PATH="$here/target/release${GST_PLUGIN_PATH:+:$GST_PLUGIN_PATH}"
 

@@ -11,7 +11,7 @@ per core, as libtorch on the Rust side):
   new frames' audio; once as a warm-up and then --repeats times, keeping the
   best and the median (the Rust side does the same).
 
-    python tools/bench_upstream.py CHECKPOINT --out measurements/cache/upstream.json \\
+    python benches/tools/bench_upstream.py CHECKPOINT --out measurements/cache/upstream.json \\
         --reference measurements/cache/reference.f32
 
 The full decode, what streaming must match in speed, is timed with --serve
@@ -20,7 +20,7 @@ decoder's (the machine's speed drifts within minutes): the decoder is loaded
 once, then every line `full` on standard input runs one full decode and
 answers with its wall-clock seconds on a line of standard output.
 
-    python tools/bench_upstream.py CHECKPOINT --serve [--device cuda]
+    python benches/tools/bench_upstream.py CHECKPOINT --serve [--device cuda]
 """
 
 import argparse
