@@ -7,7 +7,7 @@ function connect() {
   // wss on an https page (behind a TLS proxy): a browser refuses ws from a secure page.
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   // The join token that the application's backend signed for this listener, from the page's
-  // URL (?token=...), where the server takes them (docs/streaming-server.md). /signal then names
+  // URL (?token=...), where the server takes them (docs/server.md). /signal then names
   // the token's session as /codes does, for a router in front of several servers.
   const token = new URLSearchParams(location.search).get("token");
   const session = token ? `?session=${encodeURIComponent(token.split(".")[0])}` : "";

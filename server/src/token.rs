@@ -196,7 +196,7 @@ mod tests {
 
     #[test]
     fn a_token_signed_as_the_docs_python_backend_signs_is_taken() {
-        // docs/streaming-server.md's backend, hmac.new(secret, f"{session}.{expiry}".encode(),
+        // docs/server-protocol.md's backend, hmac.new(secret, f"{session}.{expiry}".encode(),
         // hashlib.sha256).hexdigest(), with the secret read as open(...).read().strip(): this
         // token is what Python 3.11 printed for the tests' secret.
         let token = "abc123.1800000060.2e7bf9d46ed2a3fcb45f7ab230fefffc6766137f3bb5751bf2ef13806dad6d09";

@@ -229,7 +229,7 @@ pub const TLS_PORT: u16 = 8443;
 
 impl ServerHost {
     /// Debian's nginx on the server's host, terminating TLS on `TLS_PORT` for the server at
-    /// `backend` with docs/streaming-server.md's `location` block, with a self-signed
+    /// `backend` with docs/server.md's `location` block, with a self-signed
     /// certificate; the page's https URL.
     pub fn start_tls_proxy(&self, scratch: &Path, backend: &str) -> (Daemon, String) {
         let certified = rcgen::generate_simple_self_signed(vec![SERVER_ADDRESS.into()]).unwrap();
