@@ -1,7 +1,8 @@
 """Voice-agent adapters for Qwen3-TTS through qwencodecdec, in process.
 
-Each module wraps `qwencodec_talker.speech.Speaker` (the talker's frames into appsrc !
-qwencodecdec ! appsink) for one framework, and imports only that framework:
+Each framework's module wraps `qwencodec_talker.speech.Speaker` (the talker's frames into appsrc !
+qwencodecdec ! appsink) and imports only that framework; both speak through `bridge.Utterance`
+(one utterance in a thread, its audio handed to the event loop, cancelled on barge-in):
 
 - `qwencodec_agents.pipecat`: `QwenCodecTTSService`, a pipecat `TTSService` (pipecat-ai 1.14.0);
   docs/pipecat.md.

@@ -16,35 +16,22 @@ sample rate: 24000 for the released model) as soon as the step finishes.
   Speaker's cancel: the talker stops before its next step and the decoder drops what it holds;
   `aclose()` returns once that is done.
 
-The Speaker is synchronous (a generator yielding PCM as each step finishes); each utterance
-runs in a worker thread and hands its audio to the event loop as it comes.
+Each utterance is a `qwencodec_agents.bridge.Utterance`: `Speaker.speak` in a thread of its own,
+its audio handed to the event loop as it comes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 
 from livekit.agents import APIConnectOptions, APIError, tokenize, tts, utils
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, NotGivenOr
 
 from qwencodec_talker.speech import Speaker
 
+from .bridge import Utterance
+
 __all__ = ["TTS", "ChunkedStream", "SynthesizeStream"]
-
-_DONE = object()
-
-
-async def _finish(future) -> None:
-    """Awaits `future` to its end even through cancellations, then re-raises the last one."""
-    cancelled = None
-    while not future.done():
-        try:
-            await asyncio.shield(future)
-        except asyncio.CancelledError as error:
-            cancelled = error
-    if cancelled is not None:
-        raise cancelled
 
 
 class TTS(tts.TTS):
@@ -121,40 +108,19 @@ class TTS(tts.TTS):
         """Speaks one utterance, pushing each decode step's audio as it comes. Cancelled (the
         stream closed), it stops the talker and flushes the decoder before it returns."""
         async with self._lock:
-            loop = asyncio.get_running_loop()
-            audio: asyncio.Queue = asyncio.Queue()
-            cancel = threading.Event()
-
-            def hand(item) -> None:
-                try:
-                    loop.call_soon_threadsafe(audio.put_nowait, item)
-                except RuntimeError:  # the loop is gone
-                    cancel.set()
-
-            def work() -> None:
-                try:
-                    for chunk in self._speaker.speak(text, cancel=cancel, **self._options):
-                        hand(chunk)
-                except BaseException as error:  # handed to the event loop
-                    hand(error)
-                else:
-                    hand(_DONE)
-
-            worker = loop.run_in_executor(None, work)
+            utterance = Utterance(self._speaker, text, self._options)
             try:
-                while True:
-                    item = await audio.get()
-                    if item is _DONE:
-                        break
-                    if isinstance(item, BaseException):
-                        raise APIError(f"qwencodec: {item}", retryable=False) from item
-                    output_emitter.push(item)
+                async for chunk in utterance.audio():
+                    output_emitter.push(chunk)
+            except Exception as error:
+                if error is not utterance.error:
+                    raise
+                raise APIError(f"qwencodec: {error}", retryable=False) from error
             finally:
                 # The talker stops before its next step and the decoder is flushed before this
                 # returns, however often the task is cancelled meanwhile (a closed stream's
                 # gather cancels this task, then its cleanup cancels it again).
-                cancel.set()
-                await _finish(worker)
+                await utterance.finish()
 
 
 class ChunkedStream(tts.ChunkedStream):

@@ -7,11 +7,11 @@ local services (piper, pocket_tts) do, the base class opens the audio context wi
 `TTSStartedFrame` and starts TTFB, the first audio stops TTFB, and `TTSStoppedFrame` closes the
 turn (push_start_frame / push_stop_frames).
 
-The blocking `Speaker.speak` generator runs in a thread of its own; its audio reaches the event
-loop through an asyncio queue, so the loop never waits on the talker. A barge-in (pipecat's
-`InterruptionFrame`, which cancels the task running `run_tts`), a closed generator or a
-`CancelFrame` sets the utterance's cancel event: the talker stops before its next step and the
-decoder drops what it holds. Utterances run one after another, each on the same Speaker.
+Each utterance is a `qwencodec_agents.bridge.Utterance`: `Speaker.speak` in a thread of its own,
+its audio handed to the event loop as it comes. A barge-in (pipecat's `InterruptionFrame`, which
+cancels the task running `run_tts`), a closed generator or a `CancelFrame` sets the utterance's
+cancel event: the talker stops before its next step and the decoder drops what it holds.
+Utterances run one after another, each on the same Speaker.
 
 Audio: 16-bit mono at the decoder's rate (24000 Hz for Qwen3-TTS 12 Hz). At that output rate
 (pipecat's default `audio_out_sample_rate`) the frames carry the decoder's samples unchanged; at
@@ -21,9 +21,7 @@ them, which is no longer sample-exact.
 
 import asyncio
 import collections
-import threading
-import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +33,8 @@ from pipecat.services.tts_service import TTSService
 from pipecat.transcriptions.language import Language, resolve_language
 from pipecat.utils.tracing.service_decorators import traced_tts
 from pipecat.utils.types import NOT_GIVEN, NotGiven, is_given
+
+from .bridge import Utterance
 
 # Upstream's language names (the talker config's codec_language_id), by pipecat language.
 LANGUAGES = {
@@ -68,22 +68,11 @@ class QwenCodecTTSSettings(TTSSettings):
     max_new_tokens: int | None | NotGiven = field(default_factory=lambda: NOT_GIVEN)
 
 
-@dataclass
-class QwenCodecUtterance:
-    """One run_tts: what the talker made and how it ended (filled in by its thread)."""
+@dataclass(eq=False)
+class QwenCodecUtterance(Utterance):
+    """One run_tts: the bridge's utterance under pipecat's context id."""
 
-    context_id: str
-    text: str
-    cancel: threading.Event = field(default_factory=threading.Event)
-    done: threading.Event = field(default_factory=threading.Event)
-    frames_made: int = 0  # the talker's frames decoded (Speaker.frames_made)
-    samples: int = 0  # decoder samples handed to pipecat, before any resampling
-    cancelled: bool = False  # ended by cancel, not by the talker's EOS or max_new_tokens
-    first_audio_s: float | None = None  # from run_tts to its first audio, in its thread
-    error: BaseException | None = None
-
-
-_END = object()
+    context_id: str = ""
 
 
 class QwenCodecTTSService(TTSService):
@@ -146,7 +135,6 @@ class QwenCodecTTSService(TTSService):
             self._owns_speaker = False
         self._speaker = speaker
         self._sampling = dict(sampling or {})
-        self._worker: threading.Thread | None = None
         self._current: QwenCodecUtterance | None = None
         self.utterances: collections.deque[QwenCodecUtterance] = collections.deque(maxlen=32)
 
@@ -165,11 +153,9 @@ class QwenCodecTTSService(TTSService):
 
     async def wait_for_talker(self, timeout: float | None = None) -> bool:
         """Waits until the last utterance's talker thread has ended (True) or `timeout` passed."""
-        worker = self._worker
-        if worker is None:
+        if self._current is None:
             return True
-        await asyncio.to_thread(worker.join, timeout)
-        return not worker.is_alive()
+        return await asyncio.to_thread(self._current.join, timeout)
 
     async def cancel(self, frame: CancelFrame):
         """Cancel the service: the talker stops before its next step."""
@@ -208,64 +194,6 @@ class QwenCodecTTSService(TTSService):
             options["max_new_tokens"] = max_new_tokens
         return options
 
-    async def _speak(self, utterance: QwenCodecUtterance) -> AsyncIterator[bytes]:
-        """The utterance's audio, spoken by a thread of its own, as each decode step ends."""
-        loop = asyncio.get_running_loop()
-        chunks: asyncio.Queue = asyncio.Queue()
-        speaker = self._speaker
-        options = self._speak_options()
-        previous = self._worker
-        started = time.monotonic()
-
-        def hand(item):
-            try:
-                loop.call_soon_threadsafe(chunks.put_nowait, item)
-            except RuntimeError:  # the loop has closed: nobody is listening
-                pass
-
-        def work():
-            try:
-                # One utterance at a time: the previous one ends within a talker step of its
-                # cancel, and its Speaker.frames_made is read before the next speak resets it.
-                if previous is not None:
-                    previous.join()
-                audio_out = speaker.speak(utterance.text, cancel=utterance.cancel, **options)
-                try:
-                    for audio in audio_out:
-                        if utterance.first_audio_s is None:
-                            utterance.first_audio_s = time.monotonic() - started
-                        utterance.samples += len(audio) // 2
-                        hand(audio)
-                finally:
-                    audio_out.close()
-                    utterance.frames_made = speaker.frames_made
-                    utterance.cancelled = utterance.cancel.is_set()
-                hand(_END)
-            except BaseException as error:  # handed to run_tts
-                utterance.error = error
-                hand(error)
-            finally:
-                utterance.done.set()
-
-        worker = threading.Thread(target=work, name="qwencodec-pipecat", daemon=True)
-        self._worker = worker
-        self._current = utterance
-        worker.start()
-        ended = False
-        try:
-            while True:
-                item = await chunks.get()
-                if item is _END:
-                    ended = True
-                    return
-                if isinstance(item, BaseException):
-                    ended = True
-                    raise item
-                yield item
-        finally:
-            if not ended:  # interrupted (task cancelled) or the generator closed early
-                utterance.cancel.set()
-
     @traced_tts
     async def run_tts(self, text: str, context_id: str) -> AsyncGenerator[Frame, None]:
         """Speak `text`: a TTSAudioRawFrame for each decode step, as the talker goes on.
@@ -277,13 +205,18 @@ class QwenCodecTTSService(TTSService):
         Yields:
             Frame: audio frames (the base class adds TTSStartedFrame/TTSStoppedFrame).
         """
-        utterance = QwenCodecUtterance(context_id=context_id, text=text)
+        # One utterance at a time: this one speaks once the one before has ended, within a
+        # talker step of its cancel.
+        utterance = QwenCodecUtterance(speaker=self._speaker, text=text,
+                                       options=self._speak_options(), after=self._current,
+                                       context_id=context_id)
         self.utterances.append(utterance)
+        self._current = utterance
         finished = False
         try:
             await self.start_tts_usage_metrics(text)
             async for frame in self._stream_audio_frames_from_iterator(
-                self._speak(utterance),
+                utterance.audio(),
                 in_sample_rate=self._speaker.sample_rate,
                 context_id=context_id,
             ):

@@ -6,17 +6,13 @@ to a host and port. Each takes `send(frame)`, then `end()` (the utterance is com
 """
 
 import json
-import struct
 import time
 from urllib.parse import parse_qs, urlsplit
 
-CODEBOOKS = 16
-# Five times the server's RTP jitter-buffer latency (docs/streaming-server.md, codes over RTP).
+from .pipeline import CodesPipeline, pack
+
+# Five times the server's RTP jitter-buffer latency (docs/server-protocol.md, codes over RTP).
 RTP_SETTLE_S = 0.2
-
-
-def pack(frame):
-    return struct.pack(f"<{CODEBOOKS}h", *frame)
 
 
 class RawCodes:
@@ -39,42 +35,17 @@ class RawCodes:
         self.file.close()
 
 
-class Rtp:
-    """appsrc ! rtpqwencodespay ! udpsink, through GStreamer's Python bindings: the payloader
-    marks the utterance's first packet; `end` drains it (the next run's frames start a new
-    utterance)."""
+class Rtp(CodesPipeline):
+    """appsrc ! rtpqwencodespay ! udpsink: the payloader marks the utterance's first packet;
+    `end` drains it (the next run's frames start a new utterance)."""
 
-    def __init__(self, host, port, frame_rate=(25, 2), plugin_dir=None):
-        from .speech import load_plugin
-
-        Gst = self.Gst = load_plugin(plugin_dir)
-        num, den = frame_rate
-        self.frame_ns = den * Gst.SECOND // num
-        self.pipeline = Gst.parse_launch(
-            f"appsrc name=codes format=time caps=audio/x-qwen3-tts-codes,codebooks={CODEBOOKS},"
-            f"framerate={num}/{den} ! rtpqwencodespay ! udpsink name=net sync=false")
-        self.pipeline.get_by_name("net").set_property("host", host)
-        self.pipeline.get_by_name("net").set_property("port", int(port))
-        self.appsrc = self.pipeline.get_by_name("codes")
-        self.bus = self.pipeline.get_bus()
-        if self.pipeline.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:
-            raise RuntimeError(self._error() or "the RTP pipeline does not start")
-        self.frames = 0
-
-    def _error(self):
-        message = self.bus.pop_filtered(self.Gst.MessageType.ERROR)
-        if message is None:
-            return None
-        error, debug = message.parse_error()
-        return f"{message.src.get_name()}: {error.message} ({debug})"
+    def __init__(self, host, port, plugin_dir=None):
+        super().__init__("rtpqwencodespay ! udpsink name=net sync=false",
+                         properties={"net": {"host": host, "port": int(port)}},
+                         plugin_dir=plugin_dir, what="the RTP pipeline")
 
     def send(self, frame):
-        buffer = self.Gst.Buffer.new_wrapped(pack(frame))
-        buffer.pts = self.frames * self.frame_ns
-        buffer.duration = self.frame_ns
-        self.frames += 1
-        if self.appsrc.emit("push-buffer", buffer) != self.Gst.FlowReturn.OK:
-            raise RuntimeError(self._error() or "the RTP pipeline took no more frames")
+        self.push(frame)
 
     def end(self):
         # EOS sends what the payloader holds and waits until the last packet is out.
@@ -85,12 +56,9 @@ class Rtp:
     def cancel(self):
         pass
 
-    def close(self):
-        self.pipeline.set_state(self.Gst.State.NULL)
-
 
 class Server:
-    """The media server's `/codes?session=ID` (qwencodec-server, docs/streaming-server.md): the
+    """The media server's `/codes?session=ID` (qwencodec-server, docs/server-protocol.md): the
     frames as binary messages, or with `transport=rtp` in the URL as RTP packets to the port the
     server's first message names; `end` and `cancel` go on the WebSocket either way."""
 

@@ -13,27 +13,9 @@ from pathlib import Path
 import torch
 
 from . import assistant_text, generate_kwargs, instruct_text, load_model, stream_codes, tokenize
+from .pipeline import CodesPipeline, load_plugin
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_plugin(plugin_dir=None):
-    """GStreamer (initialised) with this project's plugin registered from `plugin_dir` (default:
-    the repository's target/release) unless GStreamer finds it already."""
-    import gi
-
-    gi.require_version("Gst", "1.0")
-    gi.require_version("GstApp", "1.0")
-    from gi.repository import Gst, GstApp  # noqa: F401 - GstApp gives appsrc and appsink their methods
-
-    if not Gst.is_initialized():
-        Gst.init(None)
-    plugin_dir = Path(plugin_dir or ROOT / "target" / "release")
-    if Gst.ElementFactory.find("qwencodecdec") is None:
-        Gst.Registry.get().scan_path(str(plugin_dir))
-    if Gst.ElementFactory.find("qwencodecdec") is None:
-        raise RuntimeError(f"no qwencodecdec element in {plugin_dir}: build the plugin (make build)")
-    return Gst
+__all__ = ["Decoder", "Speaker", "decoder_geometry", "load_plugin"]
 
 
 def decoder_geometry(model_dir):
@@ -48,59 +30,22 @@ def decoder_geometry(model_dir):
     return codebooks, (rate, per_frame), rate, per_frame
 
 
-class Decoder:
+class Decoder(CodesPipeline):
     """appsrc ! qwencodecdec ! appsink, one utterance at a time: `push` frames, `drain` at the
     utterance's end (the element's qwencodec-drain event: its held-back frames are decoded, the
     next frame starts a fresh decode), `flush` to drop everything not yet pulled (barge-in)."""
 
     def __init__(self, model_dir, *, chunk_frames=None, device="cpu", plugin_dir=None):
-        Gst = self.Gst = load_plugin(plugin_dir)
-        codebooks, (num, den), self.sample_rate, self.samples_per_frame = decoder_geometry(model_dir)
-        self.frame_bytes = 2 * codebooks
-        self.frame_ns = den * Gst.SECOND // num
-        self.pipeline = Gst.Pipeline.new("qwencodec-speech")
-        self.appsrc = Gst.ElementFactory.make("appsrc")
-        self.appsrc.set_property("format", Gst.Format.TIME)
-        self.appsrc.set_caps(Gst.Caps.from_string(
-            f"audio/x-qwen3-tts-codes,codebooks={codebooks},framerate={num}/{den}"))
-        decoder = Gst.ElementFactory.make("qwencodecdec")
-        decoder.set_property("model-path", str(model_dir))
-        decoder.set_property("device", device)
+        codebooks, frame_rate, self.sample_rate, self.samples_per_frame = decoder_geometry(model_dir)
+        decoder = {"model-path": str(model_dir), "device": device}
         if chunk_frames is not None:
-            decoder.set_property("chunk-frames", chunk_frames)
-        convert = Gst.ElementFactory.make("audioconvert")
-        self.appsink = Gst.ElementFactory.make("appsink")
-        self.appsink.set_property("sync", False)
-        self.appsink.set_caps(Gst.Caps.from_string("audio/x-raw,format=S16LE,channels=1"))
-        for element in (self.appsrc, decoder, convert, self.appsink):
-            self.pipeline.add(element)
-        self.appsrc.link(decoder)
-        decoder.link(convert)
-        convert.link(self.appsink)
-        self.bus = self.pipeline.get_bus()
-        if self.pipeline.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:
-            raise RuntimeError(self._error() or "the decoding pipeline does not start")
-        self.frames = 0
-
-    def _error(self):
-        message = self.bus.pop_filtered(self.Gst.MessageType.ERROR)
-        if message is None:
-            return None
-        error, debug = message.parse_error()
-        return f"{message.src.get_name()}: {error.message} ({debug})"
-
-    def push(self, codes):
-        """One frame's codes (ints)."""
-        Gst = self.Gst
-        data = torch.tensor(codes, dtype=torch.int16).numpy().tobytes()
-        if len(data) != self.frame_bytes:
-            raise ValueError(f"a frame has {self.frame_bytes // 2} codes, not {len(codes)}")
-        buffer = Gst.Buffer.new_wrapped(data)
-        buffer.pts = self.frames * self.frame_ns
-        buffer.duration = self.frame_ns
-        self.frames += 1
-        if self.appsrc.emit("push-buffer", buffer) != Gst.FlowReturn.OK:
-            raise RuntimeError(self._error() or "the decoder took no more frames")
+            decoder["chunk-frames"] = chunk_frames
+        super().__init__(
+            "qwencodecdec name=decoder ! audioconvert ! appsink name=audio sync=false "
+            "caps=audio/x-raw,format=S16LE,channels=1",
+            properties={"decoder": decoder}, codebooks=codebooks, frame_rate=frame_rate,
+            plugin_dir=plugin_dir, what="the decoder")
+        self.appsink = self.pipeline.get_by_name("audio")
 
     def drain(self):
         Gst = self.Gst
@@ -111,7 +56,7 @@ class Decoder:
         """The next decoded audio (bytes, S16LE mono), or None after `timeout_s`."""
         sample = self.appsink.try_pull_sample(int(timeout_s * self.Gst.SECOND))
         if sample is None:
-            error = self._error()
+            error = self.error()
             if error:
                 raise RuntimeError(error)
             return None
@@ -124,9 +69,6 @@ class Decoder:
         self.appsrc.send_event(Gst.Event.new_flush_start())
         self.appsrc.send_event(Gst.Event.new_flush_stop(True))
         self.frames = 0
-
-    def close(self):
-        self.pipeline.set_state(self.Gst.State.NULL)
 
 
 class Speaker:
