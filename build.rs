@@ -147,10 +147,8 @@ fn torch_shim_build(lib_dir: &Path) -> cc::Build {
     build
 }
 
-/// The CPU kernels that tch does not offer, behind a C interface: the product of float32 or
-/// float16 weights with few rows, RMSNorm, SnakeBeta, Winograd's transforms, direct
-/// convolutions, a transposed convolution's overlap-add, a layer's attention and a whole
-/// transformer layer; and libtorch's op profiler.
+/// The CPU kernels that tch does not offer, behind a C interface (the list:
+/// `src/model/kernels/README.md`); the executor's inference mode; and libtorch's op profiler.
 fn build_cpu_shims(lib_dir: &Path) {
     // With OpenMP, as libtorch's `at::parallel_for` is inline and runs serially without it.
     // The libgomp it links resolves to the one libtorch already loaded (one per process).

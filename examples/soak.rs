@@ -24,7 +24,7 @@
 //! warm-up: in all (`--max-growth-mib`), or per stream (`--max-kib-per-stream`: the slope of a
 //! line fitted to the resident memory after each stream, which a leak of a few KiB per stream
 //! raises where the growth in all lets it through; bounded over 100 streams after warm-up or
-//! more, where page-sized steps of the memory no longer set it); on CUDA also when
+//! more, where page-sized steps of the memory do not set it); on CUDA also when
 //! `nvidia-smi` cannot see this process's GPU memory.
 
 mod common;
@@ -264,7 +264,7 @@ impl Expected {
                 .ok_or_else(|| what(&format!("no number {key:?} in the metadata")))
         };
         let samples_per_frame = number("samples_per_frame")? as usize;
-        // The tests' parity bound (tests/common/mod.rs: twice the most measured, 1.2x).
+        // About the tests' parity bound: twice the most they measure (tests/common/mod.rs).
         let tolerance = 2.4 * number("upstream_f32_rel_l2")?;
 
         let tensors = SafeTensors::deserialize(&bytes).map_err(|err| what(&err))?;

@@ -220,8 +220,8 @@ fn rtp_receiver_gets_what_the_sender_decodes() {
         (received_seconds - sent_seconds).abs() <= 0.05,
         "received {received_seconds} s of {sent_seconds} s"
     );
-    // Opus at its default bitrate keeps the loudness: received / sent 0.992 in three runs
-    // (2026-12-02); the bound is twice that difference and a little more.
+    // Opus at its default bitrate keeps the loudness: received / sent 0.992 in three runs; the
+    // bound is twice that difference and a little more.
     assert!(
         (received_rms / sent_rms - 1.0).abs() <= 0.02,
         "received RMS {received_rms}, sent {sent_rms}"
@@ -229,7 +229,7 @@ fn rtp_receiver_gets_what_the_sender_decodes() {
 }
 
 /// What 16-bit samples with audioconvert's dither add to the relative L2 error of this audio
-/// (RMS 0.3): measured 4.2e-5 (2026-12-02, the test below); twice that.
+/// (RMS 0.3): measured 4.2e-5 (the test below); twice that.
 const RTP_CODES_WAV_ERROR: f64 = 1e-4;
 
 /// Codes over RTP (examples/pipelines/rtp-codes-send.sh to rtp-codes-receive.sh): the receiver decodes
@@ -339,8 +339,8 @@ fn soak_keeps_memory_flat_and_every_stream_exact() {
         "60",
         "--max-growth-mib",
         "16",
-        // Measured 0.32 KiB per stream (2026-12-02, AMD EPYC); a leak of 6 KiB a stream put in
-        // by hand read 5.93 and failed.
+        // Measured 0.32 KiB per stream on an AMD EPYC; a leak of 6 KiB a stream put in by hand
+        // read 5.93 and failed.
         "--max-kib-per-stream",
         "2",
         "--report-every",

@@ -59,8 +59,8 @@ fn summary(items: &[Item]) -> String {
 
 /// Packets of one frame each, fed in real time, the 7th and the 18th lost on the way to the
 /// jitter buffer. The decoder steps 4 frames at a time, so that when each loss is seen, frames
-/// before it still wait for a step (today's decoder let the GAP pass them: their audio came after
-/// it, stamped before it).
+/// before it still wait for a step (a GAP that passed them would put their audio after it,
+/// stamped before it).
 #[test]
 fn lost_packets_become_gaps_after_the_audio_before_them() {
     let fixture = load_fixture("release-tiny");

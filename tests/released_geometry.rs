@@ -76,8 +76,8 @@ fn streams_batched_at_released_widths_stay_exact() {
 /// each stream's audio is its solo decode bit for bit: every product's rows are summed alike
 /// whoever shares the batch, and a layer's way (its matrix or Winograd tiles) follows the
 /// stream's step, not the batch's rows. Elsewhere a batch can change a layer's way, and the
-/// audio within the dtype's error (2.9e-2 from the solo decode held to AVX2 on the Intel Xeon,
-/// 2026-12-06); each stream then stays within bf16's bound of upstream's float64 decode, which
+/// audio within the dtype's error (2.9e-2 from the solo decode on an Intel Xeon held to AVX2);
+/// each stream then stays within bf16's bound of upstream's float64 decode, which
 /// it would not with another stream's rows or context.
 #[test]
 fn bf16_streams_batched_at_released_widths_decode_as_alone() {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The voice-agent adapters (python/qwencodec_agents, issue 48 section 3): runs every
+# The voice-agent adapters (python/qwencodec_agents): runs every
 # tests/agents/test_*.py with the agents venv (tools/setup-agents.sh), each file as its own
 # process, with GLib criticals fatal (G_DEBUG=fatal_warnings). Fails if any fails or if none ran.
 # The tiny CustomVoice talker is made once into a temp folder and named to the tests by

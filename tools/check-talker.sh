@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# Talker streaming exactness (issue 48 section 1): builds the tiny random
-# talkers with upstream's classes into a temp folder, then checks that
-# python/qwencodec_talker streams exactly upstream's non-streaming codes, and that its command
-# line's destinations (raw codes, RTP, the media server's /codes, SIGINT's cancel) carry exactly
-# its frames.
+# Talker streaming exactness: builds the tiny random talkers with upstream's classes into a
+# temp folder, then checks that python/qwencodec_talker streams exactly upstream's
+# non-streaming codes, and that its command line's destinations (raw codes, RTP, the media
+# server's /codes, SIGINT's cancel) carry exactly its frames.
 # Needs the venv with tools/setup-reference.sh, setup-load.sh (websockets) and setup-agents.sh
 # (PyGObject) applied, and the plugin built.
 set -euo pipefail

@@ -14,8 +14,7 @@ the agents' adapters take text as with a download. Deterministic by --seed.
     python tools/make_talker_fixture.py --kind custom_voice --out DIR
 
 `--geometry 0.6b|1.7b` makes instead a talker at a released model's shapes
-(Qwen3-TTS-12Hz-0.6B / 1.7B; the values and where each came from:
-measurements/results/2026-12-04-amd-epyc-avx2-talker-speed.md) with upstream's own
+(Qwen3-TTS-12Hz-0.6B / 1.7B; the values and their sources: RELEASED) with upstream's own
 initialisation (std 0.02), stored in bfloat16 as the release is, for speed
 measurements (benches/tools/bench_talker.py): no EOS trick, so runs end at
 max_new_tokens. 0.6B is 1.8 GB, 1.7B 3.9 GB.
@@ -76,7 +75,13 @@ def tiny_config(kind):
 # At 1.7B the code predictor (1024) is narrower than the talker, so upstream
 # adds its small_to_mtp_projection (2048 -> 1024). CustomVoice, VoiceDesign and
 # Base have the same talker; Base adds the speaker encoder (enc_dim = talker
-# width), used only to encode reference audio.
+# width), used only to encode reference audio. Sources: upstream qwen-tts's
+# configuration_qwen3_tts.py (the code predictor's defaults are the released
+# values; the talker's are not, so a released config.json sets them) and
+# modeling_qwen3_tts.py (small_to_mtp_projection, the text projection); the
+# released config.json files as public ports (Swift MLX, C++, Rust) reproduce
+# them, where the 1.7B MLP is 6144 (one early port's notes say 8192; 6144 gives
+# the 1.7B parameters beside the text embedding).
 RELEASED = {
     "0.6b": dict(hidden_size=1024, intermediate_size=3072, tts_model_size="0b6"),
     "1.7b": dict(hidden_size=2048, intermediate_size=6144, tts_model_size="1b7"),

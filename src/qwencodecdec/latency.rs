@@ -155,7 +155,7 @@ impl Latency {
     /// joins, one of them a batch in flight that it may come just after, and half as much again
     /// for scheduling; with none in flight, its step may wait one step for others to join its
     /// batch, the margin kept (held for one and a half steps, four sessions of the server
-    /// underran more often than before the hold, while its pacing gave a step 20 ms before its
+    /// underran more often than without a hold, while its pacing gave a step 20 ms before its
     /// audio was late: docs/many-streams.md). Nothing behind a source that is not live, whose
     /// frames come as fast as it can give them.
     pub(super) fn batch_hold(&self) -> Duration {

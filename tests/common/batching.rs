@@ -13,11 +13,11 @@ use rand::{Rng, SeedableRng};
 use super::{Fixture, relative_l2};
 
 /// A stream's audio against its solo decode: batching may change the last bits of a product
-/// (another matrix shape), nothing more. Twice the most measured per fixture: release-tiny
-/// 3.25e-6 and gqa-bias 2.3e-6 (kernels on, avx2 and off alike; 2026-12-02, AMD EPYC),
+/// (another matrix shape), nothing more. Twice the most measured per fixture, kernels on, avx2
+/// and off alike, on an AMD EPYC with AVX-512: release-tiny 3.25e-6 and gqa-bias 2.3e-6,
 /// full-release-80 3.6e-5 (its widths take Winograd tiles and oneDNN's transposed convolutions,
 /// whose sums another batch shape orders otherwise: as far from the solo decode as upstream's own
-/// float32 decode is from float64; kernels on, avx2 and off, 2026-12-04, AMD EPYC with AVX-512).
+/// float32 decode is from float64).
 pub fn batched_vs_solo_bound(fixture: &Fixture) -> f64 {
     match fixture.name {
         "release-tiny" => 6.5e-6,

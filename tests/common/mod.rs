@@ -365,8 +365,7 @@ impl Fixture {
 /// (the core and the element, batches, steps of 1 to 20 frames, tails, flushes) and every
 /// instruction set `make test` runs (`QWENCODEC_CPU_KERNELS` unset, avx2, off). Each bound is
 /// twice its fixture's own figure. `cargo test -- --nocapture` prints every figure as `measured
-/// <fixture> <dtype> <figure>`; docs/testing.md has the runs. CUDA is held to the same figures
-/// until a GPU has measured its own.
+/// <fixture> <dtype> <figure>`; docs/testing.md has the runs. CUDA is held to the same figures.
 pub struct Measured {
     /// float32: the relative L2 error against upstream's float64 decode as a multiple of
     /// upstream's own float32 error (the fixture's `upstream_f32_rel_l2`).
@@ -377,17 +376,13 @@ pub struct Measured {
     pub bf16: Option<f64>,
 }
 
-/// Measured 2026-12-04 on an AMD EPYC with AVX-512 (the avx2 run takes the path of CPUs
-/// without it), code 999d8e0 with the tests of its next commits; bf16 measured again on the same
-/// machine once it took f16's path on the CPU (bfloat16 weights, float32 activations), and the
-/// released widths' bf16 again on 2026-12-05, once the late blocks' Winograd products were
-/// bfloat16 on CPUs with AVX512_BF16 (the fixtures stored in float32 at widths of 96 channels
-/// and more: only `full-release-80`), and the bf16 figures again once the 1x1 convolutions bound
-/// by arithmetic took bfloat16 products too (`pointwise_bf16`, at any width); on 2026-12-05 on the
-/// Intel Xeon with AMX-BF16, once the products of the weights kept in bfloat16 took AMX's tiles
-/// from 2 columns a frame (`skinny_gemm_bf16`: full-release-80, 1.57e-1 when the transformer's took
-/// them too). The float32 figures of the
-/// runs of 2026-12-02 on an AMD EPYC without AVX-512 (at most 1.20, f16-weights) are below them.
+/// The most measured on the CPUs the bounds rest on: an AMD EPYC with AVX-512 (and held to AVX2,
+/// the path of CPUs without it) and an Intel Xeon with AMX-BF16, each with the bfloat16 products
+/// its kernels take in dtype bf16: the Winograd tiles' bfloat16 pairs (AVX512_BF16; at widths of
+/// 96 channels and more, so only `full-release-80`), the 1x1 convolutions' at any width, and
+/// AMX's tiles for the weights kept in bfloat16 from 2 columns a frame
+/// (`skinny_gemm_bf16`; full-release-80 would be at 1.57e-1 if the transformer's took them too).
+/// An AMD EPYC without AVX-512 stays below the float32 figures (at most 1.20, f16-weights).
 pub const MEASURED: [(&str, Measured); 5] = [
     (
         "release-tiny",

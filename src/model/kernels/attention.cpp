@@ -46,7 +46,7 @@ __attribute__((target("avx2,fma"))) void rope(const float* x, const float* cos, 
 }
 
 // The dot product of `a` and `b` (`d` values) in two vectors of partial sums: one chain of d
-// dependent adds, as a plain loop keeps them, took most of the layer's attention.
+// dependent adds, as a plain loop keeps them, takes most of the layer's attention.
 __attribute__((target("avx2,fma"))) float dot(const float* a, const float* b, int64_t d) {
   __m256 first = _mm256_setzero_ps(), second = _mm256_setzero_ps();
   int64_t i = 0;

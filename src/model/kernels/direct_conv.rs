@@ -1,11 +1,8 @@
 //! Convolutions with few multiply-adds per output column (depthwise, or to fewer than
 //! [`MAX_DENSE_OUTPUTS`] channels) summed directly by the C++ kernel of `direct_conv.cpp`
 //! (AVX-512 or AVX2): the upsampler's depthwise convolutions and the vocoder's last one, for
-//! which libtorch's conv1d (oneDNN) took far longer than their arithmetic
-//! (`measurements/results/2026-12-01-intel-xeon-avx512-direct-convs.md`). In AVX2, where oneDNN's
-//! took 1.03 ms of a one-frame `f16` step for the three on the Intel Xeon held to AVX2, the step
-//! took 0.973x the time with the kernel
-//! (`measurements/results/2026-12-06-intel-xeon-as-avx2-avx2-kernels-cpu-f16-c1-direct-conv-kernels-ab.md`).
+//! which libtorch's conv1d (oneDNN) takes far longer than their arithmetic, in AVX-512 and AVX2
+//! alike (the figures: README.md here).
 
 use tch::{Device, Kind, Tensor};
 

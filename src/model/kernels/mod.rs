@@ -1,7 +1,7 @@
 //! Our CPU kernels: C++ on libtorch's tensors, each `.cpp` beside the Rust that calls it, where
-//! libtorch's ops cost more (README.md here says what each replaces and the measurement behind
-//! it). Nothing here knows the network: the layers in `network/` choose between a kernel and
-//! libtorch's ops (the path CUDA takes), and `shim` says which kernels this CPU runs.
+//! libtorch's ops cost more (README.md here says what each replaces and where it runs). Nothing
+//! here knows the network: the layers in `network/` choose between a kernel and libtorch's ops
+//! (the path CUDA takes), and `shim` says which kernels this CPU runs.
 
 pub mod attention;
 pub mod conv_amx;

@@ -58,8 +58,7 @@ void interleave(const float* sums, int64_t columns, float* samples) {
 // The taps as a product's transposed output (each column's taps consecutive: column_step apart,
 // tap o * kernel + j at offset o * kernel + j; stream b's from b * stream_step), read column by
 // column. Row by row, each row would read one float per cache line, and in large steps (8
-// frames' late blocks) the lines fell out of cache before the next rows read them: 5% of the
-// step.
+// frames' late blocks) the lines would fall out of cache before the next rows read them.
 void by_columns(const float* taps, int64_t stream_step, int64_t column_step, const float* biases, float* carried,
                 float* y, int64_t batch, int64_t out_channels, int64_t kernel, int64_t stride, int64_t columns) {
   const int64_t overlap = kernel - stride;

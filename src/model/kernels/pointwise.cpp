@@ -1,8 +1,8 @@
 // A float32 weight [out, in] against channels-first activations [B, in, T] (a 1x1 convolution:
 // the vocoder's residual units' second convolutions, and the transposed convolutions' taps) on the
 // CPU, in AVX-512. Where MKL's float32 products run its AVX2 code (on AMD's CPUs; see shim.rs),
-// they and oneDNN's 1x1 convolution reached 40-93 % of the FMA's rate at the vocoder's shapes,
-// these tiles 89-99 % (`measurements/results/2026-12-05-amd-epyc-avx512-pointwise.md`).
+// they and oneDNN's 1x1 convolution reach well under the FMA's rate at the vocoder's shapes,
+// these tiles close to it (docs/performance.md).
 //
 // The weight is packed at load time in blocks of kBlockOutputs outputs, [blocks, in, 8], zeros
 // past `out`: each input's weights for a block side by side, broadcast one at a time against

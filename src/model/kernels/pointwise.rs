@@ -2,8 +2,8 @@
 //! `pointwise.cpp` (AVX-512): the vocoder's residual units' second convolutions and the
 //! transposed convolutions' taps, beyond the few-row kernel's rows, on CPUs where MKL's float32
 //! products run without AVX-512 ([`Kernel::Pointwise`]). There MKL's products and oneDNN's 1x1
-//! convolution reached 40-93 % of the FMA's rate at the vocoder's shapes, these tiles 89-99 %
-//! (`measurements/results/2026-12-05-amd-epyc-avx512-pointwise.md`). In dtype bf16, the layers
+//! convolution reach well under the FMA's rate at the vocoder's shapes, these tiles close to it
+//! (`docs/performance.md`). In dtype bf16, the layers
 //! bound by arithmetic in bfloat16 products ([`Kernel::PointwiseBf16`]): by `vdpbf16ps` there, in
 //! AMX tiles where the CPU has AMX-BF16 (Intel's too, whose MKL does the float32 ones).
 
@@ -61,7 +61,7 @@ impl Pointwise {
     /// and a CPU and process that run it. With `bfloat16_products` (the layer takes them:
     /// `shim::bfloat16_products` with [`Kernel::PointwiseBf16`]) the weight is rounded to
     /// bfloat16 and the columns are, at each call: the products run at twice the FMA's rate
-    /// (`vdpbf16ps` on the AMD EPYC), or in AMX tiles where the CPU has them.
+    /// (`vdpbf16ps` on AMD's CPUs), or in AMX tiles where the CPU has them.
     pub fn new(weight: &Tensor, bias: Option<&Tensor>, bfloat16_products: bool) -> TorchResult<Option<Self>> {
         if weight.device() != Device::Cpu || weight.kind() != Kind::Float {
             return Ok(None);

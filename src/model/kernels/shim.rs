@@ -110,10 +110,9 @@ impl Kernel {
     }
 
     /// Whether the kernel runs in `kernels`: AVX2 (the plain C++ ones too, held back with the
-    /// vector kernels on other CPUs), but for
-    /// three that run only on CPUs other than Intel's ([`intel_cpu`]), where each was measured to
-    /// pay: the 1x1 convolutions (AVX-512), and the Winograd tiles' and the 1x1 convolutions'
-    /// bfloat16 products (AVX-512 and AVX512_BF16). The 1x1 convolutions' bfloat16 products run
+    /// vector kernels on other CPUs), but for three that run only on CPUs other than Intel's
+    /// ([`intel_cpu`]), where each pays: the 1x1 convolutions (AVX-512), and the Winograd tiles'
+    /// and the 1x1 convolutions' bfloat16 products (AVX-512 and AVX512_BF16). The 1x1 convolutions' bfloat16 products run
     /// on Intel's CPUs too where they have AMX-BF16 ([`has_amx_bf16`]), in AMX tiles; the few-row
     /// products' and the convolutions' of several taps in AMX tiles only there (which take the
     /// layers of the Winograd tiles' bfloat16 products).
@@ -121,7 +120,8 @@ impl Kernel {
         let least = match self {
             Kernel::SkinnyGemmBf16 | Kernel::ConvAmx if !has_amx_bf16() => return false,
             Kernel::PointwiseBf16 | Kernel::WinogradBf16 if !has_bf16_products() => return false,
-            // Its AMX tiles gave way to `conv_amx`'s, which take the same layers without Winograd.
+            // On Intel's CPUs the pairs do not pay ([`intel_cpu`]); `conv_amx` takes these layers
+            // where the CPU has AMX-BF16.
             Kernel::WinogradBf16 if intel_cpu() => return false,
             Kernel::PointwiseBf16 if intel_cpu() && !has_amx_bf16() => return false,
             Kernel::Pointwise if intel_cpu() => return false,
@@ -323,22 +323,15 @@ pub fn bfloat16_products(
         && kernel.runs_in(self::kernel(kernel))
 }
 
-/// Whether this is an Intel CPU, where two of our kernels do not pay (measured on the Intel Xeon,
-/// 2026-12-05, `make kernels-ab` in batches of 4 one-frame steps,
-/// `measurements/results/2026-12-05-intel-xeon-avx512-cpu-{f32-c1-s4-pointwise,
-/// bf16-c1-s4-winograd-bf16}-kernels-ab.md`):
-/// - MKL's float32 products run its AVX-512 code on Intel's CPUs alone
-///   (`mkl_blas_avx512_sgemm_kernel_0` in the Xeon's profiles; `mkl_blas_def_sgemm_kernel_0_zen`,
-///   AVX2 at most, in the AMD EPYC's), and do the 1x1 convolutions there as fast as `pointwise`
-///   (1.05x with it);
-/// - Intel's server cores run two 512-bit FMAs a cycle, as many products as `vdpbf16ps`'s pairs at
-///   one a cycle, so the bfloat16 products gain nothing and pay for rounding their inputs
-///   (`winograd_bf16` 1.14x; on the AMD EPYC, whose FMA runs 512 bits at half rate, 0.91x);
-///   in AMX tiles, where the CPU has them, they pay (`pointwise_bf16` 0.86x against MKL's float32
-///   products,
-///   `measurements/results/2026-12-05-intel-xeon-avx512-cpu-bf16-c1-s4-pointwise-bf16-amx-kernels-ab.md`;
-///   the Winograd tiles' in AMX tiles, 0.93x, gave way to `conv_amx`, 0.77x against them in
-///   batches of 4: `measurements/results/2026-12-06-intel-xeon-avx512-cpu-bf16-c1-s4-conv-amx-kernels-ab.md`).
+/// Whether this is an Intel CPU, where two of our kernels do not pay (each kernel's A/B on both
+/// CPUs: README.md here):
+/// - MKL's float32 products run its AVX-512 code on Intel's CPUs alone (AVX2 at most on AMD's),
+///   and there do the 1x1 convolutions as fast as `pointwise`;
+/// - Intel's server cores run two 512-bit FMAs a cycle, as many products as `vdpbf16ps`'s pairs
+///   at one a cycle, so the bfloat16 pairs gain nothing and pay for rounding their inputs (AMD's
+///   cores run 512-bit FMAs at half rate, where the pairs pay). In AMX tiles, where the CPU has
+///   them, the 1x1 convolutions' bfloat16 products pay on Intel's CPUs too, and `conv_amx` takes
+///   the Winograd tiles' layers.
 fn intel_cpu() -> bool {
     static INTEL: LazyLock<bool> = LazyLock::new(|| {
         #[cfg(target_arch = "x86_64")]

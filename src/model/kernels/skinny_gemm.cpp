@@ -76,7 +76,7 @@ __attribute__((target("avx512f"))) void tile_avx512(const Product<W>& p, int64_t
   for (; k + 16 <= in; k += 16) {
     __m512 w[O];
     for (int o = 0; o < O; ++o) w[o] = qwencodec::widen(weight + o * in + k);
-    // The next tile's rows (the weight's next rows), into the second-level cache: the Xeon's
+    // The next tile's rows (the weight's next rows), into the second-level cache: Intel's
     // prefetchers alone leave the weight's stream well below memory speed.
     for (int o = 0; o < O; ++o) _mm_prefetch(reinterpret_cast<const char*>(weight + (O + o) * in + k), _MM_HINT_T1);
     for (int r = 0; r < R; ++r) {
@@ -316,7 +316,7 @@ __attribute__((target("avx512f,amx-tile,amx-bf16"))) void amx_group(const AmxPro
     const at::BFloat16* x = p.rows + row * p.in;
     const at::BFloat16* w = weight;
     for (int64_t step = 0; step < steps; ++step, w += kAmxGroupBlocks * kAmxTileValues) {
-      // The weight's stream into the second-level cache, kAmxAhead steps ahead: the Xeon's
+      // The weight's stream into the second-level cache, kAmxAhead steps ahead: Intel's
       // prefetchers alone leave it well below memory speed (as in tile_avx512).
       const char* ahead = reinterpret_cast<const char*>(w + kAmxAhead * kAmxGroupBlocks * kAmxTileValues);
       for (int64_t line = 0; line < kAmxGroupBlocks * kAmxTileValues * 2; line += 64) {

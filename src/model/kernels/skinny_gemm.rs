@@ -6,20 +6,17 @@
 //! A small step's products are a weight against 1 to about a hundred rows (a frame is 1 row in
 //! the transformer, 4 after the upsampler, 32 in the vocoder's first block). MKL streams a
 //! weight at memory speed for 1 or 2 rows, but for 4 to 64 rows it re-reads or re-packs it and
-//! runs several times slower than the weight's bytes allow
-//! (`measurements/results/2026-11-30-amd-epyc-avx512-skinny-gemm.md`).
+//! runs several times slower than the weight's bytes allow (`docs/performance.md`).
 //!
 //! 16-bit weights that see 8 or more rows per frame (the vocoder's first blocks) are packed at
 //! load time for the kernel's outer products instead ([`pack`], [`packed_product`]), which
-//! spend no time summing vector lanes, and run as fast as MKL's float32 product
-//! (`measurements/results/2026-12-01-intel-xeon-avx512-packed-f16.md` has the figures).
+//! spend no time summing vector lanes, and run as fast as MKL's float32 product.
 //!
 //! In dtype bf16 on CPUs with AMX-BF16, the bfloat16 weights of 2 or more columns a frame are
 //! packed for AMX's tiles instead ([`pack_amx`], [`amx_product`];
 //! `network::precision::matrix_rounding`), whose products round the rows to bfloat16 too: the same
-//! bytes, read about as fast, for a few rows; 0.8-0.9x the time at 4, 0.4-0.45x at 16, where
-//! the widened weights' float32 FMAs are bound by arithmetic
-//! (`measurements/results/2026-12-05-intel-xeon-avx512-cpu-bf16-amx-matrix.md`).
+//! bytes, read about as fast, for a few rows, and faster from 4 rows on, where the widened
+//! weights' float32 FMAs are bound by arithmetic (`docs/performance.md`).
 
 use tch::{Device, Kind, Tensor};
 

@@ -35,8 +35,8 @@ constexpr float kReducedLimit = 65536.0f;
 // sin(y)^2, within about 2 ulp: sin^2 has period pi, so y is reduced to r = y - k pi in [-pi/2,
 // pi/2], and sin(r) = r + r^3 P(r^2), P fitted to 5e-9 there. SLEEF's 1-ulp sine, which
 // libtorch_cpu exports (its own vectorized sin calls it), reduces any argument to a quarter
-// period and took most of the kernel's time; it remains for vectors with an argument beyond
-// kReducedLimit (or not a number).
+// period and would take most of the kernel's time; it serves only vectors with an argument
+// beyond kReducedLimit (or not a number).
 __attribute__((target("avx512f"))) inline __m512 sin_squared(__m512 y) {
   if (_mm512_cmp_ps_mask(_mm512_abs_ps(y), _mm512_set1_ps(kReducedLimit), _CMP_NLE_UQ) != 0) {
     const __m512 s = Sleef_sinf16_u10(y);

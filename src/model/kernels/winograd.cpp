@@ -43,7 +43,7 @@ constexpr int64_t kMinPieceTiles = 256;
 // a thread then runs its piece's three parts without waiting for the others between them, at
 // the cost of reading every weight once per thread. That pays where the tiles are many and the
 // weights few (the late blocks of a one-frame step), not with a few dozen tiles of many
-// channels (`measurements/results/2026-12-01-intel-xeon-avx512-direct-convs.md`).
+// channels.
 constexpr int64_t kMinThreadPieceTiles = 48;
 
 // Output channels per block of the transformed weights (winograd.rs's BLOCK_OUTPUTS): three
@@ -137,12 +137,12 @@ __attribute__((target("avx512f"))) void group_tiles(const Convolution& c, const 
 }
 
 // How far ahead of the row they multiply the products prefetch their weight block: a small
-// step's products read each block once, from memory, and waited on it without; a few rows
-// ahead were too close (`measurements/results/2026-12-01-intel-xeon-avx512-direct-convs.md`).
+// step's products read each block once, from memory, and wait on it without; a few rows ahead
+// are too close.
 constexpr int64_t kPrefetchBytes = 6144;
 
 // Inputs summed in one chain, whose sum is then added to the others': one chain over all of them
-// (up to 1536) rounded the float32 decode to 3.1e-5 from float64, where this keeps 1.9e-5.
+// (up to 1536) rounds the float32 decode to 3.1e-5 from float64, where this keeps 1.9e-5.
 constexpr int64_t kSumInputs = 64;
 
 // The R tiles' sums, V vectors each, into their rows of `result` (`out` apart; the last vector's
@@ -214,8 +214,8 @@ __attribute__((target("avx512f"))) void product_block(const float* tiles, const 
 // tiles rounded to bfloat16 and taken two inputs at a time (`pairs`: tile r's inputs 2i and 2i + 1
 // at pairs[r * in / 2 + i]), against the block's weights in the same pairs ([in / 2,
 // kBlockOutputs, 2]); each instruction multiplies both and adds them to a float32 sum, twice the
-// products of an FMA (2.0x in a loop of each on the AMD EPYC). The sums stay float32, in chains
-// of kSumInputs inputs as above. AVX-512 only: a unit is one whole block (kUnitOutputs).
+// products of an FMA. The sums stay float32, in chains of kSumInputs inputs as above. AVX-512
+// only: a unit is one whole block (kUnitOutputs).
 template <int V, int R>
 __attribute__((target("avx512f,avx512bf16"))) void product_block_pairs(const uint32_t* pairs,
                                                                        const at::BFloat16* weight, float* result,
@@ -617,8 +617,8 @@ void product_blocks(const Convolution& c, int64_t count, const T* tiles, const W
 // Each point's weight against the piece's tiles [count, in]: products [points, count, out], in
 // units of one point and up to kBlockOutputs outputs, spread across the threads. A unit's
 // weights are one block [in, kBlockOutputs] of consecutive bytes: read as columns of the whole
-// [in, out] matrix, rows kilobytes apart, they came from memory at a fraction of its speed on
-// the Xeon, whose prefetchers do not follow strides across pages. AVX2 takes a block in two
+// [in, out] matrix, rows kilobytes apart, they come from memory at a fraction of its speed on
+// Intel's CPUs, whose prefetchers do not follow strides across pages. AVX2 takes a block in two
 // passes of half its outputs each.
 template <typename Isa, typename W, typename T>
 void products(const Convolution& c, const Piece& piece, const T* v, float* products) {

@@ -8,9 +8,9 @@
 //! powers, and more outputs per tile need more and larger points. With points searched for the
 //! least rounding ([`FINITE_POINTS`]), float32 takes tiles of 4 in the residual units and 2 in
 //! the vocoder's input conv, and its decode stays about as close to float64 as upstream's own;
-//! dtypes f16 and bf16 also take 6 (`network::precision::winograd_outputs`,
-//! `measurements/results/2026-12-01-amd-epyc-avx512-winograd-points.md`), and keeps the transformed
-//! weights of the convolutions bound by their bytes in 16-bit integers ([`INT16_STEPS`]).
+//! dtypes f16 and bf16 also take 6 (`network::precision::winograd_outputs`), and keeps the
+//! transformed weights of the convolutions bound by their bytes in 16-bit integers
+//! ([`INT16_STEPS`]).
 //!
 //! The convolution is C++ (`winograd.cpp`, AVX-512 or AVX2): the transforms and, between them, a
 //! product per point with its transformed weight, in pieces that keep the tiles in the caches.
@@ -48,9 +48,8 @@ mod ffi {
 /// last point): small integers, halves and thirds keep the transforms' entries, and so their
 /// rounding, small. For the 7-tap kernels (the vocoder's), the sets with 0 and ±1 of least
 /// float32 error in a model of the kernel's rounding (`tools/winograd_points.py`): for tiles of
-/// 4 outputs, 2.4x less than 0, ±1, ±2, ±1/2, ±3
-/// (`measurements/results/2026-12-01-amd-epyc-avx512-winograd-points.md`). For the 3-tap kernel (the
-/// quantizer's pre_conv, in large steps), the smallest points.
+/// 4 outputs, 2.4x less than 0, ±1, ±2, ±1/2, ±3. For the 3-tap kernel (the quantizer's
+/// pre_conv, in large steps), the smallest points.
 const FINITE_POINTS: [&[f64]; 5] = [
     // F(2, 3)
     &[0.0, 1.0, -1.0],
@@ -84,7 +83,7 @@ fn finite_points(points: usize) -> Option<&'static [f64]> {
 /// The fewest channels at which tiles of `m` outputs (first) are measured to beat libtorch's
 /// convolution: every block of the released geometry, whose narrowest has 96. With few
 /// channels, each input value becoming `points / m` tile values, written and read again, weighs
-/// more against the products saved (`measurements/results/2026-11-30-amd-epyc-avx512-winograd.md`).
+/// more against the products saved.
 const MIN_CHANNELS: [(usize, usize); 3] = [(2, 96), (4, 96), (6, 96)];
 
 /// Output channels per block of the transformed weights: the outputs one call of the kernel's
@@ -109,7 +108,7 @@ pub enum TransformedWeights {
     /// where the bytes are the cost).
     Int16,
     /// bfloat16 weights and tiles, multiplied in pairs into float32 sums by AVX512_BF16's
-    /// `vdpbf16ps`, twice the products of an FMA on the AMD EPYC: dtype bf16 where the CPU has
+    /// `vdpbf16ps`, twice the products of an FMA: dtype bf16 where the CPU has
     /// them ([`TransformedWeights::for_layer`]).
     Bfloat16,
 }

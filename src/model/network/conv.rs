@@ -46,14 +46,12 @@ impl ConvShape {
 /// Most rows (output columns times streams) for which a convolution that also has Winograd
 /// tiles multiplies its matrix instead: while the weight's bytes bound the product. The tiles
 /// read a little more of them (8 or 10 matrices of the kernel's size per 7 taps, in float32), but
-/// from a few dozen rows on the products are bound by arithmetic, where the tiles do fewer
-/// (`measurements/results/2026-11-30-amd-epyc-avx512-winograd-kernel.md`).
+/// from a few dozen rows on the products are bound by arithmetic, where the tiles do fewer.
 const MATRIX_MAX_ROWS: i64 = 16;
 
 /// Most multiply-adds (output channels times input channels times rows) for which a float32
 /// 1x1 convolution on the CPU is one MKL product per stream instead of a convolution: in a
-/// one-frame step oneDNN's kernels take longer than the products, at four frames less
-/// (`measurements/results/2026-12-01-amd-epyc-avx512-pointwise-conv.md`).
+/// one-frame step oneDNN's kernels take longer than the products, at four frames less.
 const POINTWISE_MAX_MULTIPLY_ADDS: i64 = 32 << 20;
 
 /// How a CPU float32 1x1 convolution runs beyond the matrix's rows.
@@ -286,8 +284,7 @@ pub struct CausalTransConv {
     matrix: Option<Matrix>,
     /// The same weight packed for our 1x1 kernel where it runs ([`Pointwise`]), for steps of
     /// more rows than the few-row kernel takes: faster than MKL's product (AVX2 on the CPUs it
-    /// runs on) and oneDNN's 1x1 convolution at every block's shape
-    /// (`measurements/results/2026-12-05-amd-epyc-avx512-pointwise.md`); or for every step.
+    /// runs on) and oneDNN's 1x1 convolution at every block's shape; or for every step.
     pointwise: Option<Pointwise>,
     /// [1, out, 1], float32.
     bias: Tensor,

@@ -28,7 +28,7 @@ pub fn with_weights(
 /// cost. MKL streams a weight at near memory speed only in this arrangement: the weight as it is
 /// stored ([out, in], row-major) on the left and the activations row-major on the right, read
 /// transposed. The other arrangements (activations on the left, or a column-major right side)
-/// ran several times slower for 2 to 32 columns on the released geometry's shapes.
+/// run several times slower for 2 to 32 columns on the released geometry's shapes.
 ///
 /// On the CPU a single row goes in twice: MKL computes one column as a matrix-vector product
 /// on one core, two as a matrix product on every core. Beyond [`skinny_gemm::MAX_ROWS`] rows,

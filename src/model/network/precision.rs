@@ -1,6 +1,6 @@
 //! The network's precision policy, layer by layer: which product weights dtypes f16 and bf16
-//! round to 16 bits on the CPU, and how many outputs the Winograd tiles of each convolution make. The
-//! figures behind each choice: docs/performance.md, "Which layer takes what".
+//! round to 16 bits on the CPU, and how many outputs the Winograd tiles of each convolution
+//! make. The figures behind each choice: `docs/performance.md`.
 
 use tch::{Device, Kind};
 
@@ -39,9 +39,9 @@ struct AmxRule {
     kernel: Kernel,
 }
 
-/// 1x1 products from 32 columns a frame: 32 multiply-adds for each 2-byte weight, where the Intel
-/// Xeon's float32 FMAs (366 GFLOP/s on 2 cores) match its memory (33 GB/s) at about 11, so that
-/// the products are bound by arithmetic.
+/// 1x1 products from 32 columns a frame: 32 multiply-adds for each 2-byte weight, well past the
+/// ratio at which a server CPU's float32 FMAs keep pace with its memory, so that the products
+/// are bound by arithmetic.
 const AMX_ONE_BY_ONE: AmxRule = AmxRule {
     from_columns: 32,
     kernel: Kernel::PointwiseBf16,
@@ -50,7 +50,7 @@ const AMX_ONE_BY_ONE: AmxRule = AmxRule {
 /// Convolutions of several taps from 32 columns a frame (the vocoder's residual units, blocks 1-4
 /// of the released geometry), directly in AMX tiles (`kernels::conv_amx`) at every step: at 32
 /// columns AMX reads block 1's bfloat16 weights at memory's rate where its Winograd tiles of
-/// 16-bit integers were bound by float32 FMAs, and from 160 columns its products outrun Winograd's
+/// 16-bit integers are bound by float32 FMAs, and from 160 columns its products outrun Winograd's
 /// fewer ones with their transforms.
 const AMX_CONV: AmxRule = AmxRule {
     from_columns: 32,
@@ -60,10 +60,10 @@ const AMX_CONV: AmxRule = AmxRule {
 /// The products of the layers whose weight [`rounded_weights`] keeps in bfloat16, from 2 columns a
 /// frame (the released geometry's upsampler, the vocoder's input convolution and block 1's
 /// transposed one): bound by the weight's bytes in one stream's one-frame steps, but by
-/// arithmetic in batches of streams (16 rows at 4 streams), where the Intel Xeon's float32 FMAs
-/// on the widened weight took twice AMX's time. The transformer's (a column a frame) keep
-/// float32 products: of a single row, AMX's tiles read the weight 1.00-1.07x as long, and the
-/// decode's error against float64 would rise from 1.48e-1 to 1.57e-1.
+/// arithmetic in batches of streams (16 rows at 4 streams), where float32 FMAs on the widened
+/// weight take about twice AMX's time. The transformer's (a column a frame) keep float32
+/// products: of a single row, AMX's tiles read the weight no faster, and the decode's error
+/// against float64 would rise.
 const AMX_MATRIX: AmxRule = AmxRule {
     from_columns: 2,
     kernel: Kernel::SkinnyGemmBf16,
@@ -96,9 +96,8 @@ impl AmxRule {
 /// `weights` with `in_channels` inputs per column takes its bfloat16 products in AMX tiles at
 /// every step ([`AMX_ONE_BY_ONE`]), where [`rounded_weights`] would keep its weight in 16 bits
 /// for float32 products: the vocoder's block 1's 1x1 convolutions and block 2's transposed
-/// convolution in the released geometry. The weight's bytes are the same 16 bits; on the Intel
-/// Xeon a one-frame step took about 0.9x the time and its error against float64 grew from
-/// 1.3975e-1 to 1.4070e-1 (see docs/performance.md, "Which layer takes what").
+/// convolution in the released geometry. The weight's bytes are the same 16 bits; a one-frame
+/// step takes less time, its error against float64 a little more (`docs/performance.md`).
 pub fn amx_products(weights: &Weights, in_channels: usize) -> bool {
     AMX_ONE_BY_ONE.takes_layer(weights, in_channels)
 }
@@ -130,8 +129,8 @@ pub fn matrix_rounding(weights: &Weights, in_features: usize) -> MatrixRounding 
 /// [`matrix_rounding`], but nothing where its 16-bit weight would be widened to float32 at every
 /// step ([`widened_at_every_step`]: on CPUs with AVX2 but not AVX-512, from 9 columns a frame,
 /// block 1's 1x1 convolutions and block 2's transposed one in the released geometry). The
-/// widening took 1.1 ms of a one-frame `f16` step on the Intel Xeon held to AVX2, and saved no
-/// bytes: MKL's product then reads the float32 copy.
+/// widening costs a sizeable part of a one-frame step and saves no bytes: MKL's product then
+/// reads the float32 copy.
 pub fn one_by_one_rounding(weights: &Weights, in_channels: usize) -> MatrixRounding {
     match matrix_rounding(weights, in_channels) {
         MatrixRounding::Weight(_) if widened_at_every_step(weights.device(), weights.columns_per_frame()) => {
