@@ -785,11 +785,19 @@ fn pipeline_scripts_run() {
     let wav = out.path().join("out.wav");
     let env = [("CODEBOOKS", "8"), ("FRAMERATE", "400/1"), ("DEVICE", "cpu")];
     let codes = fixture.dir.join("codes.raw");
-    common::run_script("examples/pipelines/codes-to-wav.sh", &[&codes, &wav, &fixture.dir], &env);
+    common::run_script(
+        "examples/pipelines/codes-to-wav.sh",
+        &[&codes, &wav, &fixture.dir],
+        &env,
+    );
     // 16-bit samples.
     let bytes = std::fs::read(&wav).unwrap();
     assert_eq!(common::wav_chunks(&bytes).1.len(), 2 * fixture.audio.len());
 
     let live_env = [env.as_slice(), &[("AUDIO_SINK", "fakesink sync=true")]].concat();
-    common::run_script("examples/pipelines/play-live.sh", &[&codes, &fixture.dir], &live_env);
+    common::run_script(
+        "examples/pipelines/play-live.sh",
+        &[&codes, &fixture.dir],
+        &live_env,
+    );
 }

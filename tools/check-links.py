@@ -3,8 +3,8 @@
 
     python3 tools/check-links.py [FILE.md ...]
 
-Without arguments it checks README.md, every other *.md at the top of the repository, every
-docs/*.md and every *.md under examples/. For each link `[text](path)`, `[text](path#anchor)`,
+Without arguments it checks every *.md of the repository, but for hidden folders and build
+outputs (target/, gpu-bundle/, measurements/cache/, node_modules/). For each link `[text](path)`, `[text](path#anchor)`,
 `[text](#anchor)`, image `![alt](path)` and reference definition `[label]: path` outside fenced
 code blocks and code spans, the file or folder must exist (relative to the linking file) and
 an anchor must name a heading of the target markdown file, by GitHub's rules (lowercased;
@@ -17,6 +17,7 @@ summary and exits 0. Standard library only; run from anywhere (paths are taken f
 repository root, the folder above this script).
 """
 
+import os
 import re
 import sys
 import unicodedata
@@ -33,10 +34,20 @@ REFERENCE_DEFINITION = re.compile(r"^ {0,3}\[([^\]]+)\]:\s*(<[^>]*>|\S+)")
 SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 
+# Folders whose markdown is not the project's: build outputs, caches, installed packages.
+SKIPPED = {"target", "node_modules", "__pycache__", "gpu-bundle", "measurements/cache"}
+
+
 def default_files():
-    files = sorted(ROOT.glob("*.md"))
-    files += sorted((ROOT / "docs").glob("*.md"))
-    files += sorted((ROOT / "examples").rglob("*.md"))
+    files = []
+    for folder, subfolders, names in os.walk(ROOT):
+        relative = Path(folder).relative_to(ROOT)
+        subfolders[:] = sorted(
+            name for name in subfolders
+            if not name.startswith(".") and name not in SKIPPED
+            and (relative / name).as_posix() not in SKIPPED
+        )
+        files += [Path(folder) / name for name in sorted(names) if name.endswith(".md")]
     return files
 
 

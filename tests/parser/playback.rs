@@ -345,7 +345,11 @@ fn npy_pipeline_scripts_run() {
     let dir = tempfile::tempdir().unwrap();
     let npy = temp_file(&dir, "codes.npy", &fixture_npy(&fixture, 1, "<i8", false));
     let wav = dir.path().join("out.wav");
-    common::run_script("examples/pipelines/npy-to-wav.sh", &[&npy, &wav, &fixture.dir], &[]);
+    common::run_script(
+        "examples/pipelines/npy-to-wav.sh",
+        &[&npy, &wav, &fixture.dir],
+        &[],
+    );
     // 16-bit samples.
     let bytes = std::fs::read(&wav).unwrap();
     assert_eq!(common::wav_chunks(&bytes).1.len(), 2 * fixture.audio.len());
