@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 
 from . import assistant_text, generate_kwargs, instruct_text, load_model, stream_codes, tokenize
-from .pipeline import CodesPipeline, load_plugin
+from .pipeline import CodesPipeline
 
-__all__ = ["Decoder", "Speaker", "decoder_geometry", "load_plugin"]
+__all__ = ["Decoder", "Speaker", "decoder_geometry"]
 
 
 def decoder_geometry(model_dir):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "python"))
-from qwencodec_talker.speech import load_plugin  # noqa: E402
+from qwencodec_talker.pipeline import load_plugin  # noqa: E402
 
 from websockets.sync.server import serve  # noqa: E402
 
