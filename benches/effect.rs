@@ -1,6 +1,6 @@
 //! `make bench`, time to effect: what a player feels when it seeks or stops while a file plays
 //! in real time through qwencodecdec (not a test: it asserts nothing). Written to
-//! `measurements/results/` as markdown and JSON.
+//! `measurements/results/<cpu>/effect-<device>-<dtype>.{md,json}`.
 //!
 //! cargo bench --bench effect -- --model DIR [--out measurements/results] [--seconds 40] [--runs 10]
 //!     [--play-ms 3000] [--chunk-frames 1] [--seek-context-frames 25] [--device cpu] [--dtype f32]
@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{machine, percentile, slug};
+use common::{machine, percentile};
 use gst::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -186,7 +186,7 @@ fn main() {
     }
 
     let machine = machine();
-    let date = common::today();
+    let date = common::date();
     let report = json!({
         "date": date,
         "machine": machine,
@@ -204,24 +204,12 @@ fn main() {
         "mean_step_ms": summary(&step_ms),
     });
     let md = markdown(&report);
-    std::fs::create_dir_all(&args.out).unwrap();
-    let stem = common::result_stem(
+    common::write_result(
         &args.out,
-        &date,
-        &format!(
-            "{}-{}-{}-time-to-effect-context-{}",
-            slug(&machine),
-            args.device,
-            args.dtype,
-            args.seek_context_frames
-        ),
+        &format!("effect-{}-{}", args.device, args.dtype),
+        &report,
+        &md,
     );
-    std::fs::write(args.out.join(format!("{stem}.md")), &md).unwrap();
-    std::fs::write(
-        args.out.join(format!("{stem}.json")),
-        serde_json::to_string_pretty(&report).unwrap(),
-    )
-    .unwrap();
     print!("{md}");
 }
 

@@ -1,6 +1,6 @@
 //! `make kernels-ab`: each CPU kernel of ours against libtorch's ops in its place, the two
 //! alternated on one machine, in the released geometry's steps (not a test: it asserts nothing).
-//! Written to `measurements/results/` as markdown and JSON.
+//! Written to `measurements/results/<cpu>/kernels-ab-cpu-<dtype>-c<frames>[-s<streams>].{md,json}`.
 //!
 //! cargo bench --bench kernels_ab -- --model DIR [--out measurements/results] [--dtype f32]
 //!     [--chunk-frames 1] [--streams 1] [--steps 100] [--rounds 4] [--kernels skinny_gemm,winograd,...]
@@ -37,7 +37,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use common::{machine, percentile, read_codes, slug};
+use common::{machine, percentile, read_codes};
 use gstqwencodec::model::{
     Allowed, Dtype, KERNELS_ENV, Kernel, Model, StreamDecoder, TailStrategy, widest_kernels,
 };
@@ -387,22 +387,7 @@ fn main() {
         .chain(args.kernels.iter().map(|&kernel| kernel_ab(&args, &base, kernel)))
         .collect();
     let machine = machine();
-    let date = common::today();
-    let stem = common::result_stem(
-        &args.out,
-        &date,
-        &format!(
-            "{}-cpu-{}-c{}{}-kernels-ab",
-            slug(&machine),
-            args.dtype,
-            args.chunk_frames,
-            if args.streams > 1 {
-                format!("-s{}", args.streams)
-            } else {
-                String::new()
-            },
-        ),
-    );
+    let date = common::date();
     let report = json!({
         "date": date,
         "machine": machine,
@@ -414,13 +399,17 @@ fn main() {
         "rounds": args.rounds,
         "kernels": rows,
     });
-    std::fs::create_dir_all(&args.out).unwrap();
     let markdown = markdown(&report);
-    std::fs::write(
-        args.out.join(format!("{stem}.json")),
-        serde_json::to_string_pretty(&report).unwrap(),
-    )
-    .unwrap();
-    std::fs::write(args.out.join(format!("{stem}.md")), &markdown).unwrap();
+    let streams = if args.streams > 1 {
+        format!("-s{}", args.streams)
+    } else {
+        String::new()
+    };
+    common::write_result(
+        &args.out,
+        &format!("kernels-ab-cpu-{}-c{}{streams}", args.dtype, args.chunk_frames),
+        &report,
+        &markdown,
+    );
     print!("{markdown}");
 }

@@ -10,7 +10,8 @@
 //! `--chunk-frames`: a warm-up, then `--steps` timed
 //! steps (the phase that perf's samples are taken from: its bounds are written in
 //! CLOCK_MONOTONIC, perf's `-k CLOCK_MONOTONIC`), then as many steps again under libtorch's op
-//! profiler. Writes `run.json` (machine, settings, step times, the phase's bounds) and
+//! profiler. Writes `run.json` (machine, settings, step times, the phase's bounds, the result's
+//! name, `<cpu>/profile-<device>-<dtype>-c<frames>[-s<streams>]`) and
 //! `events.tsv` (the op profiler's events, see `OpProfiler::finish`) to `--out`.
 
 mod common;
@@ -18,7 +19,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 
-use common::{machine, read_codes, run_steps, slug};
+use common::{machine, read_codes, run_steps};
 use gstqwencodec::model::{Dtype, Model, OpProfiler, StreamDecoder, TailStrategy, parse_device};
 use serde_json::json;
 
@@ -103,12 +104,14 @@ fn main() {
     let (step_ms, profiled_step_ms) = per_stream[0].clone();
 
     let machine = machine();
-    let date = common::today();
+    let date = common::date();
     let run = json!({
-        "stem": format!(
-            "{date}-{}-{device_name}-{dtype}-c{chunk_frames}{}-profile",
-            slug(&machine),
-            if streams > 1 { format!("-s{streams}") } else { String::new() }
+        "result": common::result_name(
+            &machine,
+            &format!(
+                "profile-{device_name}-{dtype}-c{chunk_frames}{}",
+                if streams > 1 { format!("-s{streams}") } else { String::new() }
+            ),
         ),
         "date": date,
         "machine": machine,

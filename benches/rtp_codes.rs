@@ -1,5 +1,5 @@
 //! Codes over RTP (not a test: it asserts nothing): what a stream costs on the wire, and what a
-//! lost packet costs the audio. Written to `measurements/results/` as markdown and JSON.
+//! lost packet costs the audio. Written to `measurements/results/<cpu>/rtp-codes.{md,json}`.
 //!
 //! cargo bench --bench rtp_codes -- --model DIR [--out measurements/results] [--runs 5]
 //!
@@ -19,7 +19,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use common::{machine, relative_l2, slug};
+use common::{machine, relative_l2};
 use gst::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -244,21 +244,11 @@ fn main() {
         );
     }
 
-    let report = json!({"machine": machine, "model": args.model.display().to_string(), "frames": frames,
+    let date = common::date();
+    let report = json!({"date": date, "machine": machine, "model": args.model.display().to_string(), "frames": frames,
         "bitrate": rates, "loss": losses});
-    std::fs::create_dir_all(&args.out).unwrap();
-    let name = common::result_stem(
-        &args.out,
-        &common::today(),
-        &format!("{}-rtp-codes", slug(&machine)),
-    );
-    std::fs::write(
-        args.out.join(format!("{name}.json")),
-        serde_json::to_string_pretty(&report).unwrap(),
-    )
-    .unwrap();
     let mut md = format!(
-        "# Codes over RTP: bitrate and loss\n\n{} ({} cores), code {}, checkpoint `{}` ({} frames, {:.1} s), \
+        "# Codes over RTP: bitrate and loss\n\n{date}, {} ({} cores), code {}, checkpoint `{}` ({} frames, {:.1} s), \
          `cargo bench --bench rtp_codes`.\n\n## Bitrate per stream\n\nEvery packet with its RTP, UDP and IPv4 \
          headers (40 bytes).\n\n| stream | packet | on the wire, kbit/s | payload, kbit/s |\n| --- | ---: | ---: | ---: |\n",
         machine["cpu"].as_str().unwrap(),
@@ -291,6 +281,6 @@ fn main() {
             l["repeat_max"].as_f64().unwrap()
         );
     }
-    std::fs::write(args.out.join(format!("{name}.md")), &md).unwrap();
+    common::write_result(&args.out, "rtp-codes", &report, &md);
     print!("{md}");
 }

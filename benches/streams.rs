@@ -1,5 +1,6 @@
 //! `make bench`, many streams on one model: batched steps against batching off, side by side in
-//! one run, written to `measurements/results/` as markdown and JSON (not a test: it asserts nothing).
+//! one run (not a test: it asserts nothing), written to
+//! `measurements/results/<cpu>/streams-<device>-<dtype>.{md,json}`.
 //!
 //! cargo bench --bench streams -- --model DIR [--out measurements/results] [--streams 1,2,4,8,16]
 //!     [--step-frames 1] [--frames 40] [--bulk 1,2,4,8,16] [--bulk-frames 40] [--first-audio 8,16]
@@ -49,7 +50,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{machine, percentile, read_codes, slug};
+use common::{machine, percentile, read_codes};
 use gstqwencodec::model::{Dtype, Model, StepLimits, StreamDecoder, TailStrategy, parse_device};
 use serde_json::{Value, json};
 
@@ -741,7 +742,7 @@ fn main() {
     }
 
     let machine = machine();
-    let date = common::today();
+    let date = common::date();
     let graphs = model.cuda_graphs();
     let report = json!({
         "max_batch": args.max_batch,
@@ -767,18 +768,12 @@ fn main() {
         "live": live_rows,
         "live_served": served,
     });
-    std::fs::create_dir_all(&args.out).unwrap();
-    let stem = common::result_stem(
-        &args.out,
-        &date,
-        &format!("{}-{}-{}-streams", slug(&machine), args.device, args.dtype),
-    );
     let md = markdown(&report);
-    std::fs::write(args.out.join(format!("{stem}.md")), &md).unwrap();
-    std::fs::write(
-        args.out.join(format!("{stem}.json")),
-        serde_json::to_string_pretty(&report).unwrap(),
-    )
-    .unwrap();
+    common::write_result(
+        &args.out,
+        &format!("streams-{}-{}", args.device, args.dtype),
+        &report,
+        &md,
+    );
     print!("{md}");
 }

@@ -19,7 +19,10 @@ the same measures, and the CPU of the server and of Janus over the speech.
 
 The server is started here (--server-binary, --model, --dtype, --chunk-frames, --max-sessions,
 --device, --admission are passed on to it), or an already running one is used (--server ADDR --token T).
-A markdown summary goes to stdout (and --markdown FILE), everything to --json FILE. With
+A markdown summary goes to stdout (and --markdown FILE), everything to --json FILE. A capacity
+or broadcast run with --out measurements/results is a result to keep: both go to
+<cpu>/server-capacity-<dtype>.{md,json} or <cpu>/janus-broadcast-<dtype>.{md,json} there
+(benches/tools/results.py names the CPU). With
 --expect-clean the exit status is 1 when a session failed to connect, underran, received less
 than 90 % of the audio sent, or heard its first audio later than --max-first-audio-ms.
 
@@ -55,6 +58,8 @@ from aiortc.rtcrtpreceiver import RTCRtpReceiver
 from aiortc.sdp import candidate_from_sdp
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benches" / "tools"))
+from results import result_path, this_machine  # noqa: E402
 DEFAULT_MODEL = REPO / "tests/fixtures/release-tiny"
 DEFAULT_BINARY = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "release/qwencodec-server"
 
@@ -1253,15 +1258,8 @@ async def broadcasts(target: Target, janus: JanusProcess, server_sampler: "Sampl
 
 
 def machine_description() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count()}
+    """The CPU (its model, AVX-512, what limited it: what names its results) and its cores."""
+    return {**this_machine(), "cores": os.cpu_count()}
 
 
 def git_commit() -> dict:
@@ -1546,6 +1544,13 @@ def parse_options(argv=None):
     )
     parser.add_argument("--json", type=Path, help="write the full results here")
     parser.add_argument("--markdown", type=Path, help="write the summary here too")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="RESULTS",
+        help="with --find-capacity or --janus-listeners: write both to RESULTS/<cpu>/server-capacity-<dtype> "
+        "or janus-broadcast-<dtype> (.md, .json); RESULTS is measurements/results for a result to keep",
+    )
     server = parser.add_argument_group("the server (started here unless --server is given)")
     server.add_argument("--server", metavar="ADDR", help="use a running server at host:port")
     server.add_argument("--token", help="its codes ingress token (required with --server)")
@@ -1583,6 +1588,10 @@ def parse_options(argv=None):
         parser.error("--janus-listeners starts its own server (with --janus)")
     if options.janus_listeners and not options.janus_ice_interface:
         parser.error("--janus-listeners needs --janus-ice-interface (tools/janus-load.sh gives it)")
+    if options.out and not (options.find_capacity or options.janus_listeners):
+        parser.error("--out takes a capacity or broadcast run (--find-capacity, --janus-listeners)")
+    if options.out and options.server:
+        parser.error("--out needs the server started here: the result names this CPU and the dtype it ran")
     if options.janus_listeners and min(options.janus_listeners) < 1:
         parser.error("--janus-listeners takes counts of at least 1")
     for name in ("sessions", "churn", "batch", "utterances", "capacity_start", "capacity_max"):
@@ -1640,6 +1649,7 @@ async def main_async(options) -> int:
     sampler.start()
     report = {
         "tool": "tools/webrtc_load.py",
+        "date": datetime.date.today().isoformat(),
         "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_description(),
         "commit": git_commit(),
@@ -1705,6 +1715,12 @@ async def main_async(options) -> int:
         options.markdown.write_text(summary)
     if options.json:
         options.json.write_text(json.dumps(report, indent=1) + "\n")
+    if options.out:
+        kind = "server-capacity" if report["mode"] == "capacity" else "janus-broadcast"
+        stem = result_path(options.out, report["machine"], f"{kind}-{options.dtype}")
+        stem.with_suffix(".md").write_text(summary)
+        stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+        print_progress(f"written: {stem}.{{md,json}}")
     return 1 if options.expect_clean and report["problems"] else 0
 
 

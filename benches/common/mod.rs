@@ -197,9 +197,10 @@ pub fn flags(machine: &Value) -> String {
     text
 }
 
-/// The machine's CPU for a file name: `Intel(R) Xeon(R) Platinum 8480+` with AVX-512 becomes
-/// `intel-xeon-platinum-8480-avx512`; limited to AVX2 (`ATEN_CPU_CAPABILITY=avx2`) with our
-/// kernels off, `intel-xeon-platinum-8480-as-avx2-no-kernels` (held to AVX2: `-avx2-kernels`).
+/// The machine's CPU as its results' folder names it: `Intel(R) Xeon(R) Platinum 8480+` with
+/// AVX-512 becomes `intel-xeon-platinum-8480-avx512`; limited to AVX2 (`ATEN_CPU_CAPABILITY=avx2`)
+/// with our kernels off, `intel-xeon-platinum-8480-as-avx2-no-kernels` (held to AVX2:
+/// `-avx2-kernels`). benches/tools/results.py's `cpu_slug` is the same for the Python tools.
 pub fn slug(machine: &Value) -> String {
     let model = machine["cpu"].as_str().unwrap_or("unknown");
     let model = model.split(" @ ").next().unwrap().to_lowercase();
@@ -228,27 +229,28 @@ pub fn slug(machine: &Value) -> String {
     words.join("-")
 }
 
-/// The name of a new result in `dir`: `{date}-{kind}`, or `{date}-{n}-{kind}` (n = 2, 3, ...)
-/// where a run of the same day and kind already wrote that name, so that a second run never
-/// overwrites a committed result. `date` is the one the report records.
-pub fn result_stem(dir: &Path, date: &str, kind: &str) -> String {
-    let taken = |stem: &str| {
-        ["json", "md"]
-            .iter()
-            .any(|ext| dir.join(format!("{stem}.{ext}")).exists())
-    };
-    let first = format!("{date}-{kind}");
-    if !taken(&first) {
-        return first;
-    }
-    (2..)
-        .map(|n| format!("{date}-{n}-{kind}"))
-        .find(|stem| !taken(stem))
-        .unwrap()
+/// A result's name under `measurements/results/`: `<cpu>/<benchmark>`, `<cpu>` the machine's
+/// [`slug`], `<benchmark>` one of the kinds benches/tools/results.py lists (`decode-cpu-f32`; a
+/// device's `:` dropped, `cuda:0` as `cuda0`). No date: a re-run replaces the result, git keeps
+/// the one before.
+pub fn result_name(machine: &Value, benchmark: &str) -> String {
+    format!("{}/{}", slug(machine), benchmark.replace(':', ""))
 }
 
-/// Today's date, YYYY-MM-DD, as `date` gives it.
-pub fn today() -> String {
+/// Writes `report` (with its `machine`) and its markdown to `<results>/<cpu>/<benchmark>.json`
+/// and `.md` ([`result_name`]), the folder made.
+pub fn write_result(results: &Path, benchmark: &str, report: &Value, markdown: &str) {
+    let stem = results.join(result_name(&report["machine"], benchmark));
+    std::fs::create_dir_all(stem.parent().unwrap()).unwrap();
+    let json = stem.with_extension("json");
+    std::fs::write(&json, serde_json::to_string_pretty(report).unwrap())
+        .unwrap_or_else(|err| panic!("{}: {err}", json.display()));
+    std::fs::write(stem.with_extension("md"), markdown).unwrap();
+    eprintln!("written: {}.{{md,json}}", stem.display());
+}
+
+/// The date a result records, YYYY-MM-DD, as `date` gives it.
+pub fn date() -> String {
     let output = std::process::Command::new("date")
         .arg("+%Y-%m-%d")
         .output()

@@ -1,5 +1,6 @@
 //! `make bench`: the streaming decoder against the upstream Python decoder, side by side on one
-//! machine, written to `measurements/results/` as a markdown table and JSON.
+//! machine, written to `measurements/results/<cpu>/decode-<device>-<dtype>.md` (a markdown table)
+//! and `.json`.
 //!
 //! cargo bench --bench decode -- --model DIR --upstream upstream.json --reference reference.f32
 //!     [--out measurements/results] [--chunks 1,2,4,8] [--device cpu] [--dtype f32] [--alongside f32]
@@ -485,7 +486,7 @@ fn main() {
         Value::Null
     };
 
-    let date = common::today();
+    let date = common::date();
     let machine = machine();
     let report = json!({
         "date": date,
@@ -502,27 +503,12 @@ fn main() {
         "rss_streams_frames": rss_frames,
         "steady": steady,
     });
-    std::fs::create_dir_all(&args.out).unwrap();
-    let stem = common::result_stem(
-        &args.out,
-        &date,
-        &format!(
-            "{}-{}-{}",
-            common::slug(&machine),
-            args.device.replace(':', ""),
-            args.dtype
-        ),
-    );
-    std::fs::write(
-        args.out.join(format!("{stem}.json")),
-        serde_json::to_string_pretty(&report).unwrap(),
-    )
-    .unwrap();
     let table = markdown(&report);
-    std::fs::write(args.out.join(format!("{stem}.md")), &table).unwrap();
-    println!("{table}");
-    eprintln!(
-        "written: {}",
-        args.out.join(format!("{stem}.{{md,json}}")).display()
+    common::write_result(
+        &args.out,
+        &format!("decode-{}-{}", args.device, args.dtype),
+        &report,
+        &table,
     );
+    println!("{table}");
 }

@@ -15,16 +15,17 @@ time splits between the talker's backbone, the code predictor's 15 sub-steps
 (its forwards, and its `generate` call around them) and the rest of upstream's
 loop. It also times the machine (matrix products per dtype, memory reads) and,
 with --decoder, one decode step of qwencodecdec at chunk-frames 1 (GStreamer's
-Python bindings), so time to first audio = TTFF + one decoder step.
+Python bindings), so time to first audio = TTFF + one decoder step. The report goes to
+measurements/results/<cpu>/talker-speed.md and .json (--out names another folder for
+measurements/results; benches/tools/results.py).
 
     PYTHONPATH=python python benches/tools/bench_talker.py --model /var/cache/qwencodec/fixtures/talker-0.6b \\
-        --dtypes f32,bf16,f16 --streams 1,2 --frames 50 --json out.json --md out.md
+        --dtypes f32,bf16,f16 --streams 1,2 --frames 50
 """
 
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -32,7 +33,9 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import RESULTS, ROOT, result_path, this_machine  # noqa: E402
+
 sys.path.insert(0, str(ROOT / "python"))
 
 DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
@@ -45,13 +48,6 @@ STEADY_FROM = 10  # steady rate over frames 10..N (1-based)
 
 def loadavg():
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
-
-
-def cpu_model():
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def mem_available_bytes():
@@ -509,7 +505,8 @@ def wait_quiet(limit_s, below, hold_s, poll_s):
 
 
 def markdown(report):
-    lines = [f"CPU: {report['cpu']}, {report['cores']} cores; torch {report['torch']}, transformers "
+    lines = [f"# The talker's speed, {report['date']}", "",
+             f"CPU: {report['cpu']}, {report['cores']} cores; torch {report['torch']}, transformers "
              f"{report['transformers']}; commit {report['commit']}; {report['frames']} frames asked a run, seed "
              f"{report['seed']}, upstream's default sampling.", ""]
     w = report.get("wait")
@@ -595,15 +592,17 @@ def main():
     parser.add_argument("--plan", help="instead of every model x dtype x stream count: "
                                        "MODEL_INDEX:DTYPE:SPEC,... (SPEC as in --streams)")
     parser.add_argument("--slow-streams", default="1")
-    parser.add_argument("--json")
-    parser.add_argument("--md")
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="the results folder (measurements/results): the report goes to <cpu>/talker-speed.*")
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
     import torch
     import transformers
-    report = dict(cpu=cpu_model(), cores=os.cpu_count(), torch=torch.__version__,
+    host = this_machine()
+    report = dict(date=time.strftime("%Y-%m-%d"), cpu=host["cpu"], avx512=host["avx512"], limits=host["limits"],
+                  cores=os.cpu_count(), torch=torch.__version__,
                   transformers=transformers.__version__, frames=args.frames, seed=args.seed,
                   prompt=PROMPT, speaker="vivian", language="english", quiet_below=args.quiet_below,
                   quiet_hold_s=args.quiet_hold, time_cap_s=args.time_cap,
@@ -654,10 +653,10 @@ def main():
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     text = markdown(report)
     print(text)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
-    if args.md:
-        Path(args.md).write_text(text)
+    stem = result_path(args.out, host, "talker-speed")
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+    stem.with_suffix(".md").write_text(text)
+    print(f"bench_talker: written: {stem}.{{md,json}}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import make_fixtures  # noqa: E402  (the upstream loader and float64 patch)
 
 WINDOW_BLOCK = 8

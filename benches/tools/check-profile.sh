@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # make profile end to end on the bundled release-tiny checkpoint, its report in a scratch
-# folder: the op profile must hold every stage of the network and the ops of every step, and
-# perf's part its samples where perf may sample here. Then of two streams' batched steps: one
-# step scope per batch, batches of more than one row.
+# folder, named as in measurements/results (<cpu>/profile-cpu-f32-c1): the op profile must hold
+# every stage of the network and the ops of every step, and perf's part its samples where perf
+# may sample here. Then of two streams' batched steps: one step scope per batch, batches of more
+# than one row.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -25,9 +26,14 @@ import json, sys
 from pathlib import Path
 
 scratch, steps = Path(sys.argv[1]), int(sys.argv[2])
-reports = list(scratch.glob("*-profile.json"))
-assert len(reports) == 1, f"one report, not {reports}"
+reports = list(scratch.glob("*/profile-cpu-f32-c1.json"))
+assert len(reports) == 1, f"one report, not {list(scratch.rglob('*.json'))}"
 report = json.loads(reports[0].read_text())
+# Its folder is the CPU's name as the Python tools give it too (benches/tools/results.py).
+sys.path.insert(0, "benches/tools")
+from results import cpu_slug
+machine = report["run"]["machine"]
+assert reports[0].parent.name == cpu_slug(machine["cpu"], machine["avx512"], machine["limits"]), reports[0]
 ops = report["op_profile"]
 assert ops["steps"] == steps, f"{ops['steps']} steps profiled, not {steps}"
 expected = ["quantizer + pre_conv", "pre_transformer", "upsample.0", "upsample.1", "decoder.0",
@@ -37,7 +43,7 @@ assert all(ms > 0 for ms in ops["stages_ms"].values()), ops["stages_ms"]
 assert sum(ops["stages_ms"].values()) <= ops["step_ms"], "stages within their step"
 assert ops["top_level_ops_per_step"] > 100, ops["top_level_ops_per_step"]
 assert "aten::cat" in ops["top_level_ops"], list(ops["top_level_ops"])
-assert (scratch / reports[0].with_suffix(".md").name).read_text().count("| decoder.") == 6
+assert reports[0].with_suffix(".md").read_text().count("| decoder.") == 6
 perf = report["perf"]
 print("check-profile: ok;", "perf samples:", perf["samples"] if perf else "none (perf may not sample here)")
 PY
@@ -50,8 +56,8 @@ import json, sys
 from pathlib import Path
 
 batched, steps = Path(sys.argv[1]), int(sys.argv[2])
-reports = list(batched.glob("*-s2-profile.json"))
-assert len(reports) == 1, f"one report of two streams, not {list(batched.iterdir())}"
+reports = list(batched.glob("*/profile-cpu-f32-c1-s2.json"))
+assert len(reports) == 1, f"one report of two streams, not {list(batched.rglob('*.json'))}"
 report = json.loads(reports[0].read_text())
 run, ops = report["run"], report["op_profile"]
 assert run["streams"] == 2, run

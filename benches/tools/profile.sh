@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # make profile: where one stream's steps spend their time on this machine, in one command.
 # benches/profile.rs runs the steps (timed under perf's sampling, then under libtorch's op
-# profiler) and benches/tools/profile_report.py writes measurements/results/<date>-<cpu>-<device>-<dtype>-
-# c<frames>-profile.md (and .json; PROFILE_RESULTS names another folder). Arguments go to the
-# benchmark (--chunk-frames, --dtype, --steps, --device, --streams). Without perf (or its
-# permission) the report has the op profile only.
+# profiler) and benches/tools/profile_report.py writes measurements/results/<cpu>/profile-<device>-
+# <dtype>-c<frames>[-s<streams>].md and .json (PROFILE_RESULTS names another folder for
+# measurements/results). Arguments go to the benchmark (--chunk-frames, --dtype, --steps,
+# --device, --streams). Without perf (or its permission) the report has the op profile only.
 set -euo pipefail
 
 model="$1"

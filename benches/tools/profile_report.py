@@ -6,8 +6,9 @@
 
 RUN_DIR holds `run.json` and `events.tsv` of `benches/profile.rs`; PERF_SCRIPT_TXT is
 `perf script -F pid,tid,comm,time,ip,sym,dso` of the run (samples without call graphs: where
-each thread was). Prints the report and writes it to DIR/<stem>.md (the run's name for it),
-with its figures in DIR/<stem>.json.
+each thread was). Prints the report and writes it to DIR/<cpu>/<benchmark>.md (the run's
+name for it: profile-<device>-<dtype>-c<frames>[-s<streams>]), with its figures in .json beside
+it; DIR is measurements/results for make profile.
 """
 
 import argparse
@@ -302,14 +303,15 @@ def main():
     ops = op_profile(read_events(args.run_dir / "events.tsv"))
     perf = perf_profile(args.perf, run) if args.perf else None
     text = markdown(run, ops, perf)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    out = args.out_dir / run["stem"]
+    out = args.out_dir / run["result"]
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text)
     out.with_suffix(".json").write_text(json.dumps(
         {"run": {k: v for k, v in run.items() if k not in ("step_ms", "profiled_step_ms")},
          "step_ms_median": statistics.median(run["step_ms"]),
          "op_profile": ops, "perf": perf}, indent=1))
     print(text)
+    print(f"written: {out}.{{md,json}}", file=sys.stderr)
 
 
 if __name__ == "__main__":
