@@ -65,9 +65,11 @@ lint: setup
 # CPU kernels held to AVX2 (the path of CPUs without AVX-512, at the released widths too) and
 # then off (libtorch's ops everywhere, the path CUDA takes, batched too); then kernels held back
 # by name. (The element computes nothing of its own: its tests would take the library's paths
-# again. Each rerun takes the tests whose paths it changes: both reran everything until
-# 2026-12-04, 700 s of make test's 1500.)
+# again. Each rerun takes only the tests whose paths it changes: the whole suite twice more
+# would be nearly half of make test's time.) measurements/README.md must be what the result
+# files give, and every result file must be named as benches/tools/results.py says.
 test: build lint released-fixture setup-load setup-agents
+	python3 benches/tools/bench_summary.py --check
 	python3 tools/check-links.py
 	bash tools/check-inspect.sh
 	bash tools/check-install.sh
@@ -103,7 +105,8 @@ setup-load: setup
 
 # A load test of the server (qwencodec-server) with real WebRTC peers (not a test; docs/load-test.md).
 # LOAD_ARGS: options of tools/webrtc_load.py, e.g. --find-capacity --model
-# $(QWENCODEC_CACHE)/fixtures/full-release-80 --dtype f16 --seconds 10 --json capacity.json.
+# $(QWENCODEC_CACHE)/fixtures/full-release-80 --dtype f16 --seconds 10 --json capacity.json
+# (--out measurements/results: the result to keep, <cpu>/server-capacity-<dtype>.{md,json}).
 LOAD_ARGS ?= --sessions 4
 load: setup-load
 	cargo build --release --workspace
@@ -120,12 +123,14 @@ released-fixture: setup-reference
 
 # The benchmark (not a test): upstream Python decoder and ours on the released geometry with
 # random weights, side by side, each decode timed BENCH_REPEATS times after a warm-up; writes
-# measurements/results/<date>-<cpu>-<device>-<dtype>.{md,json} and the table of every result in docs/performance.md.
+# measurements/results/<cpu>/decode-<device>-<dtype>.{md,json}, <cpu> this machine's CPU.
 # The element as users run it too: a gst-launch-1.0 process per run, in f32, f16 and bf16, at
 # chunk-frames 1 and 4 (--launch-dtypes, --launch-chunks).
 # BENCH_ARGS: more options of benches/decode/main.rs (--chunks, --dtype, --steady-frames). Then many
-# streams on one model, batched and not (benches/streams.rs, STREAMS_ARGS: --streams, --live, ...),
-# and the time a seek or a stop takes during playback (benches/effect.rs, EFFECT_ARGS: --runs, ...).
+# streams on one model, batched and not (benches/streams.rs, STREAMS_ARGS: --streams, --live, ...;
+# streams-<device>-<dtype>), and the time a seek or a stop takes during playback (benches/effect.rs,
+# EFFECT_ARGS: --runs, ...; effect-<device>-<dtype>). A run replaces the result of the same name
+# (git keeps the one before); measurements/README.md, the table of every result, follows.
 BENCH_MODEL := measurements/cache/full-release
 BENCH_FRAMES ?= 100
 BENCH_REPEATS ?= 5
@@ -136,7 +141,7 @@ bench: build setup-reference $(BENCH_MODEL)/model.safetensors
 	  --reference measurements/cache/reference.f32 --out measurements/results --repeats $(BENCH_REPEATS) $(BENCH_ARGS)
 	cargo bench --bench streams -- --model $(BENCH_MODEL) --out measurements/results $(STREAMS_ARGS)
 	cargo bench --bench effect -- --model $(BENCH_MODEL) --out measurements/results $(EFFECT_ARGS)
-	$(VENV)/bin/python benches/tools/bench_summary.py measurements/results --into docs/performance.md
+	python3 benches/tools/bench_summary.py
 
 # The benchmark's checkpoint: the released geometry with random weights and BENCH_FRAMES frames of
 # codes.
@@ -146,20 +151,23 @@ $(BENCH_MODEL)/model.safetensors:
 	  --no-expected --out measurements/cache
 
 # Each CPU kernel of ours with and without it, alternated in processes of their own, on the
-# benchmark's checkpoint (not a test); writes measurements/results/<date>-<cpu>-cpu-<dtype>-c<frames>-
-# kernels-ab.{md,json}. KERNELS_AB_ARGS: options of benches/kernels_ab.rs (--dtype, --kernels, --streams,
-# --rounds, --chunk-frames). QWENCODEC_CPU_KERNELS=avx2 (with libtorch's libraries held alike,
-# see docs/performance.md) measures the AVX2 kernels.
+# benchmark's checkpoint (not a test); writes measurements/results/<cpu>/kernels-ab-cpu-<dtype>-
+# c<frames>[-s<streams>].{md,json} and measurements/README.md. KERNELS_AB_ARGS: options of
+# benches/kernels_ab.rs (--dtype, --kernels, --streams, --rounds, --chunk-frames).
+# QWENCODEC_CPU_KERNELS=avx2 (with libtorch's libraries held alike, see docs/performance.md)
+# measures the AVX2 kernels, under a <cpu> of their own.
 kernels-ab: build $(BENCH_MODEL)/model.safetensors
 	cargo bench --bench kernels_ab -- --model $(BENCH_MODEL) --out measurements/results $(KERNELS_AB_ARGS)
+	python3 benches/tools/bench_summary.py
 
 # Where one stream's steps spend their time on this machine (not a test): per stage, per op,
 # ops per step and time outside them (libtorch's op profiler), per thread and library (perf),
-# on the benchmark's checkpoint; writes measurements/results/<date>-<cpu>-<device>-<dtype>-c<frames>-
-# profile.{md,json}. PROFILE_ARGS: options of benches/profile.rs (--chunk-frames 1, --dtype,
-# --steps, --device, --streams).
+# on the benchmark's checkpoint; writes measurements/results/<cpu>/profile-<device>-<dtype>-
+# c<frames>[-s<streams>].{md,json} and measurements/README.md. PROFILE_ARGS: options of
+# benches/profile.rs (--chunk-frames 1, --dtype, --steps, --device, --streams).
 profile: build $(BENCH_MODEL)/model.safetensors
 	bash benches/tools/profile.sh $(BENCH_MODEL) $(PROFILE_ARGS)
+	python3 benches/tools/bench_summary.py
 
 # What tools/gpu-check.sh needs on a GPU host without Rust or GStreamer (see that script).
 gpu-bundle: build setup-reference
