@@ -23,8 +23,9 @@
 #  8. many streams on CUDA: ms per step for each bucket of rows (1 to 64) and step size, and
 #     live streams up to 256, batched (graphs of up to 64 rows; their steps held for one another
 #     as the element holds them) and, up to 8 streams, not batched or not held.
-# Results of the GPU steps go to $OUT (else measurements/results/); PYTHON is the host's Python with
-# torch (else python3).
+# The benchmark's results go to $OUT (else measurements/results/, as <cpu>/<benchmark>); the
+# device, parity and soak logs to $LOGS (else measurements/cache/gpu/); PYTHON is the host's
+# Python with torch (else python3).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -35,9 +36,9 @@ if [ ! -x "$bundle/bin/cuda-tests" ]; then
 fi
 python="${PYTHON:-python3}"
 out="${OUT:-$root/measurements/results}"
+logs="${LOGS:-$root/measurements/cache/gpu}"
 work="${TMPDIR:-/tmp}/qwencodec-gpu"
 mkdir -p "$work"
-day="$(date +%Y-%m-%d)"
 fail() { echo "gpu-check: $*" >&2; exit 1; }
 
 torch_lib="$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')" ||
@@ -82,18 +83,18 @@ echo "== GPU"
 if command -v nvidia-smi > /dev/null; then nvidia-smi -L || true; else echo "no nvidia-smi here"; fi
 "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' ||
   fail "libtorch sees no GPU: the bundle passed its CPU checks; the GPU steps need a CUDA device"
-mkdir -p "$out"
+mkdir -p "$out" "$logs"
 { date; nvidia-smi -L 2>&1 || true; "$python" -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))'; } \
-  > "$out/$day-gpu-device.txt"
+  > "$logs/gpu-device.txt"
 
 failed=()
 echo "== parity on CUDA"
-"$bundle/bin/cuda-tests" --ignored --test-threads 1 --nocapture 2>&1 | tee "$out/$day-gpu-parity.txt" ||
-  failed+=("parity ($out/$day-gpu-parity.txt)")
+"$bundle/bin/cuda-tests" --ignored --test-threads 1 --nocapture 2>&1 | tee "$logs/gpu-parity.txt" ||
+  failed+=("parity ($logs/gpu-parity.txt)")
 
 echo "== soak on CUDA: a pipeline per stream, on one model and its CUDA graphs"
 "$bundle/bin/soak" --device cuda --streams 400 --model "$QWENCODEC_FIXTURES/release-tiny" 2>&1 \
-  | tee "$out/$day-gpu-soak.txt" || failed+=("soak ($out/$day-gpu-soak.txt)")
+  | tee "$logs/gpu-soak.txt" || failed+=("soak ($logs/gpu-soak.txt)")
 
 echo "== benchmark on CUDA"
 if "$python" benches/tools/bench_upstream.py "$model" --device cuda --out "$work/upstream.json" \
@@ -115,4 +116,4 @@ if [ ${#failed[@]} -gt 0 ]; then
   printf 'gpu-check: failed: %s\n' "${failed[@]}" >&2
   exit 1
 fi
-echo "gpu-check: every GPU step passed; results in $out"
+echo "gpu-check: every GPU step passed; results in $out, logs in $logs"
