@@ -1,13 +1,16 @@
 //! Who may use the server's public side: the `Host` a request names (`--allow-host`, against DNS
 //! rebinding), the page's `Origin` on `/signal`, and who may join a session (a join token, see
 //! `token`, and each client's caps, see `connections`). And client-supplied text as the log
-//! shows it.
+//! shows it, and a WebSocket refused as the log, the metrics and the client see it.
 
+use std::fmt::Display;
 use std::net::IpAddr;
 use std::time::{Instant, SystemTime};
 
 use crate::connections::{Client, JoinRate, SessionPlace, SessionsPerClient};
-use crate::http::{Request, close};
+use crate::http::{self, Request, Socket, close};
+use crate::log;
+use crate::metrics::Metrics;
 use crate::token::JoinSecret;
 
 /// The most of a client's text that a log line or a refusal repeats.
@@ -43,6 +46,21 @@ pub fn bearer_refusal(request: &Request, token: &str) -> Option<String> {
         Some(given) if !same_token(given, token) => Some("wrong token".into()),
         Some(_) => None,
     }
+}
+
+/// Refuses `peer`'s WebSocket on `endpoint` (`/signal`, `/codes`, `/broadcast`): a line in the
+/// log, the close code counted in the metrics, and the close frame.
+pub fn refuse(
+    metrics: &Metrics,
+    socket: Socket,
+    endpoint: &str,
+    peer: &dyn Display,
+    code: u16,
+    reason: &str,
+) {
+    log!("refused {peer} on {endpoint}: {code} {}", escaped(reason));
+    metrics.refused(code);
+    http::close(socket, code, reason);
 }
 
 /// Compares in a time that does not tell how much of the token was right.
@@ -361,5 +379,55 @@ mod tests {
         let (code, reason) = policy.admit(None, address).err().unwrap();
         assert_eq!(code, close::TOO_MANY_SESSIONS);
         assert_eq!(reason, "2001:db8::/64 joins too often (at most 4 a minute)");
+    }
+
+    /// The client is told the code and the reason in the close frame, and the metrics count the
+    /// code.
+    #[test]
+    fn a_refusal_closes_with_its_code_and_reason_and_is_counted() {
+        use std::sync::Arc;
+        use std::time::Duration;
+
+        use gstqwencodec::model::{Dtype, Model, parse_device};
+        use tungstenite::Message;
+
+        use crate::admission::Capacity;
+
+        let model = Model::load(&crate::default_model(), parse_device("cpu").unwrap(), Dtype::F32).unwrap();
+        let capacity = Arc::new(Capacity::new(4, false, 0.2, Duration::from_millis(80)));
+        let metrics = Metrics::new(Arc::new(model), capacity);
+        let (server, mut client) = http::loopback();
+        let refusing = std::thread::spawn({
+            let metrics = metrics.clone();
+            move || {
+                refuse(
+                    &metrics,
+                    server,
+                    "/codes",
+                    &"a peer",
+                    close::BUSY,
+                    "busy, try later",
+                )
+            }
+        });
+        let frame = loop {
+            match client.read().unwrap() {
+                Message::Close(frame) => break frame.unwrap(),
+                _ => continue,
+            }
+        };
+        assert_eq!(
+            (u16::from(frame.code), frame.reason.as_str()),
+            (close::BUSY, "busy, try later")
+        );
+        // The close's answer, which ends the server's wait for it.
+        let _ = client.flush();
+        refusing.join().unwrap();
+        let text = metrics.render(0, 0);
+        assert!(
+            text.lines()
+                .any(|line| line == r#"qwencodec_refusals_total{code="4409"} 1"#),
+            "{text}"
+        );
     }
 }

@@ -15,20 +15,19 @@ use std::sync::mpsc;
 use serde_json::json;
 use tungstenite::Message;
 
-use crate::access::{self, escaped};
-use crate::http::{self, Received, Request, Socket, close};
+use crate::access;
+use crate::http::{Received, Request, Socket, close};
 use crate::liveness::Heartbeat;
 use crate::session::Egress;
+use crate::session_loop::{Connection, Ending, Step};
 use crate::{Server, log};
 
 pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: SocketAddr) {
-    let Some(mut socket) = socket else {
+    let Some(socket) = socket else {
         return;
     };
     let refuse = |socket, code: u16, reason: String| {
-        log!("refused {peer} on /broadcast: {code} {}", escaped(&reason));
-        server.metrics.refused(code);
-        http::close(socket, code, &reason);
+        access::refuse(&server.metrics, socket, "/broadcast", &peer, code, &reason);
     };
     if let Some(reason) = access::bearer_refusal(request, &server.token) {
         return refuse(socket, close::UNAUTHORIZED, reason);
@@ -66,56 +65,41 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: S
         "janus": janus.public,
         "listen": listen,
     });
-    let mut heartbeat = Heartbeat::new(server.peer_times);
-    let mut ending =
-        (!http::send_text(&mut socket, announced.to_string())).then(|| "its connection failed".to_string());
-    while ending.is_none() {
-        if let Some(why) = session.ended() {
-            // The server shuts down.
-            http::close(socket, close::GOING_AWAY, &why);
-            ending = Some(why);
-            break;
-        }
-        for message in outgoing.try_iter() {
-            if !http::send_text(&mut socket, message.to_string()) {
-                ending = Some("its connection failed".into());
+    let connection = Connection {
+        server,
+        socket,
+        heartbeat: Heartbeat::new(server.peer_times),
+        peer,
+        endpoint: "/broadcast",
+        role: "broadcaster",
+    };
+    let ending = connection.serve(&session, &outgoing, &announced, |received| match received {
+        Received::Message(Message::Text(_) | Message::Binary(_)) => {
+            let reason =
+                format!("a broadcast's connection takes no messages: send frames to /codes?session={id}");
+            Step::Refuse {
+                code: close::BAD_MESSAGE,
+                ending: reason.clone(),
+                reason,
             }
         }
-        if let Some(err) = session.error() {
-            log!("session {id}: pipeline error: {err}");
-            http::close(socket, close::SERVER_ERROR, &format!("pipeline error: {err}"));
-            ending = Some("pipeline error".into());
-            break;
-        }
-        if let Err(gone) = heartbeat.beat(&mut socket) {
-            server.metrics.peer_lost("broadcaster", gone.label);
-            http::close_gone(socket, close::TIMEOUT, &gone.reason);
-            ending = Some(format!("its client is gone: {}", gone.reason));
-            break;
-        }
-        match heartbeat.read(&mut socket) {
-            Received::Message(Message::Text(_) | Message::Binary(_)) => {
-                let reason =
-                    format!("a broadcast's connection takes no messages: send frames to /codes?session={id}");
-                ending = Some(reason.clone());
-                refuse(socket, close::BAD_MESSAGE, reason);
-                break;
-            }
-            Received::TooLarge(reason) => {
-                ending = Some(reason.clone());
-                refuse(socket, close::TOO_LARGE, reason);
-                break;
-            }
-            Received::Message(_) | Received::Nothing => (),
-            Received::Closed => ending = Some("its client closed the connection".into()),
-            Received::Failed(err) => ending = Some(format!("its connection failed: {err}")),
-        }
-    }
+        Received::TooLarge(reason) => Step::Refuse {
+            code: close::TOO_LARGE,
+            ending: reason.clone(),
+            reason,
+        },
+        Received::Message(_) | Received::Nothing => Step::Next,
+        Received::Closed => Step::Left("its client closed the connection".into()),
+        Received::Failed(err) => Step::Left(format!("its connection failed: {err}")),
+    });
+    let ending = match ending {
+        Ending::Gone(gone) => format!("its client is gone: {}", gone.reason),
+        Ending::Other(why) => why,
+    };
     drop(session);
     server.sessions.close(&id, "its broadcast ended");
     log!(
-        "session {id}: the broadcast ended: {} ({} sessions)",
-        ending.unwrap_or_default(),
+        "session {id}: the broadcast ended: {ending} ({} sessions)",
         server.sessions.count()
     );
 }

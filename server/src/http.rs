@@ -238,3 +238,18 @@ pub fn send_text(socket: &mut Socket, text: String) -> bool {
         }
     }
 }
+
+/// A WebSocket over loopback, for tests: the server's end, and the client's, on which a message
+/// that never comes fails the test in 10 s rather than hang it.
+#[cfg(test)]
+pub fn loopback() -> (Socket, Socket) {
+    use std::net::TcpListener;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (server, _) = listener.accept().unwrap();
+    client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    (
+        WebSocket::from_raw_socket(server, Role::Server, None),
+        WebSocket::from_raw_socket(client, Role::Client, None),
+    )
+}

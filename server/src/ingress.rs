@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tungstenite::Message;
 
-use crate::access::{self, escaped};
+use crate::access;
 use crate::http::{self, Received, Request, Socket, close};
 use crate::liveness::{Gone, Heartbeat};
 use crate::protocol::{FrameError, FromSender, sender_message};
@@ -34,9 +34,7 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
         return;
     };
     let refuse = |socket, code: u16, reason: String| {
-        log!("refused {peer} on /codes: {code} {}", escaped(&reason));
-        server.metrics.refused(code);
-        http::close(socket, code, &reason);
+        access::refuse(&server.metrics, socket, "/codes", &peer, code, &reason);
     };
     if let Some(reason) = access::bearer_refusal(request, &server.token) {
         return refuse(socket, close::UNAUTHORIZED, reason);

@@ -270,25 +270,10 @@ mod tests {
         assert_eq!(heartbeat.due(after(start, 5.1)), Beat::Gone);
     }
 
-    /// A WebSocket over loopback: the server's end, and the peer's.
-    fn sockets() -> (Socket, Socket) {
-        use std::net::{TcpListener, TcpStream};
-        use tungstenite::protocol::Role;
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, _) = listener.accept().unwrap();
-        // A ping that never comes fails the test rather than hang it.
-        peer.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        (
-            Socket::from_raw_socket(server, Role::Server, None),
-            Socket::from_raw_socket(peer, Role::Client, None),
-        )
-    }
-
     /// On the socket, by the clock: each wait is longer than the time it waits out.
     #[test]
     fn a_due_ping_is_sent_and_a_peer_unheard_past_the_timeout_is_gone() {
-        let (mut server, mut peer) = sockets();
+        let (mut server, mut peer) = http::loopback();
         let mut heartbeat = Heartbeat::new(PeerTimes::from_seconds(0.001, 60.0, 60.0).unwrap());
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(heartbeat.beat(&mut server), Ok(()));

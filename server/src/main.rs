@@ -15,7 +15,7 @@
 //!
 //! One process serves the page (`/`), the browsers' signalling (`/signal`), the codes ingress
 //! (`/codes`) and a status document (`/status`: sessions, live pipelines and the capacity). Every session's
-//! decoder is an element of its own on the one model the server loaded at start. docs/streaming-server.md
+//! decoder is an element of its own on the one model the server loaded at start. docs/server-protocol.md
 //! has the message formats and the refusals.
 
 mod access;
@@ -37,6 +37,7 @@ mod protocol;
 mod random;
 mod rtp_ingress;
 mod session;
+mod session_loop;
 mod signalling;
 mod token;
 #[path = "../../examples/common/webrtc.rs"]
@@ -138,7 +139,7 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
   --join-secret-file   a file holding the join secret (else the environment's
                        QWENCODEC_JOIN_SECRET), 16 bytes or more: a browser joins with a token the
                        application's backend signed with it, which names the session
-                       (docs/streaming-server.md), and /signal needs an Origin; without one
+                       (docs/server-protocol.md), and /signal needs an Origin; without one
                        anyone may join (a demo)
   --allow-host         the hosts (HOST or HOST:PORT, comma-separated) a request may name in its
                        Host header, against DNS rebinding; others are answered 403 (any)
@@ -211,7 +212,7 @@ session once its speech has played (its sender sent end or left, its audio out),
 once, whatever is left after --drain-timeout; then it exits 0. A second signal ends every
 session at once.
 
-docs/streaming-server.md has the protocol and the refusals.
+docs/server-protocol.md has the protocol and the refusals.
 ";
 
 /// With RUST_BACKTRACE set, a GLib warning or critical (the tests make them fatal with
@@ -549,8 +550,8 @@ const SHUTTING_DOWN: &str = "the server is shutting down";
 /// Why a join is refused while the server drains.
 const DRAINING: &str = "the server is draining (shutting down): join another server";
 /// How long after a session's last audio left a draining server ends it: the browser's jitter
-/// buffer (up to 130 ms measured, docs/testing.md) has played it by then, and nothing of it is
-/// cut off when the peer connection goes.
+/// buffer (its delay a fraction of this in the browser tests, docs/testing.md) has played it by
+/// then, and nothing of it is cut off when the peer connection goes.
 const DRAIN_TAIL: gst::ClockTime = gst::ClockTime::from_mseconds(500);
 /// How often a draining server looks for sessions whose speech is over.
 const DRAIN_POLL: Duration = Duration::from_millis(20);

@@ -17,23 +17,22 @@ use std::time::Instant;
 use serde_json::json;
 use tungstenite::Message;
 
-use crate::access::escaped;
-use crate::http::{self, Received, Socket, close};
+use crate::access;
+use crate::http::{Received, Socket, close};
 use crate::liveness::Heartbeat;
 use crate::protocol::{FromBrowser, browser_message};
 use crate::session::Egress;
+use crate::session_loop::{Connection, Ending, Step};
 use crate::{Server, log};
 
 /// The most ICE candidates a browser may send a session: one has a few per interface, and each
 /// costs libnice its checks.
 const MAX_CANDIDATES: usize = 100;
 
-/// The next message, or why the connection ends: `Err(None)` when the browser closed it.
-fn next_message(
-    socket: &mut Socket,
-    heartbeat: &mut Heartbeat,
-) -> Result<Option<FromBrowser>, Option<(u16, String)>> {
-    match heartbeat.read(socket) {
+/// The browser's message in what was read, if any, or why the connection ends: `Err(None)` when
+/// the browser closed it.
+fn message(received: Received) -> Result<Option<FromBrowser>, Option<(u16, String)>> {
+    match received {
         Received::Message(Message::Text(text)) => browser_message(&text)
             .map(Some)
             .map_err(|err| Some((close::BAD_MESSAGE, err))),
@@ -56,15 +55,13 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
         return;
     };
     let refuse = |socket, (code, reason): (u16, String)| {
-        log!("refused {peer} on /signal: {code} {}", escaped(&reason));
-        server.metrics.refused(code);
-        http::close(socket, code, &reason);
+        access::refuse(&server.metrics, socket, "/signal", &peer, code, &reason);
     };
 
     let connected = Instant::now();
     let mut heartbeat = Heartbeat::new(server.peer_times);
     let token = loop {
-        match next_message(&mut socket, &mut heartbeat) {
+        match message(heartbeat.read(&mut socket)) {
             Ok(Some(FromBrowser::Join { token })) => break token,
             Ok(Some(_)) => return refuse(socket, (close::BAD_MESSAGE, "join first".into())),
             Ok(None) if connected.elapsed() > server.idle_timeout => {
@@ -95,93 +92,71 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
         "session {id} joined from {peer} ({} sessions)",
         server.sessions.count()
     );
-    let mut ending = None;
-    // What its sender is told when the session ends.
-    let mut left = "its browser left".to_string();
+    let connection = Connection {
+        server,
+        socket,
+        heartbeat,
+        peer,
+        endpoint: "/signal",
+        role: "browser",
+    };
+    let first = json!({"type": "session", "id": id, "iceServers": server.browser_ice_servers});
     let mut candidates = 0;
-    if !http::send_text(
-        &mut socket,
-        json!({"type": "session", "id": id, "iceServers": server.browser_ice_servers}).to_string(),
-    ) {
-        ending = Some("its connection failed".to_string());
-    }
-
-    while ending.is_none() {
-        if let Some(why) = session.ended() {
-            // The server shuts down.
-            http::close(socket, close::GOING_AWAY, &why);
-            ending = Some(why);
-            break;
-        }
-        for message in outgoing.try_iter() {
-            if !http::send_text(&mut socket, message.to_string()) {
-                ending = Some("its connection failed".into());
+    let ending = connection.serve(&session, &outgoing, &first, |received| match message(received) {
+        Ok(Some(FromBrowser::Answer { sdp })) => match session.set_answer(&sdp) {
+            Ok(()) => Step::Next,
+            Err(err) => Step::Refuse {
+                code: close::BAD_MESSAGE,
+                reason: format!("bad answer: {err}"),
+                ending: "bad answer".into(),
+            },
+        },
+        Ok(Some(FromBrowser::Ice {
+            candidate,
+            mline_index,
+        })) => {
+            candidates += 1;
+            if candidates > MAX_CANDIDATES {
+                return Step::Refuse {
+                    code: close::BAD_MESSAGE,
+                    reason: format!("more than {MAX_CANDIDATES} ICE candidates"),
+                    ending: "too many ICE candidates".into(),
+                };
             }
-        }
-        if let Some(err) = session.error() {
-            log!("session {id}: pipeline error: {err}");
-            http::close(socket, close::SERVER_ERROR, &format!("pipeline error: {err}"));
-            ending = Some("pipeline error".into());
-            break;
-        }
-        let gone = heartbeat
-            .beat(&mut socket)
-            .err()
-            .or_else(|| session.peer_connection_gone(&server.peer_times));
-        if let Some(gone) = gone {
-            server.metrics.peer_lost("browser", gone.label);
-            http::close_gone(socket, close::TIMEOUT, &gone.reason);
-            left = format!("its browser is gone: {}", gone.reason);
-            ending = Some(left.clone());
-            break;
-        }
-        match next_message(&mut socket, &mut heartbeat) {
-            Ok(Some(FromBrowser::Answer { sdp })) => {
-                if let Err(err) = session.set_answer(&sdp) {
-                    refuse(socket, (close::BAD_MESSAGE, format!("bad answer: {err}")));
-                    ending = Some("bad answer".into());
-                    break;
-                }
+            // An empty candidate is the browser's end of candidates.
+            if !candidate.is_empty() {
+                session.add_ice_candidate(mline_index, &candidate);
             }
-            Ok(Some(FromBrowser::Ice {
-                candidate,
-                mline_index,
-            })) => {
-                candidates += 1;
-                if candidates > MAX_CANDIDATES {
-                    let reason = format!("more than {MAX_CANDIDATES} ICE candidates");
-                    refuse(socket, (close::BAD_MESSAGE, reason));
-                    ending = Some("too many ICE candidates".into());
-                    break;
-                }
-                // An empty candidate is the browser's end of candidates.
-                if !candidate.is_empty() {
-                    session.add_ice_candidate(mline_index, &candidate);
-                }
-            }
-            Ok(Some(FromBrowser::Join { .. })) => {
-                refuse(socket, (close::BAD_MESSAGE, "joined already".into()));
-                ending = Some("joined twice".into());
-                break;
-            }
-            Ok(None) => (),
-            Err(Some(refusal)) => {
-                ending = Some(refusal.1.clone());
-                refuse(socket, refusal);
-                break;
-            }
-            Err(None) => ending = Some("the browser closed the connection".into()),
+            Step::Next
         }
-    }
+        Ok(Some(FromBrowser::Join { .. })) => Step::Refuse {
+            code: close::BAD_MESSAGE,
+            reason: "joined already".into(),
+            ending: "joined twice".into(),
+        },
+        Ok(None) => Step::Next,
+        Err(Some((code, reason))) => Step::Refuse {
+            code,
+            ending: reason.clone(),
+            reason,
+        },
+        Err(None) => Step::Left("the browser closed the connection".into()),
+    });
+    // What its sender is told when the session ends, and what the log says.
+    let (left, ending) = match ending {
+        Ending::Gone(gone) => {
+            let left = format!("its browser is gone: {}", gone.reason);
+            (left.clone(), left)
+        }
+        Ending::Other(why) => ("its browser left".to_string(), why),
+    };
     drop(session);
-    // The client's place first: once `/status` counts the session gone, its client may join
-    // again (the place, dropped at the return, came back after the count, and a join in between
-    // was refused as one too many).
+    // The client's place goes before the session does: once `/status` counts the session gone,
+    // its client may join again.
     drop(join);
     server.sessions.close(&id, &left);
     log!(
-        "session {id} left: {} ({} sessions)",
-        ending.unwrap_or_default(),
+        "session {id} left: {ending} ({} sessions)",
         server.sessions.count()
     );
 }

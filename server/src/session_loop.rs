@@ -1,0 +1,112 @@
+//! The loop of a session's own connection (a browser's `/signal`, a broadcaster's `/broadcast`):
+//! the session's messages go out to its client, the client is watched for a sign of life
+//! (`liveness`), and what it sends goes to the connection's handler, until one of them ends the
+//! connection: the server shuts down (1001), the pipeline fails (4500), the client is gone
+//! (4408), the handler refuses what it sent, or it leaves.
+
+use std::net::SocketAddr;
+use std::sync::mpsc::Receiver;
+
+use serde_json::Value;
+
+use crate::access;
+use crate::http::{self, Received, Socket, close};
+use crate::liveness::{Gone, Heartbeat};
+use crate::session::Session;
+use crate::{Server, log};
+
+/// What a connection's handler makes of a read.
+pub enum Step {
+    /// Nothing that ends the connection.
+    Next,
+    /// The client closed the connection, or it broke: why the session ends.
+    Left(String),
+    /// What the client sent is refused: the close code and reason, and why the session ends.
+    Refuse {
+        code: u16,
+        reason: String,
+        ending: String,
+    },
+}
+
+/// Why a session's connection ended.
+pub enum Ending {
+    /// Its client is gone (`liveness`), and the connection was closed for that.
+    Gone(Gone),
+    /// Anything else: why, for the log.
+    Other(String),
+}
+
+/// A session's client on its own connection.
+pub struct Connection<'a> {
+    pub server: &'a Server,
+    pub socket: Socket,
+    /// The client's pings, from when its connection opened.
+    pub heartbeat: Heartbeat,
+    pub peer: SocketAddr,
+    /// Where the client connected, as its refusals are logged: `/signal`, `/broadcast`.
+    pub endpoint: &'static str,
+    /// What the metric of peers lost calls the client: `browser`, `broadcaster`.
+    pub role: &'static str,
+}
+
+impl Connection<'_> {
+    /// Sends `first`, then serves `session` until the connection ends, handing each read to
+    /// `handle`; why it ended.
+    pub fn serve(
+        self,
+        session: &Session,
+        outgoing: &Receiver<Value>,
+        first: &Value,
+        mut handle: impl FnMut(Received) -> Step,
+    ) -> Ending {
+        let Self {
+            server,
+            mut socket,
+            mut heartbeat,
+            peer,
+            endpoint,
+            role,
+        } = self;
+        let failed = || Ending::Other("its connection failed".into());
+        let mut ending = (!http::send_text(&mut socket, first.to_string())).then(failed);
+        loop {
+            if let Some(ending) = ending {
+                return ending;
+            }
+            if let Some(why) = session.ended() {
+                // The server shuts down.
+                http::close(socket, close::GOING_AWAY, &why);
+                return Ending::Other(why);
+            }
+            for message in outgoing.try_iter() {
+                if !http::send_text(&mut socket, message.to_string()) {
+                    ending = Some(failed());
+                }
+            }
+            if let Some(err) = session.error() {
+                log!("session {}: pipeline error: {err}", session.id);
+                http::close(socket, close::SERVER_ERROR, &format!("pipeline error: {err}"));
+                return Ending::Other("pipeline error".into());
+            }
+            // A broadcast has no peer connection of its own: its heartbeat alone tells.
+            let gone = heartbeat
+                .beat(&mut socket)
+                .err()
+                .or_else(|| session.peer_connection_gone(&server.peer_times));
+            if let Some(gone) = gone {
+                server.metrics.peer_lost(role, gone.label);
+                http::close_gone(socket, close::TIMEOUT, &gone.reason);
+                return Ending::Gone(gone);
+            }
+            match handle(heartbeat.read(&mut socket)) {
+                Step::Next => (),
+                Step::Left(why) => ending = Some(Ending::Other(why)),
+                Step::Refuse { code, reason, ending } => {
+                    access::refuse(&server.metrics, socket, endpoint, &peer, code, &reason);
+                    return Ending::Other(ending);
+                }
+            }
+        }
+    }
+}
