@@ -16,15 +16,10 @@ use std::time::{Duration, Instant};
 
 use gstqwencodec::model::{BatchRun, DecodeError, Model, StepLimits};
 
-/// The part of its frames' time that a step of every session, measured alone, may take. On a
-/// 2-core AMD EPYC at the released widths (`bf16`, one-frame steps, real WebRTC peers), 4
-/// sessions, whose 4-row step takes 0.72-0.84 of the frame alone, were served in each of three
-/// runs, and 5 (0.9-1.05) in none: beside the sessions' pipelines the decoder's steps ran a sixth
-/// to a fifth slower (`measurements/results/2026-12-05-amd-epyc-avx512-server-capacity-pointwise.md`).
-/// This budget admits 3 or 4 of them; half the frame, the budget until then, admitted 1 or 2. It was set when the
-/// decoder's threads slept between ops (`GOMP_SPINCOUNT=1000`, `make serve`'s setting then):
-/// a one-row f16 step took 29 ms alone and 51 beside two sessions
-/// (`measurements/results/2026-12-02-amd-epyc-avx512-tts-server-load.md`).
+/// The part of its frames' time that a step of every session, measured alone, may take: beside
+/// the sessions' pipelines (Opus, RTP, WebRTC on the same cores) the decoder's steps run slower
+/// than alone, and a budget of the whole frame admits sessions whose audio then comes late. Set
+/// against the server's capacity runs with real WebRTC peers (`measurements/README.md`).
 pub const STEP_BUDGET: f64 = 0.75;
 
 /// How far back the live signals look: long enough to hold a few steps at any `--chunk-frames`
@@ -60,9 +55,8 @@ pub fn real_time_capacity(
 /// Times, before any session, the batches that the sessions' decoders time as they start, and
 /// gives their rows and times: each decoder's latency counts a batch of the streams open on the
 /// model rounded up to a power of two (at most its `max-batch`), timed once per shape on the
-/// compute thread. Timed while other sessions played, the four steps of such a batch held their
-/// audio: the fifth session of the released geometry timed 8 rows, about 0.3 s on 2 cores, and
-/// the four before it underran.
+/// compute thread. Timed while other sessions play, such a batch's steps (several frames' time
+/// on a small CPU) would hold up their audio; timed before any, they hold up none.
 pub fn time_session_batches(
     model: &Model,
     chunk_frames: usize,

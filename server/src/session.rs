@@ -588,12 +588,10 @@ fn drop_flushes(pad: &gst::Pad) {
 /// A queue and the clocksync after it, which holds each packet until its time plus the latency
 /// upstream of it ([`sync_after_latency`]). The queue takes a step's packets from the decoder's
 /// step thread, which goes on to its next step while they wait for their time. Without it the
-/// thread waited in the clocksync until the step's last packet left, a frame (80 ms) less one
-/// Opus packet (20 ms) after the first, and the next step had those 20 ms to be decoded before
-/// its audio was late, whatever latency the decoder reported: four sessions of the released
-/// geometry on 2 cores (steps of 4 rows in 40-75 ms) sent packets 50-250 ms behind their
-/// schedule, with it 2-44 ms (docs/streaming-server.md, "The decoder goes on while packets
-/// wait").
+/// thread would wait in the clocksync until the step's last packet left, a frame less one Opus
+/// packet after the first, and the next step would have one packet's time to be decoded before
+/// its audio was late, whatever latency the decoder reported (docs/server.md, "How a
+/// session's audio is paced").
 fn packet_pacing() -> Result<(gst::Element, gst::Element), String> {
     Ok((make("queue")?, make("clocksync")?))
 }
@@ -609,13 +607,13 @@ fn make(factory: &str) -> Result<gst::Element, String> {
 /// whenever an element says its latency changed. clocksync learns that latency only from a
 /// latency query through it, and the pipeline's own query never comes: it asks the sinks, and
 /// webrtcbin's network sink does not sync. Without it, the audio of a step, which leaves the
-/// decoder as late as the step's frames waited (240 ms at chunk-frames 4), left at once, in a
-/// burst; a new connection's browser then lost up to 180 ms of its first speech (in 40). The
+/// decoder as late as the step's frames waited (240 ms at chunk-frames 4), would leave at once,
+/// in a burst, and a new connection's browser would lose the start of its first speech. The
 /// latency the clocksync holds packets by is kept in `held_latency`.
 fn sync_after_latency(pipeline: &gst::Pipeline, clocksync: &gst::Element, held_latency: Arc<AtomicU64>) {
     // One query at a time: of two at once, the one that asked first could pass the clocksync
-    // last and leave it the older, lower latency (as the eight decoders of tests/latency.rs did
-    // to their sinks when two recalculations ran together).
+    // last and leave it the older, lower latency (as two recalculations at once can leave the
+    // sinks of tests/latency.rs's eight decoders).
     let asking = Arc::new(Mutex::new(()));
     let query = move |src: &gst::Pad| {
         let _one = asking.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -649,7 +647,7 @@ const LATE: i64 = 100_000_000;
 /// a new-speech segment or a flush on) sets its schedule by its first packet, which may come as
 /// late as a decode step makes it; a packet [`LATE`] past that schedule is a gap the listener
 /// hears. (Counted from the packet's time alone, without the latency, a burst's first packet,
-/// decoded at once, set a schedule the clocksync's hold then put every later packet 100 ms
+/// decoded at once, would set a schedule that the clocksync's hold puts every later packet
 /// behind.) The first late packet of each speech is logged with how late it came.
 fn count_late_audio(
     clocksync: &gst::Element,
@@ -722,9 +720,9 @@ fn count_audio_out(decoder: &gst::Element, metrics: Arc<Metrics>) {
 
 /// Turns the new-speech marker into a segment at the Opus encoder's input: the encoder drains
 /// and resets on a segment. Without it, after a pause, the encoder's last few milliseconds of
-/// the speech before (the rest of an Opus frame) left with the first packet of the new speech,
-/// stamped as the old speech's continuation, and the packet after it jumped by the whole pause:
-/// a browser's jitter buffer took that for a late packet and grew by a second.
+/// the speech before (the rest of an Opus frame) would leave with the first packet of the new
+/// speech, stamped as the old speech's continuation, and the packet after it would jump by the
+/// whole pause: a browser's jitter buffer takes that for a late packet and grows by a second.
 fn reset_encoder_at_new_speech(pad: &gst::Pad) {
     pad.add_probe(gst::PadProbeType::EVENT_DOWNSTREAM, |pad, info| {
         let Some(gst::PadProbeData::Event(event)) = &info.data else {
@@ -746,9 +744,9 @@ fn reset_encoder_at_new_speech(pad: &gst::Pad) {
 }
 
 /// Puts LEAD_IN of silence before the first audio of the session, stamped before it (`Session::push`
-/// leaves room for it when a session's first speech comes at once). The browser loses the start of a new peer connection's first audio, with
-/// every packet received at its time: 20 ms (one Opus packet) in 46 of 50 connections, at most
-/// 80 ms (2026-12-03, Chromium, AMD EPYC, docs/testing.md).
+/// leaves room for it when a session's first speech comes at once): the browser loses the start
+/// of a new peer connection's first audio, every packet received at its time, and what it loses
+/// is then silence (docs/testing.md has how much).
 fn lead_in_silence(pad: &gst::Pad) {
     pad.add_probe(gst::PadProbeType::BUFFER, |pad, info| {
         let Some(gst::PadProbeData::Buffer(audio)) = info.data.take() else {
@@ -1015,8 +1013,8 @@ mod tests {
 
     /// Packets handed to the pacing all at once (a step's, or a burst's) are taken at once,
     /// while the clocksync lets them go one by one at their time: the thread that hands them
-    /// over (the decoder's step thread) is free for its next step. Without the queue it was
-    /// held until the last but one of them had left.
+    /// over (the decoder's step thread) is free for its next step, where without the queue it
+    /// would be held until the last but one of them had left.
     #[test]
     fn the_pacing_takes_a_steps_packets_at_once_and_lets_them_go_at_their_time() {
         gst::init().unwrap();

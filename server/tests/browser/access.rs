@@ -21,7 +21,7 @@ use super::{Speech, assert_heard, speak_and_end};
 /// The join secret the tests' backend shares with the server.
 const SECRET: &str = "the join secret of the access tests";
 
-/// A join token as docs/streaming-server.md's backend makes one, with `secret`.
+/// A join token as docs/server-protocol.md's backend makes one, with `secret`.
 fn join_token(secret: &str, session: &str, expires: u64) -> String {
     let signed = format!("{session}.{expires}");
     let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
@@ -107,7 +107,7 @@ fn raw_request(address: &str, head: &str) -> String {
 
 /// `request`'s answer, asked again while it is the server's connection cap refusing it: a
 /// connection's slot comes back when the server's thread for it ends, a moment after the client
-/// saw it closed (one make test run on a loaded machine was refused there).
+/// saw it closed, which on a loaded machine can be after the next request.
 fn past_closed_connections(request: impl Fn() -> String) -> String {
     let start = Instant::now();
     loop {

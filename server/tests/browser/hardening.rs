@@ -64,7 +64,7 @@ fn other_origins_too_many_connections_and_slow_heads_are_refused() {
     assert_eq!(server.await_status((0, 0), Duration::from_secs(5)), (0, 0));
     // The thread that answered the last status poll lets go of its place just after the
     // answer; on a busy machine (make test runs the browser tests side by side) that moment can
-    // outlast the four connections' opening, and one of them was then refused, the fifth let
+    // outlast the four connections' opening, which would refuse one of them and let the fifth
     // in. A moment for it, before the idle timeout's clock starts.
     std::thread::sleep(Duration::from_millis(500));
 

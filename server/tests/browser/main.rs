@@ -30,12 +30,11 @@ use webdriver::Browser;
 const BROWSER_RATE: f64 = 48_000.0;
 /// Analyser RMS above this share of the sent speech's RMS counts as sound.
 const SOUND_SHARE: f64 = 0.25;
-/// Bounds on what only the browser's clock tells, each about twice the most measured in 24 runs
-/// of `speech_after_pauses_starts_at_once_and_ended_speech_plays_in_full` and 20 of
-/// `browser_hears_its_speech_cancels_and_keeps_tabs_apart` (2026-12-02, AMD EPYC,
-/// docs/testing.md): an utterance's first audio after its first frame (53-109 ms but once 156),
-/// its mean jitter buffer delay (10-69 ms but once 130), a cancel's silence (68-162 ms). A new
-/// session's first audio (71-139 ms in the runs of the second) is held to the same bound.
+/// Bounds on what only the browser's clock tells, each about twice the most measured over runs of
+/// `speech_after_pauses_starts_at_once_and_ended_speech_plays_in_full` and
+/// `browser_hears_its_speech_cancels_and_keeps_tabs_apart` (docs/testing.md): an utterance's
+/// first audio after its first frame, its mean jitter buffer delay, a cancel's silence. A new
+/// session's first audio is held to the same bound.
 const FIRST_AUDIO_MS: f64 = 300.0;
 const JITTER_BUFFER_MS: f64 = 260.0;
 const CANCEL_MS: f64 = 300.0;
@@ -45,9 +44,8 @@ const DURATION_TOLERANCE: f64 = 0.10;
 const LEAD_IN_S: f64 = 0.06;
 const OPUS_PACKET_S: f64 = 0.02;
 /// What the browser loses at the start of a new peer connection's first audio, lead-in
-/// included: in 80 connections (2026-12-03, AMD EPYC, `new_connections_lose_only_the_lead_in`),
-/// 20 ms in 74, 40 ms in 3, 80 ms in 2, 120 ms once, with up to ten pages open; the
-/// connection's later utterances whole (docs/testing.md). Twice the most measured.
+/// included: twice the most that `new_connections_lose_only_the_lead_in` measured over 80
+/// connections, with up to ten pages open (docs/testing.md); later utterances come whole.
 const NEW_CONNECTION_LOSS_S: f64 = 0.24;
 
 struct Speech {
@@ -300,8 +298,8 @@ fn assert_first_speech(
     );
     // Each packet of the speech leaves at its time plus the latency upstream (a step waits
     // for 3 frames): the last no sooner. The speech's time starts at its first frame, the
-    // lead-in before it. Without the latency, a step's audio left in a burst as soon as it was
-    // decoded, the last packet 455 ms after the first frame.
+    // lead-in before it. Without the latency, a step's audio would leave in a burst as soon as
+    // it was decoded, its last packet sooner than this.
     let waited_ms = 3.0 * speech.seconds(1) * 1e3;
     assert!(
         last_packet_ms >= (speech.seconds(frames) - OPUS_PACKET_S) * 1e3 + waited_ms,
@@ -751,9 +749,9 @@ fn speech_after_pauses_starts_at_once_and_ended_speech_plays_in_full() {
             "utterance {utterance}: jitter buffer delay {jitter:.1} ms"
         );
         // No packet late at the server's clocksync: the first packet of new speech carries the
-        // new speech's time. (When it carried the old speech's timeline, one packet a pause was
-        // late here, every time, and the browser's jitter buffer grew from 31 to 75-96 ms, in
-        // longer sessions to over a second; the browser's figures alone vary too much to tell.)
+        // new speech's time. (Carrying the old speech's timeline, one packet a pause would be
+        // late here and the browser's jitter buffer would grow, which the browser's figures
+        // alone vary too much to tell.)
         let metrics = server.get("/metrics").1;
         assert_eq!(
             hardening::sample(&metrics, "qwencodec_late_audio_total"),

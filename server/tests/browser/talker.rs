@@ -15,11 +15,10 @@ use super::server::{self, Server, TOKEN, epoch_ms};
 use super::webdriver::Browser;
 use super::{LEAD_IN_S, Measure, OPUS_PACKET_S, SOUND_SHARE, connect_page_with_threshold, wait_ms};
 
-/// A SIGINT's silence in the page, for good: twice the most measured, 28-360 ms in 12 runs
-/// (2026-12-04, AMD EPYC, docs/testing.md). More than [`super::CANCEL_MS`]: the tiny talker is
-/// slower than real time here (about 9 frames a second), so the browser's jitter buffer has
-/// grown on late frames, and a frame sent just before the SIGINT still plays. A talker that
-/// goes on is caught anyway: the page would still hear it 2.5 s later.
+/// A SIGINT's silence in the page, for good: about twice the most measured (docs/testing.md).
+/// More than [`super::CANCEL_MS`]: the tiny talker is slower than real time here, so the
+/// browser's jitter buffer has grown on late frames, and a frame sent just before the SIGINT
+/// still plays. A talker that goes on is caught anyway: the page would still hear it 2.5 s later.
 const SIGINT_MS: f64 = 750.0;
 const TEXT: &str = "Hello there. This is a test of speech streamed as it is made.";
 /// Frames at the talker's rate: 80 ms each (the tiny decoder's 1920 samples at 24 kHz).
