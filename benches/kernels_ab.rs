@@ -248,10 +248,9 @@ impl Pairs {
     /// The ratio of pairs whose order sways them, and each order's median: the geometric mean
     /// of the medians of the pairs where `with` stepped first and of those where `without` did.
     /// The second step of a pair runs beside the first child's OpenMP workers, still spinning
-    /// between its ops, and took 1.3-1.4x as long on the Intel Xeon (2026-12-06, an A/A: 0.73
-    /// with A first, 1.37 with B first), so the median over every pair fell on the edge of one
-    /// order's cluster (the A/A read 1.108x; the geometric mean, 1.000). An order's slowdown
-    /// multiplies both alike and cancels.
+    /// between its ops, and takes longer, so a median over every pair falls on the edge of one
+    /// order's cluster; an order's slowdown multiplies both alike and cancels in the geometric
+    /// mean (docs/performance.md#each-kernel-today-on-and-off-make-kernels-ab).
     fn order_free(&self) -> (f64, f64, f64) {
         let (a, b) = (
             percentile(&self.with_first, 0.5),

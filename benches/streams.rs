@@ -116,7 +116,7 @@ enum Mode {
     /// Up to this many rows and this many frames a step; live streams' steps held as the
     /// element holds them behind a live source.
     Batched(usize, usize),
-    /// The same, live streams' steps never held (as before 2026-12-06).
+    /// The same, live streams' steps never held: what holding them buys.
     NotHeld(usize, usize),
     Off,
 }
