@@ -123,8 +123,7 @@ fn element_reference(name: &str, out: &mut String) {
         }
         let readable_default = pspec.flags().contains(glib::ParamFlags::WRITABLE)
             && pspec.flags().contains(glib::ParamFlags::READABLE);
-        // What a new element holds, which its class may set apart from the pspec's default
-        // (qwencodecdec's max-errors).
+        // What a new element holds, which its class may set apart from the pspec's default.
         let default = if readable_default {
             value_text(&element.property_value(pspec.name()))
         } else {

@@ -17,9 +17,9 @@
  * READY→NULL: `model-path`, `device` and `dtype` are read then, so a change takes effect at the
  * next NULL→READY. The other properties are read at READY→PAUSED.
  *
- * A code outside the codebook goes through the base class's error path: this element sets
- * `max-errors` to 0 at construction, so it is an error; with `max-errors=-1` (or N) the buffer
- * is dropped with a warning naming the code and decoding starts afresh after it.
+ * A code outside the codebook goes through the base class's error count (`max-errors`): let
+ * pass (the default, -1), the buffer's frames from the bad one on are dropped with a warning
+ * naming the code, and decoding starts afresh after it; past `max-errors` it is an error.
  */
 use std::path::PathBuf;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
@@ -146,9 +146,6 @@ impl ObjectImpl for QwenCodecDec {
         self.obj()
             .sink_pad()
             .set_pad_flags(gst::PadFlags::ACCEPT_TEMPLATE);
-        // A code outside the codebook means sender and model disagree, and every later buffer
-        // would fail too: an error unless the application raises max-errors.
-        self.obj().set_max_errors(0);
     }
 
     fn properties() -> &'static [glib::ParamSpec] {
