@@ -584,20 +584,18 @@ impl AudioDecoderImpl for QwenCodecDec {
         self.parent_sink_query(query)
     }
 
-    /// A seek backwards is refused here, where the application asks: a stateful decoder cannot
-    /// decode backwards.
+    /// A seek backwards is refused here, where the application asks, as an element refuses a
+    /// seek it cannot do: FALSE, and a debug log. A stateful decoder cannot decode backwards.
     fn src_event(&self, event: gst::Event) -> bool {
         if let gst::EventView::Seek(seek) = event.view()
             && seek.get().0 < 0.0
         {
-            gst::element_imp_warning!(
-                self,
-                gst::StreamError::Decode,
-                (
-                    "Seek at rate {} refused: each frame's audio depends on the frames before it, \
-                     so the decoder plays forwards only",
-                    seek.get().0
-                )
+            gst::debug!(
+                CAT,
+                imp = self,
+                "Seek at rate {} refused: each frame's audio depends on the frames before it, so \
+                 the decoder plays forwards only",
+                seek.get().0
             );
             return false;
         }
