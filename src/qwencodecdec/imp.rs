@@ -41,6 +41,9 @@ use crate::model::Model;
 const MAX_STEP_FRAMES: u32 = 256;
 const MAX_BATCH: u32 = 1024;
 
+/// `processing-latency`'s "measured".
+const DEFAULT_PROCESSING_LATENCY: u64 = 0;
+
 /// The `audio-codec` tag of the audio out.
 const CODEC_NAME: &str = "Qwen3-TTS speech codec";
 
@@ -228,6 +231,15 @@ impl ObjectImpl for QwenCodecDec {
                     .default_value(Settings::default().max_step_frames)
                     .mutable_ready()
                     .build(),
+                glib::ParamSpecUInt64::builder("processing-latency")
+                    .nick("Processing latency")
+                    .blurb(
+                        "Time a frame waits for its decode step, fixed, in nanoseconds (0: measured at \
+                         start, raised when frames keep coming out late)",
+                    )
+                    .default_value(DEFAULT_PROCESSING_LATENCY)
+                    .mutable_ready()
+                    .build(),
                 glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
                     .nick("Statistics")
                     .blurb(
@@ -259,6 +271,10 @@ impl ObjectImpl for QwenCodecDec {
             "cuda-graphs" => settings.cuda_graphs = value.get().unwrap(),
             "max-batch" => settings.max_batch = value.get().unwrap(),
             "max-step-frames" => settings.max_step_frames = value.get().unwrap(),
+            "processing-latency" => {
+                settings.processing_latency =
+                    Some(gst::ClockTime::from_nseconds(value.get().unwrap())).filter(|l| !l.is_zero())
+            }
             _ => unreachable!(),
         }
         drop(settings);
@@ -293,6 +309,10 @@ impl ObjectImpl for QwenCodecDec {
             "cuda-graphs" => settings.cuda_graphs.to_value(),
             "max-batch" => settings.max_batch.to_value(),
             "max-step-frames" => settings.max_step_frames.to_value(),
+            "processing-latency" => settings
+                .processing_latency
+                .map_or(DEFAULT_PROCESSING_LATENCY, gst::ClockTime::nseconds)
+                .to_value(),
             "stats" => self.stats().to_structure().to_value(),
             _ => unreachable!(),
         }

@@ -14,6 +14,9 @@ pub(super) struct Settings {
     pub(super) cuda_graphs: bool,
     pub(super) max_batch: u32,
     pub(super) max_step_frames: u32,
+    /// What a frame waits for its step, fixed; None: measured at start and raised when
+    /// frames keep coming out late (see `Latency`).
+    pub(super) processing_latency: Option<gst::ClockTime>,
 }
 
 impl Default for Settings {
@@ -27,6 +30,7 @@ impl Default for Settings {
             cuda_graphs: true,
             max_batch: StepLimits::default().max_batch as u32,
             max_step_frames: StepLimits::default().max_step_frames as u32,
+            processing_latency: None,
         }
     }
 }
