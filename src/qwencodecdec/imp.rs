@@ -31,7 +31,10 @@ use gst_audio::prelude::*;
 use gst_audio::subclass::prelude::*;
 
 use super::latency::Latency;
-use super::settings::{Settings, Stats};
+use super::settings::{
+    DEFAULT_CHUNK_FRAMES, DEFAULT_CUDA_GRAPHS, DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_STEP_FRAMES, DEFAULT_PROCESSING_LATENCY, DEFAULT_TAIL_STRATEGY, Settings, Stats,
+};
 use super::step_thread::{Arrival, StepThread, Stream, read_ahead_frames};
 use crate::caps::RefusedCaps;
 use crate::model::Model;
@@ -40,9 +43,6 @@ use crate::model::Model;
 /// measured on the CPU), a batch of N such steps N times that.
 const MAX_STEP_FRAMES: u32 = 256;
 const MAX_BATCH: u32 = 1024;
-
-/// `processing-latency`'s "measured".
-const DEFAULT_PROCESSING_LATENCY: u64 = 0;
 
 /// The `audio-codec` tag of the audio out.
 const CODEC_NAME: &str = "Qwen3-TTS speech codec";
@@ -157,97 +157,63 @@ impl ObjectImpl for QwenCodecDec {
                 glib::ParamSpecString::builder("model-path")
                     .nick("Model path")
                     .blurb(
-                        "Qwen3-TTS tokenizer checkpoint folder (config.json + model.safetensors) or the root \
-                         of a full Qwen3-TTS checkpoint (its speech_tokenizer/ folder is used); when unset, \
-                         the QWENCODEC_MODEL_PATH environment variable; read at NULL→READY",
+                        "Folder of a Qwen3-TTS tokenizer checkpoint or of a full Qwen3-TTS checkpoint \
+                         (unset: the QWENCODEC_MODEL_PATH environment variable)",
                     )
                     .build(),
                 glib::ParamSpecString::builder("device")
                     .nick("Device")
-                    .blurb(
-                        "Where to decode: auto (CUDA when available, else CPU), cpu, cuda or cuda:N; \
-                         read at NULL→READY",
-                    )
-                    .default_value(Some("auto"))
+                    .blurb("Device to decode on: auto, cpu, cuda or cuda:N")
+                    .default_value(Some(DEFAULT_DEVICE))
                     .build(),
-                glib::ParamSpecEnum::builder_with_default("dtype", Settings::default().dtype)
+                glib::ParamSpecEnum::builder_with_default("dtype", DEFAULT_DTYPE)
                     .nick("Data type")
-                    .blurb(
-                        "Precision of the decoder's computation: f32; f16 (float16 weights; on the CPU with \
-                         float32 activations, the reduced mode to use); bf16 (bfloat16 weights, as f16 \
-                         but less precise; on CPUs with AVX512_BF16 other than Intel's the vocoder's \
-                         late products in bfloat16 too, faster; exact for checkpoints stored in bfloat16); read at \
-                         NULL→READY",
-                    )
+                    .blurb("Precision of the decoder's weights and computation")
                     .build(),
                 glib::ParamSpecUInt::builder("chunk-frames")
                     .nick("Chunk frames")
-                    .blurb(
-                        "Frames per decode step; frames wait until a step is full, so the latency grows \
-                         by (chunk-frames - 1) frames",
-                    )
+                    .blurb("Frames per decode step, which a frame waits for before it is decoded")
                     .minimum(1)
                     .maximum(MAX_STEP_FRAMES)
-                    .default_value(Settings::default().chunk_frames)
+                    .default_value(DEFAULT_CHUNK_FRAMES)
                     .mutable_ready()
                     .build(),
-                glib::ParamSpecEnum::builder_with_default("tail-strategy", Settings::default().tail_strategy)
+                glib::ParamSpecEnum::builder_with_default("tail-strategy", DEFAULT_TAIL_STRATEGY)
                     .nick("Tail strategy")
-                    .blurb("How the frames left over at the end of a stream (fewer than chunk-frames) are decoded")
+                    .blurb("How the frames left at the end of a stream, fewer than chunk-frames, are decoded")
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecBoolean::builder("cuda-graphs")
                     .nick("CUDA graphs")
-                    .blurb(
-                        "On CUDA, let this element's steps replay the CUDA graphs the model records per \
-                         batch size and step size (one launch instead of hundreds; a batch replays one \
-                         when all its streams allow it); off: launch each kernel",
-                    )
-                    .default_value(Settings::default().cuda_graphs)
+                    .blurb("Replay the CUDA graphs the model records for its steps, on CUDA")
+                    .default_value(DEFAULT_CUDA_GRAPHS)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt::builder("max-batch")
                     .nick("Max batch")
-                    .blurb(
-                        "The most streams whose steps this element's steps may be computed with: the \
-                         elements of a process that decode with the same model (path, device, dtype) have \
-                         the steps that wait at the same moment computed together, and a batch holds at \
-                         most the smallest max-batch of its streams; 1 computes this element's steps alone",
-                    )
+                    .blurb("Most streams of the model whose steps are computed together with this element's")
                     .minimum(1)
                     .maximum(MAX_BATCH)
-                    .default_value(Settings::default().max_batch)
+                    .default_value(DEFAULT_MAX_BATCH)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt::builder("max-step-frames")
                     .nick("Max step frames")
-                    .blurb(
-                        "When more than one step's frames wait (a buffer of many frames, or a backlog), \
-                         they are decoded in steps of chunk-frames times a power of two, up to this many \
-                         frames (at least chunk-frames): fewer, cheaper steps, the same audio",
-                    )
+                    .blurb("Most frames a decode step takes when more than one step's frames wait")
                     .minimum(1)
                     .maximum(MAX_STEP_FRAMES)
-                    .default_value(Settings::default().max_step_frames)
+                    .default_value(DEFAULT_MAX_STEP_FRAMES)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt64::builder("processing-latency")
                     .nick("Processing latency")
-                    .blurb(
-                        "Time a frame waits for its decode step, fixed, in nanoseconds (0: measured at \
-                         start, raised when frames keep coming out late)",
-                    )
+                    .blurb("Time in ns a frame waits for its decode step, fixed (0: measured and raised as needed)")
                     .default_value(DEFAULT_PROCESSING_LATENCY)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
                     .nick("Statistics")
-                    .blurb(
-                        "Since start: frames-in, samples-out, decode-steps, mean-step-ms, max-step-ms, \
-                         real-time-factor (decode time / audio time), state-bytes of the stream, \
-                         cuda-graph (whether full steps replay a CUDA graph), mean-batch-rows and \
-                         max-batch-rows (the streams computed together in this element's steps)",
-                    )
+                    .blurb("Decoding statistics since the element started")
                     .read_only()
                     .build(),
             ]
@@ -263,7 +229,7 @@ impl ObjectImpl for QwenCodecDec {
                 settings.device = value
                     .get::<Option<String>>()
                     .unwrap()
-                    .unwrap_or_else(|| "auto".into())
+                    .unwrap_or_else(|| DEFAULT_DEVICE.into())
             }
             "dtype" => settings.dtype = value.get().unwrap(),
             "chunk-frames" => settings.chunk_frames = value.get().unwrap(),
@@ -341,11 +307,8 @@ impl ElementImpl for QwenCodecDec {
             gst::subclass::ElementMetadata::new(
                 "Qwen3-TTS codec decoder",
                 "Codec/Decoder/Audio",
-                "Decodes Qwen3-TTS speech-codec frames into audio, streaming, exactly as the full-sequence \
-                 decode. Example: filesrc location=codes.raw ! \
-                 audio/x-qwen3-tts-codes,codebooks=16,framerate=25/2 ! qwencodecdec model-path=MODEL ! \
-                 audioconvert ! wavenc ! filesink location=speech.wav",
-                "qwencodec developers",
+                "Decodes Qwen3-TTS speech-codec frames into audio",
+                env!("CARGO_PKG_AUTHORS"),
             )
         });
         Some(&*ELEMENT_METADATA)
