@@ -431,7 +431,8 @@ fn every_input_buffer_is_closed_by_eos() {
 fn invalid_codes_are_an_error_naming_them_after_the_good_audio() {
     init();
     let fixture = load_fixture("gqa-bias");
-    let element = decoder(&fixture.dir, &[("chunk-frames", &4u32)]);
+    // max-errors 0: the first bad code is an error (by default, -1, a warning: tests/max_errors.rs).
+    let element = decoder(&fixture.dir, &[("chunk-frames", &4u32), ("max-errors", &0i32)]);
     let bus = bus_for(&element);
     let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
     h.set_src_caps(fixture.caps());

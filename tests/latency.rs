@@ -113,6 +113,39 @@ fn the_latency_is_measured_and_the_same_for_the_same_settings() {
     }
 }
 
+/// With `processing-latency` set, the latency query answers the frames a step waits for and
+/// that time, measuring nothing, whatever the steps take.
+#[test]
+fn a_fixed_processing_latency_is_what_the_latency_query_answers() {
+    let _turn = one_at_a_time();
+    let fixture = load_fixture("gqa-bias");
+    let frame =
+        gst::ClockTime::SECOND.mul_div_floor(fixture.samples_per_frame as u64, fixture.sample_rate as u64);
+    let frame = frame.unwrap();
+    let processing = gst::ClockTime::from_mseconds(70);
+    let chunk_frames = 3u32;
+    let fixed = Live::new(
+        &fixture,
+        &[
+            ("chunk-frames", &chunk_frames),
+            ("processing-latency", &processing.nseconds()),
+        ],
+        false,
+    );
+    assert_eq!(
+        fixed.decoder.property::<u64>("processing-latency"),
+        processing.nseconds()
+    );
+    let (live, min, max) = fixed.latency();
+    assert!(live);
+    assert_eq!(
+        min,
+        frame * 2 + processing,
+        "the frames waited and the processing latency"
+    );
+    assert_eq!(max, Some(min + frame * 2 * 8), "the read-ahead on top");
+}
+
 /// A live element stepping alone (max-batch 1) reports a step alone; once another element on
 /// its model decodes a backlog in large steps, its frames wait behind those and come out later
 /// than that: it raises the latency and posts LATENCY, at most once a second.

@@ -123,8 +123,7 @@ fn element_reference(name: &str, out: &mut String) {
         }
         let readable_default = pspec.flags().contains(glib::ParamFlags::WRITABLE)
             && pspec.flags().contains(glib::ParamFlags::READABLE);
-        // What a new element holds, which its class may set apart from the pspec's default
-        // (qwencodecdec's max-errors).
+        // What a new element holds, which its class may set apart from the pspec's default.
         let default = if readable_default {
             value_text(&element.property_value(pspec.name()))
         } else {
@@ -179,4 +178,48 @@ fn the_committed_reference_is_the_elements() {
         "docs/reference.md does not say what the elements are: run \
          QWENCODEC_WRITE_REFERENCE=1 cargo test --release --test reference, and commit it"
     );
+}
+
+/// What gst-inspect-1.0 shows reads as gst-plugins-rs's elements do: a description of one
+/// sentence (no pipelines: those are in docs/element.md), the crate's authors, blurbs of one
+/// sentence naming no CPU, and the enums of properties registered as plugin API.
+#[test]
+fn the_elements_read_as_gst_plugins_rs_elements() {
+    common::init();
+    let one_sentence = |what: &str, text: &str| {
+        assert!(
+            !text.contains(". ") && !text.contains("; ") && !text.contains(" ! ") && !text.contains('\n'),
+            "{what} is not one sentence: {text:?}"
+        );
+        for cpu in ["Intel", "AMD", "AVX", "AMX"] {
+            assert!(!text.contains(cpu), "{what} names a CPU: {text:?}");
+        }
+    };
+    for name in ELEMENTS {
+        let factory = gst::ElementFactory::find(name).unwrap();
+        let metadata = |key| factory.metadata(key).unwrap_or_default().to_string();
+        one_sentence(name, &metadata(gst::ELEMENT_METADATA_DESCRIPTION));
+        assert_eq!(
+            metadata(gst::ELEMENT_METADATA_AUTHOR),
+            env!("CARGO_PKG_AUTHORS"),
+            "{name}"
+        );
+        let element = factory.create().build().unwrap();
+        let own = element.type_();
+        for pspec in element.list_properties() {
+            if pspec.owner_type() != own {
+                continue;
+            }
+            if name == "qwencodecdec" {
+                one_sentence(pspec.name(), pspec.blurb().unwrap_or_default());
+            }
+            if pspec.downcast_ref::<glib::ParamSpecEnum>().is_some() {
+                assert!(
+                    pspec.value_type().plugin_api_flags().is_some(),
+                    "{name}'s {} is an enum not registered as plugin API",
+                    pspec.name()
+                );
+            }
+        }
+    }
 }

@@ -253,7 +253,6 @@ impl QwenCodecDec {
         let Some(stream) = self.stream() else { return };
         let _lock = self.stream_lock();
         let mut inner = stream.lock_idle();
-        inner.forget_refused();
         if let Err(err) = inner.reset(&mut self.stats()) {
             gst::warning!(CAT, imp = self, "Cannot reset the decoder: {}", err);
         }
@@ -270,9 +269,10 @@ impl QwenCodecDec {
     }
 
     /// A buffer with a code outside the codebook. The frames before the bad one are decoded
-    /// as the end of the stream (nothing taken is lost); then, by `max-errors` (refused buffers
-    /// in a row that are let pass; -1 all), it is an error, or a warning and a fresh stream
-    /// from the buffer's next frame on, whose first bytes the buffer's cut frame holds.
+    /// as the end of the stream (nothing taken is lost); then the base class counts the error
+    /// (its count restarts when audio goes out or at a flush): past `max-errors` it posts it
+    /// and the stream stops, else a warning says what was dropped and a fresh stream starts
+    /// from the buffer's next frame, whose first bytes the buffer's cut frame holds.
     pub(super) fn refuse_buffer(
         &self,
         stream: &Stream,
@@ -283,26 +283,24 @@ impl QwenCodecDec {
             valid,
             trailing,
         } = refused;
-        let mut inner = stream.lock();
-        let frames = inner.accept_before_bad_code(valid);
-        let in_a_row = inner.refused_in_a_row();
-        drop(inner);
+        let frames = stream.lock().accept_before_bad_code(valid);
         self.stats().frames_in += frames;
         let drained = self.drain();
-        let max_errors = self.obj().max_errors();
-        let message = format!("Invalid codec frame: {error}");
-        if max_errors >= 0 && in_a_row > max_errors as u32 {
-            gst::element_imp_error!(self, gst::StreamError::Decode, ("{}", message));
-            return Err(gst::FlowError::Error);
-        }
+        gst_audio::audio_decoder_error!(
+            self.obj(),
+            1,
+            gst::StreamError::Decode,
+            ("Invalid codec frame: {}", error)
+        )?;
+        // Let pass, which the base class only logs: the bus still hears of the frames dropped.
         gst::element_imp_warning!(
             self,
             gst::StreamError::Decode,
             (
-                "Dropped the frames of a buffer from its bad one on: {} (max-errors {} allows it: {} in a row)",
-                message,
-                max_errors,
-                in_a_row
+                "Dropped the frames of a buffer from its bad one on: Invalid codec frame: {} \
+                 (max-errors {} lets it pass)",
+                error,
+                self.obj().max_errors()
             )
         );
         stream.lock().continue_after_refused(trailing);

@@ -17,9 +17,9 @@
  * READY→NULL: `model-path`, `device` and `dtype` are read then, so a change takes effect at the
  * next NULL→READY. The other properties are read at READY→PAUSED.
  *
- * A code outside the codebook goes through the base class's error path: this element sets
- * `max-errors` to 0 at construction, so it is an error; with `max-errors=-1` (or N) the buffer
- * is dropped with a warning naming the code and decoding starts afresh after it.
+ * A code outside the codebook goes through the base class's error count (`max-errors`): let
+ * pass (the default, -1), the buffer's frames from the bad one on are dropped with a warning
+ * naming the code, and decoding starts afresh after it; past `max-errors` it is an error.
  */
 use std::path::PathBuf;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
@@ -31,7 +31,10 @@ use gst_audio::prelude::*;
 use gst_audio::subclass::prelude::*;
 
 use super::latency::Latency;
-use super::settings::{Settings, Stats};
+use super::settings::{
+    DEFAULT_CHUNK_FRAMES, DEFAULT_CUDA_GRAPHS, DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_STEP_FRAMES, DEFAULT_PROCESSING_LATENCY, DEFAULT_TAIL_STRATEGY, Settings, Stats,
+};
 use super::step_thread::{Arrival, StepThread, Stream, read_ahead_frames};
 use crate::caps::RefusedCaps;
 use crate::model::Model;
@@ -146,9 +149,6 @@ impl ObjectImpl for QwenCodecDec {
         self.obj()
             .sink_pad()
             .set_pad_flags(gst::PadFlags::ACCEPT_TEMPLATE);
-        // A code outside the codebook means sender and model disagree, and every later buffer
-        // would fail too: an error unless the application raises max-errors.
-        self.obj().set_max_errors(0);
     }
 
     fn properties() -> &'static [glib::ParamSpec] {
@@ -157,88 +157,63 @@ impl ObjectImpl for QwenCodecDec {
                 glib::ParamSpecString::builder("model-path")
                     .nick("Model path")
                     .blurb(
-                        "Qwen3-TTS tokenizer checkpoint folder (config.json + model.safetensors) or the root \
-                         of a full Qwen3-TTS checkpoint (its speech_tokenizer/ folder is used); when unset, \
-                         the QWENCODEC_MODEL_PATH environment variable; read at NULL→READY",
+                        "Folder of a Qwen3-TTS tokenizer checkpoint or of a full Qwen3-TTS checkpoint \
+                         (unset: the QWENCODEC_MODEL_PATH environment variable)",
                     )
                     .build(),
                 glib::ParamSpecString::builder("device")
                     .nick("Device")
-                    .blurb(
-                        "Where to decode: auto (CUDA when available, else CPU), cpu, cuda or cuda:N; \
-                         read at NULL→READY",
-                    )
-                    .default_value(Some("auto"))
+                    .blurb("Device to decode on: auto, cpu, cuda or cuda:N")
+                    .default_value(Some(DEFAULT_DEVICE))
                     .build(),
-                glib::ParamSpecEnum::builder_with_default("dtype", Settings::default().dtype)
+                glib::ParamSpecEnum::builder_with_default("dtype", DEFAULT_DTYPE)
                     .nick("Data type")
-                    .blurb(
-                        "Precision of the decoder's computation: f32; f16 (float16 weights; on the CPU with \
-                         float32 activations, the reduced mode to use); bf16 (bfloat16 weights, as f16 \
-                         but less precise; on CPUs with AVX512_BF16 other than Intel's the vocoder's \
-                         late products in bfloat16 too, faster; exact for checkpoints stored in bfloat16); read at \
-                         NULL→READY",
-                    )
+                    .blurb("Precision of the decoder's weights and computation")
                     .build(),
                 glib::ParamSpecUInt::builder("chunk-frames")
                     .nick("Chunk frames")
-                    .blurb(
-                        "Frames per decode step; frames wait until a step is full, so the latency grows \
-                         by (chunk-frames - 1) frames",
-                    )
+                    .blurb("Frames per decode step, which a frame waits for before it is decoded")
                     .minimum(1)
                     .maximum(MAX_STEP_FRAMES)
-                    .default_value(Settings::default().chunk_frames)
+                    .default_value(DEFAULT_CHUNK_FRAMES)
                     .mutable_ready()
                     .build(),
-                glib::ParamSpecEnum::builder_with_default("tail-strategy", Settings::default().tail_strategy)
+                glib::ParamSpecEnum::builder_with_default("tail-strategy", DEFAULT_TAIL_STRATEGY)
                     .nick("Tail strategy")
-                    .blurb("How the frames left over at the end of a stream (fewer than chunk-frames) are decoded")
+                    .blurb("How the frames left at the end of a stream, fewer than chunk-frames, are decoded")
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecBoolean::builder("cuda-graphs")
                     .nick("CUDA graphs")
-                    .blurb(
-                        "On CUDA, let this element's steps replay the CUDA graphs the model records per \
-                         batch size and step size (one launch instead of hundreds; a batch replays one \
-                         when all its streams allow it); off: launch each kernel",
-                    )
-                    .default_value(Settings::default().cuda_graphs)
+                    .blurb("Replay the CUDA graphs the model records for its steps, on CUDA")
+                    .default_value(DEFAULT_CUDA_GRAPHS)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt::builder("max-batch")
                     .nick("Max batch")
-                    .blurb(
-                        "The most streams whose steps this element's steps may be computed with: the \
-                         elements of a process that decode with the same model (path, device, dtype) have \
-                         the steps that wait at the same moment computed together, and a batch holds at \
-                         most the smallest max-batch of its streams; 1 computes this element's steps alone",
-                    )
+                    .blurb("Most streams of the model whose steps are computed together with this element's")
                     .minimum(1)
                     .maximum(MAX_BATCH)
-                    .default_value(Settings::default().max_batch)
+                    .default_value(DEFAULT_MAX_BATCH)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt::builder("max-step-frames")
                     .nick("Max step frames")
-                    .blurb(
-                        "When more than one step's frames wait (a buffer of many frames, or a backlog), \
-                         they are decoded in steps of chunk-frames times a power of two, up to this many \
-                         frames (at least chunk-frames): fewer, cheaper steps, the same audio",
-                    )
+                    .blurb("Most frames a decode step takes when more than one step's frames wait")
                     .minimum(1)
                     .maximum(MAX_STEP_FRAMES)
-                    .default_value(Settings::default().max_step_frames)
+                    .default_value(DEFAULT_MAX_STEP_FRAMES)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt64::builder("processing-latency")
+                    .nick("Processing latency")
+                    .blurb("Time in ns a frame waits for its decode step, fixed (0: measured and raised as needed)")
+                    .default_value(DEFAULT_PROCESSING_LATENCY)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
                     .nick("Statistics")
-                    .blurb(
-                        "Since start: frames-in, samples-out, decode-steps, mean-step-ms, max-step-ms, \
-                         real-time-factor (decode time / audio time), state-bytes of the stream, \
-                         cuda-graph (whether full steps replay a CUDA graph), mean-batch-rows and \
-                         max-batch-rows (the streams computed together in this element's steps)",
-                    )
+                    .blurb("Decoding statistics since the element started")
                     .read_only()
                     .build(),
             ]
@@ -254,7 +229,7 @@ impl ObjectImpl for QwenCodecDec {
                 settings.device = value
                     .get::<Option<String>>()
                     .unwrap()
-                    .unwrap_or_else(|| "auto".into())
+                    .unwrap_or_else(|| DEFAULT_DEVICE.into())
             }
             "dtype" => settings.dtype = value.get().unwrap(),
             "chunk-frames" => settings.chunk_frames = value.get().unwrap(),
@@ -262,6 +237,10 @@ impl ObjectImpl for QwenCodecDec {
             "cuda-graphs" => settings.cuda_graphs = value.get().unwrap(),
             "max-batch" => settings.max_batch = value.get().unwrap(),
             "max-step-frames" => settings.max_step_frames = value.get().unwrap(),
+            "processing-latency" => {
+                settings.processing_latency =
+                    Some(gst::ClockTime::from_nseconds(value.get().unwrap())).filter(|l| !l.is_zero())
+            }
             _ => unreachable!(),
         }
         drop(settings);
@@ -296,6 +275,10 @@ impl ObjectImpl for QwenCodecDec {
             "cuda-graphs" => settings.cuda_graphs.to_value(),
             "max-batch" => settings.max_batch.to_value(),
             "max-step-frames" => settings.max_step_frames.to_value(),
+            "processing-latency" => settings
+                .processing_latency
+                .map_or(DEFAULT_PROCESSING_LATENCY, gst::ClockTime::nseconds)
+                .to_value(),
             "stats" => self.stats().to_structure().to_value(),
             _ => unreachable!(),
         }
@@ -324,11 +307,8 @@ impl ElementImpl for QwenCodecDec {
             gst::subclass::ElementMetadata::new(
                 "Qwen3-TTS codec decoder",
                 "Codec/Decoder/Audio",
-                "Decodes Qwen3-TTS speech-codec frames into audio, streaming, exactly as the full-sequence \
-                 decode. Example: filesrc location=codes.raw ! \
-                 audio/x-qwen3-tts-codes,codebooks=16,framerate=25/2 ! qwencodecdec model-path=MODEL ! \
-                 audioconvert ! wavenc ! filesink location=speech.wav",
-                "qwencodec developers",
+                "Decodes Qwen3-TTS speech-codec frames into audio",
+                env!("CARGO_PKG_AUTHORS"),
             )
         });
         Some(&*ELEMENT_METADATA)
@@ -587,20 +567,18 @@ impl AudioDecoderImpl for QwenCodecDec {
         self.parent_sink_query(query)
     }
 
-    /// A seek backwards is refused here, where the application asks: a stateful decoder cannot
-    /// decode backwards.
+    /// A seek backwards is refused here, where the application asks, as an element refuses a
+    /// seek it cannot do: FALSE, and a debug log. A stateful decoder cannot decode backwards.
     fn src_event(&self, event: gst::Event) -> bool {
         if let gst::EventView::Seek(seek) = event.view()
             && seek.get().0 < 0.0
         {
-            gst::element_imp_warning!(
-                self,
-                gst::StreamError::Decode,
-                (
-                    "Seek at rate {} refused: each frame's audio depends on the frames before it, \
-                     so the decoder plays forwards only",
-                    seek.get().0
-                )
+            gst::debug!(
+                CAT,
+                imp = self,
+                "Seek at rate {} refused: each frame's audio depends on the frames before it, so \
+                 the decoder plays forwards only",
+                seek.get().0
             );
             return false;
         }

@@ -22,6 +22,9 @@
 //! more streams batching with it, other streams' backlogs in large steps), it rises to the
 //! longest of those delays plus a quarter, and the pipeline is told with a LATENCY message, at
 //! most once a second. It never falls while the element runs.
+//!
+//! With `processing-latency` set, that time stands for the measured steps and their margin: the
+//! minimum is the frames a step waits for and it, and stays as it is.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -62,6 +65,8 @@ pub(super) struct Latency {
     recent: VecDeque<Option<gst::ClockTime>>,
     /// When the figures last rose.
     raised: Option<Instant>,
+    /// Set by `processing-latency`: the minimum never rises.
+    fixed: bool,
 }
 
 /// What a frame waits for its step in a batch of `rows` whose step takes `step` when timed,
@@ -77,20 +82,45 @@ fn step_delay(rows: usize, step: Duration) -> gst::ClockTime {
 
 impl Latency {
     /// The figures for steps of `chunk_frames` under `limits`, holding `read_ahead_frames`, from
-    /// warm steps of the model (timed now, or earlier for another element).
+    /// warm steps of the model (timed now, or earlier for another element), or from
+    /// `processing`, the time a frame waits for its step, where the application fixed it.
     pub(super) fn measure(
         model: &Model,
         chunk_frames: usize,
         limits: StepLimits,
         read_ahead_frames: usize,
+        processing: Option<gst::ClockTime>,
     ) -> Result<Self, DecodeError> {
         let (num, den) = model.config().frame_rate();
         let frame = gst::ClockTime::SECOND
             .mul_div_floor(den as u64, num as u64)
             .unwrap();
         let rows = limits.latency_batch_rows(model.open_streams());
+        if let Some(processing) = processing {
+            return Ok(Self::fixed(
+                frame,
+                chunk_frames,
+                read_ahead_frames,
+                rows,
+                processing,
+            ));
+        }
         let step = model.warm_step_time(rows, chunk_frames, limits.cuda_graphs)?;
         Ok(Self::new(frame, chunk_frames, read_ahead_frames, rows, step))
+    }
+
+    /// As [`Latency::new`], with the time a frame waits for its step fixed at `processing`.
+    fn fixed(
+        frame: gst::ClockTime,
+        chunk_frames: usize,
+        read_ahead_frames: usize,
+        rows: usize,
+        processing: gst::ClockTime,
+    ) -> Self {
+        let mut latency = Self::new(frame, chunk_frames, read_ahead_frames, rows, Duration::ZERO);
+        latency.set_min(latency.frames_waited + processing);
+        latency.fixed = true;
+        latency
     }
 
     /// The figures for frames of `frame` in steps of `chunk_frames`, holding
@@ -111,6 +141,7 @@ impl Latency {
             live: false,
             recent: VecDeque::new(),
             raised: None,
+            fixed: false,
         };
         latency.set_min(latency.frames_waited + step_delay(rows, step));
         latency
@@ -129,7 +160,7 @@ impl Latency {
     /// After a step whose oldest frame's audio was out `delay` after the frame reached the
     /// element (or after its time, if later): whether the minimum rose.
     pub(super) fn after_step(&mut self, delay: gst::ClockTime, now: Instant) -> bool {
-        if !self.live {
+        if !self.live || self.fixed {
             return false;
         }
         self.recent.push_back((delay > self.min).then_some(delay));
@@ -321,6 +352,24 @@ mod tests {
             latency.batch_hold(),
             (Duration::from_millis(170) - REJOIN_GRACE) / 3
         );
+    }
+
+    /// `processing-latency` stands for the step and its margin, and the minimum stays.
+    #[test]
+    fn a_fixed_processing_latency_is_the_minimum_and_never_rises() {
+        let mut latency = Latency::fixed(ms(80), 2, 16, 4, ms(40));
+        latency.note_query(true);
+        assert_eq!(
+            latency.min,
+            ms(80 + 40),
+            "the frame waited and the processing latency"
+        );
+        assert_eq!(latency.max, ms(120 + 1280), "the read-ahead held on top");
+        let now = Instant::now();
+        for _ in 0..2 * OVERRUN_WINDOW {
+            assert!(!latency.after_step(gst::ClockTime::SECOND, now));
+        }
+        assert_eq!(latency.min, ms(120));
     }
 
     #[test]

@@ -152,6 +152,7 @@ impl QwenCodecDec {
             decoder.chunk_frames(),
             decoder.limits(),
             read_ahead_frames(&decoder),
+            settings.processing_latency,
         )
         .map_err(decoder_error)?;
         gst::info!(

@@ -71,11 +71,8 @@ glib::wrapper! {
 }
 
 pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
-    #[cfg(feature = "doc")]
-    {
-        TailStrategy::static_type().mark_as_plugin_api(gst::PluginAPIFlags::empty());
-        Dtype::static_type().mark_as_plugin_api(gst::PluginAPIFlags::empty());
-    }
+    TailStrategy::static_type().mark_as_plugin_api(gst::PluginAPIFlags::empty());
+    Dtype::static_type().mark_as_plugin_api(gst::PluginAPIFlags::empty());
     gst::Element::register(
         Some(plugin),
         "qwencodecdec",

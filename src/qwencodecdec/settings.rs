@@ -2,7 +2,16 @@
 
 use std::time::Duration;
 
-use crate::model::StepLimits;
+pub(super) const DEFAULT_DEVICE: &str = "auto";
+pub(super) const DEFAULT_DTYPE: super::Dtype = super::Dtype::F32;
+pub(super) const DEFAULT_CHUNK_FRAMES: u32 = 1;
+pub(super) const DEFAULT_TAIL_STRATEGY: super::TailStrategy = super::TailStrategy::Eager;
+pub(super) const DEFAULT_CUDA_GRAPHS: bool = true;
+/// The model's own defaults (`StepLimits::default()`).
+pub(super) const DEFAULT_MAX_BATCH: u32 = 16;
+pub(super) const DEFAULT_MAX_STEP_FRAMES: u32 = 8;
+/// `processing-latency`'s "measured".
+pub(super) const DEFAULT_PROCESSING_LATENCY: u64 = 0;
 
 #[derive(Debug, Clone)]
 pub(super) struct Settings {
@@ -14,19 +23,23 @@ pub(super) struct Settings {
     pub(super) cuda_graphs: bool,
     pub(super) max_batch: u32,
     pub(super) max_step_frames: u32,
+    /// What a frame waits for its step, fixed; None: measured at start and raised when
+    /// frames keep coming out late (see `Latency`).
+    pub(super) processing_latency: Option<gst::ClockTime>,
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Self {
             model_path: None,
-            device: "auto".into(),
-            dtype: super::Dtype::default(),
-            chunk_frames: 1,
-            tail_strategy: super::TailStrategy::default(),
-            cuda_graphs: true,
-            max_batch: StepLimits::default().max_batch as u32,
-            max_step_frames: StepLimits::default().max_step_frames as u32,
+            device: DEFAULT_DEVICE.into(),
+            dtype: DEFAULT_DTYPE,
+            chunk_frames: DEFAULT_CHUNK_FRAMES,
+            tail_strategy: DEFAULT_TAIL_STRATEGY,
+            cuda_graphs: DEFAULT_CUDA_GRAPHS,
+            max_batch: DEFAULT_MAX_BATCH,
+            max_step_frames: DEFAULT_MAX_STEP_FRAMES,
+            processing_latency: None,
         }
     }
 }
@@ -78,5 +91,21 @@ impl Stats {
             .field("mean-batch-rows", mean_batch_rows)
             .field("max-batch-rows", self.max_batch_rows)
             .build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::StepLimits;
+
+    #[test]
+    fn the_defaults_are_the_models_and_the_enums() {
+        let limits = StepLimits::default();
+        assert_eq!(DEFAULT_MAX_BATCH as usize, limits.max_batch);
+        assert_eq!(DEFAULT_MAX_STEP_FRAMES as usize, limits.max_step_frames);
+        assert_eq!(DEFAULT_CUDA_GRAPHS, limits.cuda_graphs);
+        assert_eq!(DEFAULT_DTYPE, super::super::Dtype::default());
+        assert_eq!(DEFAULT_TAIL_STRATEGY, super::super::TailStrategy::default());
     }
 }

@@ -96,8 +96,6 @@ pub(super) struct Inner {
     flushing: bool,
     /// The most frames that wait for the step thread before the streaming thread waits too.
     read_ahead: usize,
-    /// Buffers refused in a row (bad codes), for `max-errors`; a buffer taken resets it.
-    refused_in_a_row: u32,
     /// `partial_frame` holds the start of a frame whose buffer was refused and closed: the
     /// next buffer counts the frame as its own.
     orphan_partial_frame: bool,
@@ -157,7 +155,6 @@ impl Stream {
                 draining: false,
                 flushing: false,
                 read_ahead,
-                refused_in_a_row: 0,
                 orphan_partial_frame: false,
                 shutdown: false,
                 flow: Ok(gst::FlowSuccess::Ok),
@@ -436,12 +433,11 @@ impl Inner {
             });
         }
         self.frames_accepted += frames;
-        self.refused_in_a_row = 0;
         Ok(frames)
     }
 
     /// Takes the whole frames of a refused buffer that come before its bad code, as the last
-    /// of the stream; returns how many, and counts the buffer as refused. (They are not added
+    /// of the stream; returns how many. (They are not added
     /// to `frames_accepted`: the drain that follows resets it.)
     pub(super) fn accept_before_bad_code(&mut self, valid: Vec<i16>) -> u64 {
         let frames = (valid.len() / (self.frame_bytes() / 2)) as u64;
@@ -451,13 +447,7 @@ impl Inner {
             due: None,
         });
         self.codes.extend(valid);
-        self.refused_in_a_row += 1;
         frames
-    }
-
-    /// Buffers refused in a row, this one included.
-    pub(super) fn refused_in_a_row(&self) -> u32 {
-        self.refused_in_a_row
     }
 
     /// After a refused buffer's stream was drained: the bytes after its last whole frame start
@@ -557,11 +547,6 @@ impl Inner {
         } else {
             self.flow.err()
         }
-    }
-
-    /// A flush forgets the refused buffers counted, as the base class forgets its errors.
-    pub(super) fn forget_refused(&mut self) {
-        self.refused_in_a_row = 0;
     }
 }
 

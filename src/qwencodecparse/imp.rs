@@ -536,11 +536,8 @@ impl ElementImpl for QwenCodecParse {
             gst::subclass::ElementMetadata::new(
                 "Qwen3-TTS codec frame parser",
                 "Codec/Parser/Audio",
-                "Frames Qwen3-TTS codec codes from .npy files (integer arrays [T, Q] or [1, T, Q]) or raw \
-                 int16 streams, with exact timestamps, duration and seeking. Example: filesrc \
-                 location=codes.npy ! qwencodecparse ! qwencodecdec model-path=MODEL ! audioconvert ! \
-                 autoaudiosink",
-                "qwencodec developers",
+                "Parses Qwen3-TTS codec frames from .npy files or raw int16 codes",
+                env!("CARGO_PKG_AUTHORS"),
             )
         });
         Some(&*ELEMENT_METADATA)

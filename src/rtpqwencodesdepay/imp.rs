@@ -244,8 +244,8 @@ impl ElementImpl for RtpQwenCodesDepay {
             gst::subclass::ElementMetadata::new(
                 "RTP Qwen3-TTS codes depayloader",
                 "Codec/Depayloader/Network/RTP",
-                "Takes Qwen3-TTS codec frames out of RTP packets (X-QWEN3-TTS-CODES)",
-                "qwencodec developers",
+                "Extracts Qwen3-TTS codec frames from RTP packets (X-QWEN3-TTS-CODES)",
+                env!("CARGO_PKG_AUTHORS"),
             )
         });
         Some(&*METADATA)

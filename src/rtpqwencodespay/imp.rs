@@ -230,7 +230,7 @@ impl ElementImpl for RtpQwenCodesPay {
                 "RTP Qwen3-TTS codes payloader",
                 "Codec/Payloader/Network/RTP",
                 "Payloads Qwen3-TTS codec frames into RTP packets (X-QWEN3-TTS-CODES)",
-                "qwencodec developers",
+                env!("CARGO_PKG_AUTHORS"),
             )
         });
         Some(&*METADATA)
