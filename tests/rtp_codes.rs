@@ -383,10 +383,10 @@ fn depay_with_caps(caps: gst::Caps) -> (bool, Vec<String>) {
     )
 }
 
-/// What a depayloaded buffer tells the decoder: DISCONT (start fresh) and MARKER (a new
+/// What a depayloaded buffer tells the decoder: DISCONT (start fresh) and RESYNC (a new
 /// utterance).
 fn restart_flags(buffer: &gst::BufferRef) -> gst::BufferFlags {
-    buffer.flags() & (gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER)
+    buffer.flags() & (gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC | gst::BufferFlags::MARKER)
 }
 
 /// A field of an element's `stats`.
@@ -467,7 +467,7 @@ fn bad_packets_warn_at_most_once_a_second_with_a_count() {
 }
 
 /// With `loss=restart` a bad packet's frames are lost frames like any: the next good packet
-/// restarts the decoder (DISCONT, no MARKER), although no sequence number is missing, so the
+/// restarts the decoder (DISCONT, no RESYNC), although no sequence number is missing, so the
 /// base class saw no gap to flag.
 #[test]
 fn after_a_bad_packet_loss_restart_restarts_the_decoder() {
@@ -488,7 +488,7 @@ fn after_a_bad_packet_loss_restart_restarts_the_decoder() {
     assert_eq!(
         buffers.iter().map(|b| restart_flags(b)).collect::<Vec<_>>(),
         [
-            gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER,
+            gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC,
             gst::BufferFlags::DISCONT,
             gst::BufferFlags::empty(),
         ]
@@ -699,7 +699,7 @@ fn record_out(h: &gst_check::Harness, frame_bytes: usize) -> Out {
 }
 
 /// The second utterance's marked packet is lost: its next packet still starts it (the
-/// utterance number changed), flagged DISCONT and MARKER, nothing repeated into the gap, and
+/// utterance number changed), flagged DISCONT and RESYNC, nothing repeated into the gap, and
 /// the rest decodes as a fresh decoder's: upstream's decode of the codes after the one lost.
 #[test]
 fn a_lost_marked_packet_still_starts_the_next_utterance_fresh() {
@@ -736,7 +736,7 @@ fn a_lost_marked_packet_still_starts_the_next_utterance_fresh() {
         .filter(|(_, (flags, _))| !flags.is_empty())
         .map(|(index, (flags, _))| (index, *flags))
         .collect();
-    let start = gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER;
+    let start = gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC;
     assert_eq!(flagged, [(0, start), (first, start)]);
     assert_eq!(
         out.iter().map(|(_, frames)| frames).sum::<usize>(),
@@ -783,7 +783,7 @@ fn two_lost_packets_may_have_held_more_frames_than_one_could() {
 /// Loss is what the sequence numbers say, its length what the RTP time says: a jump in RTP time
 /// with no packet missing repeats nothing and goes on; a packet missing between packets whose
 /// times look contiguous (a sender whose timestamps restarted) is loss of unknown length, where
-/// the decoder restarts (DISCONT, no MARKER: no new utterance).
+/// the decoder restarts (DISCONT, no RESYNC: no new utterance).
 #[test]
 fn sequence_numbers_not_timestamps_say_what_was_lost() {
     let (mut h, _bus) = small_depay(&[]);
@@ -804,7 +804,7 @@ fn sequence_numbers_not_timestamps_say_what_was_lost() {
     assert_eq!(
         buffers.iter().map(|b| restart_flags(b)).collect::<Vec<_>>(),
         [
-            gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER,
+            gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC,
             gst::BufferFlags::empty(),
             gst::BufferFlags::empty(),
             gst::BufferFlags::DISCONT,
@@ -853,7 +853,7 @@ fn lost_time_that_no_repeat_fills_goes_downstream_as_a_gap() {
 }
 
 /// After a flush nothing before it counts: the next packet, whatever its sequence number and
-/// time, starts an utterance (DISCONT and MARKER) and no loss is counted.
+/// time, starts an utterance (DISCONT and RESYNC) and no loss is counted.
 #[test]
 fn after_a_flush_the_next_packet_starts_fresh_with_no_loss() {
     let (mut h, _bus) = small_depay(&[]);
@@ -872,7 +872,7 @@ fn after_a_flush_the_next_packet_starts_fresh_with_no_loss() {
     assert!(
         buffers[0]
             .flags()
-            .contains(gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER)
+            .contains(gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC)
     );
     let depay = h.element().unwrap();
     let counts = ["packets-lost", "frames-repeated", "utterances"].map(|name| stat(&depay, name));
@@ -1129,6 +1129,23 @@ fn a_discont_buffer_takes_its_own_time() {
     let (first, (rtp_time, marker, _, utterance)) = (header_of(&packets[0]).0, header_of(&packets[2]));
     assert_eq!(rtp_time.wrapping_sub(first), 2 * 1920 + 240, "10 ms is 240 ticks");
     assert_eq!((marker, utterance), (true, 1));
+}
+
+/// A buffer flagged RESYNC (a talk spurt's start, as audio depayloaders flag it) starts an
+/// utterance as DISCONT does: the frames pending go in a short packet, and the RESYNC frames'
+/// packet has the marker and the next utterance number.
+#[test]
+fn a_resync_buffer_starts_an_utterance() {
+    let mut h = payloader(&[("frames-per-packet", "4")]);
+    h.push(release_frames(0..3, Some(gst::ClockTime::ZERO))).unwrap();
+    let mut buffer = release_frames(3..7, Some(FRAME * 3));
+    buffer.get_mut().unwrap().set_flags(gst::BufferFlags::RESYNC);
+    h.push(buffer).unwrap();
+    let headers: Vec<_> = common::pull_all(&mut h).iter().map(header_of).collect();
+    assert_eq!(
+        headers.iter().map(|h| (h.1, h.2, h.3)).collect::<Vec<_>>(),
+        [(true, 3, 0), (true, 4, 1)]
+    );
 }
 
 /// The frames a packet of 4 holds after 2 frames at 0 and 2 stamped `late` after their

@@ -7,8 +7,8 @@
  * An utterance starts at a packet with the marker bit, or whose utterance number (in its
  * header) differs from the packet before it: so an utterance whose marked packet was lost still
  * starts where its next packet comes. That buffer is flagged DISCONT (the decoder starts
- * fresh, as the sender's did) and MARKER, which is the utterance's own signal for applications
- * (loss flags DISCONT alone). A receiver's first packet, and the first of another SSRC, start
+ * fresh, as the sender's did) and RESYNC, the start of a talk spurt as audio depayloaders mark
+ * it (loss flags DISCONT alone). A receiver's first packet, and the first of another SSRC, start
  * an utterance too.
  *
  * A lost packet is lost frames, which no later packet repairs. Loss is what the sequence
@@ -565,7 +565,8 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
                     seq,
                     packet.utterance
                 );
-                buffer.set_flags(gst::BufferFlags::MARKER);
+                // A talk spurt starts, as rtpL16depay marks one.
+                buffer.set_flags(gst::BufferFlags::RESYNC);
             }
             if repeat > 0 {
                 // The repeated frames come first, where the lost ones were.

@@ -13,10 +13,11 @@
  * 0. A timestamp that jumps without DISCONT ends the packet before it; the next starts at the new
  * time.
  *
- * An utterance starts at the first packet of a stream, after a DISCONT buffer, a
- * `qwencodec-drain` event, a new stream (STREAM_START, which sends the frames pending first) or a
- * flush: that packet has the marker bit, and the header's utterance number goes up by one, so
- * that a receiver that lost it still sees the next utterance start.
+ * An utterance starts at the first packet of a stream, after a buffer flagged DISCONT or RESYNC
+ * (a talk spurt's start, as audio depayloaders flag it), a `qwencodec-drain` event, a new
+ * stream (STREAM_START, which sends the frames pending first) or a flush: that packet has the
+ * marker bit, and the header's utterance number goes up by one, so that a receiver that lost it
+ * still sees the next utterance start.
  *
  * Packets hold `frames-per-packet` frames, fewer where `max-ptime` or the MTU holds fewer (the
  * RTP header counted with its CSRCs and header extensions). `stats` counts packets, frames and
@@ -360,7 +361,11 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
     }
 
     fn handle_buffer(&self, buffer: gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
-        let discont = buffer.flags().contains(gst::BufferFlags::DISCONT);
+        // RESYNC is a talk spurt's start (an audio depayloader's marker): like DISCONT, the
+        // frames take their own time and start an utterance.
+        let discont = buffer
+            .flags()
+            .intersects(gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC);
         if discont {
             // What came before ends its packets; the next packet starts an utterance.
             self.send_pending(true)?;
