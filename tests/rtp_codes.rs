@@ -1086,6 +1086,100 @@ fn the_codebook_size_and_the_clock_rate_reach_the_packets() {
     );
 }
 
+/// What the model defines comes with the codes (`codebook-size` and `rate` in their caps): the
+/// payloader packs and clocks by them with its properties at the release's, the properties
+/// stand in only where the caps do not say, and a field out of range is an error naming it.
+#[test]
+fn the_codebook_size_and_the_clock_rate_come_from_the_codes_caps() {
+    common::init();
+    let caps_with = |codebook_size: i32, rate: i32| {
+        let mut caps = common::codes_caps(16, gst::Fraction::new(25, 2));
+        let fields = caps.make_mut().structure_mut(0).unwrap();
+        fields.set("codebook-size", codebook_size);
+        fields.set("rate", rate);
+        caps
+    };
+    let mut h = gst_check::Harness::new("rtpqwencodespay");
+    h.set_src_caps(caps_with(1024, 48_000));
+    h.play();
+    h.push(release_frames(1021..1024, Some(gst::ClockTime::ZERO)))
+        .unwrap();
+    let packets: Vec<_> = (0..3).map(|_| h.pull().unwrap()).collect();
+    let caps = h.sinkpad().unwrap().current_caps().unwrap();
+    let fields = caps.structure(0).unwrap();
+    assert_eq!(fields.get::<i32>("clock-rate").unwrap(), 48_000, "{caps}");
+    assert_eq!(fields.get::<&str>("codebook-size").unwrap(), "1024", "{caps}");
+    assert_eq!(fields.get::<&str>("samples-per-frame").unwrap(), "3840", "{caps}");
+    let sizes: Vec<_> = packets
+        .iter()
+        .map(|packet| {
+            gst_rtp::RTPBuffer::from_buffer_readable(packet)
+                .unwrap()
+                .payload_size()
+        })
+        .collect();
+    assert_eq!(sizes, [22, 22, 22], "2 header bytes and 16 codes of 10 bits");
+
+    let clock_rate = h.element().unwrap().find_property("clock-rate").unwrap();
+    let clock_rate = clock_rate.downcast_ref::<gst::glib::ParamSpecUInt>().unwrap();
+    assert_eq!(clock_rate.maximum(), i32::MAX as u32, "RTP caps hold an int");
+
+    for (codebook_size, rate, error) in [
+        (1, 24_000, "codebook-size is 1, not an integer from 2 to 32768"),
+        (
+            32_769,
+            24_000,
+            "codebook-size is 32769, not an integer from 2 to 32768",
+        ),
+        (2048, 0, "rate is 0, not an integer from 1 to 2147483647"),
+        (
+            2048,
+            -24_000,
+            "rate is -24000, not an integer from 1 to 2147483647",
+        ),
+    ] {
+        let mut h = gst_check::Harness::new("rtpqwencodespay");
+        let bus = common::bus_for(&h.element().unwrap());
+        h.set_src_caps(caps_with(codebook_size, rate));
+        h.play();
+        assert!(h.push(release_frames(0..1, Some(gst::ClockTime::ZERO))).is_err());
+        let errors = common::messages(&bus, gst::MessageType::Error);
+        assert!(errors.len() == 1 && errors[0].contains(error), "{errors:?}");
+    }
+}
+
+/// The depayloader's codes caps carry what the SDP says of the model, so a payloader after it
+/// (a relay) sends the packets it took, codes and utterance starts alike, with no property set
+/// for a model that is not the release's.
+#[test]
+fn a_relay_sends_the_packets_it_took() {
+    common::init();
+    let mut h = gst_check::Harness::new_parse("rtpqwencodesdepay ! rtpqwencodespay");
+    h.set_src_caps(depay_caps(&SMALL_FIELDS));
+    h.play();
+    let sent = [
+        (small_frame(0, [1, 999]), true),
+        (small_frame(0, [3, 4]), false),
+        (small_frame(1, [5, 6]), true),
+    ];
+    for (seq, (payload, marker)) in sent.iter().enumerate() {
+        h.push(packet(payload, seq as u16, 1920 * seq as u32, *marker))
+            .unwrap();
+    }
+    h.push_event(gst::event::Eos::new());
+    let relayed: Vec<_> = common::pull_all(&mut h)
+        .iter()
+        .map(|packet| {
+            let rtp = gst_rtp::RTPBuffer::from_buffer_readable(packet).unwrap();
+            (rtp.payload().unwrap().to_vec(), rtp.is_marker())
+        })
+        .collect();
+    assert_eq!(relayed, sent);
+    let caps = h.sinkpad().unwrap().current_caps().unwrap();
+    let fields = caps.structure(0).unwrap();
+    assert_eq!(fields.get::<&str>("codebook-size").unwrap(), "1000", "{caps}");
+}
+
 /// Frames whose length is no whole number of RTP clock ticks (7 frames a second on a 24 kHz
 /// clock) are refused with an error naming both, posted once however often upstream sends the
 /// caps again.

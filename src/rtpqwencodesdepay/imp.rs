@@ -43,7 +43,7 @@ use gst_rtp::subclass::prelude::*;
 
 use super::Loss;
 use crate::caps::RefusedCaps;
-use crate::codes_payload::{BadPacket, ENCODING_NAME, Layout, MAX_FRAMES, VERSION};
+use crate::codes_payload::{BadPacket, ENCODING_NAME, Layout, MAX_CODEBOOK_SIZE, MAX_FRAMES, VERSION};
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(
@@ -336,7 +336,7 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
                     i32::MAX
                 ));
             }
-            if codebook_size > 1 << 15 || codebooks > 1024 {
+            if codebook_size > u64::from(MAX_CODEBOOK_SIZE) || codebooks > 1024 {
                 return Err(format!(
                     "{codebooks} codebooks of {codebook_size} codes are beyond any codes' range"
                 ));
@@ -353,9 +353,12 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
         // framerate = clock-rate / samples-per-frame (a fraction reduces itself); the template
         // takes the clock rate as an int.
         let framerate = gst::Fraction::new(clock_rate as i32, samples_per_frame as i32);
+        // With what the SDP says of the model, which a payloader after this one reads.
         let src_caps = gst::Caps::builder(crate::caps::CODES_MEDIA_TYPE)
             .field("codebooks", codebooks as i32)
             .field("framerate", framerate)
+            .field(crate::caps::CODEBOOK_SIZE_FIELD, codebook_size as i32)
+            .field(crate::caps::RATE_FIELD, clock_rate as i32)
             .build();
         let mut state = self.state.lock().unwrap();
         // New caps are a new stream; what it counted so far stays counted.

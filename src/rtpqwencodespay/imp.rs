@@ -6,12 +6,13 @@
  * count, the utterance number), then the codes packed at the fewest bits that hold the codebook
  * (11 for the release: 2.2 kbit/s of codes).
  *
- * The RTP clock is the audio's (`clock-rate`, the model's sample rate): a packet's timestamp
- * advances by the samples of its frames, counted from the frames (perfect RTP time), so input
- * without timestamps is timed by its frame count from the segment's start. Input in a segment
- * that is not in time (`filesrc` straight into the payloader) goes out in a time segment from
- * 0. A timestamp that jumps without DISCONT ends the packet before it; the next starts at the new
- * time.
+ * The codebook size and the RTP clock (the audio's sample rate) are the model's: the input
+ * caps' `codebook-size` and `rate` where they state them (`rtpqwencodesdepay`'s do), else the
+ * `codebook-size` and `clock-rate` properties. A packet's timestamp advances by the samples of
+ * its frames, counted from the frames (perfect RTP time), so input without timestamps is timed by
+ * its frame count from the segment's start. Input in a segment that is not in time (`filesrc`
+ * straight into the payloader) goes out in a time segment from 0. A timestamp that jumps without
+ * DISCONT ends the packet before it; the next starts at the new time.
  *
  * An utterance starts at the first packet of a stream, after a buffer flagged DISCONT or RESYNC
  * (a talk spurt's start, as audio depayloaders flag it), a `qwencodec-drain` event, a new
@@ -36,8 +37,8 @@ use gst::subclass::prelude::*;
 use gst_rtp::prelude::*;
 use gst_rtp::subclass::prelude::*;
 
-use crate::caps::RefusedCaps;
-use crate::codes_payload::{ENCODING_NAME, Layout, MAX_FRAMES, VERSION};
+use crate::caps::{CODEBOOK_SIZE_FIELD, RATE_FIELD, RefusedCaps, bounded_field};
+use crate::codes_payload::{ENCODING_NAME, Layout, MAX_CODEBOOK_SIZE, MAX_FRAMES, VERSION};
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(
@@ -47,9 +48,12 @@ static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     )
 });
 
-/// The released model's codebook and sample rate.
+/// The released model's codebook and sample rate, for input whose caps do not state them.
 const DEFAULT_CODEBOOK_SIZE: u32 = 2048;
 const DEFAULT_CLOCK_RATE: u32 = 24_000;
+/// RTP caps carry the clock rate as a (signed) int.
+const MAX_CLOCK_RATE: u32 = i32::MAX as u32;
+const DEFAULT_FRAMES_PER_PACKET: u32 = 1;
 /// The RTP header without CSRCs and extensions, and a CSRC's bytes (at most 15 of them).
 const RTP_HEADER_BYTES: usize = 12;
 const CSRC_BYTES: usize = 4;
@@ -65,7 +69,7 @@ struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            frames_per_packet: 1,
+            frames_per_packet: DEFAULT_FRAMES_PER_PACKET,
             codebook_size: DEFAULT_CODEBOOK_SIZE,
             clock_rate: DEFAULT_CLOCK_RATE,
         }
@@ -158,21 +162,22 @@ impl ObjectImpl for RtpQwenCodesPay {
                     )
                     .minimum(1)
                     .maximum(MAX_FRAMES as u32)
-                    .default_value(1)
+                    .default_value(DEFAULT_FRAMES_PER_PACKET)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt::builder("codebook-size")
                     .nick("Codebook size")
-                    .blurb("Codes run from 0 to codebook-size - 1 (the model's; 2048 for the release)")
+                    .blurb("Codes run from 0 to codebook-size - 1, where the input caps do not say")
                     .minimum(2)
-                    .maximum(1 << 15)
+                    .maximum(MAX_CODEBOOK_SIZE)
                     .default_value(DEFAULT_CODEBOOK_SIZE)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt::builder("clock-rate")
                     .nick("Clock rate")
-                    .blurb("The RTP clock: the model's sample rate (24000 for the release)")
+                    .blurb("The RTP clock, the model's sample rate, where the input caps do not say")
                     .minimum(1)
+                    .maximum(MAX_CLOCK_RATE)
                     .default_value(DEFAULT_CLOCK_RATE)
                     .mutable_ready()
                     .build(),
@@ -291,37 +296,42 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
             gst::loggable_error!(CAT, "Caps {} have no framerate: the RTP clock needs it", caps)
         })?;
         let settings = *self.settings.lock().unwrap();
-        // Samples per frame = clock rate / frame rate, which must be whole: the RTP
-        // timestamps step by it.
-        let (num, den) = (framerate.numer() as u64, framerate.denom() as u64);
-        let scaled = settings.clock_rate as u64 * den;
-        if num == 0 || !scaled.is_multiple_of(num) {
-            if self.refused_caps.first_time(caps) {
-                gst::element_imp_error!(
-                    self,
-                    gst::StreamError::Format,
-                    [
-                        "A frame rate of {} does not divide the clock rate {}",
-                        framerate,
-                        settings.clock_rate
-                    ]
-                );
+        // What the model defines comes with the codes where their source knows it; the
+        // properties stand in for caps that do not say.
+        let model = || -> Result<(u32, u32, u64), String> {
+            let codebook_size = bounded_field(s, CODEBOOK_SIZE_FIELD, 2..=MAX_CODEBOOK_SIZE)?
+                .unwrap_or(settings.codebook_size);
+            let clock_rate = bounded_field(s, RATE_FIELD, 1..=MAX_CLOCK_RATE)?.unwrap_or(settings.clock_rate);
+            // Samples per frame = clock rate / frame rate, which must be whole: the RTP
+            // timestamps step by it.
+            let (num, den) = (framerate.numer() as u64, framerate.denom() as u64);
+            let scaled = clock_rate as u64 * den;
+            if num == 0 || !scaled.is_multiple_of(num) {
+                return Err(format!(
+                    "A frame rate of {framerate} does not divide the clock rate {clock_rate}"
+                ));
             }
-            return Err(gst::loggable_error!(CAT, "No whole samples per frame"));
-        }
+            Ok((codebook_size, clock_rate, scaled / num))
+        };
+        let (codebook_size, clock_rate, samples_per_frame) = model().map_err(|why| {
+            if self.refused_caps.first_time(caps) {
+                gst::element_imp_error!(self, gst::StreamError::Format, ["Caps {}: {}", caps, why]);
+            }
+            gst::loggable_error!(CAT, "{}", why)
+        })?;
         self.refused_caps.forget();
-        let samples_per_frame = scaled / num;
+        let (num, den) = (framerate.numer() as u64, framerate.denom() as u64);
         let layout = Layout {
             codebooks: codebooks as usize,
-            codebook_size: settings.codebook_size,
+            codebook_size,
         };
         let obj = self.obj();
-        obj.set_options("audio", true, ENCODING_NAME, settings.clock_rate);
+        obj.set_options("audio", true, ENCODING_NAME, clock_rate);
         // Strings, as SDP's a=fmtp carries them.
         let fields = gst::Structure::builder("application/x-rtp")
             .field("version", VERSION.to_string())
             .field("codebooks", codebooks.to_string())
-            .field("codebook-size", settings.codebook_size.to_string())
+            .field("codebook-size", codebook_size.to_string())
             .field("samples-per-frame", samples_per_frame.to_string())
             .build();
         obj.set_outcaps(Some(&fields))
@@ -340,7 +350,7 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
                 .mul_div_floor(den, num)
                 .expect("a frame lasts less than forever"),
             samples_per_frame,
-            clock_rate: settings.clock_rate as u64,
+            clock_rate: clock_rate as u64,
             segment,
             pending: Vec::new(),
             pending_pts: None,
