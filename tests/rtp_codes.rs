@@ -1464,3 +1464,117 @@ fn packets_keep_within_the_mtu_with_csrcs_and_header_extensions() {
     // class would add.
     assert_eq!(sizes, [(192, 15, true, 5), (192, 15, true, 5), (58, 0, false, 2)]);
 }
+
+/// A header extension of one byte that counts its instances, to tell how often the payloader
+/// makes one from the registry.
+mod counting_extension {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use gst::glib;
+    use gst::subclass::prelude::*;
+    use gst_rtp::subclass::prelude::*;
+
+    pub const URI: &str = "urn:qwencodec:test:counting";
+    pub static MADE: AtomicUsize = AtomicUsize::new(0);
+
+    #[derive(Default)]
+    pub struct Imp;
+
+    #[glib::object_subclass]
+    impl ObjectSubclass for Imp {
+        const NAME: &'static str = "QwenTestCountingExtension";
+        type Type = Extension;
+        type ParentType = gst_rtp::RTPHeaderExtension;
+    }
+
+    impl ObjectImpl for Imp {
+        fn constructed(&self) {
+            self.parent_constructed();
+            MADE.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl GstObjectImpl for Imp {}
+
+    impl ElementImpl for Imp {
+        fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
+            static METADATA: std::sync::LazyLock<gst::subclass::ElementMetadata> =
+                std::sync::LazyLock::new(|| {
+                    gst::subclass::ElementMetadata::new(
+                        "Counting test extension",
+                        "Network/Extension/RTPHeader",
+                        "Counts its instances",
+                        "qwencodec developers",
+                    )
+                });
+            Some(&*METADATA)
+        }
+    }
+
+    impl RTPHeaderExtensionImpl for Imp {
+        const URI: &'static str = URI;
+
+        fn supported_flags(&self) -> gst_rtp::RTPHeaderExtensionFlags {
+            gst_rtp::RTPHeaderExtensionFlags::ONE_BYTE
+        }
+
+        fn max_size(&self, _input: &gst::BufferRef) -> usize {
+            1
+        }
+
+        fn write(
+            &self,
+            _input: &gst::BufferRef,
+            _flags: gst_rtp::RTPHeaderExtensionFlags,
+            _output: &gst::BufferRef,
+            data: &mut [u8],
+        ) -> Result<usize, gst::LoggableError> {
+            data[0] = 0;
+            Ok(1)
+        }
+    }
+
+    glib::wrapper! {
+        pub struct Extension(ObjectSubclass<Imp>)
+            @extends gst_rtp::RTPHeaderExtension, gst::Element, gst::Object;
+    }
+
+    pub fn register() {
+        use gst::prelude::*;
+        gst::Element::register(
+            None,
+            "qwentestcountingext",
+            gst::Rank::MARGINAL,
+            Extension::static_type(),
+        )
+        .unwrap();
+    }
+}
+
+/// The room the header extensions take is computed once for the src caps that name them, not
+/// for each packet: 12 packets with an extension make one more extension from the registry.
+#[test]
+fn the_header_extensions_room_is_computed_once_per_caps() {
+    use std::sync::atomic::Ordering;
+    let mut h = payloader(&[("frames-per-packet", "1")]);
+    counting_extension::register();
+    let extension = gst_rtp::RTPHeaderExtension::create_from_uri(counting_extension::URI)
+        .expect("the counting extension, registered");
+    gst_rtp::prelude::RTPHeaderExtensionExt::set_id(&extension, 1);
+    h.element()
+        .unwrap()
+        .emit_by_name::<()>("add-extension", &[&extension]);
+    let before = counting_extension::MADE.load(Ordering::SeqCst);
+    h.push(release_frames(0..12, Some(gst::ClockTime::ZERO))).unwrap();
+    let packets = common::pull_all(&mut h);
+    assert_eq!(packets.len(), 12);
+    assert!(
+        packets
+            .iter()
+            .all(|packet| gst_rtp::RTPBuffer::from_buffer_readable(packet)
+                .unwrap()
+                .is_extension()),
+        "the extension is written"
+    );
+    assert_eq!(counting_extension::MADE.load(Ordering::SeqCst) - before, 1);
+}

@@ -141,6 +141,9 @@ pub struct RtpQwenCodesPay {
     settings: Mutex<Settings>,
     state: Mutex<Option<State>>,
     refused_caps: RefusedCaps,
+    /// The src caps and the room their header extensions take: computed once per caps, as
+    /// the extensions are made from the registry to tell their size.
+    extension_room: Mutex<Option<(gst::Caps, usize)>>,
 }
 
 #[glib::object_subclass]
@@ -278,6 +281,7 @@ impl ElementImpl for RtpQwenCodesPay {
         let result = self.parent_change_state(transition)?;
         if transition == gst::StateChange::PausedToReady {
             *self.state.lock().unwrap() = None;
+            *self.extension_room.lock().unwrap() = None;
             self.refused_caps.forget();
         }
         Ok(result)
@@ -529,10 +533,17 @@ impl RtpQwenCodesPay {
     fn frames_per_packet(&self, state: &State) -> usize {
         let obj = self.obj();
         // The header extensions that the src caps name, at the most bytes they take.
-        let extension_bytes = obj
-            .src_pad()
-            .current_caps()
-            .map_or(0, |caps| extension_room(&caps));
+        let extension_bytes = obj.src_pad().current_caps().map_or(0, |caps| {
+            let mut cached = self.extension_room.lock().unwrap();
+            match cached.as_ref() {
+                Some((known, room)) if known.as_ptr() == caps.as_ptr() => *room,
+                _ => {
+                    let room = extension_room(&caps);
+                    *cached = Some((caps, room));
+                    room
+                }
+            }
+        });
         let header = RTP_HEADER_BYTES + CSRC_BYTES * state.csrcs + extension_bytes;
         let by_mtu = state
             .layout
