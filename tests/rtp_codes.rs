@@ -389,9 +389,9 @@ fn restart_flags(buffer: &gst::BufferRef) -> gst::BufferFlags {
     buffer.flags() & (gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC | gst::BufferFlags::MARKER)
 }
 
-/// A field of an element's `stats`.
+/// A field of an element's `codes-stats`.
 fn stat(element: &gst::Element, name: &str) -> u64 {
-    let stats = element.property::<gst::Structure>("stats");
+    let stats = element.property::<gst::Structure>("codes-stats");
     stats
         .get::<u64>(name)
         .unwrap_or_else(|_| panic!("no {name} in {stats}"))
@@ -1577,4 +1577,39 @@ fn the_header_extensions_room_is_computed_once_per_caps() {
         "the extension is written"
     );
     assert_eq!(counting_extension::MADE.load(Ordering::SeqCst) - before, 1);
+}
+
+/// `stats` is each element's base class's own property (sequence number, RTP time, …, as RTSP
+/// servers read it), and the element's counts are a property of its own, `codes-stats`.
+#[test]
+fn the_base_class_stats_are_its_own_and_the_counts_are_codes_stats() {
+    common::init();
+    for (name, base) in [
+        ("rtpqwencodespay", gst_rtp::RTPBasePayload::static_type()),
+        ("rtpqwencodesdepay", gst_rtp::RTPBaseDepayload::static_type()),
+    ] {
+        let element = gst::ElementFactory::make(name).build().unwrap();
+        let stats = element.find_property("stats").unwrap();
+        assert_eq!(stats.owner_type(), base, "{name}'s stats");
+        let counts = element
+            .find_property("codes-stats")
+            .unwrap_or_else(|| panic!("{name} has no codes-stats"));
+        assert_eq!(counts.owner_type(), element.type_(), "{name}'s codes-stats");
+        assert!(!counts.flags().contains(gst::glib::ParamFlags::WRITABLE));
+        let counts = element.property::<gst::Structure>("codes-stats");
+        assert!(
+            counts.iter().all(|(_, value)| value.get::<u64>() == Ok(0)),
+            "{counts}"
+        );
+        assert!(
+            counts.has_field("packets") && counts.has_field("utterances"),
+            "{counts}"
+        );
+    }
+    let (mut h, _bus) = small_depay(&[]);
+    h.push(packet(&small_frame(0, [1, 2]), 7, 0, true)).unwrap();
+    let depay = h.element().unwrap();
+    let stats = depay.property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u32>("seqnum"), Ok(7), "{stats}");
+    assert_eq!(stat(&depay, "packets"), 1);
 }

@@ -21,8 +21,8 @@
  *
  * A bad packet (another version, a length that does not fit its frame count, a code outside
  * the codebook) is dropped, its frames lost; a warning names what was wrong, at most one a
- * second, counting those in between. `stats` counts packets, frames, loss, repeats, bad packets
- * and utterances (with the base class's fields).
+ * second, counting those in between. `codes-stats` counts packets, frames, loss, repeats, bad
+ * packets and utterances.
  *
  * ```text
  * gst-launch-1.0 udpsrc port=5004 caps="application/x-rtp, media=audio, clock-rate=24000, \
@@ -73,7 +73,7 @@ impl Default for Settings {
     }
 }
 
-/// What `stats` counts, since the element started.
+/// What `codes-stats` counts, since the element started.
 #[derive(Debug, Default, Clone, Copy)]
 struct Stats {
     packets: u64,
@@ -165,9 +165,10 @@ impl ObjectImpl for RtpQwenCodesDepay {
                     .default_value(DEFAULT_MAX_REPEAT_FRAMES)
                     .mutable_playing()
                     .build(),
-                // The base class's, with packets, frames, packets-lost, frames-repeated,
-                // packets-bad and utterances added.
-                crate::rtp_stats::pspec::<gst_rtp::RTPBaseDepayload>(),
+                crate::rtp_stats::pspec(
+                    "Packets and frames taken, packets lost, frames repeated, bad packets and \
+                     utterances since the element started",
+                ),
             ]
         });
         PROPERTIES.as_ref()
@@ -186,7 +187,7 @@ impl ObjectImpl for RtpQwenCodesDepay {
         match pspec.name() {
             "loss" => self.settings.lock().unwrap().loss.to_value(),
             "max-repeat-frames" => self.settings.lock().unwrap().max_repeat_frames.to_value(),
-            "stats" => {
+            crate::rtp_stats::PROPERTY => {
                 let stats = self
                     .state
                     .lock()
@@ -194,8 +195,8 @@ impl ObjectImpl for RtpQwenCodesDepay {
                     .as_ref()
                     .map(|state| state.stats)
                     .unwrap_or_default();
-                crate::rtp_stats::with_counts(
-                    self,
+                crate::rtp_stats::structure(
+                    "application/x-rtp-qwen3-tts-codes-depayload-stats",
                     &[
                         ("packets", stats.packets),
                         ("frames", stats.frames),
@@ -213,8 +214,9 @@ impl ObjectImpl for RtpQwenCodesDepay {
 
     fn constructed(&self) {
         self.parent_constructed();
-        // The base class flags the buffer after a gap DISCONT as it pushes it; a buffer whose
-        // gap was filled takes it off here.
+        // The base class flags the buffer after a gap DISCONT as it pushes it, and has no call
+        // that keeps it off (GstAudioDecoder flushes at DISCONT): a buffer whose gap was filled
+        // takes it off here.
         let depay = self.downgrade();
         self.obj()
             .src_pad()

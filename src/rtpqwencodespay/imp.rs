@@ -21,8 +21,8 @@
  * still sees the next utterance start.
  *
  * Packets hold `frames-per-packet` frames, fewer where `max-ptime` or the MTU holds fewer (the
- * RTP header counted with its CSRCs and header extensions). `stats` counts packets, frames and
- * utterances (with the base class's fields).
+ * RTP header counted with its CSRCs and header extensions). `codes-stats` counts packets, frames
+ * and utterances.
  *
  * ```text
  * gst-launch-1.0 filesrc location=codes.npy ! qwencodecparse ! rtpqwencodespay ! \
@@ -76,7 +76,7 @@ impl Default for Settings {
     }
 }
 
-/// What `stats` counts, since the element started.
+/// What `codes-stats` counts, since the element started.
 #[derive(Debug, Default, Clone, Copy)]
 struct Stats {
     packets: u64,
@@ -184,8 +184,7 @@ impl ObjectImpl for RtpQwenCodesPay {
                     .default_value(DEFAULT_CLOCK_RATE)
                     .mutable_ready()
                     .build(),
-                // The base class's, with packets, frames and utterances added.
-                crate::rtp_stats::pspec::<gst_rtp::RTPBasePayload>(),
+                crate::rtp_stats::pspec("Packets, frames and utterances sent since the element started"),
             ]
         });
         PROPERTIES.as_ref()
@@ -207,7 +206,7 @@ impl ObjectImpl for RtpQwenCodesPay {
             "frames-per-packet" => settings.frames_per_packet.to_value(),
             "codebook-size" => settings.codebook_size.to_value(),
             "clock-rate" => settings.clock_rate.to_value(),
-            "stats" => {
+            crate::rtp_stats::PROPERTY => {
                 let stats = self
                     .state
                     .lock()
@@ -215,8 +214,8 @@ impl ObjectImpl for RtpQwenCodesPay {
                     .as_ref()
                     .map(|state| state.stats)
                     .unwrap_or_default();
-                crate::rtp_stats::with_counts(
-                    self,
+                crate::rtp_stats::structure(
+                    "application/x-rtp-qwen3-tts-codes-payload-stats",
                     &[
                         ("packets", stats.packets),
                         ("frames", stats.frames),
