@@ -1336,6 +1336,37 @@ fn the_drain_event_ends_an_utterance_and_no_other_event_does() {
     );
 }
 
+/// New caps (here another model's codebook) send the frames held under the caps before, in a
+/// short packet of their own layout, and the frames after them start an utterance.
+#[test]
+fn frames_held_at_a_caps_change_are_sent_under_their_own_caps() {
+    let mut h = payloader(&[("frames-per-packet", "4")]);
+    h.push(release_frames(0..3, Some(gst::ClockTime::ZERO))).unwrap();
+    assert!(h.try_pull().is_none(), "3 frames of 4 wait");
+    let mut caps = common::codes_caps(16, gst::Fraction::new(25, 2));
+    caps.make_mut()
+        .structure_mut(0)
+        .unwrap()
+        .set("codebook-size", 1024i32);
+    h.set_src_caps(caps);
+    h.push(release_frames(3..7, Some(FRAME * 3))).unwrap();
+    let packets = common::pull_all(&mut h);
+    let headers: Vec<_> = packets.iter().map(header_of).collect();
+    assert_eq!(
+        headers.iter().map(|h| (h.1, h.2, h.3)).collect::<Vec<_>>(),
+        [(true, 3, 0), (true, 4, 1)]
+    );
+    let sizes: Vec<_> = packets
+        .iter()
+        .map(|packet| {
+            gst_rtp::RTPBuffer::from_buffer_readable(packet)
+                .unwrap()
+                .payload_size()
+        })
+        .collect();
+    assert_eq!(sizes, [2 + 3 * 22, 2 + 4 * 20], "11 bits a code, then 10");
+}
+
 /// `max-ptime` bounds a packet's frames by their time: 200 ms holds 2 frames of 80 ms, 0 one
 /// (as the base class counts any frame as filling it), and unset (-1) leaves
 /// `frames-per-packet`. Each packet lasts its frames.

@@ -385,11 +385,10 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
         });
         drop(state);
         gst::debug!(CAT, imp = self, "Frames out as {}", src_caps);
-        if self.obj().src_pad().push_event(gst::event::Caps::new(&src_caps)) {
-            Ok(())
-        } else {
-            Err(gst::loggable_error!(CAT, "Downstream refused {}", src_caps))
-        }
+        // A sticky event: stored on the pad, downstream's refusal shows as the next push's
+        // NOT_NEGOTIATED.
+        self.obj().src_pad().push_event(gst::event::Caps::new(&src_caps));
+        Ok(())
     }
 
     fn handle_event(&self, event: gst::Event) -> bool {

@@ -341,7 +341,8 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
             .map_err(|err| gst::loggable_error!(CAT, "Cannot set the RTP caps: {}", err))?;
         let mut state = self.state.lock().unwrap();
         // New caps start a new stream of packets (its first marked) in the same segment, and
-        // the utterance numbers and counts go on.
+        // the utterance numbers and counts go on; the frames of the caps before were sent
+        // (`sink_event`).
         let (segment, utterance, stats) = state.take().map_or_else(
             || (gst::FormattedSegment::new(), None, Stats::default()),
             |old| (old.segment, old.utterance, old.stats),
@@ -445,6 +446,16 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
             {
                 // The end of an utterance: its frames go now, the next starts a packet with the
                 // marker.
+                _ = self.send_pending(true);
+            }
+            EventView::Caps(caps)
+                if self
+                    .obj()
+                    .sink_pad()
+                    .current_caps()
+                    .is_some_and(|current| current != *caps.caps()) =>
+            {
+                // Other frames from here: those pending go first, under the caps they came with.
                 _ = self.send_pending(true);
             }
             EventView::StreamStart(_) => {
