@@ -9,7 +9,7 @@
 # WAIT_TIMEOUT: lib/receive-until-idle.sh).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-root="$(cd "$here/.." && pwd)"
+root="$(cd "$here/../.." && pwd)"
 . "$here/lib/receive-until-idle.sh"
 out="${1:-received.wav}"
 model="${2:-${QWENCODEC_MODEL_PATH:-$root/tests/fixtures/release-tiny}}"
