@@ -1180,6 +1180,26 @@ fn a_relay_sends_the_packets_it_took() {
     assert_eq!(fields.get::<&str>("codebook-size").unwrap(), "1000", "{caps}");
 }
 
+/// RTP caps that downstream does not take (another clock rate) are an error that says so,
+/// posted once however often upstream sends the caps again.
+#[test]
+fn rtp_caps_that_downstream_refuses_are_an_error_naming_the_clock_rate() {
+    common::init();
+    let mut h =
+        gst_check::Harness::new_parse("rtpqwencodespay ! capsfilter caps=application/x-rtp,clock-rate=8000");
+    let bus = common::bus_for(&h.element().unwrap());
+    h.set_src_caps(common::codes_caps(16, gst::Fraction::new(25, 2)));
+    h.play();
+    assert!(h.push(release_frames(0..1, Some(gst::ClockTime::ZERO))).is_err());
+    assert!(h.push(release_frames(1..2, None)).is_err());
+    let errors = common::messages(&bus, gst::MessageType::Error);
+    assert!(
+        errors.len() == 1
+            && errors[0].contains("Downstream takes no RTP caps of X-QWEN3-TTS-CODES at clock-rate 24000"),
+        "{errors:?}"
+    );
+}
+
 /// Frames whose length is no whole number of RTP clock ticks (7 frames a second on a 24 kHz
 /// clock) are refused with an error naming both, posted once however often upstream sends the
 /// caps again.

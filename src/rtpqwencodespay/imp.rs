@@ -322,7 +322,6 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
             }
             gst::loggable_error!(CAT, "{}", why)
         })?;
-        self.refused_caps.forget();
         let (num, den) = (framerate.numer() as u64, framerate.denom() as u64);
         let layout = Layout {
             codebooks: codebooks as usize,
@@ -337,8 +336,23 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
             .field("codebook-size", codebook_size.to_string())
             .field("samples-per-frame", samples_per_frame.to_string())
             .build();
-        obj.set_outcaps(Some(&fields))
-            .map_err(|err| gst::loggable_error!(CAT, "Cannot set the RTP caps: {}", err))?;
+        // Fails where downstream takes none of these RTP caps (another clock rate, say).
+        obj.set_outcaps(Some(&fields)).map_err(|err| {
+            if self.refused_caps.first_time(caps) {
+                gst::element_imp_error!(
+                    self,
+                    gst::CoreError::Negotiation,
+                    [
+                        "Downstream takes no RTP caps of {} at clock-rate {}: {}",
+                        ENCODING_NAME,
+                        clock_rate,
+                        err
+                    ]
+                );
+            }
+            gst::loggable_error!(CAT, "Cannot set the RTP caps: {}", err)
+        })?;
+        self.refused_caps.forget();
         let mut state = self.state.lock().unwrap();
         // New caps start a new stream of packets (its first marked) in the same segment, and
         // the utterance numbers and counts go on; the frames of the caps before were sent
