@@ -1,7 +1,42 @@
 //! The caps of codec frames, which every element of the plugin takes or makes.
 
+use gst::prelude::*;
+
 /// Media type of codec frames: `codebooks` codes (little-endian int16) per frame.
 pub const CODES_MEDIA_TYPE: &str = "audio/x-qwen3-tts-codes";
+
+/// Optional fields of codes caps for what the model defines, which a source that knows the model
+/// states (the depayloader, from the SDP) so that `rtpqwencodespay` reads them from its input:
+/// codes run from 0 to `codebook-size` less one, and `rate` is the audio's sample rate.
+pub const CODEBOOK_SIZE_FIELD: &str = "codebook-size";
+pub const RATE_FIELD: &str = "rate";
+
+/// An optional integer field of `s` within `range`; an error that names it otherwise.
+pub fn bounded_field(
+    s: &gst::StructureRef,
+    name: &str,
+    range: std::ops::RangeInclusive<u32>,
+) -> Result<Option<u32>, String> {
+    if !s.has_field(name) {
+        return Ok(None);
+    }
+    s.get::<i32>(name)
+        .ok()
+        .and_then(|value| u32::try_from(value).ok())
+        .filter(|value| range.contains(value))
+        .map(Some)
+        .ok_or_else(|| {
+            format!(
+                "{name} is {}, not an integer from {} to {}",
+                s.value(name)
+                    .ok()
+                    .and_then(|value| value.serialize().ok())
+                    .map_or_else(|| "unreadable".into(), |value| value.to_string()),
+                range.start(),
+                range.end()
+            )
+        })
+}
 
 /// Codec frames of any codebook count, with or without a frame rate (for pad templates: caps
 /// without one are a subset, so that a parser that cannot know the rate before a decoder is

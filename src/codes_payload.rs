@@ -23,6 +23,8 @@ pub const ENCODING_NAME: &str = "X-QWEN3-TTS-CODES";
 pub const VERSION: u8 = 1;
 /// The most frames a packet holds (the header's six bits).
 pub const MAX_FRAMES: usize = 64;
+/// The largest codebook: codes are int16, 15 bits at most.
+pub const MAX_CODEBOOK_SIZE: u32 = 1 << 15;
 const HEADER_BYTES: usize = 2;
 
 /// The contents of one packet.

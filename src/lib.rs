@@ -3,7 +3,7 @@
 //! [`model`] is the streaming decoder itself and [`npy`] reads `.npy` files of codes, both free
 //! of GStreamer; the elements and the typefinder adapt them. `codes_payload` is the RTP payload
 //! format of codes, which the RTP payloader and depayloader share, and `rtp_stats` their
-//! `stats`.
+//! `codes-stats`.
 
 use gst::glib;
 

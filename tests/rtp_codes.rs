@@ -383,15 +383,15 @@ fn depay_with_caps(caps: gst::Caps) -> (bool, Vec<String>) {
     )
 }
 
-/// What a depayloaded buffer tells the decoder: DISCONT (start fresh) and MARKER (a new
+/// What a depayloaded buffer tells the decoder: DISCONT (start fresh) and RESYNC (a new
 /// utterance).
 fn restart_flags(buffer: &gst::BufferRef) -> gst::BufferFlags {
-    buffer.flags() & (gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER)
+    buffer.flags() & (gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC | gst::BufferFlags::MARKER)
 }
 
-/// A field of an element's `stats`.
+/// A field of an element's `codes-stats`.
 fn stat(element: &gst::Element, name: &str) -> u64 {
-    let stats = element.property::<gst::Structure>("stats");
+    let stats = element.property::<gst::Structure>("codes-stats");
     stats
         .get::<u64>(name)
         .unwrap_or_else(|_| panic!("no {name} in {stats}"))
@@ -467,7 +467,7 @@ fn bad_packets_warn_at_most_once_a_second_with_a_count() {
 }
 
 /// With `loss=restart` a bad packet's frames are lost frames like any: the next good packet
-/// restarts the decoder (DISCONT, no MARKER), although no sequence number is missing, so the
+/// restarts the decoder (DISCONT, no RESYNC), although no sequence number is missing, so the
 /// base class saw no gap to flag.
 #[test]
 fn after_a_bad_packet_loss_restart_restarts_the_decoder() {
@@ -488,7 +488,7 @@ fn after_a_bad_packet_loss_restart_restarts_the_decoder() {
     assert_eq!(
         buffers.iter().map(|b| restart_flags(b)).collect::<Vec<_>>(),
         [
-            gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER,
+            gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC,
             gst::BufferFlags::DISCONT,
             gst::BufferFlags::empty(),
         ]
@@ -699,7 +699,7 @@ fn record_out(h: &gst_check::Harness, frame_bytes: usize) -> Out {
 }
 
 /// The second utterance's marked packet is lost: its next packet still starts it (the
-/// utterance number changed), flagged DISCONT and MARKER, nothing repeated into the gap, and
+/// utterance number changed), flagged DISCONT and RESYNC, nothing repeated into the gap, and
 /// the rest decodes as a fresh decoder's: upstream's decode of the codes after the one lost.
 #[test]
 fn a_lost_marked_packet_still_starts_the_next_utterance_fresh() {
@@ -736,7 +736,7 @@ fn a_lost_marked_packet_still_starts_the_next_utterance_fresh() {
         .filter(|(_, (flags, _))| !flags.is_empty())
         .map(|(index, (flags, _))| (index, *flags))
         .collect();
-    let start = gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER;
+    let start = gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC;
     assert_eq!(flagged, [(0, start), (first, start)]);
     assert_eq!(
         out.iter().map(|(_, frames)| frames).sum::<usize>(),
@@ -783,7 +783,7 @@ fn two_lost_packets_may_have_held_more_frames_than_one_could() {
 /// Loss is what the sequence numbers say, its length what the RTP time says: a jump in RTP time
 /// with no packet missing repeats nothing and goes on; a packet missing between packets whose
 /// times look contiguous (a sender whose timestamps restarted) is loss of unknown length, where
-/// the decoder restarts (DISCONT, no MARKER: no new utterance).
+/// the decoder restarts (DISCONT, no RESYNC: no new utterance).
 #[test]
 fn sequence_numbers_not_timestamps_say_what_was_lost() {
     let (mut h, _bus) = small_depay(&[]);
@@ -804,7 +804,7 @@ fn sequence_numbers_not_timestamps_say_what_was_lost() {
     assert_eq!(
         buffers.iter().map(|b| restart_flags(b)).collect::<Vec<_>>(),
         [
-            gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER,
+            gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC,
             gst::BufferFlags::empty(),
             gst::BufferFlags::empty(),
             gst::BufferFlags::DISCONT,
@@ -853,7 +853,7 @@ fn lost_time_that_no_repeat_fills_goes_downstream_as_a_gap() {
 }
 
 /// After a flush nothing before it counts: the next packet, whatever its sequence number and
-/// time, starts an utterance (DISCONT and MARKER) and no loss is counted.
+/// time, starts an utterance (DISCONT and RESYNC) and no loss is counted.
 #[test]
 fn after_a_flush_the_next_packet_starts_fresh_with_no_loss() {
     let (mut h, _bus) = small_depay(&[]);
@@ -872,7 +872,7 @@ fn after_a_flush_the_next_packet_starts_fresh_with_no_loss() {
     assert!(
         buffers[0]
             .flags()
-            .contains(gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER)
+            .contains(gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC)
     );
     let depay = h.element().unwrap();
     let counts = ["packets-lost", "frames-repeated", "utterances"].map(|name| stat(&depay, name));
@@ -1086,6 +1086,120 @@ fn the_codebook_size_and_the_clock_rate_reach_the_packets() {
     );
 }
 
+/// What the model defines comes with the codes (`codebook-size` and `rate` in their caps): the
+/// payloader packs and clocks by them with its properties at the release's, the properties
+/// stand in only where the caps do not say, and a field out of range is an error naming it.
+#[test]
+fn the_codebook_size_and_the_clock_rate_come_from_the_codes_caps() {
+    common::init();
+    let caps_with = |codebook_size: i32, rate: i32| {
+        let mut caps = common::codes_caps(16, gst::Fraction::new(25, 2));
+        let fields = caps.make_mut().structure_mut(0).unwrap();
+        fields.set("codebook-size", codebook_size);
+        fields.set("rate", rate);
+        caps
+    };
+    let mut h = gst_check::Harness::new("rtpqwencodespay");
+    h.set_src_caps(caps_with(1024, 48_000));
+    h.play();
+    h.push(release_frames(1021..1024, Some(gst::ClockTime::ZERO)))
+        .unwrap();
+    let packets: Vec<_> = (0..3).map(|_| h.pull().unwrap()).collect();
+    let caps = h.sinkpad().unwrap().current_caps().unwrap();
+    let fields = caps.structure(0).unwrap();
+    assert_eq!(fields.get::<i32>("clock-rate").unwrap(), 48_000, "{caps}");
+    assert_eq!(fields.get::<&str>("codebook-size").unwrap(), "1024", "{caps}");
+    assert_eq!(fields.get::<&str>("samples-per-frame").unwrap(), "3840", "{caps}");
+    let sizes: Vec<_> = packets
+        .iter()
+        .map(|packet| {
+            gst_rtp::RTPBuffer::from_buffer_readable(packet)
+                .unwrap()
+                .payload_size()
+        })
+        .collect();
+    assert_eq!(sizes, [22, 22, 22], "2 header bytes and 16 codes of 10 bits");
+
+    let clock_rate = h.element().unwrap().find_property("clock-rate").unwrap();
+    let clock_rate = clock_rate.downcast_ref::<gst::glib::ParamSpecUInt>().unwrap();
+    assert_eq!(clock_rate.maximum(), i32::MAX as u32, "RTP caps hold an int");
+
+    for (codebook_size, rate, error) in [
+        (1, 24_000, "codebook-size is 1, not an integer from 2 to 32768"),
+        (
+            32_769,
+            24_000,
+            "codebook-size is 32769, not an integer from 2 to 32768",
+        ),
+        (2048, 0, "rate is 0, not an integer from 1 to 2147483647"),
+        (
+            2048,
+            -24_000,
+            "rate is -24000, not an integer from 1 to 2147483647",
+        ),
+    ] {
+        let mut h = gst_check::Harness::new("rtpqwencodespay");
+        let bus = common::bus_for(&h.element().unwrap());
+        h.set_src_caps(caps_with(codebook_size, rate));
+        h.play();
+        assert!(h.push(release_frames(0..1, Some(gst::ClockTime::ZERO))).is_err());
+        let errors = common::messages(&bus, gst::MessageType::Error);
+        assert!(errors.len() == 1 && errors[0].contains(error), "{errors:?}");
+    }
+}
+
+/// The depayloader's codes caps carry what the SDP says of the model, so a payloader after it
+/// (a relay) sends the packets it took, codes and utterance starts alike, with no property set
+/// for a model that is not the release's.
+#[test]
+fn a_relay_sends_the_packets_it_took() {
+    common::init();
+    let mut h = gst_check::Harness::new_parse("rtpqwencodesdepay ! rtpqwencodespay");
+    h.set_src_caps(depay_caps(&SMALL_FIELDS));
+    h.play();
+    let sent = [
+        (small_frame(0, [1, 999]), true),
+        (small_frame(0, [3, 4]), false),
+        (small_frame(1, [5, 6]), true),
+    ];
+    for (seq, (payload, marker)) in sent.iter().enumerate() {
+        h.push(packet(payload, seq as u16, 1920 * seq as u32, *marker))
+            .unwrap();
+    }
+    h.push_event(gst::event::Eos::new());
+    let relayed: Vec<_> = common::pull_all(&mut h)
+        .iter()
+        .map(|packet| {
+            let rtp = gst_rtp::RTPBuffer::from_buffer_readable(packet).unwrap();
+            (rtp.payload().unwrap().to_vec(), rtp.is_marker())
+        })
+        .collect();
+    assert_eq!(relayed, sent);
+    let caps = h.sinkpad().unwrap().current_caps().unwrap();
+    let fields = caps.structure(0).unwrap();
+    assert_eq!(fields.get::<&str>("codebook-size").unwrap(), "1000", "{caps}");
+}
+
+/// RTP caps that downstream does not take (another clock rate) are an error that says so,
+/// posted once however often upstream sends the caps again.
+#[test]
+fn rtp_caps_that_downstream_refuses_are_an_error_naming_the_clock_rate() {
+    common::init();
+    let mut h =
+        gst_check::Harness::new_parse("rtpqwencodespay ! capsfilter caps=application/x-rtp,clock-rate=8000");
+    let bus = common::bus_for(&h.element().unwrap());
+    h.set_src_caps(common::codes_caps(16, gst::Fraction::new(25, 2)));
+    h.play();
+    assert!(h.push(release_frames(0..1, Some(gst::ClockTime::ZERO))).is_err());
+    assert!(h.push(release_frames(1..2, None)).is_err());
+    let errors = common::messages(&bus, gst::MessageType::Error);
+    assert!(
+        errors.len() == 1
+            && errors[0].contains("Downstream takes no RTP caps of X-QWEN3-TTS-CODES at clock-rate 24000"),
+        "{errors:?}"
+    );
+}
+
 /// Frames whose length is no whole number of RTP clock ticks (7 frames a second on a 24 kHz
 /// clock) are refused with an error naming both, posted once however often upstream sends the
 /// caps again.
@@ -1129,6 +1243,23 @@ fn a_discont_buffer_takes_its_own_time() {
     let (first, (rtp_time, marker, _, utterance)) = (header_of(&packets[0]).0, header_of(&packets[2]));
     assert_eq!(rtp_time.wrapping_sub(first), 2 * 1920 + 240, "10 ms is 240 ticks");
     assert_eq!((marker, utterance), (true, 1));
+}
+
+/// A buffer flagged RESYNC (a talk spurt's start, as audio depayloaders flag it) starts an
+/// utterance as DISCONT does: the frames pending go in a short packet, and the RESYNC frames'
+/// packet has the marker and the next utterance number.
+#[test]
+fn a_resync_buffer_starts_an_utterance() {
+    let mut h = payloader(&[("frames-per-packet", "4")]);
+    h.push(release_frames(0..3, Some(gst::ClockTime::ZERO))).unwrap();
+    let mut buffer = release_frames(3..7, Some(FRAME * 3));
+    buffer.get_mut().unwrap().set_flags(gst::BufferFlags::RESYNC);
+    h.push(buffer).unwrap();
+    let headers: Vec<_> = common::pull_all(&mut h).iter().map(header_of).collect();
+    assert_eq!(
+        headers.iter().map(|h| (h.1, h.2, h.3)).collect::<Vec<_>>(),
+        [(true, 3, 0), (true, 4, 1)]
+    );
 }
 
 /// The frames a packet of 4 holds after 2 frames at 0 and 2 stamped `late` after their
@@ -1223,6 +1354,37 @@ fn the_drain_event_ends_an_utterance_and_no_other_event_does() {
         headers.iter().map(|h| (h.1, h.2, h.3)).collect::<Vec<_>>(),
         [(true, 3, 0), (true, 4, 1)]
     );
+}
+
+/// New caps (here another model's codebook) send the frames held under the caps before, in a
+/// short packet of their own layout, and the frames after them start an utterance.
+#[test]
+fn frames_held_at_a_caps_change_are_sent_under_their_own_caps() {
+    let mut h = payloader(&[("frames-per-packet", "4")]);
+    h.push(release_frames(0..3, Some(gst::ClockTime::ZERO))).unwrap();
+    assert!(h.try_pull().is_none(), "3 frames of 4 wait");
+    let mut caps = common::codes_caps(16, gst::Fraction::new(25, 2));
+    caps.make_mut()
+        .structure_mut(0)
+        .unwrap()
+        .set("codebook-size", 1024i32);
+    h.set_src_caps(caps);
+    h.push(release_frames(3..7, Some(FRAME * 3))).unwrap();
+    let packets = common::pull_all(&mut h);
+    let headers: Vec<_> = packets.iter().map(header_of).collect();
+    assert_eq!(
+        headers.iter().map(|h| (h.1, h.2, h.3)).collect::<Vec<_>>(),
+        [(true, 3, 0), (true, 4, 1)]
+    );
+    let sizes: Vec<_> = packets
+        .iter()
+        .map(|packet| {
+            gst_rtp::RTPBuffer::from_buffer_readable(packet)
+                .unwrap()
+                .payload_size()
+        })
+        .collect();
+    assert_eq!(sizes, [2 + 3 * 22, 2 + 4 * 20], "11 bits a code, then 10");
 }
 
 /// `max-ptime` bounds a packet's frames by their time: 200 ms holds 2 frames of 80 ms, 0 one
@@ -1352,4 +1514,153 @@ fn packets_keep_within_the_mtu_with_csrcs_and_header_extensions() {
     // The last, sent at EOS, has no input buffer whose sources and extension data the base
     // class would add.
     assert_eq!(sizes, [(192, 15, true, 5), (192, 15, true, 5), (58, 0, false, 2)]);
+}
+
+/// A header extension of one byte that counts its instances, to tell how often the payloader
+/// makes one from the registry.
+mod counting_extension {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use gst::glib;
+    use gst::subclass::prelude::*;
+    use gst_rtp::subclass::prelude::*;
+
+    pub const URI: &str = "urn:qwencodec:test:counting";
+    pub static MADE: AtomicUsize = AtomicUsize::new(0);
+
+    #[derive(Default)]
+    pub struct Imp;
+
+    #[glib::object_subclass]
+    impl ObjectSubclass for Imp {
+        const NAME: &'static str = "QwenTestCountingExtension";
+        type Type = Extension;
+        type ParentType = gst_rtp::RTPHeaderExtension;
+    }
+
+    impl ObjectImpl for Imp {
+        fn constructed(&self) {
+            self.parent_constructed();
+            MADE.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl GstObjectImpl for Imp {}
+
+    impl ElementImpl for Imp {
+        fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
+            static METADATA: std::sync::LazyLock<gst::subclass::ElementMetadata> =
+                std::sync::LazyLock::new(|| {
+                    gst::subclass::ElementMetadata::new(
+                        "Counting test extension",
+                        "Network/Extension/RTPHeader",
+                        "Counts its instances",
+                        "qwencodec developers",
+                    )
+                });
+            Some(&*METADATA)
+        }
+    }
+
+    impl RTPHeaderExtensionImpl for Imp {
+        const URI: &'static str = URI;
+
+        fn supported_flags(&self) -> gst_rtp::RTPHeaderExtensionFlags {
+            gst_rtp::RTPHeaderExtensionFlags::ONE_BYTE
+        }
+
+        fn max_size(&self, _input: &gst::BufferRef) -> usize {
+            1
+        }
+
+        fn write(
+            &self,
+            _input: &gst::BufferRef,
+            _flags: gst_rtp::RTPHeaderExtensionFlags,
+            _output: &gst::BufferRef,
+            data: &mut [u8],
+        ) -> Result<usize, gst::LoggableError> {
+            data[0] = 0;
+            Ok(1)
+        }
+    }
+
+    glib::wrapper! {
+        pub struct Extension(ObjectSubclass<Imp>)
+            @extends gst_rtp::RTPHeaderExtension, gst::Element, gst::Object;
+    }
+
+    pub fn register() {
+        use gst::prelude::*;
+        gst::Element::register(
+            None,
+            "qwentestcountingext",
+            gst::Rank::MARGINAL,
+            Extension::static_type(),
+        )
+        .unwrap();
+    }
+}
+
+/// The room the header extensions take is computed once for the src caps that name them, not
+/// for each packet: 12 packets with an extension make one more extension from the registry.
+#[test]
+fn the_header_extensions_room_is_computed_once_per_caps() {
+    use std::sync::atomic::Ordering;
+    let mut h = payloader(&[("frames-per-packet", "1")]);
+    counting_extension::register();
+    let extension = gst_rtp::RTPHeaderExtension::create_from_uri(counting_extension::URI)
+        .expect("the counting extension, registered");
+    gst_rtp::prelude::RTPHeaderExtensionExt::set_id(&extension, 1);
+    h.element()
+        .unwrap()
+        .emit_by_name::<()>("add-extension", &[&extension]);
+    let before = counting_extension::MADE.load(Ordering::SeqCst);
+    h.push(release_frames(0..12, Some(gst::ClockTime::ZERO))).unwrap();
+    let packets = common::pull_all(&mut h);
+    assert_eq!(packets.len(), 12);
+    assert!(
+        packets
+            .iter()
+            .all(|packet| gst_rtp::RTPBuffer::from_buffer_readable(packet)
+                .unwrap()
+                .is_extension()),
+        "the extension is written"
+    );
+    assert_eq!(counting_extension::MADE.load(Ordering::SeqCst) - before, 1);
+}
+
+/// `stats` is each element's base class's own property (sequence number, RTP time, …, as RTSP
+/// servers read it), and the element's counts are a property of its own, `codes-stats`.
+#[test]
+fn the_base_class_stats_are_its_own_and_the_counts_are_codes_stats() {
+    common::init();
+    for (name, base) in [
+        ("rtpqwencodespay", gst_rtp::RTPBasePayload::static_type()),
+        ("rtpqwencodesdepay", gst_rtp::RTPBaseDepayload::static_type()),
+    ] {
+        let element = gst::ElementFactory::make(name).build().unwrap();
+        let stats = element.find_property("stats").unwrap();
+        assert_eq!(stats.owner_type(), base, "{name}'s stats");
+        let counts = element
+            .find_property("codes-stats")
+            .unwrap_or_else(|| panic!("{name} has no codes-stats"));
+        assert_eq!(counts.owner_type(), element.type_(), "{name}'s codes-stats");
+        assert!(!counts.flags().contains(gst::glib::ParamFlags::WRITABLE));
+        let counts = element.property::<gst::Structure>("codes-stats");
+        assert!(
+            counts.iter().all(|(_, value)| value.get::<u64>() == Ok(0)),
+            "{counts}"
+        );
+        assert!(
+            counts.has_field("packets") && counts.has_field("utterances"),
+            "{counts}"
+        );
+    }
+    let (mut h, _bus) = small_depay(&[]);
+    h.push(packet(&small_frame(0, [1, 2]), 7, 0, true)).unwrap();
+    let depay = h.element().unwrap();
+    let stats = depay.property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u32>("seqnum"), Ok(7), "{stats}");
+    assert_eq!(stat(&depay, "packets"), 1);
 }

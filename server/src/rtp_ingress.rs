@@ -8,7 +8,7 @@
 //!
 //! The frames take the WebSocket frames' way into the session (its timeline, pacing, limits and
 //! cancel), so that both transports behave alike. An utterance starts where the depayloader
-//! flags a buffer MARKER (a marked packet, or one of a new utterance number when the marked one
+//! flags a buffer RESYNC (a marked packet, or one of a new utterance number when the marked one
 //! was lost): the speech before it ends there, as `{"type":"end"}` ends it, and a cancel ends
 //! there too. A loss that the depayloader did not fill (DISCONT alone) restarts the decoder
 //! the same way, but is no new utterance: what comes of a cancelled utterance after it is still
@@ -261,7 +261,7 @@ enum Take {
     Drop,
 }
 
-/// The sender's utterances, as the depayloader flags their starts (MARKER) and the restarts
+/// The sender's utterances, as the depayloader flags their starts (RESYNC) and the restarts
 /// after a loss (DISCONT alone): a cancel holds until the next utterance starts.
 #[derive(Default)]
 struct Utterances {
@@ -274,14 +274,14 @@ impl Utterances {
     }
 
     fn take(&self, flags: gst::BufferFlags) -> Take {
-        if flags.contains(gst::BufferFlags::MARKER) {
+        if flags.contains(gst::BufferFlags::RESYNC) {
             self.cancelled.store(false, Ordering::SeqCst);
         }
         if self.cancelled.load(Ordering::SeqCst) {
             return Take::Drop;
         }
         Take::Push {
-            restart: flags.intersects(gst::BufferFlags::DISCONT | gst::BufferFlags::MARKER),
+            restart: flags.intersects(gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC),
         }
     }
 }
@@ -321,12 +321,12 @@ mod tests {
 
     use super::*;
 
-    const START: gst::BufferFlags = gst::BufferFlags::DISCONT.union(gst::BufferFlags::MARKER);
+    const START: gst::BufferFlags = gst::BufferFlags::DISCONT.union(gst::BufferFlags::RESYNC);
     const LOSS: gst::BufferFlags = gst::BufferFlags::DISCONT;
     const GOING_ON: gst::BufferFlags = gst::BufferFlags::empty();
 
     /// A cancel holds through a loss that restarts the decoder (DISCONT alone) and ends at the
-    /// next utterance's start (MARKER), whose frames go in.
+    /// next utterance's start (RESYNC), whose frames go in.
     #[test]
     fn a_cancelled_utterance_stays_cancelled_through_loss_until_the_next_starts() {
         let utterances = Utterances::default();

@@ -7,8 +7,8 @@
  * An utterance starts at a packet with the marker bit, or whose utterance number (in its
  * header) differs from the packet before it: so an utterance whose marked packet was lost still
  * starts where its next packet comes. That buffer is flagged DISCONT (the decoder starts
- * fresh, as the sender's did) and MARKER, which is the utterance's own signal for applications
- * (loss flags DISCONT alone). A receiver's first packet, and the first of another SSRC, start
+ * fresh, as the sender's did) and RESYNC, the start of a talk spurt as audio depayloaders mark
+ * it (loss flags DISCONT alone). A receiver's first packet, and the first of another SSRC, start
  * an utterance too.
  *
  * A lost packet is lost frames, which no later packet repairs. Loss is what the sequence
@@ -21,8 +21,8 @@
  *
  * A bad packet (another version, a length that does not fit its frame count, a code outside
  * the codebook) is dropped, its frames lost; a warning names what was wrong, at most one a
- * second, counting those in between. `stats` counts packets, frames, loss, repeats, bad packets
- * and utterances (with the base class's fields).
+ * second, counting those in between. `codes-stats` counts packets, frames, loss, repeats, bad
+ * packets and utterances.
  *
  * ```text
  * gst-launch-1.0 udpsrc port=5004 caps="application/x-rtp, media=audio, clock-rate=24000, \
@@ -43,7 +43,7 @@ use gst_rtp::subclass::prelude::*;
 
 use super::Loss;
 use crate::caps::RefusedCaps;
-use crate::codes_payload::{BadPacket, ENCODING_NAME, Layout, MAX_FRAMES, VERSION};
+use crate::codes_payload::{BadPacket, ENCODING_NAME, Layout, MAX_CODEBOOK_SIZE, MAX_FRAMES, VERSION};
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(
@@ -73,7 +73,7 @@ impl Default for Settings {
     }
 }
 
-/// What `stats` counts, since the element started.
+/// What `codes-stats` counts, since the element started.
 #[derive(Debug, Default, Clone, Copy)]
 struct Stats {
     packets: u64,
@@ -165,9 +165,10 @@ impl ObjectImpl for RtpQwenCodesDepay {
                     .default_value(DEFAULT_MAX_REPEAT_FRAMES)
                     .mutable_playing()
                     .build(),
-                // The base class's, with packets, frames, packets-lost, frames-repeated,
-                // packets-bad and utterances added.
-                crate::rtp_stats::pspec::<gst_rtp::RTPBaseDepayload>(),
+                crate::rtp_stats::pspec(
+                    "Packets and frames taken, packets lost, frames repeated, bad packets and \
+                     utterances since the element started",
+                ),
             ]
         });
         PROPERTIES.as_ref()
@@ -186,7 +187,7 @@ impl ObjectImpl for RtpQwenCodesDepay {
         match pspec.name() {
             "loss" => self.settings.lock().unwrap().loss.to_value(),
             "max-repeat-frames" => self.settings.lock().unwrap().max_repeat_frames.to_value(),
-            "stats" => {
+            crate::rtp_stats::PROPERTY => {
                 let stats = self
                     .state
                     .lock()
@@ -194,8 +195,8 @@ impl ObjectImpl for RtpQwenCodesDepay {
                     .as_ref()
                     .map(|state| state.stats)
                     .unwrap_or_default();
-                crate::rtp_stats::with_counts(
-                    self,
+                crate::rtp_stats::structure(
+                    "application/x-rtp-qwen3-tts-codes-depayload-stats",
                     &[
                         ("packets", stats.packets),
                         ("frames", stats.frames),
@@ -213,8 +214,9 @@ impl ObjectImpl for RtpQwenCodesDepay {
 
     fn constructed(&self) {
         self.parent_constructed();
-        // The base class flags the buffer after a gap DISCONT as it pushes it; a buffer whose
-        // gap was filled takes it off here.
+        // The base class flags the buffer after a gap DISCONT as it pushes it, and has no call
+        // that keeps it off (GstAudioDecoder flushes at DISCONT): a buffer whose gap was filled
+        // takes it off here.
         let depay = self.downgrade();
         self.obj()
             .src_pad()
@@ -336,7 +338,7 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
                     i32::MAX
                 ));
             }
-            if codebook_size > 1 << 15 || codebooks > 1024 {
+            if codebook_size > u64::from(MAX_CODEBOOK_SIZE) || codebooks > 1024 {
                 return Err(format!(
                     "{codebooks} codebooks of {codebook_size} codes are beyond any codes' range"
                 ));
@@ -353,9 +355,12 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
         // framerate = clock-rate / samples-per-frame (a fraction reduces itself); the template
         // takes the clock rate as an int.
         let framerate = gst::Fraction::new(clock_rate as i32, samples_per_frame as i32);
+        // With what the SDP says of the model, which a payloader after this one reads.
         let src_caps = gst::Caps::builder(crate::caps::CODES_MEDIA_TYPE)
             .field("codebooks", codebooks as i32)
             .field("framerate", framerate)
+            .field(crate::caps::CODEBOOK_SIZE_FIELD, codebook_size as i32)
+            .field(crate::caps::RATE_FIELD, clock_rate as i32)
             .build();
         let mut state = self.state.lock().unwrap();
         // New caps are a new stream; what it counted so far stays counted.
@@ -380,11 +385,10 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
         });
         drop(state);
         gst::debug!(CAT, imp = self, "Frames out as {}", src_caps);
-        if self.obj().src_pad().push_event(gst::event::Caps::new(&src_caps)) {
-            Ok(())
-        } else {
-            Err(gst::loggable_error!(CAT, "Downstream refused {}", src_caps))
-        }
+        // A sticky event: stored on the pad, downstream's refusal shows as the next push's
+        // NOT_NEGOTIATED.
+        self.obj().src_pad().push_event(gst::event::Caps::new(&src_caps));
+        Ok(())
     }
 
     fn handle_event(&self, event: gst::Event) -> bool {
@@ -565,7 +569,8 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
                     seq,
                     packet.utterance
                 );
-                buffer.set_flags(gst::BufferFlags::MARKER);
+                // A talk spurt starts, as rtpL16depay marks one.
+                buffer.set_flags(gst::BufferFlags::RESYNC);
             }
             if repeat > 0 {
                 // The repeated frames come first, where the lost ones were.

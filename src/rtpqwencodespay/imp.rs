@@ -6,21 +6,23 @@
  * count, the utterance number), then the codes packed at the fewest bits that hold the codebook
  * (11 for the release: 2.2 kbit/s of codes).
  *
- * The RTP clock is the audio's (`clock-rate`, the model's sample rate): a packet's timestamp
- * advances by the samples of its frames, counted from the frames (perfect RTP time), so input
- * without timestamps is timed by its frame count from the segment's start. Input in a segment
- * that is not in time (`filesrc` straight into the payloader) goes out in a time segment from
- * 0. A timestamp that jumps without DISCONT ends the packet before it; the next starts at the new
- * time.
+ * The codebook size and the RTP clock (the audio's sample rate) are the model's: the input
+ * caps' `codebook-size` and `rate` where they state them (`rtpqwencodesdepay`'s do), else the
+ * `codebook-size` and `clock-rate` properties. A packet's timestamp advances by the samples of
+ * its frames, counted from the frames (perfect RTP time), so input without timestamps is timed by
+ * its frame count from the segment's start. Input in a segment that is not in time (`filesrc`
+ * straight into the payloader) goes out in a time segment from 0. A timestamp that jumps without
+ * DISCONT ends the packet before it; the next starts at the new time.
  *
- * An utterance starts at the first packet of a stream, after a DISCONT buffer, a
- * `qwencodec-drain` event, a new stream (STREAM_START, which sends the frames pending first) or a
- * flush: that packet has the marker bit, and the header's utterance number goes up by one, so
- * that a receiver that lost it still sees the next utterance start.
+ * An utterance starts at the first packet of a stream, after a buffer flagged DISCONT or RESYNC
+ * (a talk spurt's start, as audio depayloaders flag it), a `qwencodec-drain` event, a new
+ * stream (STREAM_START, which sends the frames pending first) or a flush: that packet has the
+ * marker bit, and the header's utterance number goes up by one, so that a receiver that lost it
+ * still sees the next utterance start.
  *
  * Packets hold `frames-per-packet` frames, fewer where `max-ptime` or the MTU holds fewer (the
- * RTP header counted with its CSRCs and header extensions). `stats` counts packets, frames and
- * utterances (with the base class's fields).
+ * RTP header counted with its CSRCs and header extensions). `codes-stats` counts packets, frames
+ * and utterances.
  *
  * ```text
  * gst-launch-1.0 filesrc location=codes.npy ! qwencodecparse ! rtpqwencodespay ! \
@@ -35,8 +37,8 @@ use gst::subclass::prelude::*;
 use gst_rtp::prelude::*;
 use gst_rtp::subclass::prelude::*;
 
-use crate::caps::RefusedCaps;
-use crate::codes_payload::{ENCODING_NAME, Layout, MAX_FRAMES, VERSION};
+use crate::caps::{CODEBOOK_SIZE_FIELD, RATE_FIELD, RefusedCaps, bounded_field};
+use crate::codes_payload::{ENCODING_NAME, Layout, MAX_CODEBOOK_SIZE, MAX_FRAMES, VERSION};
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(
@@ -46,9 +48,12 @@ static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     )
 });
 
-/// The released model's codebook and sample rate.
+/// The released model's codebook and sample rate, for input whose caps do not state them.
 const DEFAULT_CODEBOOK_SIZE: u32 = 2048;
 const DEFAULT_CLOCK_RATE: u32 = 24_000;
+/// RTP caps carry the clock rate as a (signed) int.
+const MAX_CLOCK_RATE: u32 = i32::MAX as u32;
+const DEFAULT_FRAMES_PER_PACKET: u32 = 1;
 /// The RTP header without CSRCs and extensions, and a CSRC's bytes (at most 15 of them).
 const RTP_HEADER_BYTES: usize = 12;
 const CSRC_BYTES: usize = 4;
@@ -64,14 +69,14 @@ struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            frames_per_packet: 1,
+            frames_per_packet: DEFAULT_FRAMES_PER_PACKET,
             codebook_size: DEFAULT_CODEBOOK_SIZE,
             clock_rate: DEFAULT_CLOCK_RATE,
         }
     }
 }
 
-/// What `stats` counts, since the element started.
+/// What `codes-stats` counts, since the element started.
 #[derive(Debug, Default, Clone, Copy)]
 struct Stats {
     packets: u64,
@@ -136,6 +141,9 @@ pub struct RtpQwenCodesPay {
     settings: Mutex<Settings>,
     state: Mutex<Option<State>>,
     refused_caps: RefusedCaps,
+    /// The src caps and the room their header extensions take: computed once per caps, as
+    /// the extensions are made from the registry to tell their size.
+    extension_room: Mutex<Option<(gst::Caps, usize)>>,
 }
 
 #[glib::object_subclass]
@@ -157,26 +165,26 @@ impl ObjectImpl for RtpQwenCodesPay {
                     )
                     .minimum(1)
                     .maximum(MAX_FRAMES as u32)
-                    .default_value(1)
+                    .default_value(DEFAULT_FRAMES_PER_PACKET)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt::builder("codebook-size")
                     .nick("Codebook size")
-                    .blurb("Codes run from 0 to codebook-size - 1 (the model's; 2048 for the release)")
+                    .blurb("Codes run from 0 to codebook-size - 1, where the input caps do not say")
                     .minimum(2)
-                    .maximum(1 << 15)
+                    .maximum(MAX_CODEBOOK_SIZE)
                     .default_value(DEFAULT_CODEBOOK_SIZE)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt::builder("clock-rate")
                     .nick("Clock rate")
-                    .blurb("The RTP clock: the model's sample rate (24000 for the release)")
+                    .blurb("The RTP clock, the model's sample rate, where the input caps do not say")
                     .minimum(1)
+                    .maximum(MAX_CLOCK_RATE)
                     .default_value(DEFAULT_CLOCK_RATE)
                     .mutable_ready()
                     .build(),
-                // The base class's, with packets, frames and utterances added.
-                crate::rtp_stats::pspec::<gst_rtp::RTPBasePayload>(),
+                crate::rtp_stats::pspec("Packets, frames and utterances sent since the element started"),
             ]
         });
         PROPERTIES.as_ref()
@@ -198,7 +206,7 @@ impl ObjectImpl for RtpQwenCodesPay {
             "frames-per-packet" => settings.frames_per_packet.to_value(),
             "codebook-size" => settings.codebook_size.to_value(),
             "clock-rate" => settings.clock_rate.to_value(),
-            "stats" => {
+            crate::rtp_stats::PROPERTY => {
                 let stats = self
                     .state
                     .lock()
@@ -206,8 +214,8 @@ impl ObjectImpl for RtpQwenCodesPay {
                     .as_ref()
                     .map(|state| state.stats)
                     .unwrap_or_default();
-                crate::rtp_stats::with_counts(
-                    self,
+                crate::rtp_stats::structure(
+                    "application/x-rtp-qwen3-tts-codes-payload-stats",
                     &[
                         ("packets", stats.packets),
                         ("frames", stats.frames),
@@ -272,6 +280,7 @@ impl ElementImpl for RtpQwenCodesPay {
         let result = self.parent_change_state(transition)?;
         if transition == gst::StateChange::PausedToReady {
             *self.state.lock().unwrap() = None;
+            *self.extension_room.lock().unwrap() = None;
             self.refused_caps.forget();
         }
         Ok(result)
@@ -290,44 +299,64 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
             gst::loggable_error!(CAT, "Caps {} have no framerate: the RTP clock needs it", caps)
         })?;
         let settings = *self.settings.lock().unwrap();
-        // Samples per frame = clock rate / frame rate, which must be whole: the RTP
-        // timestamps step by it.
-        let (num, den) = (framerate.numer() as u64, framerate.denom() as u64);
-        let scaled = settings.clock_rate as u64 * den;
-        if num == 0 || !scaled.is_multiple_of(num) {
-            if self.refused_caps.first_time(caps) {
-                gst::element_imp_error!(
-                    self,
-                    gst::StreamError::Format,
-                    [
-                        "A frame rate of {} does not divide the clock rate {}",
-                        framerate,
-                        settings.clock_rate
-                    ]
-                );
+        // What the model defines comes with the codes where their source knows it; the
+        // properties stand in for caps that do not say.
+        let model = || -> Result<(u32, u32, u64), String> {
+            let codebook_size = bounded_field(s, CODEBOOK_SIZE_FIELD, 2..=MAX_CODEBOOK_SIZE)?
+                .unwrap_or(settings.codebook_size);
+            let clock_rate = bounded_field(s, RATE_FIELD, 1..=MAX_CLOCK_RATE)?.unwrap_or(settings.clock_rate);
+            // Samples per frame = clock rate / frame rate, which must be whole: the RTP
+            // timestamps step by it.
+            let (num, den) = (framerate.numer() as u64, framerate.denom() as u64);
+            let scaled = clock_rate as u64 * den;
+            if num == 0 || !scaled.is_multiple_of(num) {
+                return Err(format!(
+                    "A frame rate of {framerate} does not divide the clock rate {clock_rate}"
+                ));
             }
-            return Err(gst::loggable_error!(CAT, "No whole samples per frame"));
-        }
-        self.refused_caps.forget();
-        let samples_per_frame = scaled / num;
+            Ok((codebook_size, clock_rate, scaled / num))
+        };
+        let (codebook_size, clock_rate, samples_per_frame) = model().map_err(|why| {
+            if self.refused_caps.first_time(caps) {
+                gst::element_imp_error!(self, gst::StreamError::Format, ["Caps {}: {}", caps, why]);
+            }
+            gst::loggable_error!(CAT, "{}", why)
+        })?;
+        let (num, den) = (framerate.numer() as u64, framerate.denom() as u64);
         let layout = Layout {
             codebooks: codebooks as usize,
-            codebook_size: settings.codebook_size,
+            codebook_size,
         };
         let obj = self.obj();
-        obj.set_options("audio", true, ENCODING_NAME, settings.clock_rate);
+        obj.set_options("audio", true, ENCODING_NAME, clock_rate);
         // Strings, as SDP's a=fmtp carries them.
         let fields = gst::Structure::builder("application/x-rtp")
             .field("version", VERSION.to_string())
             .field("codebooks", codebooks.to_string())
-            .field("codebook-size", settings.codebook_size.to_string())
+            .field("codebook-size", codebook_size.to_string())
             .field("samples-per-frame", samples_per_frame.to_string())
             .build();
-        obj.set_outcaps(Some(&fields))
-            .map_err(|err| gst::loggable_error!(CAT, "Cannot set the RTP caps: {}", err))?;
+        // Fails where downstream takes none of these RTP caps (another clock rate, say).
+        obj.set_outcaps(Some(&fields)).map_err(|err| {
+            if self.refused_caps.first_time(caps) {
+                gst::element_imp_error!(
+                    self,
+                    gst::CoreError::Negotiation,
+                    [
+                        "Downstream takes no RTP caps of {} at clock-rate {}: {}",
+                        ENCODING_NAME,
+                        clock_rate,
+                        err
+                    ]
+                );
+            }
+            gst::loggable_error!(CAT, "Cannot set the RTP caps: {}", err)
+        })?;
+        self.refused_caps.forget();
         let mut state = self.state.lock().unwrap();
         // New caps start a new stream of packets (its first marked) in the same segment, and
-        // the utterance numbers and counts go on.
+        // the utterance numbers and counts go on; the frames of the caps before were sent
+        // (`sink_event`).
         let (segment, utterance, stats) = state.take().map_or_else(
             || (gst::FormattedSegment::new(), None, Stats::default()),
             |old| (old.segment, old.utterance, old.stats),
@@ -339,7 +368,7 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
                 .mul_div_floor(den, num)
                 .expect("a frame lasts less than forever"),
             samples_per_frame,
-            clock_rate: settings.clock_rate as u64,
+            clock_rate: clock_rate as u64,
             segment,
             pending: Vec::new(),
             pending_pts: None,
@@ -360,7 +389,11 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
     }
 
     fn handle_buffer(&self, buffer: gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
-        let discont = buffer.flags().contains(gst::BufferFlags::DISCONT);
+        // RESYNC is a talk spurt's start (an audio depayloader's marker): like DISCONT, the
+        // frames take their own time and start an utterance.
+        let discont = buffer
+            .flags()
+            .intersects(gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC);
         if discont {
             // What came before ends its packets; the next packet starts an utterance.
             self.send_pending(true)?;
@@ -427,6 +460,16 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
             {
                 // The end of an utterance: its frames go now, the next starts a packet with the
                 // marker.
+                _ = self.send_pending(true);
+            }
+            EventView::Caps(caps)
+                if self
+                    .obj()
+                    .sink_pad()
+                    .current_caps()
+                    .is_some_and(|current| current != *caps.caps()) =>
+            {
+                // Other frames from here: those pending go first, under the caps they came with.
                 _ = self.send_pending(true);
             }
             EventView::StreamStart(_) => {
@@ -514,10 +557,17 @@ impl RtpQwenCodesPay {
     fn frames_per_packet(&self, state: &State) -> usize {
         let obj = self.obj();
         // The header extensions that the src caps name, at the most bytes they take.
-        let extension_bytes = obj
-            .src_pad()
-            .current_caps()
-            .map_or(0, |caps| extension_room(&caps));
+        let extension_bytes = obj.src_pad().current_caps().map_or(0, |caps| {
+            let mut cached = self.extension_room.lock().unwrap();
+            match cached.as_ref() {
+                Some((known, room)) if known.as_ptr() == caps.as_ptr() => *room,
+                _ => {
+                    let room = extension_room(&caps);
+                    *cached = Some((caps, room));
+                    room
+                }
+            }
+        });
         let header = RTP_HEADER_BYTES + CSRC_BYTES * state.csrcs + extension_bytes;
         let by_mtu = state
             .layout

@@ -71,7 +71,7 @@ class RtpReceiver:
             if sample is None:
                 continue
             buffer = sample.get_buffer()
-            if buffer.has_flags(self.Gst.BufferFlags.MARKER):
+            if buffer.has_flags(self.Gst.BufferFlags.RESYNC):
                 marked.append(len(data) // FRAME_BYTES)
             data += buffer.extract_dup(0, buffer.get_size())
         return data, marked

@@ -183,7 +183,7 @@ fn codes_over_rtp_are_heard_and_cancelled_as_over_the_websocket() {
 
     // An utterance in real time cancelled 2 s in, whose packets go on after the cancel: 35 of
     // them lost from the cancel on (more than the depayloader repeats: it restarts the decoder
-    // there, DISCONT without MARKER), then 20 more. None of it plays after the cancel.
+    // there, DISCONT without RESYNC), then 20 more. None of it plays after the cancel.
     let start = Instant::now();
     let first_sent = epoch_ms();
     let mut cancelled_at = first_sent;
