@@ -25,6 +25,8 @@ pub use codes_payload::ENCODING_NAME as RTP_CODES_ENCODING_NAME;
 /// The version of that payload format that the elements send and read (the SDP's `version=`).
 pub use codes_payload::VERSION as RTP_CODES_VERSION;
 pub use drain_event::{DRAIN_EVENT, drain_event};
+#[doc(hidden)]
+pub use qwencodecdec::plant_step_panic;
 
 fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
     model_log::install();

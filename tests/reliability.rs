@@ -673,3 +673,59 @@ fn a_flow_that_failed_during_an_event_drain_is_returned_with_the_next_buffer() {
         Err(gst::FlowError::Eos)
     );
 }
+
+/// A panic in the step thread (a bug: a lock poisoned, an unexpected `None`), planted behind
+/// the library's hidden test hook while the thread holds the decoder: an element error naming
+/// it, and every later buffer, flush, EOS and the stop returns instead of waiting for a decoder
+/// that never comes back. (Before, nothing caught it: the decoder stayed taken and the flush,
+/// the drain at EOS and the stop waited for it forever.)
+#[test]
+fn a_panic_in_the_step_thread_is_an_error_and_nothing_hangs() {
+    let fixture = load_fixture("release-tiny");
+    let frame_bytes = 2 * fixture.codebooks;
+    let bytes = code_bytes(&fixture.codes);
+    let (flows, errors) = within_hang_limit("after a panic", move || {
+        let mut h = common::harness(&fixture, &[("chunk-frames", &1u32)]);
+        let element = h.element().unwrap();
+        let bus = common::bus_for(&element);
+        gstqwencodec::plant_step_panic(&element);
+        let first = h.push(gst::Buffer::from_slice(bytes[..frame_bytes].to_vec()));
+        let error = bus
+            .timed_pop_filtered(
+                gst::ClockTime::from_nseconds(HANG.as_nanos() as u64),
+                &[gst::MessageType::Error],
+            )
+            .expect("an error");
+        let mut flows = vec![first.map(|_| ())];
+        flows.push(
+            h.push(gst::Buffer::from_slice(
+                bytes[frame_bytes..2 * frame_bytes].to_vec(),
+            ))
+            .map(|_| ()),
+        );
+        h.push_event(gst::event::FlushStart::new());
+        h.push_event(gst::event::FlushStop::new(true));
+        h.push_event(gst::event::Segment::new(
+            &gst::FormattedSegment::<gst::ClockTime>::new(),
+        ));
+        flows.push(
+            h.push(gst::Buffer::from_slice(bytes[..frame_bytes].to_vec()))
+                .map(|_| ()),
+        );
+        h.push_event(gst::event::Eos::new());
+        element.set_state(gst::State::Null).unwrap();
+        let mut errors = vec![describe(&error).unwrap()];
+        errors.extend(messages(&bus, gst::MessageType::Error));
+        (flows, errors)
+    });
+    assert!(
+        errors[0].contains("The decoding thread failed") && errors[0].contains("a panic planted by a test"),
+        "{errors:#?}"
+    );
+    // The buffer the step took may have gone before the panic; every one after it fails.
+    assert_eq!(
+        flows[1..],
+        [Err(gst::FlowError::Error), Err(gst::FlowError::Error)],
+        "{flows:?}"
+    );
+}

@@ -136,7 +136,49 @@ impl QwenCodecDec {
                 self.obj().finish_subframe(Some(output_buffer(audio, format)))
             }
             Output::InputsDone(input_buffers) => self.obj().finish_frame(None, input_buffers),
+            Output::Event(event) => {
+                self.push_event_in_place(event);
+                Ok(gst::FlowSuccess::Ok)
+            }
         }
+    }
+
+    /// An event whose place among the audio has come. A TAG goes through the base class,
+    /// which merges upstream's tags with the element's (the codec) and sends them before the
+    /// next audio; the others go downstream now.
+    fn push_event_in_place(&self, event: gst::Event) {
+        let what = event.type_();
+        let sent = if what == gst::EventType::Tag {
+            self.parent_sink_event(event)
+        } else {
+            self.obj().src_pad().push_event(event)
+        };
+        if !sent {
+            gst::debug!(CAT, imp = self, "Downstream refused a {:?} event", what);
+        }
+    }
+
+    /// A serialized event that is not the base class's (see `keeps_its_place`): kept in its
+    /// place after the frames before it, then pushed with the audio ready; when nothing waits
+    /// to go downstream, handed to the base class, which sends it before the next audio.
+    pub(super) fn queue_event(&self, event: gst::Event) -> bool {
+        let Some(stream) = self.stream() else {
+            return self.parent_sink_event(event);
+        };
+        let _lock = self.stream_lock();
+        let Some(event) = stream.lock().queue_event(event) else {
+            self.push_outbox(&stream);
+            return true;
+        };
+        self.parent_sink_event(event)
+    }
+
+    /// The drain event: the stream's frames decoded and their audio pushed (see
+    /// [`Self::drain_for_event`]), then the event, all under the stream lock.
+    pub(super) fn drain_then_push(&self, event: gst::Event) -> bool {
+        let _lock = self.stream_lock();
+        self.drain_for_event();
+        self.obj().src_pad().push_event(event)
     }
 
     /// Pushes what the stream has queued, in order, under the stream lock; a failed push is
@@ -253,6 +295,11 @@ impl QwenCodecDec {
         let Some(stream) = self.stream() else { return };
         let _lock = self.stream_lock();
         let mut inner = stream.lock_idle();
+        // As the base class does with the events it holds: the sticky ones stay for after the
+        // flush.
+        for event in inner.sticky_events_queued() {
+            let _ = self.obj().src_pad().store_sticky_event(&event);
+        }
         if let Err(err) = inner.reset(&mut self.stats()) {
             gst::warning!(CAT, imp = self, "Cannot reset the decoder: {}", err);
         }

@@ -82,6 +82,8 @@ pub struct QwenCodecDec {
     /// The latency reported, from READY→PAUSED on.
     latency: Mutex<Option<Latency>>,
     refused_caps: RefusedCaps,
+    /// A test's request that the step thread panic in its next step (see `plant_step_panic`).
+    planted_panic: std::sync::atomic::AtomicBool,
 }
 
 impl QwenCodecDec {
@@ -89,8 +91,11 @@ impl QwenCodecDec {
         self.state.lock().unwrap()
     }
 
+    /// The counters, also after a panic of the step thread while it held them.
     pub(super) fn stats(&self) -> MutexGuard<'_, Stats> {
-        self.stats.lock().unwrap()
+        self.stats
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub(super) fn latency(&self) -> MutexGuard<'_, Option<Latency>> {
@@ -99,6 +104,19 @@ impl QwenCodecDec {
 
     pub(super) fn stream(&self) -> Option<Arc<Stream>> {
         self.state().as_ref().map(|state| state.stream.clone())
+    }
+
+    /// Has the step thread panic in its next step, holding the decoder: for tests of what a
+    /// panic does.
+    pub(super) fn plant_step_panic(&self) {
+        self.planted_panic
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether a test planted a panic for this step (see [`Self::plant_step_panic`]).
+    pub(super) fn take_planted_panic(&self) -> bool {
+        self.planted_panic
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The running time now, if the element has a clock.
@@ -594,6 +612,9 @@ impl AudioDecoderImpl for QwenCodecDec {
     }
 
     fn sink_event(&self, event: gst::Event) -> bool {
+        if keeps_its_place(&event) {
+            return self.queue_event(event);
+        }
         match event.view() {
             // A new stream (e.g. from concat, without EOS in between) needs nothing here: the
             // base class drains the old one's frames and flushes, so the next decodes fresh.
@@ -614,15 +635,12 @@ impl AudioDecoderImpl for QwenCodecDec {
                 }
             }
             // An application's request to end the stream here without EOS (the end of an
-            // utterance on a live stream): the waiting frames are decoded, and the next frame
-            // starts a fresh stream.
-            gst::EventView::CustomDownstream(custom)
-                if custom
-                    .structure()
-                    .is_some_and(|s| s.name() == crate::drain_event::DRAIN_EVENT) =>
-            {
+            // utterance on a live stream): the waiting frames are decoded and their audio
+            // pushed, then the event, at once, as the base class pushes EOS after its drain;
+            // the next frame starts a fresh stream.
+            gst::EventView::CustomDownstream(_) if is_drain_event(&event) => {
                 gst::debug!(CAT, imp = self, "Drain asked for by an event");
-                self.drain_for_event();
+                return self.drain_then_push(event);
             }
             gst::EventView::Gap(_) => return self.handle_gap(event),
             gst::EventView::Segment(segment) => {
@@ -653,6 +671,36 @@ impl AudioDecoderImpl for QwenCodecDec {
         }
         self.parent_sink_event(event)
     }
+}
+
+/// Whether `event` is the plugin's drain event ([`crate::drain_event`]).
+fn is_drain_event(event: &gst::Event) -> bool {
+    event.type_() == gst::EventType::CustomDownstream
+        && event
+            .structure()
+            .is_some_and(|s| s.name() == crate::drain_event::DRAIN_EVENT)
+}
+
+/// A serialized event that goes downstream in its place among the audio, after the audio of
+/// the frames before it (TAG, custom events, STREAM_GROUP_DONE, …): those the base class would
+/// keep until its next output, that is before the audio of frames that came before them. The
+/// others are the base class's own (it drains at EOS, SEGMENT_DONE and STREAM_START, applies
+/// SEGMENT and CAPS, fills a GAP), or the drain event.
+fn keeps_its_place(event: &gst::Event) -> bool {
+    use gst::EventType;
+    event.is_serialized()
+        && !is_drain_event(event)
+        && !matches!(
+            event.type_(),
+            EventType::StreamStart
+                | EventType::Segment
+                | EventType::Caps
+                | EventType::Gap
+                | EventType::FlushStop
+                | EventType::SegmentDone
+                | EventType::Eos
+                | EventType::InstantRateChange
+        )
 }
 
 /// The latency kept true while it plays (see [`Latency`]).

@@ -80,3 +80,13 @@ pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
         QwenCodecDec::static_type(),
     )
 }
+
+/// Has `element`, a `qwencodecdec`, panic in its step thread's next step: for tests of what a
+/// panic there does (an element error, no hang). Not for applications.
+#[doc(hidden)]
+pub fn plant_step_panic(element: &gst::Element) {
+    use gst::subclass::prelude::ObjectSubclassIsExt;
+    if let Some(element) = element.downcast_ref::<QwenCodecDec>() {
+        element.imp().plant_step_panic();
+    }
+}

@@ -44,6 +44,8 @@ pub(super) enum Output {
     Audio(Vec<f32>),
     /// Input buffers whose frames' audio is all out, oldest first: the base class drops them.
     InputsDone(i32),
+    /// A serialized event that came after the frames whose audio is before it.
+    Event(gst::Event),
 }
 
 /// A buffer with a code outside the codebook, none of its frames taken yet. The frames before
@@ -89,6 +91,15 @@ pub(super) struct Inner {
     /// waits for the step in flight) clears it: audio of a step begun before a flush never
     /// follows it.
     outbox: VecDeque<Output>,
+    /// Serialized events that came while frames before them had no audio out yet, oldest
+    /// first, each with the count of the stream's frames before it: queued in `outbox` once
+    /// those frames' audio is.
+    events: VecDeque<(u64, gst::Event)>,
+    /// Frames of the stream whose audio is queued in `outbox` (or gone).
+    frames_out: u64,
+    /// The step thread panicked with the decoder: the stream cannot go on, and nothing waits
+    /// for the decoder to come back.
+    panicked: bool,
     /// The streaming thread decodes the rest itself: no new step starts.
     draining: bool,
     /// A flush-start or a stop is under way: no step starts, and the streaming thread stops
@@ -152,6 +163,9 @@ impl Stream {
                 partial_frame: Vec::new(),
                 frames_per_input: VecDeque::new(),
                 outbox: VecDeque::new(),
+                events: VecDeque::new(),
+                frames_out: 0,
+                panicked: false,
                 draining: false,
                 flushing: false,
                 read_ahead,
@@ -176,10 +190,11 @@ impl Stream {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The lock, once the step in flight (if any) has given the decoder back.
+    /// The lock, once the step in flight (if any) has given the decoder back, or the step
+    /// thread has panicked with it.
     pub(super) fn lock_idle(&self) -> MutexGuard<'_, Inner> {
         let mut inner = self.lock();
-        while inner.decoder.is_none() {
+        while inner.decoder.is_none() && !inner.panicked {
             inner = self.wait(inner);
         }
         inner
@@ -212,7 +227,9 @@ impl Stream {
     /// buffer left. Returns the bytes of a cut frame dropped.
     pub(super) fn finish_here(&self) -> Result<usize, DecodeError> {
         let mut inner = self.lock();
-        let mut decoder = inner.decoder.take().expect("the decoder is idle");
+        let Some(mut decoder) = inner.decoder.take() else {
+            return Err(DecodeError::Broken);
+        };
         let frames = std::mem::take(&mut inner.codes);
         inner.arrivals.clear();
         drop(inner);
@@ -225,6 +242,10 @@ impl Stream {
         let unfinished = std::mem::take(&mut inner.frames_per_input).len();
         if unfinished > 0 {
             inner.outbox.push_back(Output::InputsDone(unfinished as i32));
+        }
+        // The events after the last frames, whatever their audio.
+        while let Some((_, event)) = inner.events.pop_front() {
+            inner.outbox.push_back(Output::Event(event));
         }
         Ok(std::mem::take(&mut inner.partial_frame).len())
     }
@@ -245,11 +266,38 @@ impl Stream {
         let stream = self.clone();
         let thread = std::thread::Builder::new()
             .name("qwencodecdec-steps".into())
-            .spawn(move || stream.run_steps(element))?;
+            .spawn(move || {
+                let steps = std::panic::AssertUnwindSafe(|| stream.run_steps(element.clone()));
+                if let Err(panic) = std::panic::catch_unwind(steps) {
+                    stream.after_panic(&element, panic.as_ref());
+                }
+            })?;
         Ok(StepThread {
             stream: self.clone(),
             thread: Some(thread),
         })
+    }
+
+    /// A panic of the step thread (a bug): the decoder it held is gone, so the stream fails
+    /// as after a failed step, with an element error, and whoever waits for the decoder (a
+    /// drain, a flush, a stop) goes on. The thread ends; the element starts a new one at its
+    /// next READY→PAUSED.
+    fn after_panic(&self, element: &glib::WeakRef<super::QwenCodecDec>, panic: &(dyn std::any::Any + Send)) {
+        let what = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("no message");
+        self.lock().set_panicked();
+        self.changed.notify_all();
+        if let Some(element) = element.upgrade() {
+            gst::element_error!(
+                element,
+                gst::LibraryError::Failed,
+                ("The decoding thread failed"),
+                ["It panicked: {}", what]
+            );
+        }
     }
 
     /// The step thread: a step whenever a full one waits, its audio queued and pushed.
@@ -283,6 +331,9 @@ impl Stream {
             // counts it): what it waited since is spent of its hold.
             let since = oldest_start.map(|start| pushed_at.map_or(start, |pushed| start.max(pushed)));
             decoder.set_batch_hold(imp.batch_hold(since));
+            if imp.take_planted_panic() {
+                panic!("a panic planted by a test");
+            }
             let result = decoder.push(&codes);
 
             let mut inner = self.lock();
@@ -470,19 +521,74 @@ impl Inner {
         let samples_per_frame = self.model.samples_per_frame();
         loop {
             self.queue_finished_inputs();
+            self.queue_events_due();
             let frames = audio.len() / samples_per_frame;
-            let Some(unfinished) = self.frames_per_input.front_mut() else {
+            let Some(&unfinished) = self.frames_per_input.front() else {
                 break;
             };
             if frames == 0 {
                 break;
             }
-            let taken = frames.min(*unfinished);
-            *unfinished -= taken;
+            let mut taken = frames.min(unfinished);
+            // Cut where the next event goes too (`queue_events_due` queued those due now).
+            if let Some(&(at, _)) = self.events.front() {
+                taken = taken.min((at - self.frames_out) as usize);
+            }
+            *self.frames_per_input.front_mut().unwrap() -= taken;
+            self.frames_out += taken as u64;
             let rest = audio.split_off(taken * samples_per_frame);
             self.outbox.push_back(Output::Audio(audio));
             audio = rest;
         }
+    }
+
+    /// Queues the events whose frames' audio is all queued.
+    fn queue_events_due(&mut self) {
+        while let Some(&(at, _)) = self.events.front()
+            && at <= self.frames_out
+        {
+            let (_, event) = self.events.pop_front().unwrap();
+            self.outbox.push_back(Output::Event(event));
+        }
+    }
+
+    /// Keeps a serialized event where it came, after the frames before it: queued at once if
+    /// their audio is, else once it is. Given back when nothing of the stream waits to go
+    /// downstream (the base class may send it, with what it holds, before the next audio).
+    pub(super) fn queue_event(&mut self, event: gst::Event) -> Option<gst::Event> {
+        let waiting = !self.frames_per_input.is_empty() || !self.outbox.is_empty() || !self.events.is_empty();
+        if !waiting {
+            return Some(event);
+        }
+        if self.events.is_empty() && self.frames_out >= self.frames_accepted {
+            self.outbox.push_back(Output::Event(event));
+        } else {
+            self.events.push_back((self.frames_accepted, event));
+        }
+        None
+    }
+
+    /// The sticky events among those queued (a flush drops the others; GStreamer keeps the
+    /// sticky ones for after it).
+    pub(super) fn sticky_events_queued(&self) -> Vec<gst::Event> {
+        let queued = self.outbox.iter().filter_map(|output| match output {
+            Output::Event(event) => Some(event),
+            _ => None,
+        });
+        queued
+            .chain(self.events.iter().map(|(_, event)| event))
+            .filter(|event| {
+                event.is_sticky() && !matches!(event.type_(), gst::EventType::Eos | gst::EventType::Segment)
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// The step thread panicked with the decoder: what is queued goes, and every later flow is
+    /// an error.
+    pub(super) fn set_panicked(&mut self) {
+        self.panicked = true;
+        self.flow = Err(gst::FlowError::Error);
     }
 
     /// Queues the closing of the oldest input buffers whose frames' audio is all out.
@@ -507,11 +613,19 @@ impl Inner {
         self.orphan_partial_frame = false;
         self.frames_per_input.clear();
         self.outbox.clear();
-        self.flow = Ok(gst::FlowSuccess::Ok);
+        self.events.clear();
+        self.frames_out = 0;
+        // After a panic the stream stays failed until the element stops.
+        if !self.panicked {
+            self.flow = Ok(gst::FlowSuccess::Ok);
+        }
         self.counted_steps = 0;
         self.counted_batch_rows = 0;
         self.counted_step_time = Duration::ZERO;
-        self.decoder.as_mut().expect("the decoder is idle").reset()
+        match self.decoder.as_mut() {
+            Some(decoder) => decoder.reset(),
+            None => Ok(()),
+        }
     }
 
     /// Adds the decoder's new steps to the stats.
