@@ -729,3 +729,45 @@ fn a_panic_in_the_step_thread_is_an_error_and_nothing_hangs() {
         "{flows:?}"
     );
 }
+
+/// Upstream that waits for room does so before the base class takes its stream lock, and the
+/// element never lets go of a hold on that lock that the base class took: a base-class path that
+/// holds it twice around `handle_frame` (planted here by a probe that takes it once more before
+/// the chain function) decodes on. A buffer of more frames than the read-ahead: before, the
+/// streaming thread let go of the lock once in `handle_frame` to wait, the step thread waited
+/// for the lock still held to push its first step's audio, and no second step ever started.
+#[test]
+fn a_stream_lock_held_twice_around_handle_frame_hangs_nothing() {
+    let fixture = load_fixture("release-tiny");
+    let frame_bytes = 2 * fixture.codebooks;
+    let bytes = code_bytes(&fixture.codes);
+    let audio = within_hang_limit("a buffer under a double hold", move || {
+        // A read-ahead of two frames.
+        let mut h = common::harness(&fixture, &[("chunk-frames", &1u32), ("max-step-frames", &1u32)]);
+        let element = h.element().unwrap();
+        let decoder = element.downcast_ref::<gst_audio::AudioDecoder>().unwrap();
+        let mutex = {
+            use gst::glib::translate::ToGlibPtr;
+            let decoder: *mut gst_audio::ffi::GstAudioDecoder = decoder.to_glib_none().0;
+            // SAFETY: the element's base-class instance, alive for the test.
+            unsafe { std::ptr::addr_of_mut!((*decoder).stream_lock) as usize }
+        };
+        element
+            .static_pad("sink")
+            .unwrap()
+            .add_probe(gst::PadProbeType::BUFFER, move |_, _| {
+                // SAFETY: the base class's recursive stream lock, let go below on this thread.
+                unsafe { gst::glib::ffi::g_rec_mutex_lock(mutex as *mut _) };
+                gst::PadProbeReturn::Ok
+            });
+        for chunk in bytes.chunks(6 * frame_bytes) {
+            let flow = h.push(gst::Buffer::from_slice(chunk.to_vec()));
+            // SAFETY: taken once by the probe during the push, on this thread.
+            unsafe { gst::glib::ffi::g_rec_mutex_unlock(mutex as *mut _) };
+            flow.unwrap();
+        }
+        h.push_event(gst::event::Eos::new());
+        common::audio_of(&common::pull_all(&mut h))
+    });
+    load_fixture("release-tiny").assert_matches(&audio, "a stream under a double hold");
+}

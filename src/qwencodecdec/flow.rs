@@ -15,6 +15,8 @@ use crate::model::DecodeError;
 /// The base class's stream lock (`GST_AUDIO_DECODER_STREAM_LOCK`, recursive), which
 /// gstreamer-rs does not wrap. Audio goes downstream under it, from the step thread as from the
 /// streaming thread, and the base class flushes under it: a flush falls between two pushes.
+/// Only ever taken and let go in turn, whoever holds it already: nothing lets go of a hold the
+/// base class took.
 struct StreamLockGuard(*mut glib::ffi::GRecMutex);
 
 impl Drop for StreamLockGuard {
@@ -22,18 +24,6 @@ impl Drop for StreamLockGuard {
         // SAFETY: locked by this guard in `QwenCodecDec::stream_lock`, on this thread; the
         // element (and so the mutex) outlives the guard, which lives inside one of its methods.
         unsafe { glib::ffi::g_rec_mutex_unlock(self.0) }
-    }
-}
-
-/// The base class's stream lock let go by a thread that holds it once (the streaming thread
-/// in `handle_frame`), taken again when dropped.
-struct StreamUnlockGuard(*mut glib::ffi::GRecMutex);
-
-impl Drop for StreamUnlockGuard {
-    fn drop(&mut self) {
-        // SAFETY: unlocked by this guard in `QwenCodecDec::stream_unlock` on this thread, which
-        // held it; the element outlives the guard, which lives inside one of its methods.
-        unsafe { glib::ffi::g_rec_mutex_lock(self.0) }
     }
 }
 
@@ -89,37 +79,36 @@ impl QwenCodecDec {
         StreamLockGuard(mutex)
     }
 
-    /// Lets go of the stream lock that the base class took once around `handle_frame`.
-    fn stream_unlock(&self) -> StreamUnlockGuard {
-        let mutex = self.stream_mutex();
-        // SAFETY: see `stream_mutex`; the base class's chain function holds it exactly once
-        // around handle_frame, and the guard takes it back before handle_frame returns.
-        unsafe { glib::ffi::g_rec_mutex_unlock(mutex) };
-        StreamUnlockGuard(mutex)
+    /// Paces upstream: a probe on the sink pad, which runs on the streaming thread before the
+    /// base class takes its stream lock for the buffer, waits while more than the read-ahead
+    /// waits for the step thread, so that upstream goes at the decoder's pace while the step
+    /// thread pushes its audio under the lock. A flush-start, a stop or a failed step or push
+    /// ends the wait (and `handle_frame` then returns the flow).
+    pub(super) fn pace_upstream(&self) {
+        let element = self.obj().downgrade();
+        self.obj().sink_pad().add_probe(
+            gst::PadProbeType::BUFFER | gst::PadProbeType::BUFFER_LIST,
+            move |_, _| {
+                if let Some(element) = element.upgrade() {
+                    element.imp().wait_for_room();
+                }
+                gst::PadProbeReturn::Ok
+            },
+        );
     }
 
-    /// In `handle_frame`, after a buffer was taken: waits while more than the read-ahead
-    /// waits for the step thread, so that upstream goes at the decoder's pace. The base class's
-    /// stream lock is let go meanwhile (as decoders with a thread of their own do), for the step
-    /// thread to push its audio; a flush-start, a stop or a failed step or push ends the wait.
-    pub(super) fn wait_for_room(&self, stream: &Stream) -> Result<gst::FlowSuccess, gst::FlowError> {
+    /// Waits while more than the read-ahead waits for the step thread (see `pace_upstream`).
+    fn wait_for_room(&self) {
+        let Some(stream) = self.stream() else { return };
         let mut inner = stream.lock();
-        loop {
-            if let Some(flow) = inner.room_or_flow() {
-                return flow;
-            }
+        while inner.room_or_flow().is_none() {
             gst::trace!(
                 CAT,
                 imp = self,
                 "{} frames wait: waiting for room",
                 inner.backlog_frames()
             );
-            let unlocked = self.stream_unlock();
             inner = stream.wait(inner);
-            // The base class's lock first, then ours, as every thread takes them.
-            drop(inner);
-            drop(unlocked);
-            inner = stream.lock();
         }
     }
 

@@ -158,6 +158,7 @@ impl ObjectSubclass for QwenCodecDec {
 impl ObjectImpl for QwenCodecDec {
     fn constructed(&self) {
         self.parent_constructed();
+        self.pace_upstream();
         self.obj().set_needs_format(true);
         // Accept-caps takes any caps of the template, also those the model cannot decode (which
         // the caps query leaves out): set_format then says why they do not fit, where a refusal
@@ -520,7 +521,9 @@ impl AudioDecoderImpl for QwenCodecDec {
         // buffer after buffer holds the stream lock nearly all the time, and the step thread
         // would wait for it until the buffers stop coming.
         self.push_outbox(&stream);
-        self.wait_for_room(&stream)
+        // Upstream waits for room before its next buffer, outside the base class's lock (see
+        // `pace_upstream`).
+        stream.lock().flow_now()
     }
 
     fn flush(&self, hard: bool) {

@@ -12,8 +12,9 @@
 //! A drain (EOS, a new stream, a refused buffer) and a flush wait for the step in flight, then
 //! do their work on the streaming thread.
 //!
-//! Upstream is paced: the streaming thread waits in `handle_frame` while more than the read-ahead
-//! (two steps of `max-step-frames`) waits for the step thread, so a file source cannot hand over
+//! Upstream is paced: the streaming thread waits before each buffer, in a probe on the sink pad
+//! and so outside the base class's stream lock, while more than the read-ahead (two steps of
+//! `max-step-frames`) waits for the step thread, so a file source cannot hand over
 //! its whole file, and a seek or a stop finds at most that much queued. A flush-start or a stop
 //! sets `flushing`: no step starts after it, a waiting streaming thread and a drain return at
 //! once, and only the step in flight finishes.
@@ -145,7 +146,7 @@ fn codes_of(bytes: &[u8]) -> impl Iterator<Item = i16> + '_ {
 }
 
 impl Stream {
-    /// `read_ahead`: frames that may wait for the step thread before `handle_frame` waits.
+    /// `read_ahead`: frames that may wait for the step thread before upstream waits.
     pub(super) fn new(decoder: StreamDecoder, read_ahead: usize) -> Arc<Self> {
         let (num, den) = decoder.model().config().frame_rate();
         let frame_duration = gst::ClockTime::SECOND
@@ -651,6 +652,15 @@ impl Inner {
 
     pub(super) fn set_draining(&mut self, draining: bool) {
         self.draining = draining;
+    }
+
+    /// The flow for the streaming thread to return now: an error, FLUSHING during a flush or a
+    /// stop, else the last flow.
+    pub(super) fn flow_now(&self) -> Result<gst::FlowSuccess, gst::FlowError> {
+        match self.drain_interrupted() {
+            Some(stop) => Err(stop),
+            None => self.flow,
+        }
     }
 
     /// Where a drain stands: `Some` when it must end now (a flush or stop under way, a push
