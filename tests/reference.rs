@@ -210,9 +210,10 @@ fn the_elements_read_as_gst_plugins_rs_elements() {
             if pspec.owner_type() != own {
                 continue;
             }
-            if name == "qwencodecdec" {
-                one_sentence(pspec.name(), pspec.blurb().unwrap_or_default());
-            }
+            one_sentence(
+                &format!("{name}'s {}", pspec.name()),
+                pspec.blurb().unwrap_or_default(),
+            );
             if pspec.downcast_ref::<glib::ParamSpecEnum>().is_some() {
                 assert!(
                     pspec.value_type().plugin_api_flags().is_some(),

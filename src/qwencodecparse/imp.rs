@@ -476,8 +476,8 @@ impl ObjectImpl for QwenCodecParse {
                 gst::ParamSpecFraction::builder("framerate")
                     .nick("Frame rate")
                     .blurb(
-                        "Codec frames per second, where the input does not say (.npy files, raw caps \
-                         without framerate); the model's: 25/2 for the released 12 Hz tokenizer",
+                        "Codec frames per second where the input does not say, as in .npy files \
+                         (25/2 for the released 12 Hz tokenizer)",
                     )
                     .minimum(gst::Fraction::new(1, i32::MAX))
                     .maximum(gst::Fraction::new(i32::MAX, 1))

@@ -160,7 +160,7 @@ impl ObjectImpl for RtpQwenCodesDepay {
                     .build(),
                 glib::ParamSpecUInt::builder("max-repeat-frames")
                     .nick("Most frames repeated")
-                    .blurb("The longest loss, in frames, that loss=repeat fills; a longer one restarts")
+                    .blurb("Longest loss in frames that loss=repeat fills, beyond which the decoder restarts")
                     .maximum(10_000)
                     .default_value(DEFAULT_MAX_REPEAT_FRAMES)
                     .mutable_playing()

@@ -160,8 +160,8 @@ impl ObjectImpl for RtpQwenCodesPay {
                 glib::ParamSpecUInt::builder("frames-per-packet")
                     .nick("Frames per packet")
                     .blurb(
-                        "Frames in a packet (1: the lowest latency); fewer where max-ptime or \
-                         the MTU holds fewer",
+                        "Frames in a packet, fewer where max-ptime or the MTU holds fewer \
+                         (1: the lowest latency)",
                     )
                     .minimum(1)
                     .maximum(MAX_FRAMES as u32)
