@@ -11,3 +11,9 @@ pub const DRAIN_EVENT: &str = "qwencodec-drain";
 pub fn drain_event() -> gst::Event {
     gst::event::CustomDownstream::new(gst::Structure::new_empty(DRAIN_EVENT))
 }
+
+/// Whether `event` is the plugin's drain event ([`drain_event`]).
+pub fn is_drain_event(event: &gst::EventRef) -> bool {
+    event.type_() == gst::EventType::CustomDownstream
+        && event.structure().is_some_and(|s| s.name() == DRAIN_EVENT)
+}

@@ -641,7 +641,7 @@ impl AudioDecoderImpl for QwenCodecDec {
             // utterance on a live stream): the waiting frames are decoded and their audio
             // pushed, then the event, at once, as the base class pushes EOS after its drain;
             // the next frame starts a fresh stream.
-            gst::EventView::CustomDownstream(_) if is_drain_event(&event) => {
+            gst::EventView::CustomDownstream(_) if crate::drain_event::is_drain_event(&event) => {
                 gst::debug!(CAT, imp = self, "Drain asked for by an event");
                 return self.drain_then_push(event);
             }
@@ -676,14 +676,6 @@ impl AudioDecoderImpl for QwenCodecDec {
     }
 }
 
-/// Whether `event` is the plugin's drain event ([`crate::drain_event`]).
-fn is_drain_event(event: &gst::Event) -> bool {
-    event.type_() == gst::EventType::CustomDownstream
-        && event
-            .structure()
-            .is_some_and(|s| s.name() == crate::drain_event::DRAIN_EVENT)
-}
-
 /// A serialized event that goes downstream in its place among the audio, after the audio of
 /// the frames before it (TAG, custom events, STREAM_GROUP_DONE, …): those the base class would
 /// keep until its next output, that is before the audio of frames that came before them. The
@@ -692,7 +684,7 @@ fn is_drain_event(event: &gst::Event) -> bool {
 fn keeps_its_place(event: &gst::Event) -> bool {
     use gst::EventType;
     event.is_serialized()
-        && !is_drain_event(event)
+        && !crate::drain_event::is_drain_event(event)
         && !matches!(
             event.type_(),
             EventType::StreamStart

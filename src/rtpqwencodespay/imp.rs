@@ -453,11 +453,7 @@ impl RTPBasePayloadImpl for RtpQwenCodesPay {
             EventView::Eos(_) => {
                 _ = self.send_pending(false);
             }
-            EventView::CustomDownstream(custom)
-                if custom
-                    .structure()
-                    .is_some_and(|s| s.name() == crate::drain_event::DRAIN_EVENT) =>
-            {
+            EventView::CustomDownstream(_) if crate::drain_event::is_drain_event(&event) => {
                 // The end of an utterance: its frames go now, the next starts a packet with the
                 // marker.
                 _ = self.send_pending(true);
