@@ -1035,6 +1035,35 @@ fn a_file_straight_into_the_payloader_decodes_as_upstream() {
     fixture.assert_matches(&audio, "from filesrc without qwencodecparse");
 }
 
+/// Each packet's payload size in bytes.
+fn payload_sizes(packets: &[gst::Buffer]) -> Vec<u32> {
+    packets
+        .iter()
+        .map(|packet| {
+            gst_rtp::RTPBuffer::from_buffer_readable(packet)
+                .unwrap()
+                .payload_size()
+        })
+        .collect()
+}
+
+/// The three packets of three frames pushed to a payloader packing a 1024-code book at 48 kHz,
+/// one frame a packet: its caps say so, and each packet holds 16 codes of 10 bits.
+fn pull_three_frames_of_10_bits_at_48_khz(h: &mut gst_check::Harness) -> Vec<gst::Buffer> {
+    let packets: Vec<_> = (0..3).map(|_| h.pull().unwrap()).collect();
+    let caps = h.sinkpad().unwrap().current_caps().unwrap();
+    let fields = caps.structure(0).unwrap();
+    assert_eq!(fields.get::<i32>("clock-rate").unwrap(), 48_000, "{caps}");
+    assert_eq!(fields.get::<&str>("codebook-size").unwrap(), "1024", "{caps}");
+    assert_eq!(fields.get::<&str>("samples-per-frame").unwrap(), "3840", "{caps}");
+    assert_eq!(
+        payload_sizes(&packets),
+        [22, 22, 22],
+        "2 header bytes and 16 codes of 10 bits"
+    );
+    packets
+}
+
 /// `codebook-size` and `clock-rate` reach the packets: codes of a 1024-code book pack at 10
 /// bits (a frame of 16 in 20 bytes, not the release's 22), the caps and the RTP clock run at
 /// 48 kHz (3840 samples a frame at 12.5 frames a second), and a code of the release's book
@@ -1049,25 +1078,7 @@ fn the_codebook_size_and_the_clock_rate_reach_the_packets() {
     let bus = common::bus_for(&pay);
     h.push(release_frames(1021..1024, Some(gst::ClockTime::ZERO)))
         .unwrap();
-    let packets: Vec<_> = (0..3).map(|_| h.pull().unwrap()).collect();
-    let caps = h.sinkpad().unwrap().current_caps().unwrap();
-    let fields = caps.structure(0).unwrap();
-    assert_eq!(fields.get::<i32>("clock-rate").unwrap(), 48_000, "{caps}");
-    assert_eq!(fields.get::<&str>("codebook-size").unwrap(), "1024", "{caps}");
-    assert_eq!(fields.get::<&str>("samples-per-frame").unwrap(), "3840", "{caps}");
-    let payload_sizes: Vec<_> = packets
-        .iter()
-        .map(|packet| {
-            gst_rtp::RTPBuffer::from_buffer_readable(packet)
-                .unwrap()
-                .payload_size()
-        })
-        .collect();
-    assert_eq!(
-        payload_sizes,
-        [22, 22, 22],
-        "2 header bytes and 16 codes of 10 bits"
-    );
+    let packets = pull_three_frames_of_10_bits_at_48_khz(&mut h);
     let first = header_of(&packets[0]).0;
     let rtp_times: Vec<_> = packets
         .iter()
@@ -1104,21 +1115,7 @@ fn the_codebook_size_and_the_clock_rate_come_from_the_codes_caps() {
     h.play();
     h.push(release_frames(1021..1024, Some(gst::ClockTime::ZERO)))
         .unwrap();
-    let packets: Vec<_> = (0..3).map(|_| h.pull().unwrap()).collect();
-    let caps = h.sinkpad().unwrap().current_caps().unwrap();
-    let fields = caps.structure(0).unwrap();
-    assert_eq!(fields.get::<i32>("clock-rate").unwrap(), 48_000, "{caps}");
-    assert_eq!(fields.get::<&str>("codebook-size").unwrap(), "1024", "{caps}");
-    assert_eq!(fields.get::<&str>("samples-per-frame").unwrap(), "3840", "{caps}");
-    let sizes: Vec<_> = packets
-        .iter()
-        .map(|packet| {
-            gst_rtp::RTPBuffer::from_buffer_readable(packet)
-                .unwrap()
-                .payload_size()
-        })
-        .collect();
-    assert_eq!(sizes, [22, 22, 22], "2 header bytes and 16 codes of 10 bits");
+    pull_three_frames_of_10_bits_at_48_khz(&mut h);
 
     let clock_rate = h.element().unwrap().find_property("clock-rate").unwrap();
     let clock_rate = clock_rate.downcast_ref::<gst::glib::ParamSpecUInt>().unwrap();
@@ -1376,15 +1373,11 @@ fn frames_held_at_a_caps_change_are_sent_under_their_own_caps() {
         headers.iter().map(|h| (h.1, h.2, h.3)).collect::<Vec<_>>(),
         [(true, 3, 0), (true, 4, 1)]
     );
-    let sizes: Vec<_> = packets
-        .iter()
-        .map(|packet| {
-            gst_rtp::RTPBuffer::from_buffer_readable(packet)
-                .unwrap()
-                .payload_size()
-        })
-        .collect();
-    assert_eq!(sizes, [2 + 3 * 22, 2 + 4 * 20], "11 bits a code, then 10");
+    assert_eq!(
+        payload_sizes(&packets),
+        [2 + 3 * 22, 2 + 4 * 20],
+        "11 bits a code, then 10"
+    );
 }
 
 /// `max-ptime` bounds a packet's frames by their time: 200 ms holds 2 frames of 80 ms, 0 one
