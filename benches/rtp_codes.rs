@@ -10,9 +10,10 @@
 //! - **Loss**: packets of one frame dropped before `rtpqwencodesdepay` (1 %, 5 %, 10 % at random,
 //!   `--runs` seeds each, and one burst of 5), decoded by `qwencodecdec`, the audio placed on the
 //!   timeline by its timestamps (silence where none came, as a sink plays it), against the
-//!   lossless decode: relative L2 error, for each of the depayloader's `loss` ways: **restart**
-//!   (the decoder starts fresh at the next packet) and **repeat** (the lost frames replaced by
-//!   copies of the last frame received, the decoder's state carried on).
+//!   lossless decode: relative L2 error, for each of the decoder's two ways with the
+//!   depayloader's GAP of the lost frames: **restart** (`plc=false`: the decoder starts fresh
+//!   at the next packet) and **repeat** (`plc=true`: the lost frames replaced by copies of the
+//!   last frame received, the decoder's state carried on).
 
 mod common;
 
@@ -155,10 +156,13 @@ fn main() {
     let frames = codes.len() / codebooks;
     let seconds = frames as f64 * 0.08;
     let machine = machine();
-    let decoder = format!(
-        "qwencodecdec model-path={} device=cpu ! audio/x-raw,format=F32LE",
-        args.model.display()
-    );
+    let decoder_with = |plc: bool| {
+        format!(
+            "qwencodecdec model-path={} device=cpu plc={plc} ! audio/x-raw,format=F32LE",
+            args.model.display()
+        )
+    };
+    let decoder = decoder_with(false);
 
     // Bitrate.
     let mut rates = Vec::new();
@@ -222,11 +226,12 @@ fn main() {
         let (mut restart, mut repeat, mut lost) = (Vec::new(), Vec::new(), Vec::new());
         for arrived in runs {
             let arrived = Arc::new(arrived.clone());
-            for (loss, errors) in [("restart", &mut restart), ("repeat", &mut repeat)] {
+            for (plc, errors) in [(false, &mut restart), (true, &mut repeat)] {
                 let keep = arrived.clone();
                 let decoded = run(
                     &format!(
-                        "rtpqwencodespay ! rtpqwencodesdepay name=depay loss={loss} max-repeat-frames=25 ! {decoder}"
+                        "rtpqwencodespay ! rtpqwencodesdepay name=depay ! {}",
+                        decoder_with(plc)
                     ),
                     &codes,
                     codebooks,
@@ -268,7 +273,7 @@ fn main() {
         );
     }
     md += "\n## Loss\n\nOne frame a packet. Relative L2 error of the audio against the lossless decode, \
-           silence where no audio came; median (max) over the runs.\n\n| loss | runs | packets lost | `loss=restart` | `loss=repeat` |\n| --- | ---: | ---: | ---: | ---: |\n";
+           silence where no audio came; median (max) over the runs.\n\n| loss | runs | packets lost | restart (`plc=false`) | repeat (`plc=true`) |\n| --- | ---: | ---: | ---: | ---: |\n";
     for l in &losses {
         md += &format!(
             "| {} | {} | {:.1} % | {:.3} ({:.3}) | {:.3} ({:.3}) |\n",

@@ -217,8 +217,9 @@ fn a_receiver_joining_mid_stream_decodes_fresh_from_its_first_packet() {
     fixture.assert_matches(&common::audio_of(&common::pull_all(&mut h)), "joined late");
 }
 
-/// With `loss=restart` a lost packet flags the next buffer DISCONT: the decoder ends the frames
-/// before the loss (exact) and starts fresh after it; nothing stalls.
+/// Without `plc` on the decoder a lost packet restarts it: the lost frame's GAP and the DISCONT
+/// on the next buffer end the frames before the loss (exact), and the decoder starts fresh
+/// after it; nothing stalls.
 #[test]
 fn after_a_lost_packet_the_decoder_can_start_fresh() {
     let fixture = load_fixture("release-tiny");
@@ -229,7 +230,7 @@ fn after_a_lost_packet_the_decoder_can_start_fresh() {
     let (mut h, _) = rtp_harness(
         &fixture,
         &format!(
-            "rtpqwencodespay ! rtpqwencodesdepay name=depay loss=restart ! qwencodecdec device=cpu model-path={}",
+            "rtpqwencodespay ! rtpqwencodesdepay name=depay ! qwencodecdec device=cpu model-path={}",
             fixture.dir.display()
         ),
         move |index| index == first - 1,
@@ -242,19 +243,33 @@ fn after_a_lost_packet_the_decoder_can_start_fresh() {
     fixture.assert_matches(&audio[split..], "after the loss");
 }
 
-/// With `loss=repeat` (the default) lost frames come out as copies of the last frame received,
-/// in their place and time, without DISCONT (the decoder goes on); a loss longer than
-/// `max-repeat-frames` restarts instead.
+/// The GAP events out of a harness so far: time and duration.
+fn gaps(h: &mut gst_check::Harness) -> Vec<(gst::ClockTime, Option<gst::ClockTime>)> {
+    std::iter::from_fn(|| h.try_pull_event())
+        .filter_map(|event| match event.view() {
+            gst::EventView::Gap(gap) => {
+                assert!(
+                    gap.gap_flags().contains(gst::GapFlags::DATA),
+                    "a loss's GAP says missing data"
+                );
+                Some(gap.get())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Lost packets go downstream as GAP events of exactly their frames' time, flagged missing
+/// data, and the packet after them DISCONT (no RESYNC: no new utterance); no frame is made up.
 #[test]
-fn lost_frames_are_filled_with_the_last_frame_received() {
+fn lost_frames_go_downstream_as_a_gap_of_their_time() {
     let fixture = load_fixture("release-tiny");
     let q = fixture.codebooks;
-    // Packets of 2 frames: packet 3 (frames 6-7) lost, then packets 10 to 13 (frames 20-27),
-    // longer than max-repeat-frames=6.
+    // Packets of 2 frames: packet 3 (frames 6-7) lost, then packets 10 to 13 (frames 20-27).
     let lost = |index: usize| index == 3 || (10..14).contains(&index);
     let (mut h, _) = rtp_harness(
         &fixture,
-        "rtpqwencodespay frames-per-packet=2 ! rtpqwencodesdepay name=depay max-repeat-frames=6",
+        "rtpqwencodespay frames-per-packet=2 ! rtpqwencodesdepay name=depay",
         lost,
     );
     push_codes(&mut h, &fixture, &fixture.codes, 0, false, 6);
@@ -262,34 +277,97 @@ fn lost_frames_are_filled_with_the_last_frame_received() {
     let buffers = common::pull_all(&mut h);
     let mut expected = Vec::new();
     for frame in 0..fixture.frames {
-        let packet = frame / 2;
-        if (10..14).contains(&packet) {
-            continue; // not filled: the decoder restarts at frame 28
+        if !lost(frame / 2) {
+            expected.extend_from_slice(&fixture.codes[frame * q..(frame + 1) * q]);
         }
-        let source = if packet == 3 { 5 } else { frame };
-        expected.extend_from_slice(&fixture.codes[source * q..(source + 1) * q]);
     }
-    assert!(codes_of(&buffers) == code_bytes(&expected), "the codes out");
-    let filled = buffers
-        .iter()
-        .find(|b| b.size() == 4 * q * 2)
-        .expect("the packet after the loss, with the two frames before it");
-    assert_eq!(
-        filled.pts(),
-        Some(FRAME * 6),
-        "the repeated frames where the lost ones were"
-    );
     assert!(
-        !filled.flags().contains(gst::BufferFlags::DISCONT),
-        "the decoder goes on"
+        codes_of(&buffers) == code_bytes(&expected),
+        "the codes received, no more"
     );
-    let restarted: Vec<_> = buffers
+    assert_eq!(
+        gaps(&mut h),
+        [(FRAME * 6, Some(FRAME * 2)), (FRAME * 20, Some(FRAME * 8))]
+    );
+    let flagged: Vec<_> = buffers
         .iter()
-        .filter(|b| b.flags().contains(gst::BufferFlags::DISCONT))
-        .map(|b| b.pts())
+        .filter(|b| !restart_flags(b).is_empty())
+        .map(|b| (b.pts(), restart_flags(b)))
         .collect();
-    // The first packet (its marker) and the one after the long loss.
-    assert_eq!(restarted, [Some(gst::ClockTime::ZERO), Some(FRAME * 28)]);
+    let start = gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC;
+    assert_eq!(
+        flagged,
+        [
+            (Some(gst::ClockTime::ZERO), start),
+            (Some(FRAME * 8), gst::BufferFlags::DISCONT),
+            (Some(FRAME * 28), gst::BufferFlags::DISCONT),
+        ]
+    );
+}
+
+/// `qwencodecdec`'s audio of `codes`, as one stream.
+fn element_decode(fixture: &Fixture, codes: &[i16]) -> Vec<f32> {
+    let mut h = common::harness(fixture, &[]);
+    h.push(common::buffer(&code_bytes(codes), Some(gst::ClockTime::ZERO)))
+        .unwrap();
+    h.push_event(gst::event::Eos::new());
+    common::audio_of(&common::pull_all(&mut h))
+}
+
+/// With `plc=true` the decoder fills lost frames with copies of the last frame received and
+/// goes on: its audio is the decode of the codes with those copies in place of the lost ones.
+/// A loss longer than `max-plc-frames` restarts it: the frames after decode fresh.
+#[test]
+fn with_plc_the_decoder_fills_lost_frames_with_the_last_one_and_goes_on() {
+    let fixture = load_fixture("release-tiny");
+    let q = fixture.codebooks;
+    // As above: frames 6-7 lost (filled with frame 5), then frames 20-27 (more than 6).
+    let lost = |index: usize| index == 3 || (10..14).contains(&index);
+    let (mut h, _) = rtp_harness(
+        &fixture,
+        &format!(
+            "rtpqwencodespay frames-per-packet=2 ! rtpqwencodesdepay name=depay ! \
+             qwencodecdec name=dec device=cpu plc=true max-plc-frames=6 model-path={}",
+            fixture.dir.display()
+        ),
+        lost,
+    );
+    push_codes(&mut h, &fixture, &fixture.codes, 0, false, 6);
+    h.push_event(gst::event::Eos::new());
+    let audio = common::audio_of(&common::pull_all(&mut h));
+
+    let mut filled = fixture.codes[..20 * q].to_vec();
+    let last_received = fixture.codes[5 * q..6 * q].to_vec();
+    filled[6 * q..8 * q].copy_from_slice(&[last_received.clone(), last_received].concat());
+    let mut expected = element_decode(&fixture, &filled);
+    expected.extend(element_decode(&fixture, &fixture.codes[28 * q..]));
+    assert_eq!(
+        audio.len(),
+        expected.len(),
+        "the frames received and the two filled"
+    );
+    let error = common::relative_l2(&audio, &expected);
+    assert!(
+        error < fixture.tolerance(),
+        "relative L2 {error:e} against the filled codes' decode"
+    );
+    // Not what a restart at the short loss would give either.
+    let mut restarted = element_decode(&fixture, &fixture.codes[..6 * q]);
+    restarted.extend(vec![0.0; 2 * fixture.samples_per_frame]);
+    let restart_error = common::relative_l2(&audio[..restarted.len()], &restarted);
+    assert!(
+        restart_error > 10.0 * fixture.tolerance(),
+        "{restart_error:e}: no fill"
+    );
+    let dec = h
+        .element()
+        .unwrap()
+        .downcast::<gst::Bin>()
+        .unwrap()
+        .by_name("dec")
+        .unwrap();
+    let stats = dec.property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("frames-concealed").unwrap(), 2, "{stats}");
 }
 
 /// An RTP packet of this format with `payload`, sequence number `seq` and RTP time `rtp_time`
@@ -421,7 +499,7 @@ fn a_bad_packet_is_dropped_with_a_warning_naming_what_was_wrong() {
 }
 
 /// Bad packets in a row: one warning, then none for a second, then one that counts those
-/// dropped in between. Their frames are lost frames, filled as `loss=repeat` fills them, and
+/// dropped in between. Their frames are lost frames, a GAP of their time like any loss's, and
 /// nothing else is lost.
 #[test]
 fn bad_packets_warn_at_most_once_a_second_with_a_count() {
@@ -436,9 +514,8 @@ fn bad_packets_warn_at_most_once_a_second_with_a_count() {
     let buffers = common::pull_all(&mut h);
     assert_eq!(buffers.len(), 2);
     assert_eq!(&*buffers[0].map_readable().unwrap(), &code_bytes(&[1, 2])[..]);
-    let mut filled = [1, 2].repeat(4);
-    filled.extend([3, 4]);
-    assert_eq!(&*buffers[1].map_readable().unwrap(), &code_bytes(&filled)[..]);
+    assert_eq!(&*buffers[1].map_readable().unwrap(), &code_bytes(&[3, 4])[..]);
+    assert_eq!(gaps(&mut h), [(FRAME, Some(FRAME * 4))]);
     let (errors, warnings) = common::errors_and_warnings(&bus);
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(warnings.len(), 1, "{warnings:?}");
@@ -455,23 +532,17 @@ fn bad_packets_warn_at_most_once_a_second_with_a_count() {
         "{warnings:?}"
     );
     let depay = h.element().unwrap();
-    let counts = [
-        "packets",
-        "frames",
-        "packets-bad",
-        "frames-repeated",
-        "packets-lost",
-    ]
-    .map(|name| stat(&depay, name));
+    let counts =
+        ["packets", "frames", "packets-bad", "frames-lost", "packets-lost"].map(|name| stat(&depay, name));
     assert_eq!(counts, [2, 2, 5, 4, 0]);
 }
 
-/// With `loss=restart` a bad packet's frames are lost frames like any: the next good packet
-/// restarts the decoder (DISCONT, no RESYNC), although no sequence number is missing, so the
-/// base class saw no gap to flag.
+/// A bad packet's frames are lost frames like any: a GAP of their time, and the next good
+/// packet flagged DISCONT (no RESYNC), although no sequence number is missing, so the base
+/// class saw no gap to flag.
 #[test]
-fn after_a_bad_packet_loss_restart_restarts_the_decoder() {
-    let (mut h, _bus) = small_depay(&[("loss", "restart")]);
+fn after_a_bad_packet_the_next_is_a_discontinuity() {
+    let (mut h, _bus) = small_depay(&[]);
     h.push(packet(&small_frame(0, [1, 2]), 0, 0, true)).unwrap();
     h.push(packet(&[0x40u8, 0, 0xff, 0xc0, 0], 1, 1920, false))
         .unwrap();
@@ -483,8 +554,9 @@ fn after_a_bad_packet_loss_restart_restarts_the_decoder() {
     assert_eq!(
         codes_of(&buffers),
         code_bytes(&[1, 2, 3, 4, 5, 6]),
-        "nothing repeated"
+        "nothing made up"
     );
+    assert_eq!(gaps(&mut h), [(FRAME, Some(FRAME))]);
     assert_eq!(
         buffers.iter().map(|b| restart_flags(b)).collect::<Vec<_>>(),
         [
@@ -699,7 +771,7 @@ fn record_out(h: &gst_check::Harness, frame_bytes: usize) -> Out {
 }
 
 /// The second utterance's marked packet is lost: its next packet still starts it (the
-/// utterance number changed), flagged DISCONT and RESYNC, nothing repeated into the gap, and
+/// utterance number changed), flagged DISCONT and RESYNC, no frames counted lost, and
 /// the rest decodes as a fresh decoder's: upstream's decode of the codes after the one lost.
 #[test]
 fn a_lost_marked_packet_still_starts_the_next_utterance_fresh() {
@@ -749,41 +821,30 @@ fn a_lost_marked_packet_still_starts_the_next_utterance_fresh() {
         .unwrap()
         .by_name("depay")
         .unwrap();
-    let counts = ["utterances", "packets-lost", "frames-repeated"].map(|name| stat(&depay, name));
+    let counts = ["utterances", "packets-lost", "frames-lost"].map(|name| stat(&depay, name));
     assert_eq!(counts, [2, 1, 0]);
 }
 
 /// A lost packet held up to 64 frames: two lost packets whose RTP time says 80 frames (more
-/// than one could hold) are filled when `max-repeat-frames` allows it. The properties read back
-/// as set.
+/// than one could hold) are 80 frames lost.
 #[test]
 fn two_lost_packets_may_have_held_more_frames_than_one_could() {
-    let (mut h, _bus) = small_depay(&[("max-repeat-frames", "100"), ("loss", "repeat")]);
-    let depay = h.element().unwrap();
-    assert_eq!(depay.property::<u32>("max-repeat-frames"), 100);
-    depay.set_property_from_str("loss", "restart");
-    let loss = depay.property_value("loss");
-    assert_eq!(
-        gst::glib::EnumValue::from_value(&loss).unwrap().1.nick(),
-        "restart"
-    );
-    depay.set_property_from_str("loss", "repeat");
+    let (mut h, _bus) = small_depay(&[]);
     h.push(packet(&small_frame(0, [1, 2]), 0, 0, true)).unwrap();
     // Packets 1 and 2 lost: 80 frames' time.
     h.push(packet(&small_frame(0, [3, 4]), 3, 1920 * 81, false))
         .unwrap();
     let buffers = common::pull_all(&mut h);
-    let mut expected = [1, 2].repeat(81);
-    expected.extend([3, 4]);
-    assert_eq!(codes_of(&buffers), code_bytes(&expected));
-    assert!(!buffers[1].flags().contains(gst::BufferFlags::DISCONT));
-    assert_eq!(stat(&depay, "frames-repeated"), 80);
+    assert_eq!(codes_of(&buffers), code_bytes(&[1, 2, 3, 4]));
+    assert_eq!(gaps(&mut h), [(FRAME, Some(FRAME * 80))]);
+    assert!(buffers[1].flags().contains(gst::BufferFlags::DISCONT));
+    assert_eq!(stat(&h.element().unwrap(), "frames-lost"), 80);
 }
 
 /// Loss is what the sequence numbers say, its length what the RTP time says: a jump in RTP time
-/// with no packet missing repeats nothing and goes on; a packet missing between packets whose
-/// times look contiguous (a sender whose timestamps restarted) is loss of unknown length, where
-/// the decoder restarts (DISCONT, no RESYNC: no new utterance).
+/// with no packet missing loses nothing and goes on; a packet missing between packets whose
+/// times look contiguous (a sender whose timestamps restarted) is loss of unknown length: no
+/// GAP, and the decoder restarts (DISCONT, no RESYNC: no new utterance).
 #[test]
 fn sequence_numbers_not_timestamps_say_what_was_lost() {
     let (mut h, _bus) = small_depay(&[]);
@@ -799,8 +860,9 @@ fn sequence_numbers_not_timestamps_say_what_was_lost() {
     assert_eq!(
         codes_of(&buffers),
         code_bytes(&[1, 2, 3, 4, 5, 6, 7, 8]),
-        "one frame a packet, none repeated"
+        "one frame a packet"
     );
+    assert_eq!(gaps(&mut h), []);
     assert_eq!(
         buffers.iter().map(|b| restart_flags(b)).collect::<Vec<_>>(),
         [
@@ -811,7 +873,7 @@ fn sequence_numbers_not_timestamps_say_what_was_lost() {
         ]
     );
     let depay = h.element().unwrap();
-    let counts = ["packets", "packets-lost", "frames-repeated", "utterances"].map(|name| stat(&depay, name));
+    let counts = ["packets", "packets-lost", "frames-lost", "utterances"].map(|name| stat(&depay, name));
     assert_eq!(counts, [4, 1, 0, 1]);
 }
 
@@ -827,28 +889,25 @@ fn lost_event(seq: u32, frames: u64) -> gst::Event {
     )
 }
 
-/// The jitter buffer's lost-packet events (`rtpjitterbuffer do-lost=true`): where the repeats of
-/// `loss=repeat` fill the lost time no GAP goes downstream; where they do not (a loss longer
-/// than `max-repeat-frames`), the base class's GAP for that time, before the next buffer.
+/// The jitter buffer's lost-packet events (`rtpjitterbuffer do-lost=true`): where the next
+/// packet's RTP time counts the frames lost, one GAP of exactly their time takes their place;
+/// where it does not, they go on as the base class's GAP events, before the next buffer.
 #[test]
-fn lost_time_that_no_repeat_fills_goes_downstream_as_a_gap() {
-    let (mut h, _bus) = small_depay(&[("max-repeat-frames", "3")]);
+fn lost_time_goes_downstream_as_the_counted_gap_or_the_jitter_buffers() {
+    let (mut h, _bus) = small_depay(&[]);
     h.push(packet(&small_frame(0, [1, 2]), 0, 0, true)).unwrap();
-    h.push_event(lost_event(1, 1));
+    // The jitter buffer's guess of 2 frames; the RTP time says 1.
+    h.push_event(lost_event(1, 2));
     h.push(packet(&small_frame(0, [3, 4]), 2, 1920 * 2, false))
         .unwrap();
-    h.push_event(lost_event(3, 7));
-    h.push(packet(&small_frame(0, [5, 6]), 10, 1920 * 10, false))
+    // Packet 3 lost, and packet 4's RTP time is no whole number of frames after packet 2's.
+    h.push_event(lost_event(3, 1));
+    h.push(packet(&small_frame(0, [5, 6]), 4, 1920 * 4 + 7, false))
         .unwrap();
     let buffers = common::pull_all(&mut h);
-    assert_eq!(codes_of(&buffers), code_bytes(&[1, 2, 1, 2, 3, 4, 5, 6]));
-    let gaps: Vec<_> = std::iter::from_fn(|| h.try_pull_event())
-        .filter_map(|event| match event.view() {
-            gst::EventView::Gap(gap) => Some(gap.get()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(gaps, [(FRAME * 3, Some(FRAME * 7))]);
+    assert_eq!(codes_of(&buffers), code_bytes(&[1, 2, 3, 4, 5, 6]));
+    assert_eq!(gaps(&mut h), [(FRAME, Some(FRAME)), (FRAME * 3, Some(FRAME))]);
+    assert!(buffers[1].flags().contains(gst::BufferFlags::DISCONT));
     assert!(buffers[2].flags().contains(gst::BufferFlags::DISCONT));
 }
 
@@ -875,7 +934,7 @@ fn after_a_flush_the_next_packet_starts_fresh_with_no_loss() {
             .contains(gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC)
     );
     let depay = h.element().unwrap();
-    let counts = ["packets-lost", "frames-repeated", "utterances"].map(|name| stat(&depay, name));
+    let counts = ["packets-lost", "frames-lost", "utterances"].map(|name| stat(&depay, name));
     assert_eq!(counts, [0, 0, 2]);
 }
 
@@ -1656,4 +1715,44 @@ fn the_base_class_stats_are_its_own_and_the_counts_are_codes_stats() {
     let stats = depay.property::<gst::Structure>("stats");
     assert_eq!(stats.get::<u32>("seqnum"), Ok(7), "{stats}");
     assert_eq!(stat(&depay, "packets"), 1);
+}
+
+/// With `plc=true`, a concealed loss followed by an utterance's start (DISCONT and RESYNC, after
+/// which the base class does not flush): the filled frames end the first utterance, and the
+/// second decodes fresh. A GAP that is not lost data (a silent live source) is not filled.
+#[test]
+fn with_plc_a_talk_spurt_after_a_concealed_loss_starts_fresh() {
+    let fixture = load_fixture("release-tiny");
+    let q = fixture.codebooks;
+    let (first, second) = (fixture.prefix_codes(9), &fixture.codes[..]);
+    let mut h = common::harness(&fixture, &[("plc", &true)]);
+    h.push(common::buffer(&code_bytes(first), Some(gst::ClockTime::ZERO)))
+        .unwrap();
+    h.push_event(
+        gst::event::Gap::builder(FRAME * 9)
+            .duration(FRAME * 2)
+            .gap_flags(gst::GapFlags::DATA)
+            .build(),
+    );
+    let mut start = common::buffer(&code_bytes(second), Some(FRAME * 11));
+    start
+        .get_mut()
+        .unwrap()
+        .set_flags(gst::BufferFlags::DISCONT | gst::BufferFlags::RESYNC);
+    h.push(start).unwrap();
+    // Not lost data: the stream ends before it, nothing is filled.
+    h.push_event(gst::event::Gap::builder(FRAME * 60).duration(FRAME * 2).build());
+    h.push(common::buffer(&code_bytes(second), Some(FRAME * 62)))
+        .unwrap();
+    h.push_event(gst::event::Eos::new());
+    let audio = common::audio_of(&common::pull_all(&mut h));
+
+    let mut filled = first.to_vec();
+    filled.extend_from_slice(&first[8 * q..].repeat(2));
+    let mut expected = element_decode(&fixture, &filled);
+    expected.extend(element_decode(&fixture, second));
+    expected.extend(element_decode(&fixture, second));
+    assert_eq!(audio.len(), expected.len());
+    let error = common::relative_l2(&audio, &expected);
+    assert!(error < fixture.tolerance(), "relative L2 {error:e}");
 }

@@ -10,9 +10,11 @@
 //! cancel), so that both transports behave alike. An utterance starts where the depayloader
 //! flags a buffer RESYNC (a marked packet, or one of a new utterance number when the marked one
 //! was lost): the speech before it ends there, as `{"type":"end"}` ends it, and a cancel ends
-//! there too. A loss that the depayloader did not fill (DISCONT alone) restarts the decoder
-//! the same way, but is no new utterance: what comes of a cancelled utterance after it is still
-//! dropped.
+//! there too. Lost frames that the depayloader counts (a GAP flagged missing data before the
+//! packet after them) are filled with copies of the last frame received, as `qwencodecdec
+//! plc=true` fills them, and the decoder goes on; any other loss (DISCONT alone) restarts the
+//! decoder the same way as an utterance's start, but is no new utterance: what comes of a
+//! cancelled utterance after it is still dropped.
 //!
 //! The port takes packets from the sender's address alone (the address its WebSocket came
 //! from): anyone else who finds the port could otherwise speak into the session, unasked.
@@ -31,8 +33,11 @@ use crate::metrics::Metrics;
 use crate::session::Session;
 
 /// How long the jitter buffer waits for a late or reordered packet: a frame is 80 ms, and a
-/// packet later than this counts as lost (the depayloader repeats the frame before it).
+/// packet later than this counts as lost (its frames filled with the frame before them).
 const JITTER_BUFFER_MS: u32 = 40;
+/// The longest loss filled with the last frame (two seconds at the release's rate), as
+/// `qwencodecdec`'s `max-plc-frames`; a longer one restarts the decoder.
+const MAX_CONCEALED_FRAMES: u64 = 25;
 const PAYLOAD_TYPE: u32 = 96;
 
 /// What the RTP caps and the SDP say about the codes.
@@ -161,30 +166,48 @@ impl RtpIngress {
         take_only_from(&udpsrc, addresses.sender, &id, dropped.clone());
 
         let utterances = Arc::new(Utterances::default());
+        let concealment = Arc::new(Mutex::new(Concealment::new(format, frame_bytes_of(format))));
+        watch_lost_time(&appsink, concealment.clone());
         let refused = Arc::new(Mutex::new(None));
         let frames = Arc::new(Mutex::new(0));
-        let frame_bytes = 2 * format.codebooks;
+        let frame_bytes = frame_bytes_of(format);
         appsink.set_callbacks(
             gst_app::AppSinkCallbacks::builder()
                 .new_sample({
-                    let (utterances, refused, frames) = (utterances.clone(), refused.clone(), frames.clone());
+                    let (utterances, refused, frames, concealment) = (
+                        utterances.clone(),
+                        refused.clone(),
+                        frames.clone(),
+                        concealment.clone(),
+                    );
                     move |appsink| {
                         let sample = appsink.pull_sample().map_err(|_| gst::FlowError::Eos)?;
                         let buffer = sample.buffer().ok_or(gst::FlowError::Error)?;
                         let map = buffer.map_readable().map_err(|_| gst::FlowError::Error)?;
                         let mut frames = frames.lock().unwrap();
-                        match utterances.take(buffer.flags()) {
+                        let mut flags = buffer.flags();
+                        let fill = concealment.lock().unwrap().fill(flags, &map);
+                        if fill.is_some() {
+                            // The loss is filled: the decoder goes on.
+                            flags.remove(gst::BufferFlags::DISCONT);
+                        }
+                        match utterances.take(flags) {
                             Take::Drop => return Ok(gst::FlowSuccess::Ok),
                             Take::Push { restart } if restart && *frames > 0 => session.end(),
                             Take::Push { .. } => (),
                         }
-                        let count = map.len() / frame_bytes;
-                        if let Err(refusal) = session.push(&map, count) {
-                            refused.lock().unwrap().get_or_insert(refusal);
-                            return Err(gst::FlowError::Error);
+                        for part in [fill.as_deref().unwrap_or_default(), &map[..]] {
+                            let count = part.len() / frame_bytes;
+                            if count == 0 {
+                                continue;
+                            }
+                            if let Err(refusal) = session.push(part, count) {
+                                refused.lock().unwrap().get_or_insert(refusal);
+                                return Err(gst::FlowError::Error);
+                            }
+                            *frames += count;
+                            metrics.frames_in.inc_by(count as u64);
                         }
-                        *frames += count;
-                        metrics.frames_in.inc_by(count as u64);
                         Ok(gst::FlowSuccess::Ok)
                     }
                 })
@@ -286,6 +309,89 @@ impl Utterances {
     }
 }
 
+fn frame_bytes_of(format: &RtpFormat) -> usize {
+    2 * format.codebooks
+}
+
+/// The frames lost before the next buffer, as the depayloader counts them, and the last frame
+/// received, which fills them.
+struct Concealment {
+    frame_duration: gst::ClockTime,
+    frame_bytes: usize,
+    /// Frames of the lost time since the last buffer.
+    lost: Option<u64>,
+    /// Lost time since the last buffer that was not whole frames.
+    uncounted: bool,
+    last_frame: Vec<u8>,
+}
+
+impl Concealment {
+    fn new(format: &RtpFormat, frame_bytes: usize) -> Self {
+        Self {
+            frame_duration: gst::ClockTime::SECOND
+                .mul_div_floor(format.samples_per_frame as u64, u64::from(format.clock_rate))
+                .unwrap_or(gst::ClockTime::ZERO),
+            frame_bytes,
+            lost: None,
+            uncounted: false,
+            last_frame: Vec::new(),
+        }
+    }
+
+    /// Lost time (a GAP flagged missing data) before the next buffer; time that is not whole
+    /// frames leaves the loss uncounted.
+    fn lost_time(&mut self, duration: Option<gst::ClockTime>) {
+        let frame = self.frame_duration.nseconds();
+        let frames = duration
+            .map(|duration| duration.nseconds())
+            .filter(|duration| frame > 0 && duration % frame == 0)
+            .map(|duration| duration / frame);
+        self.lost = match frames {
+            Some(frames) if !self.uncounted => Some(self.lost.unwrap_or(0) + frames),
+            _ => {
+                self.uncounted = true;
+                None
+            }
+        };
+    }
+
+    /// For a buffer of `flags` and frames `data`: the copies of the last frame that fill the
+    /// frames lost before it, if it goes on from them (DISCONT, not RESYNC) and the loss is
+    /// at most MAX_CONCEALED_FRAMES. Its last frame is kept for the next loss.
+    fn fill(&mut self, flags: gst::BufferFlags, data: &[u8]) -> Option<Vec<u8>> {
+        let lost = self.lost.take();
+        self.uncounted = false;
+        let fill = lost
+            .filter(|lost| (1..=MAX_CONCEALED_FRAMES).contains(lost))
+            .filter(|_| {
+                flags.contains(gst::BufferFlags::DISCONT)
+                    && !flags.contains(gst::BufferFlags::RESYNC)
+                    && self.last_frame.len() == self.frame_bytes
+            })
+            .map(|lost| self.last_frame.repeat(lost as usize));
+        if data.len() >= self.frame_bytes {
+            self.last_frame = data[data.len() - self.frame_bytes..].to_vec();
+        }
+        fill
+    }
+}
+
+/// Hands the depayloader's lost time (GAP events flagged missing data) to `concealment`.
+fn watch_lost_time(appsink: &gst_app::AppSink, concealment: Arc<Mutex<Concealment>>) {
+    appsink
+        .static_pad("sink")
+        .unwrap()
+        .add_probe(gst::PadProbeType::EVENT_DOWNSTREAM, move |_, info| {
+            if let Some(gst::PadProbeData::Event(event)) = &info.data
+                && let gst::EventView::Gap(gap) = event.view()
+                && gap.gap_flags().contains(gst::GapFlags::DATA)
+            {
+                concealment.lock().unwrap().lost_time(gap.get().1);
+            }
+            gst::PadProbeReturn::Ok
+        });
+}
+
 /// Drops what reaches `udpsrc` from another address than `sender` (udpsrc says each packet's
 /// source in its buffer's net address meta), counting it in `dropped`; the first is logged.
 fn take_only_from(udpsrc: &gst::Element, sender: IpAddr, session: &str, dropped: Arc<AtomicU64>) {
@@ -324,6 +430,48 @@ mod tests {
     const START: gst::BufferFlags = gst::BufferFlags::DISCONT.union(gst::BufferFlags::RESYNC);
     const LOSS: gst::BufferFlags = gst::BufferFlags::DISCONT;
     const GOING_ON: gst::BufferFlags = gst::BufferFlags::empty();
+
+    /// Lost frames that the depayloader counted are filled with the last frame before them
+    /// when the next buffer goes on from them; not at an utterance's start, nor past
+    /// MAX_CONCEALED_FRAMES, nor when the lost time is not whole frames.
+    #[test]
+    fn counted_lost_frames_are_filled_with_the_last_frame() {
+        let format = RtpFormat {
+            clock_rate: 24_000,
+            codebooks: 2,
+            codebook_size: 2048,
+            samples_per_frame: 1920,
+        };
+        let frame = gst::ClockTime::from_mseconds(80);
+        let mut concealment = Concealment::new(&format, frame_bytes_of(&format));
+        let (a, b) = ([1u8, 0, 2, 0], [3u8, 0, 4, 0]);
+        assert_eq!(
+            concealment.fill(START, &[a, b].concat()),
+            None,
+            "nothing lost yet"
+        );
+        concealment.lost_time(Some(frame * 2));
+        assert_eq!(
+            concealment.fill(LOSS, &a),
+            Some([b, b].concat()),
+            "two frames of b"
+        );
+        concealment.lost_time(Some(frame * 2));
+        assert_eq!(concealment.fill(START, &b), None, "an utterance starts fresh");
+        concealment.lost_time(Some(frame * (MAX_CONCEALED_FRAMES + 1)));
+        assert_eq!(concealment.fill(LOSS, &a), None, "too long a loss");
+        concealment.lost_time(Some(frame));
+        concealment.lost_time(Some(frame / 2));
+        concealment.lost_time(Some(frame));
+        assert_eq!(concealment.fill(LOSS, &b), None, "lost time not whole frames");
+        concealment.lost_time(Some(frame));
+        concealment.lost_time(Some(frame));
+        assert_eq!(
+            concealment.fill(LOSS, &a),
+            Some([b, b].concat()),
+            "two GAPs add up"
+        );
+    }
 
     /// A cancel holds through a loss that restarts the decoder (DISCONT alone) and ends at the
     /// next utterance's start (RESYNC), whose frames go in.

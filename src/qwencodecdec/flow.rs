@@ -9,7 +9,7 @@ use gst_audio::prelude::*;
 use gst_audio::subclass::prelude::*;
 
 use super::imp::{CAT, QwenCodecDec};
-use super::step_thread::{Output, Refused, Stream};
+use super::step_thread::{Arrival, Output, Refused, Stream};
 use crate::model::DecodeError;
 
 /// The base class's stream lock (`GST_AUDIO_DECODER_STREAM_LOCK`, recursive), which
@@ -230,13 +230,24 @@ impl QwenCodecDec {
         }
     }
 
-    /// A GAP: time goes on without frames (a loss that nothing filled, a silent live source).
-    /// Under the stream lock, so that nothing goes downstream between: the frames before it are
-    /// decoded and their audio pushed (the next frame decodes as on a fresh decoder, as after
-    /// a DISCONT, since the frames after the hole do not follow the ones before), then the
-    /// GAP goes on through the base class, which sends the events pending ahead of it.
+    /// A GAP: time goes on without frames. Lost frames' time (flagged missing data, as
+    /// depayloaders send it) with `plc` set goes to the base class, which hands it to
+    /// `handle_frame` as an empty buffer to conceal (`conceal`) and does not flush at the
+    /// DISCONT after it. Any other gap (a silent live source, or lost time without `plc`):
+    /// under the stream lock, so that nothing goes downstream between, the frames before it are
+    /// decoded and their audio pushed, and the next frame decodes as on a fresh decoder (the
+    /// frames after the hole do not follow the ones before); then the GAP goes on through the
+    /// base class, which sends the events pending ahead of it.
     pub(super) fn handle_gap(&self, event: gst::Event) -> bool {
         let _lock = self.stream_lock();
+        let lost = match event.view() {
+            gst::EventView::Gap(gap) => gap.gap_flags().contains(gst::GapFlags::DATA),
+            _ => false,
+        };
+        if lost && self.obj().is_plc() {
+            gst::debug!(CAT, imp = self, "{:?}: lost frames, to conceal", event);
+            return self.parent_sink_event(event);
+        }
         gst::debug!(
             CAT,
             imp = self,
@@ -245,6 +256,76 @@ impl QwenCodecDec {
         );
         self.drain_for_event();
         self.parent_sink_event(event)
+    }
+
+    /// The base class's packet-loss concealment: `gap` (an empty buffer) holds the time of
+    /// lost frames. A whole number of frames, at most `max-plc-frames`, after a frame of the
+    /// stream: that many copies of the last frame take their place, and the decoder goes on.
+    /// Otherwise the frames before it end as a stream and the next decodes fresh, as a GAP
+    /// without `plc` does; the GAP goes downstream once the stream's segment has.
+    pub(super) fn conceal(&self, gap: &gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
+        let stream = self.stream().ok_or(gst::FlowError::Flushing)?;
+        let max_frames = self.settings().max_plc_frames as u64;
+        let arrival = Arrival {
+            frames: 0,
+            arrived: self.now(),
+            due: self.running_time(gap.pts()),
+        };
+        let mut inner = stream.lock();
+        if let Some(stop) = inner.drain_interrupted() {
+            return Err(stop);
+        }
+        let frames = gap
+            .duration()
+            .and_then(|duration| whole_frames(duration, inner.frame_duration()))
+            .filter(|frames| (1..=max_frames).contains(frames));
+        if let Some(concealed) = frames.and_then(|frames| inner.conceal(frames as usize, arrival)) {
+            drop(inner);
+            gst::debug!(
+                CAT,
+                imp = self,
+                "{} lost frames: the last frame repeated",
+                concealed
+            );
+            self.stats().frames_concealed += concealed;
+            stream.wake();
+            self.push_outbox(&stream);
+            return stream.lock().flow_now();
+        }
+        // Closed with the frames before it, which have no audio out yet.
+        let _ = inner.accept(&[], arrival);
+        drop(inner);
+        gst::debug!(
+            CAT,
+            imp = self,
+            "Lost time {:?} at {:?} not concealed: a fresh stream after the frames before it",
+            gap.duration(),
+            gap.pts()
+        );
+        self.drain_for_event();
+        let obj = self.obj();
+        let src = obj.src_pad();
+        if let Some(pts) = gap.pts()
+            && src.sticky_event::<gst::event::Segment>(0).is_some()
+        {
+            src.push_event(
+                gst::event::Gap::builder(pts)
+                    .duration(gap.duration())
+                    .gap_flags(gst::GapFlags::DATA)
+                    .build(),
+            );
+        }
+        stream.lock().flow_now()
+    }
+
+    /// A buffer flagged RESYNC starts a talk spurt (an utterance, as depayloaders mark it): the
+    /// decoder starts fresh. The base class flushed already at its DISCONT, unless a concealed
+    /// gap came just before (the base class then expects the DISCONT): end the stream here.
+    pub(super) fn start_talk_spurt(&self) {
+        if self.stream().is_some_and(|stream| stream.lock().has_frames()) {
+            gst::debug!(CAT, imp = self, "A talk spurt starts: a fresh stream");
+            self.drain_for_event();
+        }
     }
 
     /// The drain with the step thread idle: what it finished, then the remaining steps and the
@@ -348,4 +429,14 @@ impl QwenCodecDec {
         gst::element_imp_error!(self, gst::LibraryError::Failed, ("Decoding failed: {}", err));
         gst::FlowError::Error
     }
+}
+
+/// How many frames of `frame` last `duration`, if a whole number (within a sample at 48 kHz).
+fn whole_frames(duration: gst::ClockTime, frame: gst::ClockTime) -> Option<u64> {
+    if frame.is_zero() {
+        return None;
+    }
+    let frames = (duration.nseconds() + frame.nseconds() / 2) / frame.nseconds();
+    let off = duration.nseconds().abs_diff(frames * frame.nseconds());
+    (off <= 20_000).then_some(frames)
 }

@@ -33,7 +33,8 @@ use gst_audio::subclass::prelude::*;
 use super::latency::Latency;
 use super::settings::{
     DEFAULT_CHUNK_FRAMES, DEFAULT_CUDA_GRAPHS, DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_BATCH,
-    DEFAULT_MAX_STEP_FRAMES, DEFAULT_PROCESSING_LATENCY, DEFAULT_TAIL_STRATEGY, Settings, Stats,
+    DEFAULT_MAX_PLC_FRAMES, DEFAULT_MAX_STEP_FRAMES, DEFAULT_PROCESSING_LATENCY, DEFAULT_TAIL_STRATEGY,
+    Settings, Stats,
 };
 use super::step_thread::{Arrival, StepThread, Stream, read_ahead_frames};
 use crate::caps::RefusedCaps;
@@ -87,6 +88,10 @@ pub struct QwenCodecDec {
 }
 
 impl QwenCodecDec {
+    pub(super) fn settings(&self) -> MutexGuard<'_, Settings> {
+        self.settings.lock().unwrap()
+    }
+
     fn state(&self) -> MutexGuard<'_, Option<State>> {
         self.state.lock().unwrap()
     }
@@ -126,7 +131,7 @@ impl QwenCodecDec {
     }
 
     /// The running time of an input timestamp, by the input's segment.
-    fn running_time(&self, pts: Option<gst::ClockTime>) -> Option<gst::ClockTime> {
+    pub(super) fn running_time(&self, pts: Option<gst::ClockTime>) -> Option<gst::ClockTime> {
         let state = self.state();
         let segment = state.as_ref()?.segment.as_ref()?;
         segment.downcast_ref::<gst::ClockTime>()?.to_running_time(pts?)
@@ -230,6 +235,13 @@ impl ObjectImpl for QwenCodecDec {
                     .default_value(DEFAULT_PROCESSING_LATENCY)
                     .mutable_ready()
                     .build(),
+                glib::ParamSpecUInt::builder("max-plc-frames")
+                    .nick("Most frames concealed")
+                    .blurb("Longest loss in frames that plc fills with the last frame, beyond which decoding restarts")
+                    .maximum(10_000)
+                    .default_value(DEFAULT_MAX_PLC_FRAMES)
+                    .mutable_playing()
+                    .build(),
                 glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
                     .nick("Statistics")
                     .blurb("Decoding statistics since the element started")
@@ -256,6 +268,10 @@ impl ObjectImpl for QwenCodecDec {
             "cuda-graphs" => settings.cuda_graphs = value.get().unwrap(),
             "max-batch" => settings.max_batch = value.get().unwrap(),
             "max-step-frames" => settings.max_step_frames = value.get().unwrap(),
+            "max-plc-frames" => {
+                settings.max_plc_frames = value.get().unwrap();
+                return;
+            }
             "processing-latency" => {
                 settings.processing_latency =
                     Some(gst::ClockTime::from_nseconds(value.get().unwrap())).filter(|l| !l.is_zero())
@@ -294,6 +310,7 @@ impl ObjectImpl for QwenCodecDec {
             "cuda-graphs" => settings.cuda_graphs.to_value(),
             "max-batch" => settings.max_batch.to_value(),
             "max-step-frames" => settings.max_step_frames.to_value(),
+            "max-plc-frames" => settings.max_plc_frames.to_value(),
             "processing-latency" => settings
                 .processing_latency
                 .map_or(DEFAULT_PROCESSING_LATENCY, gst::ClockTime::nseconds)
@@ -403,6 +420,8 @@ impl AudioDecoderImpl for QwenCodecDec {
         // Lets the base class turn a BYTES segment (e.g. straight from filesrc) into TIME
         // through the sink's convert query. Set here: the base class clears it on each start.
         self.obj().set_estimate_rate(true);
+        // Lost time (a GAP) reaches `handle_frame` as an empty buffer when `plc` is set.
+        self.obj().set_plc_aware(true);
         Ok(())
     }
 
@@ -492,6 +511,14 @@ impl AudioDecoderImpl for QwenCodecDec {
         let Some(buffer) = buffer else {
             return self.drain();
         };
+        // Only the base class's packet-loss concealment hands over an empty buffer: the time of
+        // a GAP, with `plc` set.
+        if buffer.size() == 0 {
+            return self.conceal(buffer);
+        }
+        if buffer.flags().contains(gst::BufferFlags::RESYNC) {
+            self.start_talk_spurt();
+        }
         let map = buffer.map_readable().map_err(|_| {
             gst::element_imp_error!(self, gst::CoreError::Failed, ["Cannot map the input buffer"]);
             gst::FlowError::Error

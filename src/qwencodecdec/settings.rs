@@ -10,6 +10,8 @@ pub(super) const DEFAULT_CUDA_GRAPHS: bool = true;
 /// The model's own defaults (`StepLimits::default()`).
 pub(super) const DEFAULT_MAX_BATCH: u32 = 16;
 pub(super) const DEFAULT_MAX_STEP_FRAMES: u32 = 8;
+/// Two seconds of frames at the release's rate: the longest loss that `plc` conceals.
+pub(super) const DEFAULT_MAX_PLC_FRAMES: u32 = 25;
 /// `processing-latency`'s "measured".
 pub(super) const DEFAULT_PROCESSING_LATENCY: u64 = 0;
 
@@ -26,6 +28,7 @@ pub(super) struct Settings {
     /// What a frame waits for its step, fixed; None: measured at start and raised when
     /// frames keep coming out late (see `Latency`).
     pub(super) processing_latency: Option<gst::ClockTime>,
+    pub(super) max_plc_frames: u32,
 }
 
 impl Default for Settings {
@@ -40,6 +43,7 @@ impl Default for Settings {
             max_batch: DEFAULT_MAX_BATCH,
             max_step_frames: DEFAULT_MAX_STEP_FRAMES,
             processing_latency: None,
+            max_plc_frames: DEFAULT_MAX_PLC_FRAMES,
         }
     }
 }
@@ -49,6 +53,8 @@ impl Default for Settings {
 #[derive(Debug, Default, Clone)]
 pub(super) struct Stats {
     pub(super) frames_in: u64,
+    /// Lost frames that `plc` filled with the last frame.
+    pub(super) frames_concealed: u64,
     pub(super) samples_out: u64,
     pub(super) steps: u64,
     pub(super) step_time: Duration,
@@ -81,6 +87,7 @@ impl Stats {
         };
         gst::Structure::builder("qwencodecdec-stats")
             .field("frames-in", self.frames_in)
+            .field("frames-concealed", self.frames_concealed)
             .field("samples-out", self.samples_out)
             .field("decode-steps", self.steps)
             .field("mean-step-ms", mean_step_ms)

@@ -82,6 +82,8 @@ pub(super) struct Inner {
     /// One frame's duration.
     frame_duration: gst::ClockTime,
     frames_accepted: u64,
+    /// The stream's last frame taken, which concealment repeats (empty: none since the reset).
+    last_frame: Vec<i16>,
     /// Bytes of a frame cut by a buffer boundary, waiting for the rest.
     partial_frame: Vec<u8>,
     /// Per input buffer not yet finished, oldest first: how many of the frames that start in
@@ -161,6 +163,7 @@ impl Stream {
                 arrivals: VecDeque::new(),
                 frame_duration,
                 frames_accepted: 0,
+                last_frame: Vec::new(),
                 partial_frame: Vec::new(),
                 frames_per_input: VecDeque::new(),
                 outbox: VecDeque::new(),
@@ -485,7 +488,37 @@ impl Inner {
             });
         }
         self.frames_accepted += frames;
+        if frames > 0 {
+            self.last_frame = self.codes[self.codes.len() - codebooks..].to_vec();
+        }
         Ok(frames)
+    }
+
+    /// Takes `frames` copies of the stream's last frame in place of lost ones, as an input
+    /// buffer of its own; None (nothing taken) when the stream has no frame yet or waits for
+    /// the rest of a cut frame.
+    pub(super) fn conceal(&mut self, frames: usize, arrival: Arrival) -> Option<u64> {
+        if self.last_frame.is_empty() || !self.partial_frame.is_empty() {
+            return None;
+        }
+        let bytes: Vec<u8> = self
+            .last_frame
+            .iter()
+            .flat_map(|code| code.to_le_bytes())
+            .cycle()
+            .take(frames * self.frame_bytes())
+            .collect();
+        self.accept(&bytes, arrival).ok()
+    }
+
+    /// One frame's duration.
+    pub(super) fn frame_duration(&self) -> gst::ClockTime {
+        self.frame_duration
+    }
+
+    /// Whether frames were taken since the stream started (or was last reset).
+    pub(super) fn has_frames(&self) -> bool {
+        self.frames_accepted > 0 || !self.codes.is_empty() || !self.partial_frame.is_empty()
     }
 
     /// Takes the whole frames of a refused buffer that come before its bad code, as the last
@@ -610,6 +643,7 @@ impl Inner {
         self.codes.clear();
         self.arrivals.clear();
         self.frames_accepted = 0;
+        self.last_frame.clear();
         self.partial_frame.clear();
         self.orphan_partial_frame = false;
         self.frames_per_input.clear();

@@ -12,23 +12,24 @@
  * an utterance too.
  *
  * A lost packet is lost frames, which no later packet repairs. Loss is what the sequence
- * numbers say; how many frames it took, the RTP time. `loss=repeat` (the default) puts copies of
- * the last frame received in their place, up to `max-repeat-frames`, and the decoder goes on;
- * `loss=restart`, a longer loss, and one whose frames the timestamps do not tell, flag the next
- * buffer DISCONT: the decoder starts fresh at the next packet that arrives. With
- * `rtpjitterbuffer do-lost=true` the lost time that no repeat fills goes downstream as a GAP
- * event. The figures that chose the default: docs/rtp-codes.md.
+ * numbers say; how many frames it took, the RTP time. Lost frames that the RTP time counts go
+ * downstream as a GAP event of exactly their time (flagged missing data), before the packet
+ * after them, which the base class flags DISCONT; `rtpjitterbuffer do-lost=true`'s lost-packet
+ * events for that time are dropped, the others go on as the base class's GAP events. What the
+ * decoder does with them is its `plc` property: `qwencodecdec plc=true` repeats the last frame
+ * in their place and goes on, without it the decoder starts fresh after the loss. The figures
+ * behind that choice: docs/rtp-codes.md.
  *
  * A bad packet (another version, a length that does not fit its frame count, a code outside
  * the codebook) is dropped, its frames lost; a warning names what was wrong, at most one a
- * second, counting those in between. `codes-stats` counts packets, frames, loss, repeats, bad
+ * second, counting those in between. `codes-stats` counts packets, frames, lost packets and frames, bad
  * packets and utterances.
  *
  * ```text
  * gst-launch-1.0 udpsrc port=5004 caps="application/x-rtp, media=audio, clock-rate=24000, \
  *     encoding-name=X-QWEN3-TTS-CODES, version=(string)1, codebooks=(string)16, \
  *     codebook-size=(string)2048, samples-per-frame=(string)1920" ! rtpjitterbuffer ! \
- *   rtpqwencodesdepay ! qwencodecdec model-path=/models/Qwen3-TTS-Tokenizer-12Hz ! \
+ *   rtpqwencodesdepay ! qwencodecdec plc=true model-path=/models/Qwen3-TTS-Tokenizer-12Hz ! \
  *   audioconvert ! autoaudiosink
  * ```
  */
@@ -41,7 +42,6 @@ use gst::subclass::prelude::*;
 use gst_rtp::prelude::*;
 use gst_rtp::subclass::prelude::*;
 
-use super::Loss;
 use crate::caps::RefusedCaps;
 use crate::codes_payload::{BadPacket, ENCODING_NAME, Layout, MAX_CODEBOOK_SIZE, MAX_FRAMES, VERSION};
 
@@ -53,25 +53,8 @@ static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     )
 });
 
-/// Two seconds of frames at the release's rate.
-const DEFAULT_MAX_REPEAT_FRAMES: u32 = 25;
 /// Bad packets are warned of at most this often; the others are counted into the next warning.
 const WARNING_INTERVAL: Duration = Duration::from_secs(1);
-
-#[derive(Debug, Clone, Copy)]
-struct Settings {
-    loss: Loss,
-    max_repeat_frames: u32,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            loss: Loss::default(),
-            max_repeat_frames: DEFAULT_MAX_REPEAT_FRAMES,
-        }
-    }
-}
 
 /// What `codes-stats` counts, since the element started.
 #[derive(Debug, Default, Clone, Copy)]
@@ -80,15 +63,14 @@ struct Stats {
     frames: u64,
     /// Sequence numbers that never came.
     packets_lost: u64,
-    frames_repeated: u64,
+    /// Frames of the lost packets, where the RTP time counts them.
+    frames_lost: u64,
     packets_bad: u64,
     utterances: u64,
 }
 
 /// The last good packet: where the stream it belongs to is.
 struct Last {
-    /// Its last frame, which `loss=repeat` repeats.
-    frame: Vec<i16>,
     /// The RTP time just after its frames: where the next packet starts if none was lost.
     next_rtp_time: u32,
     utterance: u8,
@@ -104,12 +86,10 @@ struct State {
     next_seq: Option<u16>,
     /// Bad packets since the last good one: their frames are missing as lost ones are.
     bad_since_good: u64,
-    /// The jitter buffer's lost-packet events, held until the next packet says whether repeats
-    /// fill that time (then they go nowhere) or not (then they go on as GAP events).
+    /// The jitter buffer's lost-packet events, held until the next packet says whether it
+    /// counts the frames lost (then one GAP of their time replaces them) or not (then they go
+    /// on as the base class's GAP events).
     lost_events: Vec<gst::Event>,
-    /// The buffer being pushed carries repeats in place of lost frames: the DISCONT that the
-    /// base class puts on it for the gap comes off, so that the decoder goes on.
-    concealed: bool,
     /// When the last bad packet was warned of, and those dropped since without a warning.
     warned_at: Option<Instant>,
     bad_unwarned: u64,
@@ -137,7 +117,6 @@ fn frames_missing(last: &Last, rtp_time: u32, samples_per_frame: u32, missing_pa
 
 #[derive(Default)]
 pub struct RtpQwenCodesDepay {
-    settings: Mutex<Settings>,
     state: Mutex<Option<State>>,
     refused_caps: RefusedCaps,
 }
@@ -152,41 +131,16 @@ impl ObjectSubclass for RtpQwenCodesDepay {
 impl ObjectImpl for RtpQwenCodesDepay {
     fn properties() -> &'static [glib::ParamSpec] {
         static PROPERTIES: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
-            vec![
-                glib::ParamSpecEnum::builder_with_default("loss", Loss::default())
-                    .nick("Loss")
-                    .blurb("Where packets were lost: repeat the last frame received, or restart the decoder")
-                    .mutable_playing()
-                    .build(),
-                glib::ParamSpecUInt::builder("max-repeat-frames")
-                    .nick("Most frames repeated")
-                    .blurb("Longest loss in frames that loss=repeat fills, beyond which the decoder restarts")
-                    .maximum(10_000)
-                    .default_value(DEFAULT_MAX_REPEAT_FRAMES)
-                    .mutable_playing()
-                    .build(),
-                crate::rtp_stats::pspec(
-                    "Packets and frames taken, packets lost, frames repeated, bad packets and \
-                     utterances since the element started",
-                ),
-            ]
+            vec![crate::rtp_stats::pspec(
+                "Packets and frames taken, packets and frames lost, bad packets and utterances \
+                 since the element started",
+            )]
         });
         PROPERTIES.as_ref()
     }
 
-    fn set_property(&self, _id: usize, value: &glib::Value, pspec: &glib::ParamSpec) {
-        let mut settings = self.settings.lock().unwrap();
-        match pspec.name() {
-            "loss" => settings.loss = value.get().expect("type checked"),
-            "max-repeat-frames" => settings.max_repeat_frames = value.get().expect("type checked"),
-            _ => unimplemented!(),
-        }
-    }
-
     fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
         match pspec.name() {
-            "loss" => self.settings.lock().unwrap().loss.to_value(),
-            "max-repeat-frames" => self.settings.lock().unwrap().max_repeat_frames.to_value(),
             crate::rtp_stats::PROPERTY => {
                 let stats = self
                     .state
@@ -201,7 +155,7 @@ impl ObjectImpl for RtpQwenCodesDepay {
                         ("packets", stats.packets),
                         ("frames", stats.frames),
                         ("packets-lost", stats.packets_lost),
-                        ("frames-repeated", stats.frames_repeated),
+                        ("frames-lost", stats.frames_lost),
                         ("packets-bad", stats.packets_bad),
                         ("utterances", stats.utterances),
                     ],
@@ -210,31 +164,6 @@ impl ObjectImpl for RtpQwenCodesDepay {
             }
             _ => unimplemented!(),
         }
-    }
-
-    fn constructed(&self) {
-        self.parent_constructed();
-        // The base class flags the buffer after a gap DISCONT as it pushes it, and has no call
-        // that keeps it off (GstAudioDecoder flushes at DISCONT): a buffer whose gap was filled
-        // takes it off here.
-        let depay = self.downgrade();
-        self.obj()
-            .src_pad()
-            .add_probe(gst::PadProbeType::BUFFER, move |_, info| {
-                let Some(depay) = depay.upgrade() else {
-                    return gst::PadProbeReturn::Ok;
-                };
-                let concealed = depay
-                    .state
-                    .lock()
-                    .unwrap()
-                    .as_mut()
-                    .is_some_and(|state| std::mem::take(&mut state.concealed));
-                if concealed && let Some(buffer) = info.buffer_mut() {
-                    buffer.make_mut().unset_flags(gst::BufferFlags::DISCONT);
-                }
-                gst::PadProbeReturn::Ok
-            });
     }
 }
 
@@ -282,7 +211,7 @@ impl ElementImpl for RtpQwenCodesDepay {
     ) -> Result<gst::StateChangeSuccess, gst::StateChangeError> {
         let result = self.parent_change_state(transition)?;
         if transition == gst::StateChange::PausedToReady {
-            // Everything of the stream, `concealed` and the held lost events included.
+            // Everything of the stream, the held lost events included.
             *self.state.lock().unwrap() = None;
             self.refused_caps.forget();
         }
@@ -378,7 +307,6 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
             next_seq: None,
             bad_since_good: 0,
             lost_events: Vec::new(),
-            concealed: false,
             warned_at: None,
             bad_unwarned: 0,
             stats,
@@ -395,12 +323,11 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
         match event.view() {
             gst::EventView::FlushStop(_) => {
                 if let Some(state) = self.state.lock().unwrap().as_mut() {
-                    // A new position: nothing before it is lost, nothing is being concealed.
+                    // A new position: nothing before it is lost.
                     state.last = None;
                     state.next_seq = None;
                     state.bad_since_good = 0;
                     state.lost_events.clear();
-                    state.concealed = false;
                 }
             }
             gst::EventView::Eos(_) => {
@@ -412,13 +339,10 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
         self.parent_handle_event(event)
     }
 
-    /// A jitter buffer's word that packets are lost. With `loss=repeat` it waits for the next
-    /// packet: where its repeats fill the lost time no GAP goes downstream for it, else the
-    /// base class's GAP. With `restart`, the GAP at once.
+    /// A jitter buffer's word that packets are lost, held for the next packet: where it counts
+    /// the frames lost, one GAP of their time goes instead (see `process_rtp_packet`).
     fn packet_lost(&self, event: &gst::EventRef) -> bool {
-        if self.settings.lock().unwrap().loss == Loss::Repeat
-            && let Some(state) = self.state.lock().unwrap().as_mut()
-        {
+        if let Some(state) = self.state.lock().unwrap().as_mut() {
             state.lost_events.push(event.to_owned());
             return true;
         }
@@ -429,7 +353,6 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
         &self,
         rtp: &gst_rtp::RTPBuffer<gst_rtp::rtp_buffer::Readable>,
     ) -> Option<gst::Buffer> {
-        let settings = *self.settings.lock().unwrap();
         let mut guard = self.state.lock().unwrap();
         let state = guard.as_mut()?;
         let seq = rtp.seq();
@@ -498,66 +421,53 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
             }
             _ => None,
         };
-        let repeat = match missing {
-            Some(missing)
-                if settings.loss == Loss::Repeat && missing <= u64::from(settings.max_repeat_frames) =>
-            {
-                missing as usize
-            }
-            _ => 0,
-        };
-        // A new utterance, a loss not filled, or what upstream flagged: the decoder starts fresh.
-        let discont = starts
-            || (repeat == 0
-                && (missing_packets > 0 || rtp.buffer().flags().contains(gst::BufferFlags::DISCONT)));
-        let mut out = Vec::with_capacity((repeat + frames) * codebooks * 2);
-        if let Some(last) = state.last.as_ref().filter(|_| repeat > 0) {
-            for _ in 0..repeat {
-                out.extend(last.frame.iter().flat_map(|code| code.to_le_bytes()));
-            }
+        // A new utterance, a loss, or what upstream flagged: the buffer is a discontinuity (the
+        // base class flags a gap in the sequence numbers too, but not bad packets).
+        let discont =
+            starts || missing_packets > 0 || rtp.buffer().flags().contains(gst::BufferFlags::DISCONT);
+        if missing_packets > 0 {
             gst::debug!(
                 CAT,
                 imp = self,
-                "{} frames lost before packet {}: the last frame repeated",
-                repeat,
-                seq
-            );
-        } else if missing_packets > 0 {
-            gst::debug!(
-                CAT,
-                imp = self,
-                "{} packets lost before packet {} ({:?} frames): not filled",
+                "{} packets lost before packet {} ({:?} frames)",
                 missing_packets,
                 seq,
                 missing
             );
         }
-        out.extend(packet.codes.iter().flat_map(|code| code.to_le_bytes()));
+        let out: Vec<u8> = packet.codes.iter().flat_map(|code| code.to_le_bytes()).collect();
         state.last = Some(Last {
-            frame: packet.codes[packet.codes.len() - codebooks..].to_vec(),
             next_rtp_time: rtp
                 .timestamp()
                 .wrapping_add(state.samples_per_frame.wrapping_mul(frames as u32)),
             utterance: packet.utterance,
             ssrc: rtp.ssrc(),
         });
-        state.concealed = repeat > 0;
         state.stats.packets += 1;
         state.stats.frames += frames as u64;
-        state.stats.frames_repeated += repeat as u64;
+        state.stats.frames_lost += missing.unwrap_or(0);
         state.stats.utterances += u64::from(starts);
         let frame_duration = state.frame_duration;
-        if repeat > 0 {
-            // The repeats stand in for the time the jitter buffer said lost.
+        let pts = rtp.buffer().pts();
+        // Lost frames that the RTP time counts: one GAP of exactly their time, where the jitter
+        // buffer's events (if any) only guessed it.
+        let counted_gap = missing.filter(|&missing| missing > 0).and_then(|missing| {
+            let duration = frame_duration * missing;
+            Some((pts?.checked_sub(duration)?, duration))
+        });
+        if counted_gap.is_some() {
             state.lost_events.clear();
         }
         drop(guard);
         self.forward_lost_events();
+        if let Some((start, duration)) = counted_gap {
+            self.push_lost_time(start, duration);
+        }
 
         let mut buffer = gst::Buffer::from_mut_slice(out);
         {
             let buffer = buffer.get_mut().expect("a new buffer");
-            buffer.set_duration(frame_duration * (repeat + frames) as u64);
+            buffer.set_duration(frame_duration * frames as u64);
             if discont {
                 buffer.set_flags(gst::BufferFlags::DISCONT);
             }
@@ -572,11 +482,6 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
                 // A talk spurt starts, as rtpL16depay marks one.
                 buffer.set_flags(gst::BufferFlags::RESYNC);
             }
-            if repeat > 0 {
-                // The repeated frames come first, where the lost ones were.
-                let pts = rtp.buffer().pts();
-                buffer.set_pts(pts.and_then(|pts| pts.checked_sub(frame_duration * repeat as u64)));
-            }
         }
         gst::trace!(CAT, imp = self, "Packet {}: {} frames", seq, frames);
         Some(buffer)
@@ -584,6 +489,19 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
 }
 
 impl RtpQwenCodesDepay {
+    /// Lost frames' time as a lost-packet event of the jitter buffer's form, which the base
+    /// class sends as a GAP flagged missing data.
+    fn push_lost_time(&self, start: gst::ClockTime, duration: gst::ClockTime) {
+        gst::debug!(CAT, imp = self, "Lost {} at {}: a GAP", duration, start);
+        let lost = gst::event::CustomDownstream::new(
+            gst::Structure::builder("GstRTPPacketLost")
+                .field("timestamp", start.nseconds())
+                .field("duration", duration.nseconds())
+                .build(),
+        );
+        self.parent_packet_lost(&lost);
+    }
+
     /// The lost-packet events held, as the base class sends them: GAP events.
     fn forward_lost_events(&self) {
         let events = self
