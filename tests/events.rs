@@ -129,3 +129,33 @@ fn events_leave_after_the_audio_of_the_frames_before_them() {
     assert_eq!(samples_before(&seen, "mark-11"), [11 * spf], "{what}");
     assert_eq!(samples_before(&seen, "Eos"), [11 * spf], "{what}");
 }
+
+/// An event between two drain events, with no frame between: nothing waits to go downstream,
+/// and it leaves in its place, after the first drain event and before the second. (Before, the
+/// base class held it for its next audio, and the second drain event passed it.)
+#[test]
+fn an_event_between_drains_leaves_between_them() {
+    let fixture = load_fixture("release-tiny");
+    let mut h = harness(&fixture, &[]);
+    let seen = record(&h);
+    h.push(buffer(&code_bytes(fixture.prefix_codes(3)), None))
+        .unwrap();
+    assert!(h.push_event(gstqwencodec::drain_event()));
+    assert!(
+        h.push_event(gst::event::CustomDownstream::new(gst::Structure::new_empty(
+            "mark"
+        )))
+    );
+    assert!(h.push_event(gstqwencodec::drain_event()));
+    let events: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|out| match out {
+            Out::Event(name, _) if name == "mark" || name == gstqwencodec::DRAIN_EVENT => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    let drain = gstqwencodec::DRAIN_EVENT.to_string();
+    assert_eq!(events, [drain.clone(), "mark".to_string(), drain]);
+}

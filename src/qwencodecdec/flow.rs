@@ -148,8 +148,10 @@ impl QwenCodecDec {
     }
 
     /// A serialized event that is not the base class's (see `keeps_its_place`): kept in its
-    /// place after the frames before it, then pushed with the audio ready; when nothing waits
-    /// to go downstream, handed to the base class, which sends it before the next audio.
+    /// place after the frames before it, then pushed with the audio ready. When nothing waits
+    /// to go downstream it goes now, where the audio has begun (a drain event after it must not
+    /// pass it); a TAG, and anything before the first audio (which the base class's caps and
+    /// segment must precede), go to the base class, which sends them before the next audio.
     pub(super) fn queue_event(&self, event: gst::Event) -> bool {
         let Some(stream) = self.stream() else {
             return self.parent_sink_event(event);
@@ -159,6 +161,11 @@ impl QwenCodecDec {
             self.push_outbox(&stream);
             return true;
         };
+        let obj = self.obj();
+        let src = obj.src_pad();
+        if event.type_() != gst::EventType::Tag && src.sticky_event::<gst::event::Segment>(0).is_some() {
+            return src.push_event(event);
+        }
         self.parent_sink_event(event)
     }
 
