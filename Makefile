@@ -63,8 +63,9 @@ lint: setup
 # several decoding processes at once: short OpenMP spinning keeps them from starving each
 # other (see "Threads" in docs/element.md). The library's and parity tests run again with our
 # CPU kernels held to AVX2 (the path of CPUs without AVX-512, at the released widths too) and
-# then off (libtorch's ops everywhere, the path CUDA takes, batched too); then kernels held back
-# by name. (The element computes nothing of its own: its tests would take the library's paths
+# then off (libtorch's ops everywhere, the path CUDA takes, batched and at the released widths
+# too); then kernels held back by name; last, one line says which instruction sets' kernel tests
+# ran on this CPU and which it lacks. (The element computes nothing of its own: its tests would take the library's paths
 # again. Each rerun takes only the tests whose paths it changes: the whole suite twice more
 # would be nearly half of make test's time.) measurements/README.md must be what the result
 # files give, and every result file must be named as benches/tools/results.py says.
@@ -83,9 +84,11 @@ test: build lint released-fixture setup-load setup-agents
 	QWENCODEC_CPU_KERNELS=avx2 G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} \
 	  cargo test --release --lib --test model_parity --test released_geometry
 	QWENCODEC_CPU_KERNELS=off G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} \
-	  cargo test --release --lib --test model_parity --test batching
+	  cargo test --release --lib --test model_parity --test batching --test released_geometry
 	QWENCODEC_CPU_KERNELS=on,-attention,-snake_beta,-pointwise G_DEBUG=fatal_warnings \
 	  bash tools/test-named.sh model_parity the_cpu_kernels_run_as_the_cpu_and_environment_allow
+	@cargo test --release --lib the_build_announced_the_instruction_sets_of_this_cpu -- --nocapture 2>/dev/null \
+	  | grep '^kernel tests:' || { echo "make test: no kernel tests line" >&2; exit 1; }
 
 # Thousands of streams opened, fed and closed in one process; memory must stay flat
 # (make test runs a short one). SOAK_ARGS: see examples/soak.rs, e.g. --device cuda.

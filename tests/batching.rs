@@ -359,7 +359,7 @@ fn a_starting_stream_waits_for_one_batch_at_most() {
     let batches = Arc::new(Mutex::new(Vec::new()));
     model.observe_batches({
         let batches = batches.clone();
-        move |run| batches.lock().unwrap().push(*run)
+        move |run| batches.lock().unwrap().push(run.clone())
     });
     let stop = Arc::new(AtomicBool::new(false));
     let backlog = &fixture.codes[..8 * fixture.codebooks];
@@ -624,7 +624,7 @@ fn the_streams_of_a_batch_rejoin_it_within_the_grace() {
     let batches = Arc::new(Mutex::new(Vec::new()));
     model.observe_batches({
         let batches = batches.clone();
-        move |run| batches.lock().unwrap().push(*run)
+        move |run| batches.lock().unwrap().push(run.clone())
     });
     let three = equal_plans(&fixture, 3, 24, 2);
     let gathered = common::batching::gather_next_batch(&model, 3);
@@ -714,7 +714,7 @@ fn live_streams_at_phases_of_their_own_fall_into_one_batch_within_their_hold() {
         let batches = Arc::new(Mutex::new(Vec::new()));
         model.observe_batches({
             let batches = batches.clone();
-            move |run| batches.lock().unwrap().push(*run)
+            move |run| batches.lock().unwrap().push(run.clone())
         });
         let start = std::time::Instant::now();
         std::thread::scope(|scope| {
@@ -741,21 +741,41 @@ fn live_streams_at_phases_of_their_own_fall_into_one_batch_within_their_hold() {
             .lock()
             .unwrap()
             .iter()
-            .map(|run| run.rows)
+            .map(|run| {
+                let mut rows = run.arena_rows.clone();
+                rows.sort_unstable();
+                rows
+            })
             .collect::<Vec<_>>()
     };
 
+    // The arena rows the batches stepped: the three streams hold rows 1 to 3.
     let held = batches_with(Duration::from_secs(2));
     let (firsts, rest) = held.split_at(held.len() - 5);
     assert_eq!(
-        rest, [3; 5],
-        "every step after the first steps in a batch of all three (first steps: {firsts:?})"
+        rest,
+        vec![vec![1, 2, 3]; 5],
+        "every step after the first steps in a batch of all three streams' rows (first steps: \
+         {firsts:?})"
     );
-    assert_eq!(firsts.iter().sum::<usize>(), 3, "the first steps: {held:?}");
+    assert_eq!(
+        firsts
+            .iter()
+            .flatten()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>(),
+        [1, 2, 3].into(),
+        "the first steps, one of each stream: {held:?}"
+    );
+    assert_eq!(
+        firsts.iter().map(Vec::len).sum::<usize>(),
+        3,
+        "the first steps: {held:?}"
+    );
 
     let at_once = batches_with(Duration::ZERO);
     assert!(
-        at_once.iter().filter(|&&rows| rows == 3).count() < 3,
+        at_once.iter().filter(|rows| rows.len() == 3).count() < 3,
         "without a hold, steps 100 ms apart run as they come: {at_once:?}"
     );
 }
@@ -776,9 +796,9 @@ fn a_hold_waits_for_a_quiet_stream_until_it_runs_out_and_never_for_an_ended_one(
     let batches = Arc::new(Mutex::new(Vec::new()));
     model.observe_batches({
         let batches = batches.clone();
-        move |run| batches.lock().unwrap().push(*run)
+        move |run| batches.lock().unwrap().push(run.clone())
     });
-    let last_batch = || *batches.lock().unwrap().last().unwrap();
+    let last_batch = || batches.lock().unwrap().last().unwrap().clone();
     let hold = Duration::from_secs(1);
     let half = hold / 2;
 

@@ -200,24 +200,43 @@ fn lost_packets_become_gaps_after_the_audio_before_them() {
         "audio and gaps cover {covered} of {span}"
     );
 
-    // Every frame received was decoded; the audio before the first loss is upstream's decode
-    // of the first frames.
-    let audio: Vec<&[f32]> = items
-        .iter()
-        .filter_map(|item| match item {
-            Item::Audio { samples, .. } => Some(samples.as_slice()),
-            Item::Gap { .. } => None,
-        })
-        .collect();
-    let total: usize = audio.iter().map(|samples| samples.len()).sum();
-    assert_eq!(total, (FRAMES - LOST.len()) * fixture.samples_per_frame);
-    let before_gap: Vec<f32> = items
-        .iter()
-        .take_while(|item| matches!(item, Item::Audio { .. }))
-        .flat_map(|item| match item {
-            Item::Audio { samples, .. } => samples.clone(),
-            Item::Gap { .. } => Vec::new(),
-        })
-        .collect();
-    fixture.assert_prefix_matches(&before_gap, LOST[0], "the audio before the first loss");
+    // The audio between the gaps: before the first loss, upstream's decode of the first
+    // frames; after each loss, a fresh decoder's audio of the frames up to the next one.
+    let mut pieces: Vec<Vec<f32>> = vec![Vec::new()];
+    for item in &items {
+        match item {
+            Item::Audio { samples, .. } => pieces.last_mut().unwrap().extend_from_slice(samples),
+            Item::Gap { .. } => pieces.push(Vec::new()),
+        }
+    }
+    assert_eq!(pieces.len(), LOST.len() + 1, "{}", summary(&items));
+    fixture.assert_prefix_matches(&pieces[0], LOST[0], "the audio before the first loss");
+    let ends = LOST.iter().skip(1).copied().chain([FRAMES]);
+    for ((piece, lost), end) in pieces[1..].iter().zip(LOST).zip(ends) {
+        let fresh = fresh_decode(
+            &fixture,
+            &fixture.codes[(lost + 1) * fixture.codebooks..end * fixture.codebooks],
+        );
+        assert_eq!(
+            piece.len(),
+            fresh.len(),
+            "the frames {}..{end} after a loss",
+            lost + 1
+        );
+        let error = common::relative_l2(piece, &fresh);
+        assert!(
+            error <= fixture.tolerance(),
+            "the frames {}..{end} after a loss: {error:e} from a fresh decoder's audio",
+            lost + 1
+        );
+    }
+}
+
+/// A fresh `qwencodecdec`'s audio of `codes`, as one stream.
+fn fresh_decode(fixture: &common::Fixture, codes: &[i16]) -> Vec<f32> {
+    let mut h = common::harness(fixture, &[]);
+    h.push(common::buffer(&code_bytes(codes), Some(gst::ClockTime::ZERO)))
+        .unwrap();
+    h.push_event(gst::event::Eos::new());
+    common::audio_of(&common::pull_all(&mut h))
 }

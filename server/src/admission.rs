@@ -290,6 +290,7 @@ mod tests {
     fn run(rows: usize, frames: usize, ms: u64, waiting: usize) -> BatchRun {
         BatchRun {
             rows,
+            arena_rows: (1..=rows as i64).collect(),
             frames,
             time: Duration::from_millis(ms),
             waiting,

@@ -312,7 +312,7 @@ pub fn three_streams_of_different_ages(fixture: &Fixture, model: &Arc<Model>) ->
     let batches = Arc::new(Mutex::new(Vec::new()));
     model.observe_batches({
         let batches = batches.clone();
-        move |run| batches.lock().unwrap().push(run.rows)
+        move |run| batches.lock().unwrap().push(run.arena_rows.clone())
     });
     let hold = StepHold::on(model);
     hold.arm();
@@ -366,8 +366,9 @@ pub fn three_streams_of_different_ages(fixture: &Fixture, model: &Arc<Model>) ->
     let batches = batches.lock().unwrap().clone();
     assert_eq!(
         &batches[..2],
-        [1, 3],
-        "{}: the holder's step alone, then the three streams' steps as one batch: {batches:?}",
+        [vec![4], vec![3, 1, 2]],
+        "{}: the holder's step alone (row 4), then the three streams' steps as one batch, the \
+         youngest's row first: {batches:?}",
         fixture.name
     );
     // The oldest stream's steps after its prefix, all in batches of three.
@@ -375,7 +376,7 @@ pub fn three_streams_of_different_ages(fixture: &Fixture, model: &Arc<Model>) ->
         .iter()
         .filter(|&&frames| frames == CHUNK)
         .count();
-    let of_three = batches.iter().filter(|&&rows| rows == 3).count();
+    let of_three = batches.iter().filter(|rows| rows.len() == 3).count();
     println!(
         "{}: {of_three} batches of three rows, the oldest stream's {oldest_steps} steps among them",
         fixture.name

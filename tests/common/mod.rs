@@ -383,6 +383,10 @@ pub struct Measured {
 /// AMX's tiles for the weights kept in bfloat16 from 2 columns a frame
 /// (`skinny_gemm_bf16`; full-release-80 would be at 1.57e-1 if the transformer's took them too).
 /// An AMD EPYC without AVX-512 stays below the float32 figures (at most 1.20, f16-weights).
+/// In bf16 the other CPUs measure below these: the small fixtures within 3 % of them on an AMD
+/// EPYC with AVX512_BF16 (kernels on, avx2 and off alike: their widths take no bfloat16
+/// products), full-release-80 1.39e-1 with its bfloat16 pairs and 1.02-1.07e-1 without (avx2,
+/// off). Its bound is upstream's own bfloat16 error (2.0e-1) on every CPU.
 pub const MEASURED: [(&str, Measured); 5] = [
     (
         "release-tiny",

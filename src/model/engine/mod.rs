@@ -84,9 +84,12 @@ pub struct StepDone {
 }
 
 /// A batch the engine ran, for whoever watches (see [`Engine::observe`]).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct BatchRun {
     pub rows: usize,
+    /// The arena rows the batch stepped, in the batch's order (read on the compute thread as
+    /// it ran; a later shrink may move them).
+    pub arena_rows: Vec<i64>,
     pub frames: usize,
     /// The batch's step on the compute thread.
     pub time: Duration,
@@ -495,12 +498,16 @@ impl Engine {
                 .collect(),
         };
         let started = Instant::now();
-        let outcome = executor::run(network.device(), || {
-            std::panic::catch_unwind(AssertUnwindSafe(|| self.compute(network, batch)))
-                .unwrap_or_else(|_| Err(tch::TchError::Torch("a decode step panicked".into())))
+        let (arena_rows, outcome) = executor::run(network.device(), || {
+            // Read where nothing moves them: the compute thread.
+            let rows = batch.iter().map(|job| job.step.row.index()).collect();
+            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| self.compute(network, batch)))
+                .unwrap_or_else(|_| Err(tch::TchError::Torch("a decode step panicked".into())));
+            (rows, outcome)
         });
         let run = BatchRun {
             rows: batch.len(),
+            arena_rows,
             frames: batch[0].step.frames,
             time: started.elapsed(),
             waiting: left_waiting,

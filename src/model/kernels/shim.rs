@@ -371,6 +371,36 @@ mod tests {
             "build.rs announced {announced:?} kernels' tests, this CPU runs {:?}",
             widest_kernels()
         );
+        // The AMX kernels' tests likewise (build.rs's `host_amx_bf16`: CPUID's AMX-BF16 and
+        // AMX-TILE with AVX512_BF16): a build that missed AMX would ignore them all, and one
+        // that claimed it on a CPU or kernel without the tiles would fail in their first line.
+        assert_eq!(
+            cfg!(host_amx_bf16),
+            has_amx_bf16(),
+            "build.rs announced AMX-BF16: {}, this CPU and Linux lend it: {}",
+            cfg!(host_amx_bf16),
+            has_amx_bf16()
+        );
+        // The line `make test` shows: which instruction sets' kernel tests this run ran.
+        let sets = [
+            ("AVX2", cfg!(host_avx2)),
+            ("AVX-512", cfg!(host_avx512)),
+            ("AMX-BF16", cfg!(host_amx_bf16)),
+        ];
+        let (ran, not): (Vec<_>, Vec<_>) = sets.iter().partition(|(_, ran)| *ran);
+        let names = |sets: Vec<&(&str, bool)>| {
+            let names: Vec<_> = sets.iter().map(|(name, _)| *name).collect();
+            if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join(", ")
+            }
+        };
+        println!(
+            "kernel tests: ran {} on this CPU; not run (the CPU lacks them): {}",
+            names(ran),
+            names(not)
+        );
     }
 
     fn parsed(value: &str) -> Allowed {
