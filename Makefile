@@ -72,6 +72,7 @@ lint: setup
 test: build lint released-fixture setup-load setup-agents
 	python3 benches/tools/bench_summary.py --check
 	python3 tools/check-links.py
+	python3 tools/mutants_record.py --check
 	bash tools/check-inspect.sh
 	bash tools/check-install.sh
 	bash benches/tools/check-profile.sh

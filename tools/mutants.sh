@@ -6,6 +6,8 @@
 # --re 'fn_name' to run only the mutants whose names match).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# --stale: the files whose code changed after their last run (docs/mutants.md, "Last runs").
+[[ ${1:-} == --stale ]] && exec python3 tools/mutants_record.py --stale
 out=${MUTANTS_OUT:-target/mutants}
 command -v cargo-mutants >/dev/null || cargo install --locked cargo-mutants
 # cargo-mutants builds a copy of the tree without the git-ignored cargo config that names
@@ -50,7 +52,7 @@ segment_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=seeking)
 server_tests=(-p qwencodec-server --cargo-test-arg=--bin=qwencodec-server)
 declare -A tests_of=(
   [src/model/engine/arena.rs]=model [src/model/engine/mod.rs]=model [src/model/stream_decoder.rs]=model
-  [src/model/kernels/shim.rs]=model
+  [src/model/kernels/shim.rs]=model [src/model/engine/batch_graphs.rs]=model
   [src/qwencodecdec/step_thread.rs]=element [src/qwencodecdec/flow.rs]=element
   [src/qwencodecdec/imp.rs]=lifecycle [src/qwencodecdec/load.rs]=lifecycle
   [src/qwencodecdec/latency.rs]=latency
