@@ -14,7 +14,7 @@
 //!   (the decoder starts fresh at the next packet) and **repeat** (the lost frames replaced by
 //!   copies of the last frame received, the decoder's state carried on).
 
-mod common;
+use qwencodec_testing::bench as common;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

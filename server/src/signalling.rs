@@ -20,10 +20,11 @@ use tungstenite::Message;
 use crate::access;
 use crate::http::{Received, Socket, close};
 use crate::liveness::Heartbeat;
-use crate::protocol::{FromBrowser, browser_message};
+use crate::log::log;
+use crate::server::Server;
 use crate::session::Egress;
 use crate::session_loop::{Connection, Ending, Step};
-use crate::{Server, log};
+use qwencodec_protocol::messages::{FromBrowser, browser_message};
 
 /// The most ICE candidates a browser may send a session: one has a few per interface, and each
 /// costs libnice its checks.

@@ -6,8 +6,7 @@
 
 mod access;
 mod capacity;
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use qwencodec_testing as common;
 mod hardening;
 mod janus;
 mod network;
