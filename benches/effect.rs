@@ -16,7 +16,7 @@
 //! A clock is what is measured here (the tests count decode steps instead), so each figure is
 //! given over `--runs` runs: min, median, max; with the decoder's mean step time beside them.
 
-mod common;
+use qwencodec_testing::bench as common;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -29,7 +29,7 @@
 //! streams form); a step's time is then the batch's, from the hand-over until every stream has
 //! its audio.
 
-mod common;
+use qwencodec_testing::bench as common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;

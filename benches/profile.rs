@@ -14,7 +14,7 @@
 //! name, `<cpu>/profile-<device>-<dtype>-c<frames>[-s<streams>]`) and
 //! `events.tsv` (the op profiler's events, see `OpProfiler::finish`) to `--out`.
 
-mod common;
+use qwencodec_testing::bench as common;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};

@@ -15,7 +15,7 @@
 //!   at the next packet) and **repeat** (`plc=true`: the lost frames replaced by copies of the
 //!   last frame received, the decoder's state carried on).
 
-mod common;
+use qwencodec_testing::bench as common;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

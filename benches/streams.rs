@@ -42,7 +42,7 @@
 //! Batched: `--max-batch` and `--max-step-frames` (by default the element's defaults). On CUDA
 //! both replay the model's graphs.
 
-mod common;
+use qwencodec_testing::bench as common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

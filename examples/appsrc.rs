@@ -19,8 +19,9 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Codes, Options, ms};
+use common::{Codes, ms};
 use gst::prelude::*;
+use qwencodec_common::Options;
 
 /// When each buffer was pushed, and how long its audio took to come out.
 #[derive(Default)]
@@ -35,7 +36,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), Box<dyn Error>> {
     let mut options = Options::from_env();
-    let (model, codes_path) = options.take_model_and_codes()?;
+    let (model, codes_path) = common::take_model_and_codes(&mut options)?;
     let frames_per_push: usize = options.take_parsed("--frames-per-push", 4)?;
     let sink = options.take("--sink")?.unwrap_or_else(|| "auto".into());
     let device = options.take("--device")?.unwrap_or_else(|| "auto".into());

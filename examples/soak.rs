@@ -34,8 +34,9 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use common::{Codes, Options, StopOnDrop};
+use common::{Codes, StopOnDrop};
 use gst::prelude::*;
+use qwencodec_common::Options;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use safetensors::{Dtype, SafeTensors};
@@ -264,7 +265,7 @@ impl Expected {
                 .ok_or_else(|| what(&format!("no number {key:?} in the metadata")))
         };
         let samples_per_frame = number("samples_per_frame")? as usize;
-        // About the tests' parity bound: twice the most they measure (tests/common/mod.rs).
+        // About the tests' parity bound: twice the most they measure (crates/testing/src/lib.rs).
         let tolerance = 2.4 * number("upstream_f32_rel_l2")?;
 
         let tensors = SafeTensors::deserialize(&bytes).map_err(|err| what(&err))?;

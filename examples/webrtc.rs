@@ -27,10 +27,11 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::webrtc::{loopback_webrtcbin, opus_rtp_caps};
-use common::{Codes, Options, ms};
+use common::{Codes, ms};
 use gst::glib;
 use gst::prelude::*;
+use qwencodec_common::Options;
+use qwencodec_common::webrtc::{loopback_webrtcbin, opus_rtp_caps};
 
 /// Rate of the audio counted at the receiver.
 const RECEIVED_RATE: u32 = 48_000;
@@ -64,7 +65,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), Box<dyn Error>> {
     let mut options = Options::from_env();
-    let (model, codes_path) = options.take_model_and_codes()?;
+    let (model, codes_path) = common::take_model_and_codes(&mut options)?;
     let timeout = Duration::from_secs(options.take_parsed("--timeout", 30)?);
     let device = options.take("--device")?.unwrap_or_else(|| "auto".into());
     options.finish()?;

@@ -12,7 +12,6 @@ mod codes_payload;
 mod drain_event;
 pub mod model;
 mod model_log;
-pub mod npy;
 mod qwencodecdec;
 mod qwencodecparse;
 mod rtp_stats;
@@ -25,6 +24,8 @@ pub use codes_payload::ENCODING_NAME as RTP_CODES_ENCODING_NAME;
 /// The version of that payload format that the elements send and read (the SDP's `version=`).
 pub use codes_payload::VERSION as RTP_CODES_VERSION;
 pub use drain_event::{DRAIN_EVENT, drain_event};
+/// `.npy` headers of codec frames (a crate of its own, which the fuzz target takes alone).
+pub use qwencodec_npy as npy;
 #[doc(hidden)]
 pub use qwencodecdec::plant_step_panic;
 

@@ -1,7 +1,7 @@
 //! Steps of many streams computed together: each stream's audio is what it gets alone, and what
 //! upstream's full decode gives, whoever it was batched with.
 
-mod common;
+use qwencodec_testing as common;
 
 use std::sync::Arc;
 

@@ -6,7 +6,7 @@
 //! spent, so that a bundle that cannot find or decode its fixtures fails there, not halfway
 //! through the GPU steps.
 
-mod common;
+use qwencodec_testing as common;
 
 use std::sync::Arc;
 

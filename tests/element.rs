@@ -1,6 +1,6 @@
 //! qwencodecdec through gst_check's Harness and in real pipelines.
 
-mod common;
+use qwencodec_testing as common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};

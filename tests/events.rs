@@ -1,7 +1,7 @@
 //! Serialized events through qwencodecdec: each leaves in its place among the audio, after the
 //! audio of the frames that came before it, and the drain event as soon as that audio has gone.
 
-mod common;
+use qwencodec_testing as common;
 
 use std::sync::{Arc, Mutex};
 

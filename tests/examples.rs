@@ -5,11 +5,7 @@
 //! binary; with `--test examples` alone they are not built (`cargo build --examples` first,
 //! in the same profile).
 
-mod common;
-// The examples' and benchmarks' command-line parser: its unit tests run here.
-#[path = "../examples/common/options.rs"]
-#[allow(dead_code)]
-mod options;
+use qwencodec_testing as common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -51,7 +47,14 @@ fn root() -> &'static Path {
 
 /// The built example `name` (from `examples/{name}.rs` and the examples' common code).
 fn example(name: &str) -> PathBuf {
-    common::built_example(name, &[&format!("examples/{name}.rs"), "examples/common"])
+    common::built_example(
+        name,
+        &[
+            &format!("examples/{name}.rs"),
+            "examples/common",
+            "crates/common/src",
+        ],
+    )
 }
 
 /// The first `FRAMES` frames of the release-tiny fixture's codes, in a file.

@@ -4,7 +4,7 @@
 //! gap, then the audio after it from a fresh decoder: time only goes forwards, and the audio and
 //! the gaps together cover the whole stream.
 
-mod common;
+use qwencodec_testing as common;
 
 use std::sync::{Arc, Mutex};
 

@@ -4,7 +4,7 @@
 //! its frames keep coming out late. The tests take turns: the figures depend on the streams
 //! open on a model.
 
-mod common;
+use qwencodec_testing as common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -1,7 +1,7 @@
 //! qwencodecdec's model lifecycle: loaded at NULL→READY with progress messages, kept through
 //! READY↔PAUSED cycles and flushes, let go at READY→NULL.
 
-mod common;
+use qwencodec_testing as common;
 
 use common::{bus_for, decoder, fixture_dir, init};
 use gst::prelude::*;

@@ -4,7 +4,7 @@
 //! and a fresh stream, past it an error. Frames cut across buffers stay aligned across a
 //! refused buffer.
 
-mod common;
+use qwencodec_testing as common;
 
 use common::{
     Fixture, audio_of, buffer, bus_for, code_bytes, decoder, errors_and_warnings, init, load_fixture,

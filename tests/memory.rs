@@ -3,7 +3,7 @@
 //! the released geometry at full widths (about 5.2 MB of state a stream), in a binary of its own
 //! so that no other test's memory moves the figures.
 
-mod common;
+use qwencodec_testing as common;
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! Every error of the decoder core, with its message.
 
-mod common;
+use qwencodec_testing as common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! The streaming decoder against upstream's full-sequence decode.
 
-mod common;
+use qwencodec_testing as common;
 
 use std::sync::Arc;
 

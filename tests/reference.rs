@@ -3,7 +3,7 @@
 //! so that the docs cannot fall behind the code. The test fails when the committed file and
 //! the elements disagree; `QWENCODEC_WRITE_REFERENCE=1` writes it anew.
 
-mod common;
+use qwencodec_testing as common;
 
 use std::fmt::Write;
 

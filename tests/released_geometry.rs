@@ -3,7 +3,7 @@
 //! the cache folder by `make released-fixture` (tools/released-fixture.sh), which `make test`
 //! runs first.
 
-mod common;
+use qwencodec_testing as common;
 
 use common::{RELEASED_FIXTURE, code_bytes, harness, pull_all, relative_l2, released_fixture, samples};
 use gst::prelude::*;

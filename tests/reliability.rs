@@ -3,7 +3,7 @@
 //! (The soak, thousands of streams in one process, is `examples/soak.rs`, run by
 //! tests/examples.rs.)
 
-mod common;
+use qwencodec_testing as common;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Barrier, Mutex};

@@ -1,7 +1,7 @@
 //! Codes over RTP: `rtpqwencodespay` and `rtpqwencodesdepay` against the codes sent, upstream's
 //! decode, lost and bad packets, and real UDP with reordering.
 
-mod common;
+use qwencodec_testing as common;
 
 use std::sync::{Arc, Mutex};
 

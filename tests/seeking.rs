@@ -4,7 +4,7 @@
 //! timeline (a looping segment seek) starts a fresh stream; a segment that continues the
 //! timeline does not.
 
-mod common;
+use qwencodec_testing as common;
 
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! qwencodecdec's output timing: timestamps exact to the sample, and audio that leaves as each
 //! step ends.
 
-mod common;
+use qwencodec_testing as common;
 
 use common::{audio_of, buffer, code_bytes, harness, load_fixture, pull_all, samples};
 use gst::prelude::*;

@@ -90,7 +90,7 @@ HALF_PRECISION_DECODER = {
 
 # Upstream's own float32 error against the float64 decode, measured in
 # make_preset, is the yardstick of every parity test (they allow a multiple of
-# it: tests/common/mod.rs, MEASURED), so a regeneration that made it large
+# it: crates/testing/src/lib.rs, MEASURED), so a regeneration that made it large
 # would loosen every test at once. Each preset states the most it may be; the
 # script fails above it. At tiny widths
 # it is 1e-6 to 3e-6 (see RESIDUAL_GAIN); at full widths about 3e-5.

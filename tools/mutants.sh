@@ -46,10 +46,11 @@ latency_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=latency)
 rtp_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=rtp_codes)
 # When a new segment ends the stream: its unit tests and the seeking tests.
 segment_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=seeking)
-# The server's own logic (tokens, access, admission, liveness, the protocol, the caps): its unit
-# tests. Its pipelines, signalling and ingress are the browser tests' (network namespaces and a
-# browser, minutes a run: not run per mutant).
-server_tests=(-p qwencodec-server --cargo-test-arg=--bin=qwencodec-server)
+# The server's own logic (access, admission, liveness, the caps): its unit tests. Its pipelines,
+# signalling and ingress are the browser tests' (network namespaces and a browser, minutes a
+# run: not run per mutant). What it takes from anyone (messages, join tokens): its crate's tests.
+server_tests=(-p qwencodec-server --cargo-test-arg=--lib)
+protocol_tests=(-p qwencodec-protocol --cargo-test-arg=--lib)
 declare -A tests_of=(
   [src/model/engine/arena.rs]=model [src/model/engine/mod.rs]=model [src/model/stream_decoder.rs]=model
   [src/model/kernels/shim.rs]=model [src/model/engine/batch_graphs.rs]=model
@@ -58,8 +59,9 @@ declare -A tests_of=(
   [src/qwencodecdec/latency.rs]=latency
   [src/qwencodecdec/segment.rs]=segment
   [src/codes_payload.rs]=rtp [src/rtpqwencodespay/imp.rs]=rtp [src/rtpqwencodesdepay/imp.rs]=rtp
-  [server/src/token.rs]=server [server/src/access.rs]=server [server/src/admission.rs]=server
-  [server/src/liveness.rs]=server [server/src/protocol.rs]=server [server/src/connections.rs]=server
+  [crates/protocol/src/token.rs]=protocol [crates/protocol/src/messages.rs]=protocol
+  [server/src/access.rs]=server [server/src/admission.rs]=server
+  [server/src/liveness.rs]=server [server/src/connections.rs]=server
   [server/src/ice.rs]=server [server/src/rtp_ingress.rs]=server [server/src/opus.rs]=server
   [server/src/janus.rs]=server [server/src/metrics.rs]=server [server/src/random.rs]=server
 )
@@ -73,10 +75,12 @@ for file in ${MUTANTS_FILES:-${!tests_of[@]}}; do
     rtp) tests=("${rtp_tests[@]}") ;;
     segment) tests=("${segment_tests[@]}") ;;
     server) tests=("${server_tests[@]}") ;;
+    protocol) tests=("${protocol_tests[@]}") ;;
     *) echo "mutants: no tests listed for $file" >&2; exit 2 ;;
   esac
   name=$(basename "$(dirname "$file")")-$(basename "$file" .rs)
   [[ $file == server/* ]] && name=server-$(basename "$file" .rs)
+  [[ $file == crates/protocol/* ]] && name=protocol-$(basename "$file" .rs)
   # cargo-mutants makes its output folder but not the folder above it.
   runs=("$name:")
   [[ " ${kernels_off_too[*]} " == *" $file "* ]] && runs+=("$name-off:off")

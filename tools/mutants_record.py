@@ -41,7 +41,7 @@ def changed_since(path, commit):
 def mutated_files():
     """The files tools/mutants.sh mutates (its tests_of table)."""
     script = (ROOT / "tools" / "mutants.sh").read_text()
-    return set(re.findall(r"\[((?:src|server)/[^\]]+\.rs)\]=", script))
+    return set(re.findall(r"\[((?:src|server|crates)/[^\]]+\.rs)\]=", script))
 
 
 def main():

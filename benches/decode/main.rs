@@ -39,8 +39,7 @@
 //! which is what could grow with the stream, is most of a step and shows most. `--steady-model
 //! DIR` runs it on another checkpoint (the released widths included), `--steady-frames 0` skips it.
 
-#[path = "../common/mod.rs"]
-mod common;
+use qwencodec_testing::bench as common;
 mod element;
 mod gst_launch;
 mod report;

@@ -2,7 +2,7 @@
 
 One file per benchmark and CPU, no date in the name (the date is inside): a re-run
 replaces the file, and git keeps the ones before. <cpu> is the machine's CPU as
-benches/common/mod.rs's `slug` names it, mirrored here by `cpu_slug` for the Python
+crates/testing/src/bench.rs's `slug` names it, mirrored here by `cpu_slug` for the Python
 tools; <benchmark> is one of KINDS. Standard library only: `make test` runs
 bench_summary.py --check with the system's python3.
 """
@@ -50,7 +50,7 @@ LIMITING_ENV = ("QWENCODEC_CPU_KERNELS", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INST
 
 
 def cpu_slug(model: str, avx512, limits) -> str:
-    """benches/common/mod.rs's `slug` of a machine: its CPU model's words, then `avx512`,
+    """crates/testing/src/bench.rs's `slug` of a machine: its CPU model's words, then `avx512`,
     or `as-<capability>` where ATEN_CPU_CAPABILITY held it, and `no-kernels` or
     `avx2-kernels` where QWENCODEC_CPU_KERNELS did."""
     model = model.split(" @ ")[0].lower().replace("(r)", " ").replace("(tm)", " ")
@@ -65,7 +65,7 @@ def cpu_slug(model: str, avx512, limits) -> str:
 
 
 def this_machine() -> dict:
-    """This machine as benches/common/mod.rs's `machine` records the fields `cpu_slug` reads."""
+    """This machine as crates/testing/src/bench.rs's `machine` records the fields `cpu_slug` reads."""
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     field = lambda name: next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
                                if line.split(":", 1)[0].strip() == name), "")

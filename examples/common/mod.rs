@@ -2,16 +2,12 @@
 //! `appsrc` fed the way a TTS model feeds it (a few frames at a time, live, timestamped).
 #![allow(dead_code)] // each example uses a different part
 
-mod options;
-pub mod webrtc;
-
-pub use options::Options;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gst::prelude::*;
 use gstqwencodec::model::{CheckpointFiles, DecoderConfig};
+use qwencodec_common::Options;
 
 /// The bundled test checkpoint (random weights: noise, but every part of the pipeline is real):
 /// under `QWENCODEC_FIXTURES` when set (a binary run from a bundle unpacked elsewhere), else in
@@ -25,15 +21,13 @@ pub fn default_model() -> PathBuf {
         .join("release-tiny")
 }
 
-impl Options {
-    /// `--model DIR` and `--codes FILE`, by default the bundled test checkpoint and its codes.
-    pub fn take_model_and_codes(&mut self) -> Result<(PathBuf, PathBuf), String> {
-        let model = self.take("--model")?.map_or_else(default_model, PathBuf::from);
-        let codes = self
-            .take("--codes")?
-            .map_or_else(|| default_model().join("codes.raw"), PathBuf::from);
-        Ok((model, codes))
-    }
+/// `--model DIR` and `--codes FILE`, by default the bundled test checkpoint and its codes.
+pub fn take_model_and_codes(options: &mut Options) -> Result<(PathBuf, PathBuf), String> {
+    let model = options.take("--model")?.map_or_else(default_model, PathBuf::from);
+    let codes = options
+        .take("--codes")?
+        .map_or_else(|| default_model().join("codes.raw"), PathBuf::from);
+    Ok((model, codes))
 }
 
 /// Codec frames to send, with the caps that describe them to `qwencodecdec`.

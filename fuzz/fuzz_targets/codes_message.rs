@@ -5,9 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-#[path = "../../server/src/protocol.rs"]
-#[allow(dead_code)]
-mod protocol;
+use qwencodec_protocol::messages as protocol;
 
 use protocol::{FrameError, FrameLayout};
 

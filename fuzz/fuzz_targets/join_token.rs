@@ -1,4 +1,4 @@
-//! the server (server/)'s join tokens (`server/src/token.rs`), which anyone may send in a
+//! the server (server/)'s join tokens (`crates/protocol/src/token.rs`), which anyone may send in a
 //! `join`: any text is refused with a reason that does not repeat it, never a panic, unless it is
 //! what the secret signed; and a token signed for any session and expiry is taken back as
 //! signed, or refused for what it is (a session id off the grammar, an expiry passed), and
@@ -7,9 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-#[path = "../../server/src/token.rs"]
-#[allow(dead_code)]
-mod token;
+use qwencodec_protocol::token;
 
 use token::{JoinSecret, JoinToken, TokenError};
 

@@ -4,10 +4,8 @@
 
 use libfuzzer_sys::fuzz_target;
 
-// The module alone, without the plugin (GStreamer, libtorch) around it.
-#[path = "../../src/npy/mod.rs"]
-#[allow(dead_code)]
-mod npy;
+// The crate alone, without the plugin (GStreamer, libtorch) around it.
+use qwencodec_npy as npy;
 
 fuzz_target!(|bytes: &[u8]| {
     match npy::read_header(bytes) {

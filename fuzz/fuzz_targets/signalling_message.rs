@@ -4,9 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-#[path = "../../server/src/protocol.rs"]
-#[allow(dead_code)]
-mod protocol;
+use qwencodec_protocol::messages as protocol;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

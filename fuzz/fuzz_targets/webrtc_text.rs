@@ -1,5 +1,5 @@
 //! the server (server/)'s checks of what a browser's signalling hands webrtcbin: an SDP answer
-//! and ICE candidates (`server/src/protocol.rs`). Any text is taken or refused with a reason,
+//! and ICE candidates (`crates/protocol/src/messages.rs`). Any text is taken or refused with a reason,
 //! never a panic, and what is taken holds to the grammar the checks promise (libgstsdp and
 //! libnice then parse only that). The first byte chooses which, and the candidate's
 //! sdpMLineIndex.
@@ -7,9 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-#[path = "../../server/src/protocol.rs"]
-#[allow(dead_code)]
-mod protocol;
+use qwencodec_protocol::messages as protocol;
 
 use protocol::{MAX_CANDIDATE_BYTES, MAX_SDP_BYTES};
 

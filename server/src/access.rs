@@ -9,9 +9,9 @@ use std::time::{Instant, SystemTime};
 
 use crate::connections::{Client, JoinRate, SessionPlace, SessionsPerClient};
 use crate::http::{self, Request, Socket, close};
-use crate::log;
+use crate::log::log;
 use crate::metrics::Metrics;
-use crate::token::JoinSecret;
+use qwencodec_protocol::token::JoinSecret;
 
 /// The most of a client's text that a log line or a refusal repeats.
 const MOST_ESCAPED_CHARS: usize = 200;
@@ -393,7 +393,12 @@ mod tests {
 
         use crate::admission::Capacity;
 
-        let model = Model::load(&crate::default_model(), parse_device("cpu").unwrap(), Dtype::F32).unwrap();
+        let model = Model::load(
+            &crate::config::default_model(),
+            parse_device("cpu").unwrap(),
+            Dtype::F32,
+        )
+        .unwrap();
         let capacity = Arc::new(Capacity::new(4, false, 0.2, Duration::from_millis(80)));
         let metrics = Metrics::new(Arc::new(model), capacity);
         let (server, mut client) = http::loopback();

@@ -386,7 +386,12 @@ mod tests {
     #[test]
     fn the_capacity_is_the_rows_whose_measured_step_fits_the_budget_of_their_frames_time() {
         let cpu = gstqwencodec::model::parse_device("cpu").unwrap();
-        let model = Model::load(&crate::default_model(), cpu, gstqwencodec::model::Dtype::F32).unwrap();
+        let model = Model::load(
+            &crate::config::default_model(),
+            cpu,
+            gstqwencodec::model::Dtype::F32,
+        )
+        .unwrap();
         let chunk_frames = 2;
         // Frames of an hour: every row count up to the most fits, however busy the machine.
         let hour = Duration::from_secs(3600);

@@ -18,9 +18,10 @@ use tungstenite::Message;
 use crate::access;
 use crate::http::{Received, Request, Socket, close};
 use crate::liveness::Heartbeat;
+use crate::log::log;
+use crate::server::Server;
 use crate::session::Egress;
 use crate::session_loop::{Connection, Ending, Step};
-use crate::{Server, log};
 
 pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: SocketAddr) {
     let Some(socket) = socket else {

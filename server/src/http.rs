@@ -10,7 +10,8 @@ use tungstenite::Message;
 use tungstenite::protocol::frame::CloseFrame;
 use tungstenite::protocol::{Role, WebSocket, WebSocketConfig};
 
-use crate::{Server, log};
+use crate::log::log;
+use crate::server::Server;
 
 /// The most a request head may take, and its most header lines.
 const MAX_HEAD_BYTES: usize = 16 * 1024;

@@ -8,8 +8,8 @@ use std::path::Path;
 use gst::prelude::*;
 use serde_json::{Value, json};
 
-use crate::options::Options;
-use crate::webrtc::webrtcbin_on;
+use qwencodec_common::Options;
+use qwencodec_common::webrtc::webrtcbin_on;
 
 /// The environment variable that may hold the TURN credentials, `username:password`.
 pub const TURN_CREDENTIALS_VARIABLE: &str = "QWENCODEC_TURN_CREDENTIALS";

@@ -25,9 +25,10 @@ use tungstenite::Message;
 use crate::access;
 use crate::http::{self, Received, Request, Socket, close};
 use crate::liveness::{Gone, Heartbeat};
-use crate::protocol::{FrameError, FromSender, sender_message};
+use crate::log::log;
 use crate::rtp_ingress::{RtpAddresses, RtpIngress};
-use crate::{Server, log};
+use crate::server::Server;
+use qwencodec_protocol::messages::{FrameError, FromSender, sender_message};
 
 pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &str) {
     let Some(mut socket) = socket else {

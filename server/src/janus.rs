@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::log;
+use crate::log::log;
 use crate::random::random_hex;
 
 /// How long one call to Janus's API may take.

@@ -232,7 +232,7 @@ mod tests {
     fn the_text_counts_what_was_done_and_reads_the_gauges_at_each_render() {
         // A model of its own: another test's batches would reach its observer.
         let cpu = parse_device("cpu").unwrap();
-        let model = Arc::new(Model::load(&crate::default_model(), cpu, Dtype::F32).unwrap());
+        let model = Arc::new(Model::load(&crate::config::default_model(), cpu, Dtype::F32).unwrap());
         // Live admission with a floor no margin is below: only late audio refuses a join.
         let capacity = Arc::new(Capacity::new(4, true, f64::MIN, Duration::from_millis(80)));
         let metrics = Metrics::new(model.clone(), capacity.clone());

@@ -4,8 +4,8 @@
 use gst::glib;
 use gst::prelude::*;
 
-use crate::log;
-use crate::options::Options;
+use crate::log::log;
+use qwencodec_common::Options;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpusSettings {

@@ -28,7 +28,7 @@ use gst_net::gio;
 use gst_net::gio::prelude::InetSocketAddressExt;
 use gstqwencodec::model::DecoderConfig;
 
-use crate::log;
+use crate::log::log;
 use crate::metrics::Metrics;
 use crate::session::Session;
 

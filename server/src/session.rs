@@ -17,11 +17,11 @@ use serde_json::json;
 use crate::ice::Ice;
 use crate::janus::Mountpoint;
 use crate::liveness::{Gone, IceState, IceWatch, PeerTimes};
-use crate::log;
+use crate::log::log;
 use crate::metrics::Metrics;
 use crate::opus::{self, OpusSettings};
-use crate::protocol::FrameLayout;
-use crate::webrtc::{DtlsCertificate, SdpKind, description_from_sdp, opus_rtp_caps, sdp_of};
+use qwencodec_common::webrtc::{DtlsCertificate, SdpKind, description_from_sdp, opus_rtp_caps, sdp_of};
+use qwencodec_protocol::messages::FrameLayout;
 
 /// Frames that come later than the end of the speech before them by up to this much still
 /// continue it (their audio is late by as much, and the browser's jitter buffer stretches);

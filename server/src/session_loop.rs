@@ -12,8 +12,9 @@ use serde_json::Value;
 use crate::access;
 use crate::http::{self, Received, Socket, close};
 use crate::liveness::{Gone, Heartbeat};
+use crate::log::log;
+use crate::server::Server;
 use crate::session::Session;
-use crate::{Server, log};
 
 /// What a connection's handler makes of a read.
 pub enum Step {

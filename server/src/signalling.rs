@@ -20,20 +20,22 @@ use tungstenite::Message;
 use crate::access;
 use crate::http::{Received, Socket, close};
 use crate::liveness::Heartbeat;
-use crate::protocol::{FromBrowser, browser_message};
+use crate::log::log;
+use crate::server::Server;
 use crate::session::Egress;
 use crate::session_loop::{Connection, Ending, Step};
-use crate::{Server, log};
+use qwencodec_protocol::messages::{FromBrowser, read_browser_message};
 
 /// The most ICE candidates a browser may send a session: one has a few per interface, and each
 /// costs libnice its checks.
 const MAX_CANDIDATES: usize = 100;
 
 /// The browser's message in what was read, if any, or why the connection ends: `Err(None)` when
-/// the browser closed it.
+/// the browser closed it. What the message carries is not checked yet (see [`checked`]): a
+/// message the session does not take now is refused for that first.
 fn message(received: Received) -> Result<Option<FromBrowser>, Option<(u16, String)>> {
     match received {
-        Received::Message(Message::Text(text)) => browser_message(&text)
+        Received::Message(Message::Text(text)) => read_browser_message(&text)
             .map(Some)
             .map_err(|err| Some((close::BAD_MESSAGE, err))),
         Received::Message(Message::Binary(_)) => Err(Some((
@@ -50,6 +52,17 @@ fn message(received: Received) -> Result<Option<FromBrowser>, Option<(u16, Strin
     }
 }
 
+/// A message the session takes now, once what it carries (an SDP, a candidate) is checked.
+fn checked(message: Option<FromBrowser>) -> Result<Option<FromBrowser>, Option<(u16, String)>> {
+    match message {
+        Some(message) => match message.check() {
+            Ok(()) => Ok(Some(message)),
+            Err(err) => Err(Some((close::BAD_MESSAGE, err))),
+        },
+        None => Ok(None),
+    }
+}
+
 pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
     let Some(mut socket) = socket else {
         return;
@@ -62,7 +75,10 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
     let mut heartbeat = Heartbeat::new(server.peer_times);
     let token = loop {
         match message(heartbeat.read(&mut socket)) {
+            // A join carries nothing to check but its token (`access`).
             Ok(Some(FromBrowser::Join { token })) => break token,
+            // The state before the content: an answer or candidate before the join is refused
+            // as such, whatever it carries.
             Ok(Some(_)) => return refuse(socket, (close::BAD_MESSAGE, "join first".into())),
             Ok(None) if connected.elapsed() > server.idle_timeout => {
                 let reason = format!("no join within {:?}", server.idle_timeout);
@@ -102,45 +118,47 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
     };
     let first = json!({"type": "session", "id": id, "iceServers": server.browser_ice_servers});
     let mut candidates = 0;
-    let ending = connection.serve(&session, &outgoing, &first, |received| match message(received) {
-        Ok(Some(FromBrowser::Answer { sdp })) => match session.set_answer(&sdp) {
-            Ok(()) => Step::Next,
-            Err(err) => Step::Refuse {
-                code: close::BAD_MESSAGE,
-                reason: format!("bad answer: {err}"),
-                ending: "bad answer".into(),
-            },
-        },
-        Ok(Some(FromBrowser::Ice {
-            candidate,
-            mline_index,
-        })) => {
-            candidates += 1;
-            if candidates > MAX_CANDIDATES {
-                return Step::Refuse {
+    let ending = connection.serve(&session, &outgoing, &first, |received| {
+        match message(received).and_then(checked) {
+            Ok(Some(FromBrowser::Answer { sdp })) => match session.set_answer(&sdp) {
+                Ok(()) => Step::Next,
+                Err(err) => Step::Refuse {
                     code: close::BAD_MESSAGE,
-                    reason: format!("more than {MAX_CANDIDATES} ICE candidates"),
-                    ending: "too many ICE candidates".into(),
-                };
+                    reason: format!("bad answer: {err}"),
+                    ending: "bad answer".into(),
+                },
+            },
+            Ok(Some(FromBrowser::Ice {
+                candidate,
+                mline_index,
+            })) => {
+                candidates += 1;
+                if candidates > MAX_CANDIDATES {
+                    return Step::Refuse {
+                        code: close::BAD_MESSAGE,
+                        reason: format!("more than {MAX_CANDIDATES} ICE candidates"),
+                        ending: "too many ICE candidates".into(),
+                    };
+                }
+                // An empty candidate is the browser's end of candidates.
+                if !candidate.is_empty() {
+                    session.add_ice_candidate(mline_index, &candidate);
+                }
+                Step::Next
             }
-            // An empty candidate is the browser's end of candidates.
-            if !candidate.is_empty() {
-                session.add_ice_candidate(mline_index, &candidate);
-            }
-            Step::Next
+            Ok(Some(FromBrowser::Join { .. })) => Step::Refuse {
+                code: close::BAD_MESSAGE,
+                reason: "joined already".into(),
+                ending: "joined twice".into(),
+            },
+            Ok(None) => Step::Next,
+            Err(Some((code, reason))) => Step::Refuse {
+                code,
+                ending: reason.clone(),
+                reason,
+            },
+            Err(None) => Step::Left("the browser closed the connection".into()),
         }
-        Ok(Some(FromBrowser::Join { .. })) => Step::Refuse {
-            code: close::BAD_MESSAGE,
-            reason: "joined already".into(),
-            ending: "joined twice".into(),
-        },
-        Ok(None) => Step::Next,
-        Err(Some((code, reason))) => Step::Refuse {
-            code,
-            ending: reason.clone(),
-            reason,
-        },
-        Err(None) => Step::Left("the browser closed the connection".into()),
     });
     // What its sender is told when the session ends, and what the log says.
     let (left, ending) = match ending {

@@ -1,8 +1,7 @@
 //! qwencodecparse and the .npy typefinder: alone, before qwencodecdec, and in decodebin and
 //! playbin. The .npy files are written here, header bytes and all.
 
-#[path = "../common/mod.rs"]
-mod common;
+use qwencodec_testing as common;
 mod errors;
 mod framing;
 mod playback;

@@ -6,11 +6,11 @@
 
 mod access;
 mod capacity;
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use qwencodec_testing as common;
 mod hardening;
 mod janus;
 mod network;
+mod refusals;
 mod remote;
 mod rtp_codes;
 mod scale_out;

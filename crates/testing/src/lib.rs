@@ -1,7 +1,9 @@
-//! Reference fixtures made by `tools/make_fixtures.py` with the upstream decoder.
-#![allow(dead_code)]
+//! What the plugin's tests, the server's tests and the benchmarks share: the reference fixtures
+//! made by `tools/make_fixtures.py` with the upstream decoder, the element in a harness, and
+//! the benchmarks' helpers ([`bench`]).
 
 pub mod batching;
+pub mod bench;
 
 use std::path::{Path, PathBuf};
 use std::sync::Once;
@@ -194,20 +196,15 @@ pub struct Fixture {
 /// Every committed fixture, each a different geometry.
 pub const FIXTURES: [&str; 4] = ["release-tiny", "gqa-bias", "bf16-weights", "f16-weights"];
 
+/// The repository's root (this crate is two folders below it).
+pub fn repo_root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
 /// The folder of the committed fixtures: `QWENCODEC_FIXTURES` when set (a test binary run from
-/// a bundle unpacked elsewhere, as tools/gpu-check.sh does), else the source tree's (the
-/// server crate, which includes this file in its tests, is a folder below the repository's root).
+/// a bundle unpacked elsewhere, as tools/gpu-check.sh does), else the source tree's.
 pub fn fixtures_root() -> PathBuf {
-    std::env::var_os("QWENCODEC_FIXTURES").map_or_else(
-        || {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .ancestors()
-                .map(|dir| dir.join("tests/fixtures"))
-                .find(|dir| dir.is_dir())
-                .expect("the repository's tests/fixtures")
-        },
-        PathBuf::from,
-    )
+    std::env::var_os("QWENCODEC_FIXTURES").map_or_else(|| repo_root().join("tests/fixtures"), PathBuf::from)
 }
 
 pub fn fixture_dir(name: &str) -> PathBuf {
@@ -461,7 +458,7 @@ pub fn released_fixture() -> Fixture {
 
 /// Runs one of the repository's shell scripts; it must succeed.
 pub fn run_script(script: &str, args: &[&Path], env: &[(&str, &str)]) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = repo_root();
     let status = std::process::Command::new("bash")
         .arg(root.join(script))
         .args(args)
@@ -485,7 +482,7 @@ pub fn built_example(name: &str, sources: &[&str]) -> PathBuf {
                 binary.display()
             )
         });
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = repo_root();
     for source in sources.iter().map(|source| root.join(source)) {
         let files: Vec<PathBuf> = if source.is_dir() {
             std::fs::read_dir(&source)

@@ -1,5 +1,4 @@
-//! The one command-line parser of the examples and the benchmarks (`benches/common` includes
-//! this file): options are `--name value` pairs, each taken out by name, and whatever is left
+//! The one command-line parser of the server, the examples and the benchmarks: options are `--name value` pairs, each taken out by name, and whatever is left
 //! when all are taken is an error, so that a misspelled option stops the program instead of
 //! leaving it to run on a default.
 

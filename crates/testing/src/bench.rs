@@ -1,5 +1,4 @@
 //! What the benchmarks share: options, the machine they ran on, statistics.
-#![allow(dead_code)] // each benchmark uses a different part
 
 use std::path::Path;
 use std::time::Instant;
@@ -9,10 +8,7 @@ use gstqwencodec::model::StreamDecoder;
 use serde_json::{Value, json};
 
 /// The examples' parser, the one for every program here that takes options.
-#[path = "../../examples/common/options.rs"]
-mod options;
-
-pub use options::Options;
+pub use qwencodec_common::Options;
 
 /// The benchmark's options, all read by `read` before it does any work: an unknown or misspelled
 /// option, a missing one or one that cannot be read ends the run here, with the error and exit
@@ -24,9 +20,26 @@ pub fn read_options<T>(read: impl FnOnce(&mut Options) -> Result<T, String>) -> 
     match options.finish().and(args) {
         Ok(args) => args,
         Err(err) => {
-            eprintln!("{}: {err}", env!("CARGO_CRATE_NAME"));
+            eprintln!("{}: {err}", program());
             std::process::exit(2);
         }
+    }
+}
+
+/// The benchmark's name: its binary's, less the hash cargo adds (`decode-0123456789abcdef`).
+fn program() -> String {
+    program_of(&std::env::args().next().unwrap_or_default())
+}
+
+fn program_of(binary: &str) -> String {
+    let stem = Path::new(binary)
+        .file_stem()
+        .map_or_else(String::new, |stem| stem.to_string_lossy().into_owned());
+    match stem.rsplit_once('-') {
+        Some((name, hash)) if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            name.to_owned()
+        }
+        _ => stem,
     }
 }
 
@@ -134,7 +147,7 @@ fn code_version() -> String {
     let git = |args: &[&str]| {
         let output = std::process::Command::new("git")
             .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .current_dir(crate::repo_root())
             .output()
             .ok()?;
         output
@@ -256,4 +269,21 @@ pub fn date() -> String {
         .output()
         .expect("date");
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_benchmark_is_named_by_its_binary_less_cargos_hash() {
+        assert_eq!(
+            super::program_of("target/release/deps/decode-0123456789abcdef"),
+            "decode"
+        );
+        assert_eq!(
+            super::program_of("target/release/deps/kernels_ab-fedcba9876543210"),
+            "kernels_ab"
+        );
+        assert_eq!(super::program_of("/usr/bin/rtp-codes"), "rtp-codes");
+        assert_eq!(super::program_of(""), "");
+    }
 }

@@ -43,25 +43,39 @@ pub enum FromSender {
 }
 
 /// A signalling message, its SDP and ICE candidate checked (see [`check_answer_sdp`],
-/// [`check_ice_candidate`]).
+/// [`check_ice_candidate`]): [`read_browser_message`] and then [`FromBrowser::check`].
 pub fn browser_message(text: &str) -> Result<FromBrowser, String> {
-    let message: FromBrowser =
-        serde_json::from_str(text).map_err(|err| format!("malformed signalling message: {err}"))?;
-    let checked = match &message {
-        FromBrowser::Join { .. } => Ok(()),
-        FromBrowser::Answer { sdp } => check_answer_sdp(sdp),
-        // An empty candidate is the browser's end of candidates.
-        FromBrowser::Ice { candidate, .. } if candidate.is_empty() => Ok(()),
-        FromBrowser::Ice {
-            candidate,
-            mline_index,
-        } if *mline_index < MEDIA_SECTIONS => check_ice_candidate(candidate),
-        FromBrowser::Ice { mline_index, .. } => Err(format!(
-            "sdpMLineIndex {mline_index}: the offer has {MEDIA_SECTIONS} media section"
-        )),
-    };
-    checked.map_err(|err| format!("malformed signalling message: {err}"))?;
+    let message = read_browser_message(text)?;
+    message.check()?;
     Ok(message)
+}
+
+/// A signalling message's type and fields, its SDP and ICE candidate not yet checked: the
+/// server first asks whether the message is one it takes now (an answer before the join is
+/// refused as such, whatever its SDP), then checks what it carries.
+pub fn read_browser_message(text: &str) -> Result<FromBrowser, String> {
+    serde_json::from_str(text).map_err(|err| format!("malformed signalling message: {err}"))
+}
+
+impl FromBrowser {
+    /// Whether what the message carries is taken: an answer's SDP, a candidate and its media
+    /// section.
+    pub fn check(&self) -> Result<(), String> {
+        let checked = match self {
+            FromBrowser::Join { .. } => Ok(()),
+            FromBrowser::Answer { sdp } => check_answer_sdp(sdp),
+            // An empty candidate is the browser's end of candidates.
+            FromBrowser::Ice { candidate, .. } if candidate.is_empty() => Ok(()),
+            FromBrowser::Ice {
+                candidate,
+                mline_index,
+            } if *mline_index < MEDIA_SECTIONS => check_ice_candidate(candidate),
+            FromBrowser::Ice { mline_index, .. } => Err(format!(
+                "sdpMLineIndex {mline_index}: the offer has {MEDIA_SECTIONS} media section"
+            )),
+        };
+        checked.map_err(|err| format!("malformed signalling message: {err}"))
+    }
 }
 
 /// The media sections of the server's offer (the speech): an answer has as many.
@@ -430,6 +444,29 @@ mod tests {
         assert!(matches!(join, FromBrowser::Join { token: Some(token) } if token == "s.1.ab"));
         assert!(browser_message(r#"{"type":"join","token":7}"#).is_err());
         assert!(browser_message(r#"{"type":"join","secret":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn a_message_is_read_before_what_it_carries_is_checked() {
+        // An answer with no media section: its type is read, its SDP refused only by the check.
+        let answer = r#"{"type":"answer","sdp":"v=0\r\no=- 0 0 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n"}"#;
+        let message = read_browser_message(answer).unwrap();
+        assert!(matches!(message, FromBrowser::Answer { .. }));
+        let err = message.check().unwrap_err();
+        assert_eq!(
+            err,
+            "malformed signalling message: the SDP has 0 media sections, the offer 1"
+        );
+        assert_eq!(browser_message(answer).unwrap_err(), err);
+        let ice = r#"{"type":"ice","candidate":"candidate:x","sdpMLineIndex":0}"#;
+        assert!(matches!(read_browser_message(ice), Ok(FromBrowser::Ice { .. })));
+        assert!(browser_message(ice).is_err());
+        // What cannot be read is refused at once, as before.
+        assert!(
+            read_browser_message(r#"{"type":"shout"}"#)
+                .unwrap_err()
+                .contains("unknown variant")
+        );
     }
 
     /// Codes as a sender writes them: little-endian int16s.

@@ -1,0 +1,77 @@
+//! What the server is run with: its options as read from the command line.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gstqwencodec::model::Dtype;
+
+use crate::ice::Ice;
+use crate::liveness::PeerTimes;
+use crate::opus::OpusSettings;
+use qwencodec_protocol::token::JoinSecret;
+
+/// Where Debian's libjs-janus-gateway puts janus.js.
+pub const DEBIAN_JANUS_JS: &str = "/usr/share/javascript/janus-gateway/janus.js";
+
+/// The bundled test checkpoint (random weights: noise, but every part of the server is real).
+pub fn default_model() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/release-tiny")
+}
+
+/// Where the codes token came from.
+pub enum TokenSource {
+    /// Made at start: it is printed.
+    Made,
+    /// Given by this option: not printed (the log may go where the token must not).
+    Given(&'static str),
+}
+
+/// How many sessions the server takes (`--admission`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// As many as the decoder serves in real time, measured at start, and none while behind.
+    Measured,
+    /// `--max-sessions` alone.
+    Off,
+}
+
+/// Every option of the server (the binary's usage text describes each).
+pub struct Config {
+    pub bind: SocketAddr,
+    pub model: PathBuf,
+    pub device: String,
+    pub dtype: Dtype,
+    pub chunk_frames: u32,
+    pub token: String,
+    pub token_source: TokenSource,
+    pub join_secret: Option<JoinSecret>,
+    /// `--join-secret-file`, for the log (else the secret came from the environment).
+    pub join_secret_file: Option<String>,
+    pub allowed_hosts: Vec<String>,
+    pub max_sessions_per_address: usize,
+    pub max_joins_per_minute: u32,
+    pub codes_bind: Option<SocketAddr>,
+    pub max_codes_connections: usize,
+    pub max_sessions: usize,
+    pub max_message_bytes: usize,
+    pub idle_timeout: Duration,
+    pub peer_times: PeerTimes,
+    pub allowed_origins: Vec<String>,
+    pub max_connections: usize,
+    pub max_connections_per_address: usize,
+    pub instance: Option<String>,
+    /// Seconds.
+    pub drain_timeout: f64,
+    pub admission: Admission,
+    pub margin_floor: f64,
+    pub cores: Option<usize>,
+    /// The cores this host has.
+    pub host_cores: usize,
+    pub ice: Ice,
+    pub opus: OpusSettings,
+    pub janus_api: Option<String>,
+    pub janus_public: Option<String>,
+    /// janus.js's file, read when broadcasts go to Janus.
+    pub janus_js: String,
+}

@@ -1,0 +1,343 @@
+//! The server run: its model loaded and its capacity measured, its listeners serving, until a
+//! signal drains it.
+
+use std::error::Error;
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gstqwencodec::model::{CheckpointFiles, DecoderConfig, Model, parse_device};
+use qwencodec_common::webrtc;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use crate::config::{Admission, Config, TokenSource};
+use crate::connections::Connections;
+use crate::log::log;
+use crate::metrics::Metrics;
+use crate::routes::{Side, serve};
+use crate::server::Server;
+use crate::session::{self, CodecFormat, Sessions};
+use qwencodec_protocol::token;
+
+use crate::{access, admission, http, janus, rtp_ingress};
+
+/// Runs the server with `config` until a signal has drained it.
+pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
+    let Config {
+        bind,
+        model: model_path,
+        device,
+        dtype,
+        chunk_frames,
+        token,
+        token_source,
+        join_secret,
+        join_secret_file,
+        allowed_hosts,
+        max_sessions_per_address,
+        max_joins_per_minute,
+        codes_bind,
+        max_codes_connections,
+        max_sessions,
+        max_message_bytes,
+        idle_timeout,
+        peer_times,
+        allowed_origins,
+        max_connections,
+        max_connections_per_address,
+        instance,
+        drain_timeout,
+        admission,
+        margin_floor,
+        cores,
+        host_cores,
+        ice,
+        opus,
+        janus_api,
+        janus_public,
+        janus_js: janus_js_path,
+    } = config;
+    let ice = Arc::new(ice);
+    let janus = janus_api
+        .map(|api| janus::Janus::new(&api, janus_public, opus.fec))
+        .transpose()?;
+    // Read once: the page needs it only where broadcasts go out.
+    let janus_js = match &janus {
+        Some(_) => Some(
+            std::fs::read_to_string(&janus_js_path)
+                .map_err(|err| format!("--janus-js {janus_js_path}: {err}"))?,
+        ),
+        None => None,
+    };
+    backtrace_glib_warnings();
+    gst::init()?;
+    gstqwencodec::plugin_register_static()?;
+    let config =
+        CheckpointFiles::locate(&model_path).and_then(|files| DecoderConfig::from_file(&files.config))?;
+    // Loaded once here and held: every session's decoder shares this copy, and a bad model
+    // or device fails the start instead of the first session.
+    let model = Model::shared(&model_path, parse_device(&device)?, dtype)?;
+    let dtype_note = gstqwencodec::model::dtype_note(dtype, model.device());
+    // Before the capacity is measured: it is measured on the threads the decoder will have.
+    // One server decodes for all its sessions: its threads are its own to spin. Several decoding
+    // processes on one host each take a share of the cores (--cores), which a spin cannot starve.
+    let threads = match cores {
+        Some(cores) => model.limit_compute_threads(cores),
+        None => model.compute_threads(),
+    };
+    let share = cores.map_or_else(|| "all".to_owned(), |cores| format!("--cores {cores} of"));
+    log!(
+        "the decoder computes on {threads} threads ({share} the host's {host_cores} cores); {}",
+        gstqwencodec::model::wait_policy()
+    );
+    let frame = Duration::from_secs_f64(config.samples_per_frame() as f64 / config.sample_rate as f64);
+    let max_sessions = match admission {
+        Admission::Measured => {
+            let (served, steps) =
+                admission::real_time_capacity(&model, chunk_frames as usize, frame, max_sessions)?;
+            let steps: Vec<String> = steps
+                .iter()
+                .map(|step| format!("{:.1}", step.as_secs_f64() * 1e3))
+                .collect();
+            log!(
+                "admission: {served} sessions served in real time (warm steps of 1, 2, ... rows: {} ms; budget {:.0} ms)",
+                steps.join(", "),
+                frame.as_secs_f64() * 1e3 * chunk_frames as f64 * admission::STEP_BUDGET
+            );
+            served
+        }
+        Admission::Off => max_sessions,
+    };
+    let timed = admission::time_session_batches(&model, chunk_frames as usize, max_sessions)?;
+    let timed: Vec<String> = timed
+        .iter()
+        .map(|(rows, step)| format!("{rows} rows {:.1} ms", step.as_secs_f64() * 1e3))
+        .collect();
+    log!(
+        "the sessions' decoders count batches of {} in their latency (timed now, not while sessions play)",
+        timed.join(", ")
+    );
+    let capacity = Arc::new(admission::Capacity::new(
+        max_sessions,
+        admission == Admission::Measured,
+        margin_floor,
+        frame,
+    ));
+    if admission == Admission::Measured {
+        log!(
+            "admission: no session while the server is behind (late audio, decode steps left waiting, the real-time margin below {margin_floor}, over the last {} s)",
+            admission::WINDOW.as_secs()
+        );
+    }
+    let metrics = Metrics::new(model.clone(), capacity);
+    let format = CodecFormat::new(&config);
+    let rtp_format = rtp_ingress::RtpFormat::new(&config);
+
+    let listener = TcpListener::bind(bind)?;
+    let address = listener.local_addr()?;
+    let codes_listener = codes_bind.map(TcpListener::bind).transpose()?;
+    let codes_address = match &codes_listener {
+        Some(codes_listener) => codes_listener.local_addr()?,
+        None => address,
+    };
+    let joins_described = match &join_secret {
+        Some(_) => format!(
+            "a join token signed with the join secret ({}) is required",
+            join_secret_file
+                .as_deref()
+                .map_or(format!("${}", token::SECRET_VARIABLE), |file| format!(
+                    "--join-secret-file {file}"
+                ))
+        ),
+        None => "open to anyone who reaches /signal (no join secret: a demo)".to_owned(),
+    };
+    let server = Arc::new(Server {
+        sessions: Sessions::new(
+            session::PipelineSettings {
+                model: model_path.clone(),
+                device: device.clone(),
+                dtype,
+                chunk_frames,
+                format,
+                certificate: Arc::new(webrtc::DtlsCertificate::generate()?),
+                ice: ice.clone(),
+                opus: opus.clone(),
+                metrics: metrics.clone(),
+                instance,
+                _model: model,
+            },
+            max_sessions,
+        ),
+        token,
+        max_message_bytes,
+        idle_timeout,
+        peer_times,
+        allowed_origins,
+        allowed_hosts,
+        joins: access::JoinPolicy::new(join_secret, max_joins_per_minute, max_sessions_per_address),
+        public_address: ice.public_address(),
+        metrics,
+        rtp_format,
+        browser_ice_servers: ice.browser_servers(),
+        janus,
+        janus_js,
+        connections: Connections::new(max_connections, max_connections_per_address),
+    });
+    log!(
+        "model {} on {device} ({dtype}), chunk-frames {chunk_frames}, at most {max_sessions} sessions",
+        model_path.display()
+    );
+    if let Some(note) = dtype_note {
+        log!("{note}");
+    }
+    log!("{}", ice.describe());
+    log!("{}", opus.describe());
+    // A token given is not printed: the log may go where the token must not.
+    let bearer = match token_source {
+        TokenSource::Given(source) => format!("<the token of {source}>"),
+        TokenSource::Made => server.token.clone(),
+    };
+    log!(
+        "codes ingress: ws://{codes_address}/codes?session=ID with the header \"Authorization: Bearer {bearer}\""
+    );
+    log!(
+        "joins: {joins_described}; at most {max_sessions_per_address} sessions and {max_joins_per_minute} joins a minute per client (0: no cap)"
+    );
+    if let Some(janus) = &server.janus {
+        log!(
+            "broadcasts: ws://{codes_address}/broadcast with the same header, to Janus at {} (listeners: {})",
+            janus.api(),
+            janus.public
+        );
+    }
+    log!("open http://{address}/ in a browser");
+
+    let mut signals = Signals::new([SIGTERM, SIGINT])?;
+    let mut all_connections = vec![server.connections.clone()];
+    let public_side = match codes_listener {
+        Some(codes_listener) => {
+            let connections = Connections::new(max_codes_connections, max_codes_connections);
+            all_connections.push(connections.clone());
+            let server = server.clone();
+            std::thread::spawn(move || accept(&server, codes_listener, &connections, Side::Codes));
+            Side::Public
+        }
+        None => Side::Both,
+    };
+    std::thread::spawn({
+        let server = server.clone();
+        move || accept(&server, listener, &server.connections, public_side)
+    });
+    let signal = signals.forever().next().map_or("a signal", signal_name);
+    // Draining: the listeners stay open, so that a router reads /status and retries a join
+    // answered 503 elsewhere, and a session's sender may still come back for its speech. Said
+    // once it holds: /status asked after the line reads "draining" (asked between a line
+    // logged first and the drain, it read false once in make test).
+    server.sessions.drain(DRAINING);
+    log!(
+        "{signal}: draining: no new session; each session ends once its speech has played, the rest after {drain_timeout} s (--drain-timeout); a second signal ends them at once"
+    );
+    let deadline = Instant::now() + Duration::from_secs_f64(drain_timeout);
+    let why = loop {
+        let left = server.sessions.close_where_speech_over(DRAIN_TAIL, SHUTTING_DOWN);
+        if left == 0 {
+            break SHUTTING_DOWN.to_owned();
+        }
+        if let Some(signal) = signals.pending().next() {
+            log!("{}: ending the {left} sessions left at once", signal_name(signal));
+            break format!("{SHUTTING_DOWN} (a second signal)");
+        }
+        if Instant::now() >= deadline {
+            log!("--drain-timeout {drain_timeout} s passed: ending the {left} sessions left");
+            break format!("{SHUTTING_DOWN} (--drain-timeout {drain_timeout} s passed)");
+        }
+        std::thread::sleep(DRAIN_POLL);
+    };
+    log!("shutting down");
+    for connections in &all_connections {
+        connections.stop();
+    }
+    server.sessions.close_all(&why);
+    let open: usize = all_connections
+        .iter()
+        .map(|connections| connections.wait_for_all(SHUTDOWN_PATIENCE))
+        .sum();
+    log!("shut down ({open} connections still open)");
+    Ok(())
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        SIGTERM => "SIGTERM",
+        SIGINT => "SIGINT",
+        _ => "a signal",
+    }
+}
+
+/// With RUST_BACKTRACE set, a GLib warning or critical (the tests make them fatal with
+/// G_DEBUG=fatal_warnings) is logged with the backtrace of the thread that raised it, so that a
+/// rare one says where it came from.
+fn backtrace_glib_warnings() {
+    if std::env::var_os("RUST_BACKTRACE").is_none() {
+        return;
+    }
+    glib::log_set_writer_func(|level, fields| {
+        if matches!(
+            level,
+            glib::LogLevel::Error | glib::LogLevel::Critical | glib::LogLevel::Warning
+        ) {
+            let backtrace = std::backtrace::Backtrace::force_capture();
+            eprintln!("qwencodec-server: a GLib {level:?} raised at:\n{backtrace}");
+        }
+        glib::log_writer_default(level, fields)
+    });
+}
+
+/// Why a session ends when the server stops (its browser is told with 1001, its sender 4410).
+const SHUTTING_DOWN: &str = "the server is shutting down";
+/// Why a join is refused while the server drains.
+const DRAINING: &str = "the server is draining (shutting down): join another server";
+/// How long after a session's last audio left a draining server ends it: the browser's jitter
+/// buffer (its delay a fraction of this in the browser tests, docs/testing.md) has played it by
+/// then, and nothing of it is cut off when the peer connection goes.
+const DRAIN_TAIL: gst::ClockTime = gst::ClockTime::from_mseconds(500);
+/// How often a draining server looks for sessions whose speech is over.
+const DRAIN_POLL: Duration = Duration::from_millis(20);
+
+/// How long a shutdown waits for the connections to close.
+const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Takes connections, each on a thread of its own, while `connections`' caps allow.
+fn accept(server: &Arc<Server>, listener: TcpListener, connections: &Arc<Connections>, side: Side) {
+    for stream in listener.incoming() {
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(err) => {
+                log!("cannot accept a connection: {err}");
+                continue;
+            }
+        };
+        let Ok(peer) = stream.peer_addr() else { continue };
+        match connections.admit(peer.ip()) {
+            Ok(admitted) => {
+                let server = server.clone();
+                std::thread::spawn(move || {
+                    serve(&server, stream, peer, side);
+                    drop(admitted);
+                });
+            }
+            Err(why) => {
+                log!("refused {peer}: {why}");
+                server.metrics.refused(503);
+                let _ = stream.set_write_timeout(Some(http::POLL));
+                http::respond(
+                    stream,
+                    "503 Service Unavailable",
+                    "text/plain",
+                    &format!("{why}\n"),
+                );
+            }
+        }
+    }
+}
