@@ -23,11 +23,11 @@ setup:
 	@bash tools/setup.sh
 
 # The upstream Python decoder, for the fixtures (the released-geometry one included) and the
-# benchmark; and upstream's talker, for python/qwencodec_talker.
+# benchmark; and upstream's talker, for the scripts that import python/qwencodec_talker.
 setup-reference: setup
 	@bash tools/setup-reference.sh
 
-# pipecat and LiveKit Agents for python/qwencodec_agents, in a venv of their own on the torch venv.
+# pipecat and LiveKit Agents for python/'s framework integrations, in a venv of their own on the torch venv.
 setup-agents: setup-reference
 	@bash tools/setup-agents.sh
 

@@ -20,7 +20,8 @@ if ! "$python" tools/make_talker_fixture.py --kind custom_voice --out "$tmp/cv" 
   echo "check-agents: FAILED making the tiny talker" >&2
   exit 1
 fi
-export QWENCODEC_TALKER_CV="$tmp/cv" G_DEBUG=fatal_warnings
+export QWENCODEC_TALKER_CV="$tmp/cv" G_DEBUG=fatal_warnings GST_PLUGIN_PATH="$PWD/target/release"
+export PYTHONPATH="$PWD/python:$PWD/python/pipecat-qwencodec:$PWD/python/livekit-plugins-qwencodec"
 ran=0
 failed=()
 for test in tests/agents/test_*.py; do

@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python="${QWENCODEC_CACHE:-/var/cache/qwencodec}/venv/bin/python"
+export PYTHONPATH="$PWD/python" GST_PLUGIN_PATH="$PWD/target/release"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 log="$tmp/log"

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from .version import __version__  # noqa: F401
+
 CODEBOOKS = 16
 
 
@@ -51,7 +53,7 @@ def load_upstream():
                 mods["qwen_tts.core.models.modeling_qwen3_tts"])
     spec = importlib.util.find_spec("qwen_tts")
     if spec is None:
-        sys.exit("qwen-tts is not installed: run tools/setup-reference.sh")
+        sys.exit("qwen-tts is not installed: pip install the qwencodec-talker package (docs/talker.md)")
     root = Path(next(iter(spec.submodule_search_locations)))
     for name, sub in (("qwen_tts", ""), ("qwen_tts.core", "core"),
                       ("qwen_tts.core.models", "core/models"),

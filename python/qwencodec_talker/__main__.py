@@ -1,7 +1,7 @@
 """Stream talker codes as they are made: raw S16LE frames (16 codes each, frame-major) to
 standard output or a file, the media server's /codes WebSocket, or RTP to a host and port.
 
-    PYTHONPATH=python python -m qwencodec_talker --model DIR --text "Hello." \\
+    qwencodec-talker --model DIR --text "Hello." \\
         --speaker vivian --out - | gst-launch-1.0 fdsrc fd=0 \\
         ! audio/x-qwen3-tts-codes,codebooks=16,framerate=25/2 \\
         ! qwencodecdec model-path=DIR/speech_tokenizer ! audioconvert ! autoaudiosink
@@ -30,7 +30,7 @@ from .destinations import RawCodes, Rtp, Server
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m qwencodec_talker", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="qwencodec-talker", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="checkpoint folder (published layout)")
     text = p.add_mutually_exclusive_group(required=True)
     text.add_argument("--text")

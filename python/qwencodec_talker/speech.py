@@ -1,9 +1,9 @@
 """Text in, audio out, in this process: the talker's frames into appsrc ! qwencodecdec ! appsink.
 
 `Speaker(talker_dir).speak(text)` yields 16-bit mono PCM as each decode step finishes, while the
-talker is still generating; the voice-agent adapters (python/qwencodec_agents) are built on it.
-It needs the plugin (`make build`) and Debian's PyGObject linked into the venv
-(tools/setup-agents.sh).
+talker is still generating; the pipecat and LiveKit integrations are built on it. It needs
+GStreamer's Python bindings (Debian's python3-gi, seen by a venv made with
+--system-site-packages) and the plugin where GStreamer finds it (docs/talker.md).
 """
 
 import json

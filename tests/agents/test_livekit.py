@@ -1,4 +1,4 @@
-"""qwencodec_agents.livekit.TTS driven as an AgentSession drives a TTS (livekit-agents 1.8.9).
+"""livekit.plugins.qwencodec.TTS driven as an AgentSession drives a TTS (livekit-agents 1.8.9).
 
 livekit-agents ships no test TTS or offline harness for a TTS plugin (its `testing` module is a
 fake JobContext for a whole agent in a room, which needs a LiveKit server), so this drives the
@@ -37,7 +37,6 @@ from pathlib import Path
 
 os.environ.setdefault("G_DEBUG", "fatal_warnings")
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "python"))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -277,7 +276,12 @@ async def test_aclose(tts, speaker, refs, counter):
 
 
 async def main(talker_dir):
-    from qwencodec_agents.livekit import TTS
+    from livekit.agents import Plugin
+    from livekit.plugins import qwencodec
+
+    check([p.package for p in Plugin.registered_plugins].count("livekit.plugins.qwencodec") == 1,
+          "the plugin registers itself with LiveKit once, as livekit.plugins.qwencodec")
+    TTS = qwencodec.TTS
 
     speaker = Speaker(talker_dir, decoder_dir=DECODER)
     tts = TTS(speaker=speaker, voice=VOICE, seed=SEED, max_new_tokens=MAX_NEW_TOKENS)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""QwenCodecTTSService (python/qwencodec_agents/pipecat.py) under pipecat's own test helpers.
+"""QwenCodecTTSService (the pipecat-qwencodec package) under pipecat's own test helpers.
 
 A plain script (asyncio.run, exit status 1 on any failure), run by tools/check-agents.sh with the
 agents venv. It drives the service with `pipecat.tests.utils.run_test` (the service between
@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "python"))
 
 from pipecat.frames.frames import (  # noqa: E402
     InterruptionFrame,
@@ -47,12 +46,11 @@ from pipecat.observers.base_observer import BaseObserver, FrameProcessed, FrameP
 from pipecat.pipeline.worker import PipelineParams  # noqa: E402
 from pipecat.tests.utils import SleepFrame, run_test  # noqa: E402
 
-from qwencodec_agents.pipecat import QwenCodecTTSService  # noqa: E402
+from pipecat_qwencodec import QwenCodecTTSService  # noqa: E402
 from qwencodec_talker import assistant_text, generate_kwargs, stream_codes, tokenize  # noqa: E402
 from qwencodec_talker.speech import Speaker  # noqa: E402
 
 DECODER = ROOT / "tests" / "fixtures" / "release-tiny"
-PLUGIN_DIR = os.environ.get("QWENCODEC_PLUGIN_DIR", str(ROOT / "target" / "release"))
 SAMPLES_PER_FRAME = 1920
 SHORT = ("Hello there.", 1)  # text, seed: 14 frames, ends on EOS
 LONG = ("Hello from the pipecat test, a longer sentence to say.", 6)  # 55 frames uninterrupted
@@ -113,14 +111,13 @@ def reference_audio(speaker, tmp, text, seed, max_new_tokens):
     codes, audio = Path(tmp) / "codes.raw", Path(tmp) / "audio.raw"
     codes.write_bytes(b"".join(int(c).to_bytes(2, "little", signed=True)
                                for frame in frames for c in frame))
-    env = dict(os.environ, GST_PLUGIN_PATH=PLUGIN_DIR)
     subprocess.run(
         ["gst-launch-1.0", "-q", "filesrc", f"location={codes}",
          "!", "audio/x-qwen3-tts-codes,codebooks=16,framerate=25/2",
          "!", "qwencodecdec", f"model-path={DECODER}", "device=cpu",
          "max-step-frames=1",
          "!", "audio/x-raw,format=S16LE,channels=1", "!", "filesink", f"location={audio}"],
-        check=True, env=env, timeout=60)
+        check=True, timeout=60)
     return len(frames), audio.read_bytes()
 
 
@@ -255,7 +252,7 @@ async def test_interruption(speaker):
 async def main(talker_dir, tmp):
     failures = []
     t0 = time.monotonic()
-    speaker = Speaker(talker_dir, decoder_dir=DECODER, plugin_dir=PLUGIN_DIR)
+    speaker = Speaker(talker_dir, decoder_dir=DECODER)
     loaded = time.monotonic() - t0
     results = {}
     try:

@@ -20,11 +20,8 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "python"))
-from qwencodec_talker.pipeline import load_plugin  # noqa: E402
-
-from websockets.sync.server import serve  # noqa: E402
+from qwencodec_talker.pipeline import load_plugin
+from websockets.sync.server import serve
 
 TEXT = "Hello there, a test of where the frames go."
 FRAME_BYTES = 32
@@ -33,8 +30,7 @@ FRAME_BYTES = 32
 def talker(model, *args, max_frames=40, **popen):
     command = [sys.executable, "-m", "qwencodec_talker", "--model", str(model), "--text", TEXT,
                "--speaker", "vivian", "--seed", "1", "--max-new-tokens", str(max_frames), *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
-    return subprocess.Popen(command, env=env, stderr=subprocess.PIPE, **popen)
+    return subprocess.Popen(command, stderr=subprocess.PIPE, **popen)
 
 
 def finished(process, what):

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
-import qwencodec_talker as qt  # noqa: E402
+import qwencodec_talker as qt
 
 MAX_NEW = 12
 

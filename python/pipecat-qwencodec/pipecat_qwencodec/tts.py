@@ -1,4 +1,4 @@
-"""A pipecat TTS service (pipecat-ai 1.14.0): Qwen3-TTS in this process, decoded by qwencodecdec.
+"""The pipecat TTS service (pipecat-ai 1.14): Qwen3-TTS in this process, decoded by qwencodecdec.
 
 `QwenCodecTTSService.run_tts(text)` runs upstream's talker and the plugin's decoder through
 `qwencodec_talker.speech.Speaker` (appsrc ! qwencodecdec ! appsink) and yields each decode step's
@@ -7,7 +7,7 @@ local services (piper, pocket_tts) do, the base class opens the audio context wi
 `TTSStartedFrame` and starts TTFB, the first audio stops TTFB, and `TTSStoppedFrame` closes the
 turn (push_start_frame / push_stop_frames).
 
-Each utterance is a `qwencodec_agents.bridge.Utterance`: `Speaker.speak` in a thread of its own,
+Each utterance is a `qwencodec_talker.bridge.Utterance`: `Speaker.speak` in a thread of its own,
 its audio handed to the event loop as it comes. A barge-in (pipecat's `InterruptionFrame`, which
 cancels the task running `run_tts`), a closed generator or a `CancelFrame` sets the utterance's
 cancel event: the talker stops before its next step and the decoder drops what it holds.
@@ -34,7 +34,7 @@ from pipecat.transcriptions.language import Language, resolve_language
 from pipecat.utils.tracing.service_decorators import traced_tts
 from pipecat.utils.types import NOT_GIVEN, NotGiven, is_given
 
-from .bridge import Utterance
+from qwencodec_talker.bridge import Utterance
 
 # Upstream's language names (the talker config's codec_language_id), by pipecat language.
 LANGUAGES = {
@@ -231,71 +231,3 @@ class QwenCodecTTSService(TTSService):
                 utterance.cancel.set()
             logger.debug(f"{self}: Finished TTS [{text}]")
             await self.stop_ttfb_metrics()
-
-
-async def _speak_to_wav(args):
-    """The service alone in a pipecat pipeline: TTSSpeakFrame in, its audio frames to a WAV."""
-    import wave
-
-    from pipecat.frames.frames import EndFrame, MetricsFrame, TTSAudioRawFrame, TTSSpeakFrame
-    from pipecat.metrics.metrics import TTFBMetricsData
-    from pipecat.pipeline.pipeline import Pipeline
-    from pipecat.pipeline.worker import PipelineParams, PipelineWorker
-    from pipecat.processors.frame_processor import FrameProcessor
-    from pipecat.workers.runner import WorkerRunner
-
-    service = QwenCodecTTSService(
-        model_dir=args.model, decoder_dir=args.decoder, device=args.device,
-        settings=QwenCodecTTSService.Settings(voice=args.speaker, language=args.language,
-                                              instruct=args.instruct, seed=args.seed,
-                                              max_new_tokens=args.max_new_tokens))
-    audio, ttfb = bytearray(), []
-
-    class Collect(FrameProcessor):
-        async def process_frame(self, frame, direction):
-            await super().process_frame(frame, direction)
-            if isinstance(frame, TTSAudioRawFrame):
-                audio.extend(frame.audio)
-            elif isinstance(frame, MetricsFrame):
-                ttfb.extend(d.value for d in frame.data
-                            if isinstance(d, TTFBMetricsData) and d.processor == service.name
-                            and d.value > 0)
-            await self.push_frame(frame, direction)
-
-    worker = PipelineWorker(Pipeline([service, Collect()]), cancel_on_idle_timeout=False,
-                            params=PipelineParams(enable_metrics=True))
-    await worker.queue_frames([TTSSpeakFrame(args.text), EndFrame()])
-    runner = WorkerRunner(handle_sigint=True)
-    await runner.add_workers(worker)
-    await runner.run()
-    with wave.open(args.out, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(service.sample_rate)
-        out.writeframes(bytes(audio))
-    made = service.utterances[-1].frames_made if service.utterances else 0
-    print(f"qwencodec pipecat: {made} frames, {len(audio) // 2} samples at {service.sample_rate} Hz"
-          f" to {args.out}" + (f", TTFB {ttfb[0] * 1000:.0f} ms" if ttfb else ""))
-
-
-def main(argv=None):
-    """python -m qwencodec_agents.pipecat --model DIR --speaker vivian --text "Hello." --out a.wav"""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m qwencodec_agents.pipecat",
-                                     description=_speak_to_wav.__doc__)
-    parser.add_argument("--model", required=True, help="Qwen3-TTS 12 Hz talker checkpoint folder")
-    parser.add_argument("--decoder", help="speech tokenizer folder (default MODEL/speech_tokenizer)")
-    parser.add_argument("--text", required=True)
-    parser.add_argument("--speaker", help="CustomVoice speaker, e.g. vivian")
-    parser.add_argument("--instruct", help="VoiceDesign voice description")
-    parser.add_argument("--language", help="english, chinese, ... (default auto)")
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--max-new-tokens", type=int)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", required=True, help="WAV file")
-    asyncio.run(_speak_to_wav(parser.parse_args(argv)))
-
-
-if __name__ == "__main__":
-    main()

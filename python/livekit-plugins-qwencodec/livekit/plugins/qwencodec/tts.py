@@ -1,7 +1,4 @@
-"""A LiveKit Agents TTS (livekit-agents 1.8.9) on `qwencodec_talker.speech.Speaker`.
-
-    from qwencodec_agents.livekit import TTS
-    session = AgentSession(tts=TTS("/models/Qwen3-TTS-12Hz-0.6B-CustomVoice", voice="vivian"), ...)
+"""The LiveKit Agents TTS (livekit-agents 1.8.9) on `qwencodec_talker.speech.Speaker`.
 
 The talker runs in this process and its frames are decoded by qwencodecdec as they are made; the
 audio of each decode step is pushed to LiveKit's AudioEmitter ("audio/pcm", mono, the decoder's
@@ -16,7 +13,7 @@ sample rate: 24000 for the released model) as soon as the step finishes.
   Speaker's cancel: the talker stops before its next step and the decoder drops what it holds;
   `aclose()` returns once that is done.
 
-Each utterance is a `qwencodec_agents.bridge.Utterance`: `Speaker.speak` in a thread of its own,
+Each utterance is a `qwencodec_talker.bridge.Utterance`: `Speaker.speak` in a thread of its own,
 its audio handed to the event loop as it comes.
 """
 
@@ -27,9 +24,8 @@ import asyncio
 from livekit.agents import APIConnectOptions, APIError, tokenize, tts, utils
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, NotGivenOr
 
+from qwencodec_talker.bridge import Utterance
 from qwencodec_talker.speech import Speaker
-
-from .bridge import Utterance
 
 __all__ = ["TTS", "ChunkedStream", "SynthesizeStream"]
 
