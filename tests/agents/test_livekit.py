@@ -23,7 +23,9 @@ pipeline, so a dropped, repeated or reordered chunk fails, and so does silence:
    by the hook, and Speaker.frames_made), makes no frame after aclose returns, the decoder holds
    no audio of it, nothing is emitted after; a new stream then speaks exactly its reference.
 
-    G_DEBUG=fatal_warnings /var/cache/qwencodec/venv-agents/bin/python tests/agents/test_livekit.py
+    G_DEBUG=fatal_warnings VENV/bin/python tests/agents/test_livekit.py
+
+with the venv that tools/setup-packages.sh pip-installs the packages into (tools/check-agents.sh).
 """
 
 import asyncio
@@ -55,6 +57,15 @@ MAX_NEW_TOKENS = 200
 CANCEL_SLACK = 3  # frames the talker may make after aclose is called
 
 failures = []
+
+
+def installed(*modules):
+    """Exits unless each module is the pip-installed one, not the checkout's python/."""
+    checkout = ROOT / "python"
+    for module in modules:
+        if checkout in Path(module.__file__).resolve().parents:
+            sys.exit(f"{module.__name__} comes from the checkout ({module.__file__}), not from "
+                     "the installed package: run tools/check-agents.sh")
 
 
 def check(condition, message):
@@ -279,6 +290,7 @@ async def main(talker_dir):
     from livekit.agents import Plugin
     from livekit.plugins import qwencodec
 
+    installed(qwencodec, sys.modules[Speaker.__module__])
     check([p.package for p in Plugin.registered_plugins].count("livekit.plugins.qwencodec") == 1,
           "the plugin registers itself with LiveKit once, as livekit.plugins.qwencodec")
     TTS = qwencodec.TTS

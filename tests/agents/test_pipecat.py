@@ -2,7 +2,7 @@
 """QwenCodecTTSService (the pipecat-qwencodec package) under pipecat's own test helpers.
 
 A plain script (asyncio.run, exit status 1 on any failure), run by tools/check-agents.sh with the
-agents venv. It drives the service with `pipecat.tests.utils.run_test` (the service between
+venv that tools/setup-packages.sh pip-installs the packages into. It drives the service with `pipecat.tests.utils.run_test` (the service between
 pipecat's queued source and sink processors in a real PipelineWorker) and an observer, on the
 tiny random CustomVoice talker (tools/make_talker_fixture.py, made in a temp folder unless
 $QWENCODEC_TALKER_CV names one) and the bundled decoder tests/fixtures/release-tiny:
@@ -54,6 +54,18 @@ DECODER = ROOT / "tests" / "fixtures" / "release-tiny"
 SAMPLES_PER_FRAME = 1920
 SHORT = ("Hello there.", 1)  # text, seed: 14 frames, ends on EOS
 LONG = ("Hello from the pipecat test, a longer sentence to say.", 6)  # 55 frames uninterrupted
+
+
+def installed(*modules):
+    """Exits unless each module is the pip-installed one, not the checkout's python/."""
+    checkout = ROOT / "python"
+    for module in modules:
+        if checkout in Path(module.__file__).resolve().parents:
+            sys.exit(f"{module.__name__} comes from the checkout ({module.__file__}), not from "
+                     "the installed package: run tools/check-agents.sh")
+
+
+installed(sys.modules[QwenCodecTTSService.__module__], sys.modules[Speaker.__module__])
 
 
 class Steps:

@@ -12,6 +12,9 @@ and closing the stream stops generation at once; the CLI's
 S16LE output equals upstream's codes byte for byte.
 
     python tests/talker/test_exact.py FIXTURE_ROOT   (holds custom_voice/, voice_design/, base/)
+
+with the python of the venv that tools/setup-packages.sh pip-installs the package into
+(tools/check-talker.sh).
 """
 
 import sys
@@ -24,6 +27,18 @@ import torch
 import qwencodec_talker as qt
 
 MAX_NEW = 12
+
+
+def installed(*modules):
+    """Exits unless each module is the pip-installed one, not the checkout's python/."""
+    checkout = Path(__file__).resolve().parents[2] / "python"
+    for module in modules:
+        if checkout in Path(module.__file__).resolve().parents:
+            sys.exit(f"{module.__name__} comes from the checkout ({module.__file__}), not from "
+                     "the installed package: run tools/check-talker.sh")
+
+
+installed(qt)
 
 
 def ids(generator, n, low=100, high=150000):
