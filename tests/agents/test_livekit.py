@@ -301,6 +301,13 @@ async def main(talker_dir):
           "TTS: streaming, 24000 Hz, mono")
     counter = FrameCounter(speaker.model)
     refs = References(talker_dir, speaker.model)
+    # A TTS that makes its own Speaker loads the talker as device, dtype and attn_implementation say.
+    own = TTS(talker_dir, decoder_dir=DECODER, voice=VOICE, device="cpu", dtype="bfloat16",
+              attn_implementation="eager")
+    model = own.speaker.model
+    check((str(model.device), model.dtype, model.config._attn_implementation)
+          == ("cpu", torch.bfloat16, "eager"), "TTS(device, dtype, attn_implementation) reach the talker")
+    await own.aclose()
     try:
         t0 = time.monotonic()
         await test_synthesize(tts, speaker, refs)

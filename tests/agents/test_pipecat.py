@@ -29,6 +29,7 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -261,6 +262,20 @@ async def test_interruption(speaker):
                 second=second.frames_made)
 
 
+async def test_model_options(talker_dir):
+    """The service's own Speaker loads the talker as device, dtype and attn_implementation say."""
+    service = QwenCodecTTSService(model_dir=talker_dir, decoder_dir=DECODER, device="cpu",
+                                  dtype="bfloat16", attn_implementation="eager")
+    try:
+        model = service.speaker.model
+        got = (str(model.device), model.dtype, model.config._attn_implementation)
+        assert got == ("cpu", torch.bfloat16, "eager"), f"the service's talker is {got}"
+    finally:
+        await service.cleanup()
+    assert service.speaker is None, "cleanup did not close the Speaker the service made"
+    return dict(dtype="bfloat16", attn="eager")
+
+
 async def main(talker_dir, tmp):
     failures = []
     t0 = time.monotonic()
@@ -269,7 +284,8 @@ async def main(talker_dir, tmp):
     results = {}
     try:
         for name, test in (("text in, audio out, TTFB", lambda: test_text_in_audio_out(speaker, tmp)),
-                           ("interruption", lambda: test_interruption(speaker))):
+                           ("interruption", lambda: test_interruption(speaker)),
+                           ("device, dtype, attention", lambda: test_model_options(talker_dir))):
             t = time.monotonic()
             try:
                 results[name] = await test()

@@ -191,6 +191,29 @@ def main():
         failures.append(f"CLI wrote {len(data)} bytes, upstream's {len(expected)} frames are {len(want)} bytes"
                         f"{'' if len(data) != len(want) else ', values differ'}")
 
+    # --dtype and --attn-implementation reach the model: the CLI's bytes equal upstream's codes
+    # on the model loaded so; by default transformers chooses (sdpa), as upstream leaves it.
+    half = qt.load_model(root / "voice_design", dtype="bfloat16", attn_implementation="eager")
+    default = qt.load_model(root / "voice_design")
+    if (half.dtype, half.config._attn_implementation) != (torch.bfloat16, "eager"):
+        failures.append(f"load_model(bfloat16, eager) gave {half.dtype}, {half.config._attn_implementation}")
+    if (default.dtype, default.config._attn_implementation) != (torch.float32, "sdpa"):
+        failures.append(f"load_model() gave {default.dtype}, {default.config._attn_implementation}")
+    try:
+        qt.as_dtype("float64")
+        failures.append("as_dtype('float64') did not refuse")
+    except ValueError as error:
+        if "float32" not in str(error):
+            failures.append(f"as_dtype('float64') refused without naming the choices: {error}")
+    half_expected = upstream(half, dict(input_ids=text), 3, qt.generate_kwargs(half, max_new_tokens=MAX_NEW))
+    with tempfile.NamedTemporaryFile(suffix=".raw") as raw:
+        cli(["--model", str(root / "voice_design"), "--text-ids", ",".join(map(str, text[0].tolist())),
+             "--seed", "3", "--max-new-tokens", str(MAX_NEW), "--device", "cpu", "--dtype", "bfloat16",
+             "--attn-implementation", "eager", "--out", raw.name])
+        data = Path(raw.name).read_bytes()
+    if not half_expected or data != b"".join(struct.pack("<16h", *f) for f in half_expected):
+        failures.append(f"CLI in bfloat16, eager: {len(data) // 32} frames, not upstream's {len(half_expected)}")
+
     if eos_ended == 0:
         failures.append("no run ended on EOS: the EOS cut was not exercised")
     if eos_ended == checked:

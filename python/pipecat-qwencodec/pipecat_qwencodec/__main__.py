@@ -20,7 +20,8 @@ from .tts import QwenCodecTTSService
 async def _speak_to_wav(args):
     """The service alone in a pipecat pipeline: TTSSpeakFrame in, its audio frames to a WAV."""
     service = QwenCodecTTSService(
-        model_dir=args.model, decoder_dir=args.decoder, device=args.device,
+        model_dir=args.model, decoder_dir=args.decoder, device=args.device, dtype=args.dtype,
+        attn_implementation=args.attn_implementation,
         settings=QwenCodecTTSService.Settings(voice=args.speaker, language=args.language,
                                               instruct=args.instruct, seed=args.seed,
                                               max_new_tokens=args.max_new_tokens))
@@ -65,7 +66,9 @@ def main(argv=None):
     parser.add_argument("--language", help="english, chinese, ... (default auto)")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--max-new-tokens", type=int)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (talker and decoder)")
+    parser.add_argument("--dtype", default="float32", help="the talker's: float32, bfloat16, float16")
+    parser.add_argument("--attn-implementation", help="the talker's: eager, sdpa, flash_attention_2")
     parser.add_argument("--out", required=True, help="WAV file")
     asyncio.run(_speak_to_wav(parser.parse_args(argv)))
 

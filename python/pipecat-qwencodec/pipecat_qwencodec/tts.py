@@ -92,6 +92,8 @@ class QwenCodecTTSService(TTSService):
         decoder_dir: str | None = None,
         speaker: Any = None,
         device: str = "cpu",
+        dtype: Any = "float32",
+        attn_implementation: str | None = None,
         chunk_frames: int | None = None,
         plugin_dir: str | None = None,
         sampling: dict[str, Any] | None = None,
@@ -105,6 +107,9 @@ class QwenCodecTTSService(TTSService):
             decoder_dir: its speech tokenizer (default model_dir/speech_tokenizer).
             speaker: an existing Speaker to use instead (not closed by the service).
             device: "cpu", "cuda", "cuda:N" for both the talker and the decoder.
+            dtype: the talker's weights: "float32", "bfloat16", "float16" (or a torch dtype).
+            attn_implementation: the talker's attention ("eager", "sdpa",
+                "flash_attention_2"; None: transformers' choice, as upstream's).
             chunk_frames: qwencodecdec's frames per decode step (default: the element's, 1).
             plugin_dir: where libgstqwencodec.so is when GStreamer does not find it.
             sampling: upstream's sampling options (temperature, top_k, top_p,
@@ -129,7 +134,8 @@ class QwenCodecTTSService(TTSService):
             from qwencodec_talker.speech import Speaker
 
             speaker = Speaker(model_dir, decoder_dir=decoder_dir, chunk_frames=chunk_frames,
-                              device=device, plugin_dir=plugin_dir)
+                              device=device, dtype=dtype, attn_implementation=attn_implementation,
+                              plugin_dir=plugin_dir)
             self._owns_speaker = True
         else:
             self._owns_speaker = False

@@ -38,7 +38,9 @@ class TTS(tts.TTS):
     voice: the CustomVoice speaker name (Speaker.speak's `speaker`, e.g. "vivian"); instruct:
     a VoiceDesign instruction; language, seed, greedy and `sampling` (temperature, top_k, top_p,
     repetition_penalty, max_new_tokens, subtalker_*) go to every `speak`.
-    decoder_dir, chunk_frames, device, plugin_dir: Speaker's, when it is made here.
+    decoder_dir, chunk_frames, device, dtype, attn_implementation, plugin_dir: Speaker's, when it
+    is made here (device "cpu", "cuda", "cuda:N"; dtype "float32", "bfloat16", "float16";
+    attn_implementation "eager", "sdpa", "flash_attention_2", None for transformers' choice).
     sentence_tokenizer: how `stream()` cuts text (default
     `tokenize.blingfire.SentenceTokenizer(retain_format=True)`, as AgentSession's StreamAdapter).
     """
@@ -46,7 +48,8 @@ class TTS(tts.TTS):
     def __init__(self, talker_dir=None, *, speaker: Speaker | None = None, voice: str | None = None,
                  instruct: str | None = None, language: str = "auto", seed: int | None = None,
                  greedy: bool = False, decoder_dir=None, chunk_frames: int | None = None,
-                 device: str = "cpu", plugin_dir=None,
+                 device: str = "cpu", dtype="float32", attn_implementation: str | None = None,
+                 plugin_dir=None,
                  sentence_tokenizer: NotGivenOr[tokenize.SentenceTokenizer] = NOT_GIVEN,
                  **sampling) -> None:
         if (speaker is None) == (talker_dir is None):
@@ -54,7 +57,8 @@ class TTS(tts.TTS):
         self._owns_speaker = speaker is None
         if speaker is None:
             speaker = Speaker(talker_dir, decoder_dir=decoder_dir, chunk_frames=chunk_frames,
-                              device=device, plugin_dir=plugin_dir)
+                              device=device, dtype=dtype, attn_implementation=attn_implementation,
+                              plugin_dir=plugin_dir)
         self._speaker = speaker
         super().__init__(capabilities=tts.TTSCapabilities(streaming=True),
                          sample_rate=speaker.sample_rate, num_channels=1)
