@@ -10,7 +10,7 @@ export QWENCODEC_WERROR := 1
 
 PLUGIN := target/release/libgstqwencodec.so
 
-.PHONY: setup setup-reference setup-load setup-agents build install uninstall demo test lint soak kernels-ab fixtures \
+.PHONY: setup setup-reference setup-load setup-packages build install uninstall demo test lint soak kernels-ab fixtures \
 	released-fixture bench profile gpu-bundle serve load mutants
 
 # make install puts the plugin where GStreamer looks for it: its own plugin folder, or the same
@@ -23,13 +23,15 @@ setup:
 	@bash tools/setup.sh
 
 # The upstream Python decoder, for the fixtures (the released-geometry one included) and the
-# benchmark; and upstream's talker, for python/qwencodec_talker.
+# benchmark; and upstream's talker, for the scripts that import python/qwencodec_talker.
 setup-reference: setup
 	@bash tools/setup-reference.sh
 
-# pipecat and LiveKit Agents for python/qwencodec_agents, in a venv of their own on the torch venv.
-setup-agents: setup-reference
-	@bash tools/setup-agents.sh
+# python/'s packages (the talker, the pipecat and LiveKit integrations) pip-installed into a fresh
+# venv, one per content of python/, as docs/talker.md tells users; check-talker and check-agents
+# test them there.
+setup-packages: setup
+	@bash tools/setup-packages.sh >/dev/null
 
 build: setup
 	cargo build --release --workspace
@@ -69,7 +71,7 @@ lint: setup
 # again. Each rerun takes only the tests whose paths it changes: the whole suite twice more
 # would be nearly half of make test's time.) measurements/README.md must be what the result
 # files give, and every result file must be named as benches/tools/results.py says.
-test: build lint released-fixture setup-load setup-agents
+test: build lint released-fixture setup-load setup-packages
 	python3 benches/tools/bench_summary.py --check
 	python3 tools/check-links.py
 	python3 tools/mutants_record.py --check

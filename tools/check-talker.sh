@@ -1,29 +1,34 @@
 #!/usr/bin/env bash
-# Talker streaming exactness: builds the tiny random talkers with upstream's classes into a
-# temp folder, then checks that python/qwencodec_talker streams exactly upstream's
-# non-streaming codes, and that its command line's destinations (raw codes, RTP, the media
-# server's /codes, SIGINT's cancel) carry exactly its frames.
-# Needs the venv with tools/setup-reference.sh, setup-load.sh (websockets) and setup-agents.sh
-# (PyGObject) applied, and the plugin built.
+# Talker streaming exactness, against the installed package: builds the tiny random talkers
+# with upstream's classes into a temp folder (the torch venv's python, tools/setup-reference.sh),
+# then, with the venv that tools/setup-packages.sh pip-installs python/'s packages into, checks
+# that qwencodec_talker streams exactly upstream's non-streaming codes, and that the
+# qwencodec-talker command's destinations (raw codes, RTP, the media server's /codes, SIGINT's
+# cancel) carry exactly its frames. The plugin reaches that venv as docs/talker.md tells users:
+# GST_PLUGIN_PATH (target/release, built by make build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python="${QWENCODEC_CACHE:-/var/cache/qwencodec}/venv/bin/python"
+fixtures="${QWENCODEC_CACHE:-/var/cache/qwencodec}/venv/bin/python"
+repo="$PWD"
+python="$(bash tools/setup-packages.sh)/bin/python"
+export GST_PLUGIN_PATH="$PWD/target/release"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 log="$tmp/log"
 start=$SECONDS
-if ! "$python" tools/make_talker_fixture.py --kind all --out "$tmp/models" >"$log" 2>&1; then
+if ! "$fixtures" tools/make_talker_fixture.py --kind all --out "$tmp/models" >"$log" 2>&1; then
   cat "$log" >&2
   echo "check-talker: FAILED making the tiny talkers" >&2
   exit 1
 fi
-if ! "$python" tests/talker/test_exact.py "$tmp/models" >"$log" 2>&1; then
+# From the temp folder: nothing of the checkout's python/ on the path, only what pip installed.
+if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_exact.py" "$tmp/models") >"$log" 2>&1; then
   grep -v "pad_token_id" "$log" >&2
   echo "check-talker: FAILED ($((SECONDS - start)) s)" >&2
   exit 1
 fi
 exactness="$(grep '^talker exactness' "$log" | sed 's/^talker exactness: //')"
-if ! "$python" tests/talker/test_destinations.py "$tmp/models" >"$log" 2>&1; then
+if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_destinations.py" "$tmp/models") >"$log" 2>&1; then
   grep -v "pad_token_id" "$log" >&2
   echo "check-talker: destinations FAILED ($((SECONDS - start)) s)" >&2
   exit 1

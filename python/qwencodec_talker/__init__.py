@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from .version import __version__  # noqa: F401
+
 CODEBOOKS = 16
 
 
@@ -51,7 +53,7 @@ def load_upstream():
                 mods["qwen_tts.core.models.modeling_qwen3_tts"])
     spec = importlib.util.find_spec("qwen_tts")
     if spec is None:
-        sys.exit("qwen-tts is not installed: run tools/setup-reference.sh")
+        sys.exit("qwen-tts is not installed: pip install the qwencodec-talker package (docs/talker.md)")
     root = Path(next(iter(spec.submodule_search_locations)))
     for name, sub in (("qwen_tts", ""), ("qwen_tts.core", "core"),
                       ("qwen_tts.core.models", "core/models"),
@@ -73,16 +75,33 @@ def load_upstream():
     return configuration, modeling
 
 
-def load_model(model_dir, dtype=torch.float32, device="cpu"):
+# The weights' types a model loads in, by name (--dtype).
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def as_dtype(dtype):
+    """A torch dtype from one or its name in DTYPES."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def load_model(model_dir, dtype=torch.float32, device="cpu", attn_implementation=None):
     """Load a checkpoint folder in the published layout (config.json,
     model.safetensors, generation_config.json). Upstream's own
     from_pretrained also loads speech_tokenizer/ (the decoder, which the
-    GStreamer element does); we call the transformers loader beneath it."""
+    GStreamer element does); we call the transformers loader beneath it.
+    dtype, device and attn_implementation ("eager", "sdpa", "flash_attention_2") are what
+    upstream's Qwen3TTSModel.from_pretrained passes on to it; None leaves transformers' choice,
+    as upstream does when not given one."""
     _, modeling = load_upstream()
     cls = modeling.Qwen3TTSForConditionalGeneration
-    model = modeling.PreTrainedModel.from_pretrained.__func__(
-        cls, str(model_dir), dtype=dtype, local_files_only=True,
-        attn_implementation="eager")
+    options = dict(dtype=as_dtype(dtype), local_files_only=True)
+    if attn_implementation is not None:
+        options["attn_implementation"] = attn_implementation
+    model = modeling.PreTrainedModel.from_pretrained.__func__(cls, str(model_dir), **options)
     model.to(device).eval()
     gen_path = Path(model_dir) / "generation_config.json"
     model.load_generate_config(json.loads(gen_path.read_text()) if gen_path.exists() else {})

@@ -1,7 +1,7 @@
 """Stream talker codes as they are made: raw S16LE frames (16 codes each, frame-major) to
 standard output or a file, the media server's /codes WebSocket, or RTP to a host and port.
 
-    PYTHONPATH=python python -m qwencodec_talker --model DIR --text "Hello." \\
+    qwencodec-talker --model DIR --text "Hello." \\
         --speaker vivian --out - | gst-launch-1.0 fdsrc fd=0 \\
         ! audio/x-qwen3-tts-codes,codebooks=16,framerate=25/2 \\
         ! qwencodecdec model-path=DIR/speech_tokenizer ! audioconvert ! autoaudiosink
@@ -24,13 +24,13 @@ import threading
 
 import torch
 
-from . import (assistant_text, generate_kwargs, instruct_text, load_model,
+from . import (DTYPES, assistant_text, generate_kwargs, instruct_text, load_model,
                stream_codes, tokenize)
 from .destinations import RawCodes, Rtp, Server
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m qwencodec_talker", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="qwencodec-talker", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="checkpoint folder (published layout)")
     text = p.add_mutually_exclusive_group(required=True)
     text.add_argument("--text")
@@ -46,6 +46,10 @@ def main(argv=None):
     p.add_argument("--repetition-penalty", type=float)
     p.add_argument("--max-new-tokens", type=int)
     p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--device", default="cpu", help="the talker's torch device: cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES), help="the talker's weights")
+    p.add_argument("--attn-implementation", choices=["eager", "sdpa", "flash_attention_2"],
+                   help="the talker's attention (default: transformers' choice, as upstream's)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--out", default="-", help="raw codes: '-' for standard output, else a file")
     where.add_argument("--server", help="the media server's ws://HOST:PORT/codes?session=ID[&transport=rtp]")
@@ -56,12 +60,14 @@ def main(argv=None):
     if a.threads:
         torch.set_num_threads(a.threads)
 
-    model = load_model(a.model)
+    model = load_model(a.model, dtype=a.dtype, device=a.device,
+                       attn_implementation=a.attn_implementation)
     if a.text_ids:
         input_ids = torch.tensor([[int(t) for t in a.text_ids.split(",")]])
     else:
         input_ids = tokenize(a.model, assistant_text(a.text))
-    instruct_ids = tokenize(a.model, instruct_text(a.instruct)) if a.instruct else None
+    input_ids = input_ids.to(model.device)
+    instruct_ids = tokenize(a.model, instruct_text(a.instruct)).to(model.device) if a.instruct else None
     gen = generate_kwargs(model, greedy=a.greedy, temperature=a.temperature, top_k=a.top_k,
                           top_p=a.top_p, repetition_penalty=a.repetition_penalty,
                           max_new_tokens=a.max_new_tokens)

@@ -6,16 +6,12 @@ place in the utterance, with the pipeline's first error in every failure's messa
 """
 
 import struct
-from pathlib import Path
 
 from . import CODEBOOKS
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
 def load_plugin(plugin_dir=None):
-    """GStreamer (initialised) with this project's plugin registered from `plugin_dir` (default:
-    the repository's target/release) unless GStreamer finds it already."""
+    """GStreamer (initialised) with this project's plugin: where GStreamer finds it (`make
+    install`, or a folder on GST_PLUGIN_PATH), else registered from `plugin_dir`."""
     import gi
 
     gi.require_version("Gst", "1.0")
@@ -24,11 +20,12 @@ def load_plugin(plugin_dir=None):
 
     if not Gst.is_initialized():
         Gst.init(None)
-    plugin_dir = Path(plugin_dir or ROOT / "target" / "release")
-    if Gst.ElementFactory.find("qwencodecdec") is None:
+    if Gst.ElementFactory.find("qwencodecdec") is None and plugin_dir is not None:
         Gst.Registry.get().scan_path(str(plugin_dir))
     if Gst.ElementFactory.find("qwencodecdec") is None:
-        raise RuntimeError(f"no qwencodecdec element in {plugin_dir}: build the plugin (make build)")
+        where = f"in {plugin_dir}" if plugin_dir is not None else "on GStreamer's plugin path"
+        raise RuntimeError(f"no qwencodecdec element {where}: build the plugin (make build) and set "
+                           "GST_PLUGIN_PATH to its folder (target/release), or make install")
     return Gst
 
 

@@ -1,9 +1,9 @@
 """Text in, audio out, in this process: the talker's frames into appsrc ! qwencodecdec ! appsink.
 
 `Speaker(talker_dir).speak(text)` yields 16-bit mono PCM as each decode step finishes, while the
-talker is still generating; the voice-agent adapters (python/qwencodec_agents) are built on it.
-It needs the plugin (`make build`) and Debian's PyGObject linked into the venv
-(tools/setup-agents.sh).
+talker is still generating; the pipecat and LiveKit integrations are built on it. It needs
+GStreamer's Python bindings (Debian's python3-gi, seen by a venv made with
+--system-site-packages) and the plugin where GStreamer finds it (docs/talker.md).
 """
 
 import json
@@ -75,13 +75,16 @@ class Speaker:
     """A talker and an in-process qwencodecdec: text in, audio out as each step finishes.
 
     talker_dir: a Qwen3-TTS 12 Hz checkpoint folder (published layout); decoder_dir: its
-    speech tokenizer (default talker_dir/speech_tokenizer). One `speak` at a time.
+    speech tokenizer (default talker_dir/speech_tokenizer). device ("cpu", "cuda", "cuda:N") is
+    the talker's and the decoder's; dtype (a torch dtype or "float32", "bfloat16", "float16")
+    and attn_implementation the talker's, as load_model takes them. One `speak` at a time.
     """
 
     def __init__(self, talker_dir, *, decoder_dir=None, chunk_frames=None, device="cpu",
-                 dtype=torch.float32, plugin_dir=None):
+                 dtype=torch.float32, attn_implementation=None, plugin_dir=None):
         self.talker_dir = Path(talker_dir)
-        self.model = load_model(self.talker_dir, dtype=dtype, device=device)
+        self.model = load_model(self.talker_dir, dtype=dtype, device=device,
+                                attn_implementation=attn_implementation)
         self.decoder = Decoder(decoder_dir or self.talker_dir / "speech_tokenizer",
                                chunk_frames=chunk_frames, device=device, plugin_dir=plugin_dir)
         self.sample_rate = self.decoder.sample_rate
@@ -105,8 +108,9 @@ class Speaker:
         stop = threading.Event()
         decoder = self.decoder
         progress = {"frames": 0, "done": False, "error": None}
-        input_ids = tokenize(self.talker_dir, assistant_text(text))
-        instruct_ids = tokenize(self.talker_dir, instruct_text(instruct)) if instruct else None
+        device = self.model.device
+        input_ids = tokenize(self.talker_dir, assistant_text(text)).to(device)
+        instruct_ids = tokenize(self.talker_dir, instruct_text(instruct)).to(device) if instruct else None
         options = generate_kwargs(self.model, greedy=greedy, **sampling)
 
         def talk():

@@ -1,4 +1,4 @@
-"""qwencodec_agents.livekit.TTS driven as an AgentSession drives a TTS (livekit-agents 1.8.9).
+"""livekit.plugins.qwencodec.TTS driven as an AgentSession drives a TTS (livekit-agents 1.8.9).
 
 livekit-agents ships no test TTS or offline harness for a TTS plugin (its `testing` module is a
 fake JobContext for a whole agent in a room, which needs a LiveKit server), so this drives the
@@ -23,7 +23,9 @@ pipeline, so a dropped, repeated or reordered chunk fails, and so does silence:
    by the hook, and Speaker.frames_made), makes no frame after aclose returns, the decoder holds
    no audio of it, nothing is emitted after; a new stream then speaks exactly its reference.
 
-    G_DEBUG=fatal_warnings /var/cache/qwencodec/venv-agents/bin/python tests/agents/test_livekit.py
+    G_DEBUG=fatal_warnings VENV/bin/python tests/agents/test_livekit.py
+
+with the venv that tools/setup-packages.sh pip-installs the packages into (tools/check-agents.sh).
 """
 
 import asyncio
@@ -37,7 +39,6 @@ from pathlib import Path
 
 os.environ.setdefault("G_DEBUG", "fatal_warnings")
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "python"))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -56,6 +57,15 @@ MAX_NEW_TOKENS = 200
 CANCEL_SLACK = 3  # frames the talker may make after aclose is called
 
 failures = []
+
+
+def installed(*modules):
+    """Exits unless each module is the pip-installed one, not the checkout's python/."""
+    checkout = ROOT / "python"
+    for module in modules:
+        if checkout in Path(module.__file__).resolve().parents:
+            sys.exit(f"{module.__name__} comes from the checkout ({module.__file__}), not from "
+                     "the installed package: run tools/check-agents.sh")
 
 
 def check(condition, message):
@@ -277,7 +287,13 @@ async def test_aclose(tts, speaker, refs, counter):
 
 
 async def main(talker_dir):
-    from qwencodec_agents.livekit import TTS
+    from livekit.agents import Plugin
+    from livekit.plugins import qwencodec
+
+    installed(qwencodec, sys.modules[Speaker.__module__])
+    check([p.package for p in Plugin.registered_plugins].count("livekit.plugins.qwencodec") == 1,
+          "the plugin registers itself with LiveKit once, as livekit.plugins.qwencodec")
+    TTS = qwencodec.TTS
 
     speaker = Speaker(talker_dir, decoder_dir=DECODER)
     tts = TTS(speaker=speaker, voice=VOICE, seed=SEED, max_new_tokens=MAX_NEW_TOKENS)
@@ -285,6 +301,13 @@ async def main(talker_dir):
           "TTS: streaming, 24000 Hz, mono")
     counter = FrameCounter(speaker.model)
     refs = References(talker_dir, speaker.model)
+    # A TTS that makes its own Speaker loads the talker as device, dtype and attn_implementation say.
+    own = TTS(talker_dir, decoder_dir=DECODER, voice=VOICE, device="cpu", dtype="bfloat16",
+              attn_implementation="eager")
+    model = own.speaker.model
+    check((str(model.device), model.dtype, model.config._attn_implementation)
+          == ("cpu", torch.bfloat16, "eager"), "TTS(device, dtype, attn_implementation) reach the talker")
+    await own.aclose()
     try:
         t0 = time.monotonic()
         await test_synthesize(tts, speaker, refs)

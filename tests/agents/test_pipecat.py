@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""QwenCodecTTSService (python/qwencodec_agents/pipecat.py) under pipecat's own test helpers.
+"""QwenCodecTTSService (the pipecat-qwencodec package) under pipecat's own test helpers.
 
 A plain script (asyncio.run, exit status 1 on any failure), run by tools/check-agents.sh with the
-agents venv. It drives the service with `pipecat.tests.utils.run_test` (the service between
+venv that tools/setup-packages.sh pip-installs the packages into. It drives the service with `pipecat.tests.utils.run_test` (the service between
 pipecat's queued source and sink processors in a real PipelineWorker) and an observer, on the
 tiny random CustomVoice talker (tools/make_talker_fixture.py, made in a temp folder unless
 $QWENCODEC_TALKER_CV names one) and the bundled decoder tests/fixtures/release-tiny:
@@ -29,9 +29,9 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "python"))
 
 from pipecat.frames.frames import (  # noqa: E402
     InterruptionFrame,
@@ -47,15 +47,26 @@ from pipecat.observers.base_observer import BaseObserver, FrameProcessed, FrameP
 from pipecat.pipeline.worker import PipelineParams  # noqa: E402
 from pipecat.tests.utils import SleepFrame, run_test  # noqa: E402
 
-from qwencodec_agents.pipecat import QwenCodecTTSService  # noqa: E402
+from pipecat_qwencodec import QwenCodecTTSService  # noqa: E402
 from qwencodec_talker import assistant_text, generate_kwargs, stream_codes, tokenize  # noqa: E402
 from qwencodec_talker.speech import Speaker  # noqa: E402
 
 DECODER = ROOT / "tests" / "fixtures" / "release-tiny"
-PLUGIN_DIR = os.environ.get("QWENCODEC_PLUGIN_DIR", str(ROOT / "target" / "release"))
 SAMPLES_PER_FRAME = 1920
 SHORT = ("Hello there.", 1)  # text, seed: 14 frames, ends on EOS
 LONG = ("Hello from the pipecat test, a longer sentence to say.", 6)  # 55 frames uninterrupted
+
+
+def installed(*modules):
+    """Exits unless each module is the pip-installed one, not the checkout's python/."""
+    checkout = ROOT / "python"
+    for module in modules:
+        if checkout in Path(module.__file__).resolve().parents:
+            sys.exit(f"{module.__name__} comes from the checkout ({module.__file__}), not from "
+                     "the installed package: run tools/check-agents.sh")
+
+
+installed(sys.modules[QwenCodecTTSService.__module__], sys.modules[Speaker.__module__])
 
 
 class Steps:
@@ -113,14 +124,13 @@ def reference_audio(speaker, tmp, text, seed, max_new_tokens):
     codes, audio = Path(tmp) / "codes.raw", Path(tmp) / "audio.raw"
     codes.write_bytes(b"".join(int(c).to_bytes(2, "little", signed=True)
                                for frame in frames for c in frame))
-    env = dict(os.environ, GST_PLUGIN_PATH=PLUGIN_DIR)
     subprocess.run(
         ["gst-launch-1.0", "-q", "filesrc", f"location={codes}",
          "!", "audio/x-qwen3-tts-codes,codebooks=16,framerate=25/2",
          "!", "qwencodecdec", f"model-path={DECODER}", "device=cpu",
          "max-step-frames=1",
          "!", "audio/x-raw,format=S16LE,channels=1", "!", "filesink", f"location={audio}"],
-        check=True, env=env, timeout=60)
+        check=True, timeout=60)
     return len(frames), audio.read_bytes()
 
 
@@ -252,15 +262,30 @@ async def test_interruption(speaker):
                 second=second.frames_made)
 
 
+async def test_model_options(talker_dir):
+    """The service's own Speaker loads the talker as device, dtype and attn_implementation say."""
+    service = QwenCodecTTSService(model_dir=talker_dir, decoder_dir=DECODER, device="cpu",
+                                  dtype="bfloat16", attn_implementation="eager")
+    try:
+        model = service.speaker.model
+        got = (str(model.device), model.dtype, model.config._attn_implementation)
+        assert got == ("cpu", torch.bfloat16, "eager"), f"the service's talker is {got}"
+    finally:
+        await service.cleanup()
+    assert service.speaker is None, "cleanup did not close the Speaker the service made"
+    return dict(dtype="bfloat16", attn="eager")
+
+
 async def main(talker_dir, tmp):
     failures = []
     t0 = time.monotonic()
-    speaker = Speaker(talker_dir, decoder_dir=DECODER, plugin_dir=PLUGIN_DIR)
+    speaker = Speaker(talker_dir, decoder_dir=DECODER)
     loaded = time.monotonic() - t0
     results = {}
     try:
         for name, test in (("text in, audio out, TTFB", lambda: test_text_in_audio_out(speaker, tmp)),
-                           ("interruption", lambda: test_interruption(speaker))):
+                           ("interruption", lambda: test_interruption(speaker)),
+                           ("device, dtype, attention", lambda: test_model_options(talker_dir))):
             t = time.monotonic()
             try:
                 results[name] = await test()

@@ -9,6 +9,9 @@ transport=rtp as RTP to the port it names with end on the WebSocket; a SIGINT du
 run sends {"type":"cancel"} after the frames it counts, and none after.
 
     python tests/talker/test_destinations.py FIXTURE_ROOT   (holds custom_voice/)
+
+with the python of the venv that tools/setup-packages.sh pip-installs the package into, whose
+qwencodec-talker command it runs (tools/check-talker.sh).
 """
 
 import json
@@ -20,21 +23,31 @@ import threading
 import time
 from pathlib import Path
 
+import qwencodec_talker
+from qwencodec_talker.pipeline import load_plugin
+from websockets.sync.server import serve
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "python"))
-from qwencodec_talker.pipeline import load_plugin  # noqa: E402
-
-from websockets.sync.server import serve  # noqa: E402
-
 TEXT = "Hello there, a test of where the frames go."
 FRAME_BYTES = 32
 
 
+def installed(*modules):
+    """Exits unless each module is the pip-installed one, not the checkout's python/."""
+    checkout = ROOT / "python"
+    for module in modules:
+        if checkout in Path(module.__file__).resolve().parents:
+            sys.exit(f"{module.__name__} comes from the checkout ({module.__file__}), not from "
+                     "the installed package: run tools/check-talker.sh")
+
+
+installed(qwencodec_talker)
+
+
 def talker(model, *args, max_frames=40, **popen):
-    command = [sys.executable, "-m", "qwencodec_talker", "--model", str(model), "--text", TEXT,
+    command = [str(Path(sys.executable).parent / "qwencodec-talker"), "--model", str(model), "--text", TEXT,
                "--speaker", "vivian", "--seed", "1", "--max-new-tokens", str(max_frames), *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
-    return subprocess.Popen(command, env=env, stderr=subprocess.PIPE, **popen)
+    return subprocess.Popen(command, stderr=subprocess.PIPE, **popen)
 
 
 def finished(process, what):

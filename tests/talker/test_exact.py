@@ -12,6 +12,9 @@ and closing the stream stops generation at once; the CLI's
 S16LE output equals upstream's codes byte for byte.
 
     python tests/talker/test_exact.py FIXTURE_ROOT   (holds custom_voice/, voice_design/, base/)
+
+with the python of the venv that tools/setup-packages.sh pip-installs the package into
+(tools/check-talker.sh).
 """
 
 import sys
@@ -21,10 +24,21 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
-import qwencodec_talker as qt  # noqa: E402
+import qwencodec_talker as qt
 
 MAX_NEW = 12
+
+
+def installed(*modules):
+    """Exits unless each module is the pip-installed one, not the checkout's python/."""
+    checkout = Path(__file__).resolve().parents[2] / "python"
+    for module in modules:
+        if checkout in Path(module.__file__).resolve().parents:
+            sys.exit(f"{module.__name__} comes from the checkout ({module.__file__}), not from "
+                     "the installed package: run tools/check-talker.sh")
+
+
+installed(qt)
 
 
 def ids(generator, n, low=100, high=150000):
@@ -176,6 +190,29 @@ def main():
     if not expected or data != want:
         failures.append(f"CLI wrote {len(data)} bytes, upstream's {len(expected)} frames are {len(want)} bytes"
                         f"{'' if len(data) != len(want) else ', values differ'}")
+
+    # --dtype and --attn-implementation reach the model: the CLI's bytes equal upstream's codes
+    # on the model loaded so; by default transformers chooses (sdpa), as upstream leaves it.
+    half = qt.load_model(root / "voice_design", dtype="bfloat16", attn_implementation="eager")
+    default = qt.load_model(root / "voice_design")
+    if (half.dtype, half.config._attn_implementation) != (torch.bfloat16, "eager"):
+        failures.append(f"load_model(bfloat16, eager) gave {half.dtype}, {half.config._attn_implementation}")
+    if (default.dtype, default.config._attn_implementation) != (torch.float32, "sdpa"):
+        failures.append(f"load_model() gave {default.dtype}, {default.config._attn_implementation}")
+    try:
+        qt.as_dtype("float64")
+        failures.append("as_dtype('float64') did not refuse")
+    except ValueError as error:
+        if "float32" not in str(error):
+            failures.append(f"as_dtype('float64') refused without naming the choices: {error}")
+    half_expected = upstream(half, dict(input_ids=text), 3, qt.generate_kwargs(half, max_new_tokens=MAX_NEW))
+    with tempfile.NamedTemporaryFile(suffix=".raw") as raw:
+        cli(["--model", str(root / "voice_design"), "--text-ids", ",".join(map(str, text[0].tolist())),
+             "--seed", "3", "--max-new-tokens", str(MAX_NEW), "--device", "cpu", "--dtype", "bfloat16",
+             "--attn-implementation", "eager", "--out", raw.name])
+        data = Path(raw.name).read_bytes()
+    if not half_expected or data != b"".join(struct.pack("<16h", *f) for f in half_expected):
+        failures.append(f"CLI in bfloat16, eager: {len(data) // 32} frames, not upstream's {len(half_expected)}")
 
     if eos_ended == 0:
         failures.append("no run ended on EOS: the EOS cut was not exercised")

@@ -1,4 +1,4 @@
-"""A pipecat TTS service (pipecat-ai 1.14.0): Qwen3-TTS in this process, decoded by qwencodecdec.
+"""The pipecat TTS service (pipecat-ai 1.14): Qwen3-TTS in this process, decoded by qwencodecdec.
 
 `QwenCodecTTSService.run_tts(text)` runs upstream's talker and the plugin's decoder through
 `qwencodec_talker.speech.Speaker` (appsrc ! qwencodecdec ! appsink) and yields each decode step's
@@ -7,7 +7,7 @@ local services (piper, pocket_tts) do, the base class opens the audio context wi
 `TTSStartedFrame` and starts TTFB, the first audio stops TTFB, and `TTSStoppedFrame` closes the
 turn (push_start_frame / push_stop_frames).
 
-Each utterance is a `qwencodec_agents.bridge.Utterance`: `Speaker.speak` in a thread of its own,
+Each utterance is a `qwencodec_talker.bridge.Utterance`: `Speaker.speak` in a thread of its own,
 its audio handed to the event loop as it comes. A barge-in (pipecat's `InterruptionFrame`, which
 cancels the task running `run_tts`), a closed generator or a `CancelFrame` sets the utterance's
 cancel event: the talker stops before its next step and the decoder drops what it holds.
@@ -34,7 +34,7 @@ from pipecat.transcriptions.language import Language, resolve_language
 from pipecat.utils.tracing.service_decorators import traced_tts
 from pipecat.utils.types import NOT_GIVEN, NotGiven, is_given
 
-from .bridge import Utterance
+from qwencodec_talker.bridge import Utterance
 
 # Upstream's language names (the talker config's codec_language_id), by pipecat language.
 LANGUAGES = {
@@ -92,6 +92,8 @@ class QwenCodecTTSService(TTSService):
         decoder_dir: str | None = None,
         speaker: Any = None,
         device: str = "cpu",
+        dtype: Any = "float32",
+        attn_implementation: str | None = None,
         chunk_frames: int | None = None,
         plugin_dir: str | None = None,
         sampling: dict[str, Any] | None = None,
@@ -105,6 +107,9 @@ class QwenCodecTTSService(TTSService):
             decoder_dir: its speech tokenizer (default model_dir/speech_tokenizer).
             speaker: an existing Speaker to use instead (not closed by the service).
             device: "cpu", "cuda", "cuda:N" for both the talker and the decoder.
+            dtype: the talker's weights: "float32", "bfloat16", "float16" (or a torch dtype).
+            attn_implementation: the talker's attention ("eager", "sdpa",
+                "flash_attention_2"; None: transformers' choice, as upstream's).
             chunk_frames: qwencodecdec's frames per decode step (default: the element's, 1).
             plugin_dir: where libgstqwencodec.so is when GStreamer does not find it.
             sampling: upstream's sampling options (temperature, top_k, top_p,
@@ -129,7 +134,8 @@ class QwenCodecTTSService(TTSService):
             from qwencodec_talker.speech import Speaker
 
             speaker = Speaker(model_dir, decoder_dir=decoder_dir, chunk_frames=chunk_frames,
-                              device=device, plugin_dir=plugin_dir)
+                              device=device, dtype=dtype, attn_implementation=attn_implementation,
+                              plugin_dir=plugin_dir)
             self._owns_speaker = True
         else:
             self._owns_speaker = False
@@ -231,71 +237,3 @@ class QwenCodecTTSService(TTSService):
                 utterance.cancel.set()
             logger.debug(f"{self}: Finished TTS [{text}]")
             await self.stop_ttfb_metrics()
-
-
-async def _speak_to_wav(args):
-    """The service alone in a pipecat pipeline: TTSSpeakFrame in, its audio frames to a WAV."""
-    import wave
-
-    from pipecat.frames.frames import EndFrame, MetricsFrame, TTSAudioRawFrame, TTSSpeakFrame
-    from pipecat.metrics.metrics import TTFBMetricsData
-    from pipecat.pipeline.pipeline import Pipeline
-    from pipecat.pipeline.worker import PipelineParams, PipelineWorker
-    from pipecat.processors.frame_processor import FrameProcessor
-    from pipecat.workers.runner import WorkerRunner
-
-    service = QwenCodecTTSService(
-        model_dir=args.model, decoder_dir=args.decoder, device=args.device,
-        settings=QwenCodecTTSService.Settings(voice=args.speaker, language=args.language,
-                                              instruct=args.instruct, seed=args.seed,
-                                              max_new_tokens=args.max_new_tokens))
-    audio, ttfb = bytearray(), []
-
-    class Collect(FrameProcessor):
-        async def process_frame(self, frame, direction):
-            await super().process_frame(frame, direction)
-            if isinstance(frame, TTSAudioRawFrame):
-                audio.extend(frame.audio)
-            elif isinstance(frame, MetricsFrame):
-                ttfb.extend(d.value for d in frame.data
-                            if isinstance(d, TTFBMetricsData) and d.processor == service.name
-                            and d.value > 0)
-            await self.push_frame(frame, direction)
-
-    worker = PipelineWorker(Pipeline([service, Collect()]), cancel_on_idle_timeout=False,
-                            params=PipelineParams(enable_metrics=True))
-    await worker.queue_frames([TTSSpeakFrame(args.text), EndFrame()])
-    runner = WorkerRunner(handle_sigint=True)
-    await runner.add_workers(worker)
-    await runner.run()
-    with wave.open(args.out, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(service.sample_rate)
-        out.writeframes(bytes(audio))
-    made = service.utterances[-1].frames_made if service.utterances else 0
-    print(f"qwencodec pipecat: {made} frames, {len(audio) // 2} samples at {service.sample_rate} Hz"
-          f" to {args.out}" + (f", TTFB {ttfb[0] * 1000:.0f} ms" if ttfb else ""))
-
-
-def main(argv=None):
-    """python -m qwencodec_agents.pipecat --model DIR --speaker vivian --text "Hello." --out a.wav"""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m qwencodec_agents.pipecat",
-                                     description=_speak_to_wav.__doc__)
-    parser.add_argument("--model", required=True, help="Qwen3-TTS 12 Hz talker checkpoint folder")
-    parser.add_argument("--decoder", help="speech tokenizer folder (default MODEL/speech_tokenizer)")
-    parser.add_argument("--text", required=True)
-    parser.add_argument("--speaker", help="CustomVoice speaker, e.g. vivian")
-    parser.add_argument("--instruct", help="VoiceDesign voice description")
-    parser.add_argument("--language", help="english, chinese, ... (default auto)")
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--max-new-tokens", type=int)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", required=True, help="WAV file")
-    asyncio.run(_speak_to_wav(parser.parse_args(argv)))
-
-
-if __name__ == "__main__":
-    main()

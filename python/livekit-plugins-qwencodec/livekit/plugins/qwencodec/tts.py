@@ -1,7 +1,4 @@
-"""A LiveKit Agents TTS (livekit-agents 1.8.9) on `qwencodec_talker.speech.Speaker`.
-
-    from qwencodec_agents.livekit import TTS
-    session = AgentSession(tts=TTS("/models/Qwen3-TTS-12Hz-0.6B-CustomVoice", voice="vivian"), ...)
+"""The LiveKit Agents TTS (livekit-agents 1.8.9) on `qwencodec_talker.speech.Speaker`.
 
 The talker runs in this process and its frames are decoded by qwencodecdec as they are made; the
 audio of each decode step is pushed to LiveKit's AudioEmitter ("audio/pcm", mono, the decoder's
@@ -16,7 +13,7 @@ sample rate: 24000 for the released model) as soon as the step finishes.
   Speaker's cancel: the talker stops before its next step and the decoder drops what it holds;
   `aclose()` returns once that is done.
 
-Each utterance is a `qwencodec_agents.bridge.Utterance`: `Speaker.speak` in a thread of its own,
+Each utterance is a `qwencodec_talker.bridge.Utterance`: `Speaker.speak` in a thread of its own,
 its audio handed to the event loop as it comes.
 """
 
@@ -27,9 +24,8 @@ import asyncio
 from livekit.agents import APIConnectOptions, APIError, tokenize, tts, utils
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, NotGivenOr
 
+from qwencodec_talker.bridge import Utterance
 from qwencodec_talker.speech import Speaker
-
-from .bridge import Utterance
 
 __all__ = ["TTS", "ChunkedStream", "SynthesizeStream"]
 
@@ -42,7 +38,9 @@ class TTS(tts.TTS):
     voice: the CustomVoice speaker name (Speaker.speak's `speaker`, e.g. "vivian"); instruct:
     a VoiceDesign instruction; language, seed, greedy and `sampling` (temperature, top_k, top_p,
     repetition_penalty, max_new_tokens, subtalker_*) go to every `speak`.
-    decoder_dir, chunk_frames, device, plugin_dir: Speaker's, when it is made here.
+    decoder_dir, chunk_frames, device, dtype, attn_implementation, plugin_dir: Speaker's, when it
+    is made here (device "cpu", "cuda", "cuda:N"; dtype "float32", "bfloat16", "float16";
+    attn_implementation "eager", "sdpa", "flash_attention_2", None for transformers' choice).
     sentence_tokenizer: how `stream()` cuts text (default
     `tokenize.blingfire.SentenceTokenizer(retain_format=True)`, as AgentSession's StreamAdapter).
     """
@@ -50,7 +48,8 @@ class TTS(tts.TTS):
     def __init__(self, talker_dir=None, *, speaker: Speaker | None = None, voice: str | None = None,
                  instruct: str | None = None, language: str = "auto", seed: int | None = None,
                  greedy: bool = False, decoder_dir=None, chunk_frames: int | None = None,
-                 device: str = "cpu", plugin_dir=None,
+                 device: str = "cpu", dtype="float32", attn_implementation: str | None = None,
+                 plugin_dir=None,
                  sentence_tokenizer: NotGivenOr[tokenize.SentenceTokenizer] = NOT_GIVEN,
                  **sampling) -> None:
         if (speaker is None) == (talker_dir is None):
@@ -58,7 +57,8 @@ class TTS(tts.TTS):
         self._owns_speaker = speaker is None
         if speaker is None:
             speaker = Speaker(talker_dir, decoder_dir=decoder_dir, chunk_frames=chunk_frames,
-                              device=device, plugin_dir=plugin_dir)
+                              device=device, dtype=dtype, attn_implementation=attn_implementation,
+                              plugin_dir=plugin_dir)
         self._speaker = speaker
         super().__init__(capabilities=tts.TTSCapabilities(streaming=True),
                          sample_rate=speaker.sample_rate, num_channels=1)

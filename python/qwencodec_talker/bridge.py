@@ -3,8 +3,9 @@
 `Speaker.speak` blocks while the talker runs; an `Utterance` runs it in a thread of its own and
 hands each decode step's audio to the event loop through an asyncio queue, so the loop never
 waits on the talker. Barge-in is its `cancel` event: the talker stops before its next step and
-the decoder drops what it holds. Both framework adapters (pipecat.py, livekit.py) speak through
-it and differ only in how their framework starts, orders and interrupts utterances.
+the decoder drops what it holds. Both framework integrations (pipecat_qwencodec,
+livekit.plugins.qwencodec) speak through it and differ only in how their framework starts,
+orders and interrupts utterances.
 """
 
 from __future__ import annotations
