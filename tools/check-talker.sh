@@ -23,6 +23,7 @@ if ! "$python" tests/talker/test_exact.py "$tmp/models" >"$log" 2>&1; then
   exit 1
 fi
 exactness="$(grep '^talker exactness' "$log" | sed 's/^talker exactness: //')"
+"$python" tests/talker/test_loop.py "$tmp/models" >"$log" 2>&1 || { grep -v "pad_token_id" "$log" >&2; echo "check-talker: loop FAILED ($((SECONDS - start)) s)" >&2; exit 1; }
 if ! "$python" tests/talker/test_destinations.py "$tmp/models" >"$log" 2>&1; then
   grep -v "pad_token_id" "$log" >&2
   echo "check-talker: destinations FAILED ($((SECONDS - start)) s)" >&2
