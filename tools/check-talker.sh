@@ -28,6 +28,11 @@ if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_exact.py" "$tmp/models") >
   exit 1
 fi
 exactness="$(grep '^talker exactness' "$log" | sed 's/^talker exactness: //')"
+if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_loop.py" "$tmp/models") >"$log" 2>&1; then
+  grep -v "pad_token_id" "$log" >&2
+  echo "check-talker: loop FAILED ($((SECONDS - start)) s)" >&2
+  exit 1
+fi
 if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_destinations.py" "$tmp/models") >"$log" 2>&1; then
   grep -v "pad_token_id" "$log" >&2
   echo "check-talker: destinations FAILED ($((SECONDS - start)) s)" >&2
