@@ -1,14 +1,12 @@
 //! GStreamer plugin `qwencodec`: decodes Qwen3-TTS speech-codec frames into audio.
 //!
-//! [`model`] is the streaming decoder itself and [`npy`] reads `.npy` files of codes, both free
-//! of GStreamer; the elements and the typefinder adapt them. `codes_payload` is the RTP payload
-//! format of codes, which the RTP payloader and depayloader share, and `rtp_stats` their
-//! `codes-stats`.
+//! [`model`] is the streaming decoder itself, [`npy`] reads `.npy` files of codes and
+//! [`rtp_codes`] is the RTP payload format of codes with its receiver, all free of GStreamer;
+//! the elements and the typefinder adapt them. `rtp_stats` is the RTP elements' `codes-stats`.
 
 use gst::glib;
 
 mod caps;
-mod codes_payload;
 mod drain_event;
 pub mod model;
 mod model_log;
@@ -19,13 +17,16 @@ mod rtpqwencodesdepay;
 mod rtpqwencodespay;
 mod typefind;
 
-/// The RTP encoding name of codes over RTP (`rtpqwencodespay`, docs/rtp-codes.md), for an SDP.
-pub use codes_payload::ENCODING_NAME as RTP_CODES_ENCODING_NAME;
-/// The version of that payload format that the elements send and read (the SDP's `version=`).
-pub use codes_payload::VERSION as RTP_CODES_VERSION;
 pub use drain_event::{DRAIN_EVENT, drain_event};
 /// `.npy` headers of codec frames (a crate of its own, which the fuzz target takes alone).
 pub use qwencodec_npy as npy;
+/// Codes over RTP: the payload format and a receiver of its packets (a crate of its own, which
+/// the fuzz target takes alone).
+pub use qwencodec_rtp_codes as rtp_codes;
+/// The RTP encoding name of codes over RTP (`rtpqwencodespay`, docs/rtp-codes.md), for an SDP.
+pub use qwencodec_rtp_codes::ENCODING_NAME as RTP_CODES_ENCODING_NAME;
+/// The version of that payload format that the elements send and read (the SDP's `version=`).
+pub use qwencodec_rtp_codes::VERSION as RTP_CODES_VERSION;
 #[doc(hidden)]
 pub use qwencodecdec::plant_step_panic;
 

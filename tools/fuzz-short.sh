@@ -2,7 +2,9 @@
 # A short run of each fuzz target (fuzz/), as CI does: the .npy header reader (FUZZ_SECONDS, 30
 # by default) and what the server takes from anyone (FUZZ_MESSAGE_SECONDS, 15 each): the
 # signalling and codes messages, the SDP answers and ICE candidates that go on to webrtcbin, and
-# the join tokens. A target with seeds (fuzz/seeds/TARGET) starts from them. cargo-fuzz is installed once per machine into the cache folder. Its sanitizer flags
+# the join tokens; and what a codes-over-RTP receiver takes from anyone (FUZZ_MESSAGE_SECONDS):
+# the payload and the depayloader's packet path. A target with seeds (fuzz/seeds/TARGET) starts
+# from them. cargo-fuzz is installed once per machine into the cache folder. Its sanitizer flags
 # need a nightly rustc: RUSTC_BOOTSTRAP lets the stable one take them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,3 +47,4 @@ fuzz signalling_message "${FUZZ_MESSAGE_SECONDS:-15}" -dict=messages.dict
 fuzz codes_message "${FUZZ_MESSAGE_SECONDS:-15}" -dict=messages.dict
 fuzz webrtc_text "${FUZZ_MESSAGE_SECONDS:-15}" -dict=webrtc.dict
 fuzz join_token "${FUZZ_MESSAGE_SECONDS:-15}"
+fuzz rtp_codes "${FUZZ_MESSAGE_SECONDS:-15}"

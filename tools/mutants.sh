@@ -41,8 +41,7 @@ declare -A same_path_off=(
 )
 # The element's latency figures with their unit tests and the live-latency tests.
 latency_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=latency)
-# Codes over RTP: the payload's layout with its unit tests, the payloader and depayloader with
-# the RTP tests.
+# Codes over RTP: the payloader and depayloader with the library's and the RTP tests.
 rtp_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=rtp_codes)
 # When a new segment ends the stream: its unit tests and the seeking tests.
 segment_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=seeking)
@@ -51,6 +50,8 @@ segment_tests=(--cargo-test-arg=--lib --cargo-test-arg=--test=seeking)
 # run: not run per mutant). What it takes from anyone (messages, join tokens): its crate's tests.
 server_tests=(-p qwencodec-server --cargo-test-arg=--lib)
 protocol_tests=(-p qwencodec-protocol --cargo-test-arg=--lib)
+# Codes over RTP without GStreamer (the payload, a receiver's bookkeeping): its crate's tests.
+rtp_codes_tests=(-p qwencodec-rtp-codes --cargo-test-arg=--lib)
 declare -A tests_of=(
   [src/model/engine/arena.rs]=model [src/model/engine/mod.rs]=model [src/model/stream_decoder.rs]=model
   [src/model/kernels/shim.rs]=model [src/model/engine/batch_graphs.rs]=model
@@ -58,7 +59,8 @@ declare -A tests_of=(
   [src/qwencodecdec/imp.rs]=lifecycle [src/qwencodecdec/load.rs]=lifecycle
   [src/qwencodecdec/latency.rs]=latency
   [src/qwencodecdec/segment.rs]=segment
-  [src/codes_payload.rs]=rtp [src/rtpqwencodespay/imp.rs]=rtp [src/rtpqwencodesdepay/imp.rs]=rtp
+  [src/rtpqwencodespay/imp.rs]=rtp [src/rtpqwencodesdepay/imp.rs]=rtp
+  [crates/rtp-codes/src/payload.rs]=rtp_codes [crates/rtp-codes/src/receiver.rs]=rtp_codes
   [crates/protocol/src/token.rs]=protocol [crates/protocol/src/messages.rs]=protocol
   [server/src/access.rs]=server [server/src/admission.rs]=server
   [server/src/liveness.rs]=server [server/src/connections.rs]=server
@@ -76,11 +78,13 @@ for file in ${MUTANTS_FILES:-${!tests_of[@]}}; do
     segment) tests=("${segment_tests[@]}") ;;
     server) tests=("${server_tests[@]}") ;;
     protocol) tests=("${protocol_tests[@]}") ;;
+    rtp_codes) tests=("${rtp_codes_tests[@]}") ;;
     *) echo "mutants: no tests listed for $file" >&2; exit 2 ;;
   esac
   name=$(basename "$(dirname "$file")")-$(basename "$file" .rs)
   [[ $file == server/* ]] && name=server-$(basename "$file" .rs)
   [[ $file == crates/protocol/* ]] && name=protocol-$(basename "$file" .rs)
+  [[ $file == crates/rtp-codes/* ]] && name=rtp-codes-$(basename "$file" .rs)
   # cargo-mutants makes its output folder but not the folder above it.
   runs=("$name:")
   [[ " ${kernels_off_too[*]} " == *" $file "* ]] && runs+=("$name-off:off")

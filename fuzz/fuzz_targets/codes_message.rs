@@ -28,12 +28,22 @@ fuzz_target!(|data: &[u8]| {
     match layout.check(rest) {
         Ok(frames) => {
             assert_eq!(frames * layout.frame_bytes(), rest.len());
-            assert!(rest.chunks_exact(2).all(|pair| (0..2048).contains(&i16::from_le_bytes([pair[0], pair[1]]))));
+            assert!(
+                rest.chunks_exact(2)
+                    .all(|pair| (0..2048).contains(&i16::from_le_bytes([pair[0], pair[1]])))
+            );
         }
         Err(FrameError::NotWholeFrames { bytes, .. }) => {
             assert!(bytes == 0 || bytes % layout.frame_bytes() != 0);
         }
-        Err(err @ FrameError::OutsideCodebook { frame, codebook, code, .. }) => {
+        Err(
+            err @ FrameError::OutsideCodebook {
+                frame,
+                codebook,
+                code,
+                ..
+            },
+        ) => {
             let at = 2 * (frame * layout.codebooks + codebook);
             assert_eq!(i16::from_le_bytes([rest[at], rest[at + 1]]), code, "{err}");
             assert!(!(0..2048).contains(&code));

@@ -43,7 +43,7 @@ use gst_rtp::prelude::*;
 use gst_rtp::subclass::prelude::*;
 
 use crate::caps::RefusedCaps;
-use crate::codes_payload::{BadPacket, ENCODING_NAME, Layout, MAX_CODEBOOK_SIZE, MAX_FRAMES, VERSION};
+use qwencodec_rtp_codes::{ENCODING_NAME, Layout, MAX_CODEBOOK_SIZE, Receiver, RtpPacket, VERSION};
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(
@@ -56,36 +56,9 @@ static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
 /// Bad packets are warned of at most this often; the others are counted into the next warning.
 const WARNING_INTERVAL: Duration = Duration::from_secs(1);
 
-/// What `codes-stats` counts, since the element started.
-#[derive(Debug, Default, Clone, Copy)]
-struct Stats {
-    packets: u64,
-    frames: u64,
-    /// Sequence numbers that never came.
-    packets_lost: u64,
-    /// Frames of the lost packets, where the RTP time counts them.
-    frames_lost: u64,
-    packets_bad: u64,
-    utterances: u64,
-}
-
-/// The last good packet: where the stream it belongs to is.
-struct Last {
-    /// The RTP time just after its frames: where the next packet starts if none was lost.
-    next_rtp_time: u32,
-    utterance: u8,
-    ssrc: u32,
-}
-
 struct State {
-    layout: Layout,
+    receiver: Receiver,
     frame_duration: gst::ClockTime,
-    samples_per_frame: u32,
-    last: Option<Last>,
-    /// The sequence number after the last packet, good or bad.
-    next_seq: Option<u16>,
-    /// Bad packets since the last good one: their frames are missing as lost ones are.
-    bad_since_good: u64,
     /// The jitter buffer's lost-packet events, held until the next packet says whether it
     /// counts the frames lost (then one GAP of their time replaces them) or not (then they go
     /// on as the base class's GAP events).
@@ -93,26 +66,6 @@ struct State {
     /// When the last bad packet was warned of, and those dropped since without a warning.
     warned_at: Option<Instant>,
     bad_unwarned: u64,
-    stats: Stats,
-}
-
-/// What a good packet after `last` continues: how many frames went missing before it, if the
-/// RTP time tells (`None`: loss of unknown length; `Some(0)`: none lost).
-fn frames_missing(last: &Last, rtp_time: u32, samples_per_frame: u32, missing_packets: u64) -> Option<u64> {
-    if missing_packets == 0 {
-        // The sequence numbers go on: a jump in RTP time is the sender's, not loss.
-        return Some(0);
-    }
-    let ahead = rtp_time.wrapping_sub(last.next_rtp_time);
-    if !ahead.is_multiple_of(samples_per_frame) {
-        return None;
-    }
-    // Each missing packet held 1 to MAX_FRAMES frames; anything else (a sender whose timestamps
-    // went back or restarted) says nothing of the frames lost.
-    let frames = u64::from(ahead / samples_per_frame);
-    (missing_packets..=missing_packets * MAX_FRAMES as u64)
-        .contains(&frames)
-        .then_some(frames)
 }
 
 #[derive(Default)]
@@ -147,7 +100,7 @@ impl ObjectImpl for RtpQwenCodesDepay {
                     .lock()
                     .unwrap()
                     .as_ref()
-                    .map(|state| state.stats)
+                    .map(|state| state.receiver.stats())
                     .unwrap_or_default();
                 crate::rtp_stats::structure(
                     "application/x-rtp-qwen3-tts-codes-depayload-stats",
@@ -293,23 +246,22 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
             .build();
         let mut state = self.state.lock().unwrap();
         // New caps are a new stream; what it counted so far stays counted.
-        let stats = state.as_ref().map(|state| state.stats).unwrap_or_default();
+        let stats = state
+            .as_ref()
+            .map(|state| state.receiver.stats())
+            .unwrap_or_default();
+        let layout = Layout {
+            codebooks: codebooks as usize,
+            codebook_size: codebook_size as u32,
+        };
         *state = Some(State {
-            layout: Layout {
-                codebooks: codebooks as usize,
-                codebook_size: codebook_size as u32,
-            },
+            receiver: Receiver::new(layout, samples_per_frame as u32, stats),
             frame_duration: gst::ClockTime::SECOND
                 .mul_div_floor(samples_per_frame, clock_rate)
                 .expect("a frame lasts less than forever"),
-            samples_per_frame: samples_per_frame as u32,
-            last: None,
-            next_seq: None,
-            bad_since_good: 0,
             lost_events: Vec::new(),
             warned_at: None,
             bad_unwarned: 0,
-            stats,
         });
         drop(state);
         gst::debug!(CAT, imp = self, "Frames out as {}", src_caps);
@@ -324,9 +276,7 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
             gst::EventView::FlushStop(_) => {
                 if let Some(state) = self.state.lock().unwrap().as_mut() {
                     // A new position: nothing before it is lost.
-                    state.last = None;
-                    state.next_seq = None;
-                    state.bad_since_good = 0;
+                    state.receiver.forget_position();
                     state.lost_events.clear();
                 }
             }
@@ -356,26 +306,22 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
         let mut guard = self.state.lock().unwrap();
         let state = guard.as_mut()?;
         let seq = rtp.seq();
-        // Sequence numbers missing before this packet. Behind is none missing: the base class
-        // dropped a late packet, or flagged this one DISCONT for a sender that restarted.
-        let seq_gap = state.next_seq.map(|next| seq.wrapping_sub(next) as i16);
-        state.next_seq = Some(seq.wrapping_add(1));
-        let lost_packets = seq_gap.map_or(0, |gap| gap.max(0) as u64);
-        state.stats.packets_lost += lost_packets;
-        let packet = rtp
-            .payload()
-            .map_err(|_| BadPacket::Empty)
-            .and_then(|payload| state.layout.unpack(payload));
-        let packet = match packet {
-            Ok(packet) => packet,
+        // No payload is an empty one, a bad packet.
+        let received = state.receiver.receive(RtpPacket {
+            seq,
+            timestamp: rtp.timestamp(),
+            ssrc: rtp.ssrc(),
+            marker: rtp.is_marker(),
+            payload: rtp.payload().unwrap_or(&[]),
+        });
+        let received = match received {
+            Ok(received) => received,
             Err(why) => {
-                state.stats.packets_bad += 1;
-                state.bad_since_good += 1;
                 let now = Instant::now();
                 let warn = state
                     .warned_at
                     .is_none_or(|at| now.duration_since(at) >= WARNING_INTERVAL);
-                let (unwarned, total) = (state.bad_unwarned, state.stats.packets_bad);
+                let (unwarned, total) = (state.bad_unwarned, state.receiver.stats().packets_bad);
                 if warn {
                     state.warned_at = Some(now);
                     state.bad_unwarned = 0;
@@ -408,45 +354,26 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
                 return None;
             }
         };
-        let codebooks = state.layout.codebooks;
-        let frames = packet.codes.len() / codebooks;
-        let missing_packets = lost_packets + std::mem::take(&mut state.bad_since_good);
-        let starts = match &state.last {
-            None => true,
-            Some(last) => rtp.is_marker() || last.utterance != packet.utterance || last.ssrc != rtp.ssrc(),
-        };
-        let missing = match &state.last {
-            Some(last) if !starts => {
-                frames_missing(last, rtp.timestamp(), state.samples_per_frame, missing_packets)
-            }
-            _ => None,
-        };
         // A new utterance, a loss, or what upstream flagged: the buffer is a discontinuity (the
         // base class flags a gap in the sequence numbers too, but not bad packets).
-        let discont =
-            starts || missing_packets > 0 || rtp.buffer().flags().contains(gst::BufferFlags::DISCONT);
-        if missing_packets > 0 {
+        let discont = received.discont() || rtp.buffer().flags().contains(gst::BufferFlags::DISCONT);
+        let (starts, frames, missing) = (received.starts, received.frames, received.missing_frames);
+        if received.missing_packets > 0 {
             gst::debug!(
                 CAT,
                 imp = self,
                 "{} packets lost before packet {} ({:?} frames)",
-                missing_packets,
+                received.missing_packets,
                 seq,
                 missing
             );
         }
-        let out: Vec<u8> = packet.codes.iter().flat_map(|code| code.to_le_bytes()).collect();
-        state.last = Some(Last {
-            next_rtp_time: rtp
-                .timestamp()
-                .wrapping_add(state.samples_per_frame.wrapping_mul(frames as u32)),
-            utterance: packet.utterance,
-            ssrc: rtp.ssrc(),
-        });
-        state.stats.packets += 1;
-        state.stats.frames += frames as u64;
-        state.stats.frames_lost += missing.unwrap_or(0);
-        state.stats.utterances += u64::from(starts);
+        let out: Vec<u8> = received
+            .packet
+            .codes
+            .iter()
+            .flat_map(|code| code.to_le_bytes())
+            .collect();
         let frame_duration = state.frame_duration;
         let pts = rtp.buffer().pts();
         // Lost frames that the RTP time counts: one GAP of exactly their time, where the jitter
@@ -477,7 +404,7 @@ impl RTPBaseDepayloadImpl for RtpQwenCodesDepay {
                     imp = self,
                     "Packet {} starts utterance {}",
                     seq,
-                    packet.utterance
+                    received.packet.utterance
                 );
                 // A talk spurt starts, as rtpL16depay marks one.
                 buffer.set_flags(gst::BufferFlags::RESYNC);

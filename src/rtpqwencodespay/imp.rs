@@ -38,7 +38,7 @@ use gst_rtp::prelude::*;
 use gst_rtp::subclass::prelude::*;
 
 use crate::caps::{CODEBOOK_SIZE_FIELD, RATE_FIELD, RefusedCaps, bounded_field};
-use crate::codes_payload::{ENCODING_NAME, Layout, MAX_CODEBOOK_SIZE, MAX_FRAMES, VERSION};
+use qwencodec_rtp_codes::{ENCODING_NAME, Layout, MAX_CODEBOOK_SIZE, MAX_FRAMES, VERSION};
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(

@@ -1,0 +1,10 @@
+//! Codes over RTP without GStreamer: the payload format of codec frames
+//! (`X-QWEN3-TTS-CODES`, [`payload`]) and what a receiver makes of a stream of its packets
+//! ([`receiver`]: loss, the frames it took, where utterances start). The plugin's payloader and
+//! depayloader adapt them; the fuzz target drives them alone.
+
+pub mod payload;
+pub mod receiver;
+
+pub use payload::{BadPacket, ENCODING_NAME, Layout, MAX_CODEBOOK_SIZE, MAX_FRAMES, Packet, VERSION};
+pub use receiver::{Received, Receiver, RtpPacket, Stats};
