@@ -147,6 +147,7 @@ bench: build setup-reference $(BENCH_MODEL)/model.safetensors
 	  --reference measurements/cache/reference.f32 --out measurements/results --repeats $(BENCH_REPEATS) $(BENCH_ARGS)
 	cargo bench --bench streams -- --model $(BENCH_MODEL) --out measurements/results $(STREAMS_ARGS)
 	cargo bench --bench effect -- --model $(BENCH_MODEL) --out measurements/results $(EFFECT_ARGS)
+	$(VENV)/bin/python benches/tools/bench_neighbours.py $(BENCH_MODEL) --out measurements/results
 	python3 benches/tools/bench_summary.py
 
 # The benchmark's checkpoint: the released geometry with random weights and BENCH_FRAMES frames of

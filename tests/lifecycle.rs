@@ -6,6 +6,7 @@ use qwencodec_testing as common;
 use common::{bus_for, decoder, fixture_dir, init};
 use gst::prelude::*;
 use gst_audio::prelude::*;
+use gstqwencodec::model::{Dtype, Model};
 
 /// The load-model progress messages waiting on a bus, as (type, text).
 fn progress(bus: &gst::Bus) -> Vec<(gst::ProgressType, String)> {
@@ -77,7 +78,7 @@ fn the_model_loads_once_from_null_to_null() {
 fn properties_read_at_null_to_ready_say_so() {
     init();
     let element = gst::ElementFactory::make("qwencodecdec").build().unwrap();
-    for name in ["model-path", "device", "dtype"] {
+    for name in ["model-path", "device", "dtype", "compute-threads"] {
         let flags = element.find_property(name).unwrap().flags();
         assert!(!flags.contains(gst::PARAM_FLAG_MUTABLE_READY), "{name}");
     }
@@ -119,7 +120,12 @@ fn each_property_reads_back_what_was_set() {
         element.set_property_from_str(name, value);
         assert_eq!(nick(name), value, "{name}");
     }
-    for (name, value) in [("chunk-frames", 3u32), ("max-batch", 5), ("max-step-frames", 12)] {
+    for (name, value) in [
+        ("chunk-frames", 3u32),
+        ("max-batch", 5),
+        ("max-step-frames", 12),
+        ("compute-threads", 2),
+    ] {
         assert_ne!(element.property::<u32>(name), value, "{name}'s default");
         element.set_property(name, value);
         assert_eq!(element.property::<u32>(name), value, "{name}");
@@ -127,4 +133,20 @@ fn each_property_reads_back_what_was_set() {
     assert!(element.property::<bool>("cuda-graphs"));
     element.set_property("cuda-graphs", false);
     assert!(!element.property::<bool>("cuda-graphs"));
+}
+
+/// `compute-threads` pins the threads of the CPU's compute thread, which every stream of the
+/// process shares, at NULL→READY (unset, they follow the steps' times: docs/element.md,
+/// "Threads"). Pinned at the count it has, so that the other tests of this process keep theirs.
+#[test]
+fn compute_threads_pin_the_cpus_threads() {
+    init();
+    let dir = fixture_dir("gqa-bias");
+    let model = Model::shared(&dir, tch::Device::Cpu, Dtype::F32).unwrap();
+    let threads = model.compute_threads();
+    let element = decoder(&dir, &[("compute-threads", &(threads as u32))]);
+    element.set_state(gst::State::Ready).unwrap();
+    assert!(model.compute_threads_pinned());
+    assert_eq!(model.compute_threads(), threads);
+    element.set_state(gst::State::Null).unwrap();
 }

@@ -217,6 +217,13 @@ def talker_rows(report: dict, name: dict):
     return [("talker speed", f"real-time factor, one stream, best run: {text or 'no run ended without an error'}", "–")]
 
 
+def neighbours_rows(report: dict, name: dict):
+    beside = [row for row in report["rows"] if row["neighbours"] > 0]
+    text = "; ".join(f"beside {row['neighbours']}: " + ", ".join(
+        f"{column} {slowdown:.1f}x" for column, slowdown in row["slowdown"].items()) for row in beside)
+    return [("beside busy neighbours", f"slowdown over alone: {text}", "–")]
+
+
 def capacity_rows(report: dict, name: dict):
     capacity = report["capacity"]
     return [(f"server capacity {name['dtype']}", f"{capacity['largest_passing']} sessions played cleanly", "–")]
@@ -232,7 +239,7 @@ def broadcast_rows(report: dict, name: dict):
 
 ROWS = {
     "decode": decode_rows, "streams": streams_rows, "effect": effect_rows, "kernels-ab": kernels_ab_rows,
-    "profile": profile_rows, "rtp-codes": rtp_rows, "talker-speed": talker_rows,
+    "profile": profile_rows, "rtp-codes": rtp_rows, "talker-speed": talker_rows, "neighbours": neighbours_rows,
     "server-capacity": capacity_rows, "janus-broadcast": broadcast_rows,
 }
 
@@ -263,6 +270,10 @@ def command(kind: str, name: dict, report: dict) -> str:
             ("--streams", name["streams"], None), ("--device", name["device"], "cpu")])
     if kind == "rtp-codes":
         return f"cargo bench --bench rtp_codes -- --model {report['model']}"
+    if kind == "neighbours":
+        checkpoint = Path(report["checkpoint"])
+        checkpoint = checkpoint.relative_to(ROOT) if checkpoint.is_relative_to(ROOT) else checkpoint
+        return f"python3 benches/tools/bench_neighbours.py {checkpoint} --rounds {report['rounds']}"
     if kind == "talker-speed":
         models = " ".join(f"--model $QWENCODEC_CACHE/fixtures/{model}"
                           for model in talker_report(report).get("geometries", {}))

@@ -177,11 +177,19 @@ impl Model {
     /// host's cores; the threads it runs on now. The setting belongs to the compute thread,
     /// which every model on the device shares (see `executor`).
     pub fn limit_compute_threads(&self, threads: usize) -> usize {
-        let threads = threads.clamp(1, i32::MAX as usize) as i32;
-        executor::run(self.device(), || {
-            tch::set_num_threads(threads);
-            tch::get_num_threads() as usize
+        executor::run(self.device(), || match self.device() {
+            tch::Device::Cpu => super::threads::pin(threads),
+            _ => {
+                tch::set_num_threads(threads.clamp(1, i32::MAX as usize) as i32);
+                tch::get_num_threads() as usize
+            }
         })
+    }
+
+    /// Whether this model's compute threads are pinned (by [`Self::limit_compute_threads`] or
+    /// `OMP_NUM_THREADS`) rather than following the steps' times (CPU only).
+    pub fn compute_threads_pinned(&self) -> bool {
+        self.device() != tch::Device::Cpu || executor::run(self.device(), super::threads::pinned)
     }
 
     /// The threads this model's compute thread runs each CPU op on.

@@ -13,6 +13,7 @@ pub mod log;
 mod network;
 mod op_profiler;
 mod stream_decoder;
+mod threads;
 
 pub use checkpoint::CheckpointFiles;
 pub use config::DecoderConfig;

@@ -32,9 +32,9 @@ use gst_audio::subclass::prelude::*;
 
 use super::latency::Latency;
 use super::settings::{
-    DEFAULT_CHUNK_FRAMES, DEFAULT_CUDA_GRAPHS, DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_BATCH,
-    DEFAULT_MAX_PLC_FRAMES, DEFAULT_MAX_STEP_FRAMES, DEFAULT_PROCESSING_LATENCY, DEFAULT_TAIL_STRATEGY,
-    Settings, Stats,
+    DEFAULT_CHUNK_FRAMES, DEFAULT_COMPUTE_THREADS, DEFAULT_CUDA_GRAPHS, DEFAULT_DEVICE, DEFAULT_DTYPE,
+    DEFAULT_MAX_BATCH, DEFAULT_MAX_PLC_FRAMES, DEFAULT_MAX_STEP_FRAMES, DEFAULT_PROCESSING_LATENCY,
+    DEFAULT_TAIL_STRATEGY, Settings, Stats,
 };
 use super::step_thread::{Arrival, StepThread, Stream, read_ahead_frames};
 use crate::caps::RefusedCaps;
@@ -242,6 +242,12 @@ impl ObjectImpl for QwenCodecDec {
                     .default_value(DEFAULT_MAX_PLC_FRAMES)
                     .mutable_playing()
                     .build(),
+                glib::ParamSpecUInt::builder("compute-threads")
+                    .nick("Compute threads")
+                    .blurb("CPU threads each decode op runs on, for every stream of the process (0: chosen from the steps' times)")
+                    .maximum(1024)
+                    .default_value(DEFAULT_COMPUTE_THREADS)
+                    .build(),
                 glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
                     .nick("Statistics")
                     .blurb("Decoding statistics since the element started")
@@ -268,6 +274,7 @@ impl ObjectImpl for QwenCodecDec {
             "cuda-graphs" => settings.cuda_graphs = value.get().unwrap(),
             "max-batch" => settings.max_batch = value.get().unwrap(),
             "max-step-frames" => settings.max_step_frames = value.get().unwrap(),
+            "compute-threads" => settings.compute_threads = value.get().unwrap(),
             "max-plc-frames" => {
                 settings.max_plc_frames = value.get().unwrap();
                 return;
@@ -280,7 +287,7 @@ impl ObjectImpl for QwenCodecDec {
         }
         drop(settings);
         let (read_at, in_use) = match pspec.name() {
-            "model-path" | "device" | "dtype" => {
+            "model-path" | "device" | "dtype" | "compute-threads" => {
                 ("NULL→READY", self.model.try_lock().map_or(true, |m| m.is_some()))
             }
             _ => (
@@ -311,6 +318,7 @@ impl ObjectImpl for QwenCodecDec {
             "max-batch" => settings.max_batch.to_value(),
             "max-step-frames" => settings.max_step_frames.to_value(),
             "max-plc-frames" => settings.max_plc_frames.to_value(),
+            "compute-threads" => settings.compute_threads.to_value(),
             "processing-latency" => settings
                 .processing_latency
                 .map_or(DEFAULT_PROCESSING_LATENCY, gst::ClockTime::nseconds)

@@ -86,7 +86,8 @@ impl QwenCodecDec {
     /// load as progress messages.
     pub(super) fn load_model(&self, settings: &Settings) -> Result<LoadedModel, gst::ErrorMessage> {
         self.post_progress(gst::ProgressType::Start, "Loading the Qwen3-TTS decoder");
-        let loaded = ModelSettings::from_settings(settings).and_then(|wanted| self.load_checkpoint(&wanted));
+        let loaded = ModelSettings::from_settings(settings)
+            .and_then(|wanted| self.load_checkpoint(&wanted, settings.compute_threads));
         match &loaded {
             Ok(loaded) => self.post_progress(
                 gst::ProgressType::Complete,
@@ -97,7 +98,11 @@ impl QwenCodecDec {
         loaded
     }
 
-    fn load_checkpoint(&self, wanted: &ModelSettings) -> Result<LoadedModel, gst::ErrorMessage> {
+    fn load_checkpoint(
+        &self,
+        wanted: &ModelSettings,
+        compute_threads: u32,
+    ) -> Result<LoadedModel, gst::ErrorMessage> {
         gst::info!(
             CAT,
             imp = self,
@@ -120,11 +125,20 @@ impl QwenCodecDec {
             config.sample_rate,
             model.samples_per_frame()
         );
+        if compute_threads > 0 {
+            // The compute thread is the process's: every stream on this device computes so.
+            model.limit_compute_threads(compute_threads as usize);
+        }
         gst::info!(
             CAT,
             imp = self,
-            "Computing on {} threads; {}",
+            "Computing on {} threads{}; {}",
             model.compute_threads(),
+            if model.compute_threads_pinned() {
+                ""
+            } else {
+                ", or fewer while fewer are faster (a busy machine)"
+            },
             model::wait_policy()
         );
         if let Some(note) = model::dtype_note(wanted.dtype, model.device()) {

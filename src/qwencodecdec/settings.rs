@@ -12,6 +12,8 @@ pub(super) const DEFAULT_MAX_BATCH: u32 = 16;
 pub(super) const DEFAULT_MAX_STEP_FRAMES: u32 = 8;
 /// Two seconds of frames at the release's rate: the longest loss that `plc` conceals.
 pub(super) const DEFAULT_MAX_PLC_FRAMES: u32 = 25;
+/// `compute-threads`' "follow the machine" (docs/element.md, "Threads").
+pub(super) const DEFAULT_COMPUTE_THREADS: u32 = 0;
 /// `processing-latency`'s "measured".
 pub(super) const DEFAULT_PROCESSING_LATENCY: u64 = 0;
 
@@ -29,6 +31,8 @@ pub(super) struct Settings {
     /// frames keep coming out late (see `Latency`).
     pub(super) processing_latency: Option<gst::ClockTime>,
     pub(super) max_plc_frames: u32,
+    /// The CPU threads each op runs on, pinned; 0: chosen from the steps' times.
+    pub(super) compute_threads: u32,
 }
 
 impl Default for Settings {
@@ -44,6 +48,7 @@ impl Default for Settings {
             max_step_frames: DEFAULT_MAX_STEP_FRAMES,
             processing_latency: None,
             max_plc_frames: DEFAULT_MAX_PLC_FRAMES,
+            compute_threads: DEFAULT_COMPUTE_THREADS,
         }
     }
 }

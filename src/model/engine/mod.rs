@@ -37,6 +37,7 @@ use tch::{Kind, Tensor};
 use super::executor;
 use super::log;
 use super::network::{Network, State, StepTables};
+use super::threads;
 use arena::{Arena, RowAssignment};
 use batch_graphs::BatchGraphs;
 
@@ -294,6 +295,9 @@ impl Engine {
             })
             .collect();
         let mut times = executor::run(network.device(), || {
+            if network.device() == tch::Device::Cpu {
+                threads::enter_chosen((rows, frames));
+            }
             let mut detached = match graphs {
                 true => None,
                 false => Some(network.new_state(rows as i64)?),
@@ -501,8 +505,14 @@ impl Engine {
         let (arena_rows, outcome) = executor::run(network.device(), || {
             // Read where nothing moves them: the compute thread.
             let rows = batch.iter().map(|job| job.step.row.index()).collect();
+            let shape = (batch.len(), batch[0].step.frames);
+            let threads = (network.device() == tch::Device::Cpu).then(|| threads::enter_step(shape));
+            let computing = Instant::now();
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| self.compute(network, batch)))
                 .unwrap_or_else(|_| Err(tch::TchError::Torch("a decode step panicked".into())));
+            if let (Some(threads), Ok(_)) = (threads, &outcome) {
+                threads::step_done(shape, threads, computing.elapsed());
+            }
             (rows, outcome)
         });
         let run = BatchRun {

@@ -1,0 +1,356 @@
+//! How many threads the CPU's compute thread runs each op on, chosen from what the process
+//! gets, not from the cores it sees.
+//!
+//! libtorch's ops and our kernels split each op over a team of threads that meet at a barrier
+//! when it ends. Beside a busy neighbour the scheduler gives one of them to the neighbour, and
+//! the others wait for it at every barrier of the hundreds in a step: two threads on two shared
+//! cores ran a step several times slower than one (docs/performance.md, "Beside neighbours").
+//! So the team size follows the steps' own times: the compute thread steps on its current
+//! count, tries the next count down or up for a few steps now and then, and keeps the faster,
+//! trying again sooner when its steps' time moves. The tries back off while they lose, so on a
+//! quiet machine they cost a few slower steps in hundreds. Counts are tried per step shape (rows
+//! and frames: a wider step gains more from threads); a new shape starts at the count chosen
+//! last. A count given by the embedder (`OMP_NUM_THREADS`, the server's `--cores`, the
+//! element's `compute-threads`) pins it.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Steps at another count in a try; the first of them is not counted (the team changes size).
+const TRY_STEPS: u32 = 3;
+/// Steps between tries, at first and after a change; doubled after each try that lost.
+const FIRST_INTERVAL: u32 = 16;
+const MAX_INTERVAL: u32 = 256;
+/// A tried count replaces the current one when its steps take this much less time.
+const MARGIN: f64 = 0.1;
+/// The current count's step time moving this far from what it was when chosen calls a try at
+/// the next step (a neighbour came or went).
+const DRIFT: f64 = 0.3;
+/// Weight of a new step in the current count's running mean.
+const SMOOTHING: f64 = 0.2;
+
+/// A step's shape: rows and frames.
+pub type Shape = (usize, usize);
+
+/// The choice of thread count for each step shape, from the steps' times.
+#[derive(Debug)]
+pub struct ThreadPolicy {
+    /// The counts that may be chosen, most first: the most threads, halved down to 1.
+    ladder: Vec<usize>,
+    pinned: Option<usize>,
+    shapes: HashMap<Shape, ShapeChoice>,
+    /// The rung chosen last, for shapes not seen yet.
+    last_rung: usize,
+}
+
+#[derive(Debug, Clone)]
+struct ShapeChoice {
+    rung: usize,
+    /// Running mean of the step time at each rung, in seconds, where measured.
+    means: Vec<Option<f64>>,
+    /// The current rung's mean when it was chosen or last confirmed.
+    baseline: Option<f64>,
+    since_try: u32,
+    interval: u32,
+    /// The rung on trial, the steps it has run, and the sum of the counted ones' times.
+    trial: Option<(usize, u32, f64)>,
+    /// The next try goes down (else up) where both are possible.
+    try_down: bool,
+}
+
+impl ThreadPolicy {
+    /// A policy over 1 to `most` threads, or pinned at `pinned`.
+    pub fn new(most: usize, pinned: Option<usize>) -> Self {
+        let mut ladder = vec![most.max(1)];
+        while let Some(&last) = ladder.last()
+            && last > 1
+        {
+            ladder.push(last / 2);
+        }
+        Self {
+            ladder,
+            pinned,
+            shapes: HashMap::new(),
+            last_rung: 0,
+        }
+    }
+
+    /// Pins the count (`Some`), or lets the steps choose it again (`None`).
+    pub fn pin(&mut self, threads: Option<usize>) {
+        self.pinned = threads.map(|threads| threads.max(1));
+    }
+
+    pub fn pinned(&self) -> Option<usize> {
+        self.pinned
+    }
+
+    /// The threads the next step of `shape` runs on.
+    pub fn threads_for(&mut self, shape: Shape) -> usize {
+        if let Some(pinned) = self.pinned {
+            return pinned;
+        }
+        let rungs = self.ladder.len();
+        let choice = self.shape(shape);
+        if choice.trial.is_none() && choice.since_try >= choice.interval && rungs > 1 {
+            let down = choice.rung + 1 < rungs;
+            let up = choice.rung > 0;
+            let next = match (down, up) {
+                (true, true) if choice.try_down => choice.rung + 1,
+                (true, true) => choice.rung - 1,
+                (true, false) => choice.rung + 1,
+                _ => choice.rung - 1,
+            };
+            choice.try_down = !choice.try_down;
+            choice.trial = Some((next, 0, 0.0));
+        }
+        let rung = choice.trial.map_or(choice.rung, |(rung, ..)| rung);
+        self.ladder[rung]
+    }
+
+    /// The threads steps of `shape` run on when no other count is on trial.
+    pub fn chosen_for(&mut self, shape: Shape) -> usize {
+        if let Some(pinned) = self.pinned {
+            return pinned;
+        }
+        let rung = self.shape(shape).rung;
+        self.ladder[rung]
+    }
+
+    /// A step of `shape` on `threads` threads took `time`.
+    pub fn record(&mut self, shape: Shape, threads: usize, time: Duration) {
+        if self.pinned.is_some() {
+            return;
+        }
+        let Some(rung) = self.ladder.iter().position(|&count| count == threads) else {
+            return;
+        };
+        let seconds = time.as_secs_f64();
+        let choice = self.shape(shape);
+        let chosen = match choice.trial {
+            Some((trial, steps, sum)) if trial == rung => {
+                let (steps, sum) = (steps + 1, if steps == 0 { sum } else { sum + seconds });
+                if steps < TRY_STEPS {
+                    choice.trial = Some((trial, steps, sum));
+                    return;
+                }
+                choice.trial = None;
+                choice.since_try = 0;
+                let tried = sum / f64::from(TRY_STEPS - 1);
+                choice.means[trial] = Some(tried);
+                match choice.means[choice.rung] {
+                    Some(current) if tried >= current * (1.0 - MARGIN) => {
+                        choice.interval = (choice.interval * 2).min(MAX_INTERVAL);
+                        return;
+                    }
+                    _ => {
+                        choice.rung = trial;
+                        choice.baseline = Some(tried);
+                        choice.interval = FIRST_INTERVAL;
+                        trial
+                    }
+                }
+            }
+            _ if rung == choice.rung => {
+                let mean = match choice.means[rung] {
+                    Some(mean) => mean + SMOOTHING * (seconds - mean),
+                    None => seconds,
+                };
+                choice.means[rung] = Some(mean);
+                choice.since_try += 1;
+                let baseline = *choice.baseline.get_or_insert(mean);
+                if (mean - baseline).abs() > DRIFT * baseline {
+                    // Something changed beside us: try the other counts now, from here.
+                    choice.baseline = Some(mean);
+                    choice.interval = FIRST_INTERVAL;
+                    choice.since_try = choice.interval;
+                }
+                return;
+            }
+            // A step at a count neither current nor on trial (the policy was pinned meanwhile).
+            _ => return,
+        };
+        self.last_rung = chosen;
+    }
+
+    fn shape(&mut self, shape: Shape) -> &mut ShapeChoice {
+        let (rungs, rung) = (self.ladder.len(), self.last_rung);
+        self.shapes.entry(shape).or_insert_with(|| ShapeChoice {
+            rung,
+            means: vec![None; rungs],
+            baseline: None,
+            since_try: 0,
+            interval: FIRST_INTERVAL,
+            trial: None,
+            try_down: true,
+        })
+    }
+}
+
+/// The CPU compute thread's policy, made at its first step from libtorch's thread count (the
+/// cores, or `OMP_NUM_THREADS`, which pins it). Only the compute thread uses it.
+static CPU: Mutex<Option<ThreadPolicy>> = Mutex::new(None);
+
+fn cpu_policy() -> MutexGuard<'static, Option<ThreadPolicy>> {
+    CPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn with_cpu_policy<R>(work: impl FnOnce(&mut ThreadPolicy) -> R) -> R {
+    let mut policy = cpu_policy();
+    let policy = policy.get_or_insert_with(|| {
+        let most = tch::get_num_threads().max(1) as usize;
+        let pinned = std::env::var_os("OMP_NUM_THREADS").is_some_and(|value| !value.is_empty());
+        ThreadPolicy::new(most, pinned.then_some(most))
+    });
+    work(policy)
+}
+
+/// On the CPU's compute thread: has libtorch compute a step of `shape` on the threads the
+/// policy gives it (a count on trial included); those threads, for [`step_done`].
+pub fn enter_step(shape: Shape) -> usize {
+    let threads = with_cpu_policy(|policy| policy.threads_for(shape));
+    set(shape, threads);
+    threads
+}
+
+/// On the CPU's compute thread: has libtorch compute steps of `shape` on the count chosen for
+/// them, no trial (a step timed for a figure).
+pub fn enter_chosen(shape: Shape) {
+    let threads = with_cpu_policy(|policy| policy.chosen_for(shape));
+    set(shape, threads);
+}
+
+fn set(shape: Shape, threads: usize) {
+    if tch::get_num_threads() as usize != threads {
+        super::log::debug(format_args!(
+            "steps of {} rows of {} frames compute on {threads} threads",
+            shape.0, shape.1
+        ));
+        tch::set_num_threads(threads as i32);
+    }
+}
+
+/// On the CPU's compute thread: a step that [`enter_step`] set up took `time`.
+pub fn step_done(shape: Shape, threads: usize, time: Duration) {
+    with_cpu_policy(|policy| policy.record(shape, threads, time));
+}
+
+/// On the CPU's compute thread: pins its threads at `threads`; what it computes on now.
+pub fn pin(threads: usize) -> usize {
+    with_cpu_policy(|policy| policy.pin(Some(threads)));
+    tch::set_num_threads(threads.clamp(1, i32::MAX as usize) as i32);
+    tch::get_num_threads() as usize
+}
+
+/// Whether the CPU's threads are pinned (else they follow the steps' times).
+pub fn pinned() -> bool {
+    with_cpu_policy(|policy| policy.pinned().is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHAPE: Shape = (1, 1);
+
+    /// Runs `steps` steps of `shape` whose time at each count `time` gives; the counts used.
+    fn run(policy: &mut ThreadPolicy, shape: Shape, steps: usize, time: impl Fn(usize) -> f64) -> Vec<usize> {
+        (0..steps)
+            .map(|_| {
+                let threads = policy.threads_for(shape);
+                policy.record(shape, threads, Duration::from_secs_f64(time(threads)));
+                threads
+            })
+            .collect()
+    }
+
+    /// A quiet machine: two threads take 10 ms a step, one 17 ms.
+    fn quiet(threads: usize) -> f64 {
+        if threads == 2 { 0.010 } else { 0.017 }
+    }
+
+    /// Beside a busy neighbour: two threads wait at every barrier, one runs on.
+    fn beside_a_neighbour(threads: usize) -> f64 {
+        if threads == 2 { 0.027 } else { 0.015 }
+    }
+
+    #[test]
+    fn the_ladder_halves_down_to_one_thread() {
+        assert_eq!(ThreadPolicy::new(8, None).ladder, [8, 4, 2, 1]);
+        assert_eq!(ThreadPolicy::new(6, None).ladder, [6, 3, 1]);
+        assert_eq!(ThreadPolicy::new(1, None).ladder, [1]);
+        assert_eq!(ThreadPolicy::new(0, None).ladder, [1]);
+    }
+
+    #[test]
+    fn on_a_quiet_machine_every_core_computes_and_tries_back_off() {
+        let mut policy = ThreadPolicy::new(2, None);
+        let counts = run(&mut policy, SHAPE, 2000, quiet);
+        let on_one = counts.iter().filter(|&&threads| threads == 1).count();
+        // Tries after 16, 32, 64, 128 and then every 256 steps, 3 steps each.
+        assert!(
+            (3..=3 * 12).contains(&on_one),
+            "{on_one} of 2000 steps on one thread"
+        );
+        assert_eq!(counts[..FIRST_INTERVAL as usize], [2; FIRST_INTERVAL as usize]);
+        assert_eq!(*counts.last().unwrap(), 2);
+    }
+
+    #[test]
+    fn beside_a_neighbour_one_thread_is_chosen_at_the_first_try_and_kept() {
+        let mut policy = ThreadPolicy::new(2, None);
+        let counts = run(&mut policy, SHAPE, 1000, beside_a_neighbour);
+        let first_one = counts.iter().position(|&threads| threads == 1).unwrap();
+        assert_eq!(first_one, FIRST_INTERVAL as usize);
+        let on_two = counts[first_one..]
+            .iter()
+            .filter(|&&threads| threads == 2)
+            .count();
+        assert!(on_two <= 3 * 8, "{on_two} steps on two threads after the switch");
+        assert_eq!(*counts.last().unwrap(), 1);
+    }
+
+    #[test]
+    fn when_the_neighbour_leaves_every_core_computes_again() {
+        let mut policy = ThreadPolicy::new(2, None);
+        run(&mut policy, SHAPE, 1000, beside_a_neighbour);
+        // Within one longest interval and a try.
+        let counts = run(&mut policy, SHAPE, (MAX_INTERVAL + 2 * TRY_STEPS) as usize, quiet);
+        assert_eq!(*counts.last().unwrap(), 2, "{counts:?}");
+    }
+
+    #[test]
+    fn a_neighbour_that_comes_is_noticed_sooner_than_the_longest_interval() {
+        let mut policy = ThreadPolicy::new(2, None);
+        run(&mut policy, SHAPE, 2000, quiet);
+        // The running mean leaves the baseline by 30 % within a few steps, and a try follows.
+        let counts = run(&mut policy, SHAPE, 40, beside_a_neighbour);
+        assert!(
+            counts.iter().rev().take(10).all(|&threads| threads == 1),
+            "{counts:?}"
+        );
+    }
+
+    #[test]
+    fn a_new_shape_starts_where_the_last_choice_was() {
+        let mut policy = ThreadPolicy::new(4, None);
+        // Two threads are the fastest: four wait for each other, one computes alone.
+        run(&mut policy, SHAPE, 100, |threads| {
+            [0.0, 0.014, 0.011, 0.0, 0.030][threads]
+        });
+        assert_eq!(policy.threads_for(SHAPE), 2);
+        assert_eq!(policy.threads_for((4, 1)), 2);
+    }
+
+    #[test]
+    fn a_pinned_count_never_moves() {
+        let mut policy = ThreadPolicy::new(2, Some(2));
+        let counts = run(&mut policy, SHAPE, 500, beside_a_neighbour);
+        assert!(counts.iter().all(|&threads| threads == 2));
+        policy.pin(None);
+        let counts = run(&mut policy, SHAPE, 100, beside_a_neighbour);
+        assert_eq!(*counts.last().unwrap(), 1);
+        policy.pin(Some(3));
+        assert_eq!(policy.threads_for(SHAPE), 3);
+    }
+}
