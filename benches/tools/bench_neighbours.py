@@ -8,7 +8,8 @@ count of an idle machine); and upstream's full-sequence decode of the same codes
 (bench_upstream.py --serve, loaded once). Each alone, beside one and beside two busy processes
 (a Python busy loop each), the runs of one condition taking turns, for --rounds rounds. A
 figure is the median wall-clock seconds; its slowdown is that over the same column alone. Goal:
-the element's slowdown no worse than upstream's beside each number of neighbours.
+the element's slowdown no worse than upstream's beside each number of neighbours. Where the
+time went: each run's threads' seconds on a core and runnable but waiting for one.
 
     python benches/tools/bench_neighbours.py CHECKPOINT --out measurements/results
 
@@ -35,8 +36,22 @@ def commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
-def element_seconds(checkpoint: Path, dtype: str, pinned_threads) -> float:
-    """Wall-clock seconds of a one-frame gst-launch decode of the checkpoint's codes."""
+def schedstat(pid: int) -> dict:
+    """{tid: (seconds on a core, seconds runnable waiting for one)} of a process's threads now."""
+    times = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            on_core, waiting, _ = (task / "schedstat").read_text().split()
+        except (OSError, ValueError):
+            continue
+        times[task.name] = (int(on_core) / 1e9, int(waiting) / 1e9)
+    return times
+
+
+def element_run(checkpoint: Path, dtype: str, pinned_threads) -> dict:
+    """A one-frame gst-launch decode of the checkpoint's codes: its wall-clock seconds, and its
+    threads' seconds on a core and runnable but waiting for one (the last seen of each thread,
+    read every 20 ms)."""
     env = dict(os.environ, GST_PLUGIN_PATH=str(ROOT / "target" / "release"))
     env.pop("OMP_NUM_THREADS", None)
     if pinned_threads:
@@ -45,8 +60,16 @@ def element_seconds(checkpoint: Path, dtype: str, pinned_threads) -> float:
                 "audio/x-qwen3-tts-codes,codebooks=16", "!", "qwencodecdec", f"model-path={checkpoint}",
                 "chunk-frames=1", f"dtype={dtype}", "!", "fakesink", "sync=false"]
     started = time.perf_counter()
-    subprocess.run(pipeline, env=env, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - started
+    process = subprocess.Popen(pipeline, env=env, stdout=subprocess.DEVNULL)
+    threads = {}
+    while process.poll() is None:
+        threads.update(schedstat(process.pid))
+        time.sleep(0.02)
+    seconds = time.perf_counter() - started
+    if process.returncode != 0:
+        sys.exit(f"bench_neighbours: gst-launch-1.0 failed ({process.returncode}): {' '.join(pipeline)}")
+    return {"seconds": seconds, "on_core": sum(on for on, _ in threads.values()),
+            "waiting": sum(wait for _, wait in threads.values())}
 
 
 class Upstream:
@@ -59,13 +82,18 @@ class Upstream:
         if self.process.stdout.readline().strip() != "ready":
             sys.exit("bench_neighbours: upstream's decoder did not load")
 
-    def seconds(self) -> float:
+    def run(self) -> dict:
+        before = schedstat(self.process.pid)
         self.process.stdin.write("full\n")
         self.process.stdin.flush()
         line = self.process.stdout.readline()
         if not line:
             sys.exit("bench_neighbours: upstream's decoder stopped")
-        return float(line)
+        after = schedstat(self.process.pid)
+        spent = [(on - before.get(tid, (0, 0))[0], wait - before.get(tid, (0, 0))[1])
+                 for tid, (on, wait) in after.items()]
+        return {"seconds": float(line), "on_core": sum(on for on, _ in spent),
+                "waiting": sum(wait for _, wait in spent)}
 
     def close(self):
         self.process.stdin.close()
@@ -82,14 +110,14 @@ def main():
     options = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
     columns = {
-        "element f32": lambda: element_seconds(options.checkpoint, "float32", None),
-        "element f32, threads pinned": lambda: element_seconds(options.checkpoint, "float32", cores),
-        f"element {options.dtype16}": lambda: element_seconds(
+        "element f32": lambda: element_run(options.checkpoint, "float32", None),
+        "element f32, threads pinned": lambda: element_run(options.checkpoint, "float32", cores),
+        f"element {options.dtype16}": lambda: element_run(
             options.checkpoint, {"bf16": "bfloat16", "f16": "float16"}[options.dtype16], None),
     }
     upstream = Upstream(options.checkpoint, options.python)
-    upstream.seconds()  # its first decode pays one-off costs
-    columns["upstream full decode"] = upstream.seconds
+    upstream.run()  # its first decode pays one-off costs
+    columns["upstream full decode"] = upstream.run
     # Every column once, so that first-use costs (page cache, libtorch's first load) are paid.
     for measure in columns.values():
         measure()
@@ -105,8 +133,11 @@ def main():
             for process in busy:
                 process.kill()
                 process.wait()
-        rows.append({"neighbours": neighbours, "seconds": times,
-                     "median": {name: statistics.median(values) for name, values in times.items()}})
+        median = lambda values, key: statistics.median(value[key] for value in values)
+        rows.append({"neighbours": neighbours, "runs": times,
+                     "median": {name: median(values, "seconds") for name, values in times.items()},
+                     "on_core": {name: median(values, "on_core") for name, values in times.items()},
+                     "waiting": {name: median(values, "waiting") for name, values in times.items()}})
         print(f"beside {neighbours}: " + ", ".join(f"{name} {row:.2f} s" for name, row in rows[-1]["median"].items()),
               flush=True)
     upstream.close()
@@ -130,8 +161,15 @@ def main():
     for row in rows:
         lines.append(f"| {row['neighbours']} | " + " | ".join(
             f"{row['median'][name]:.2f} s ({row['slowdown'][name]:.2f}x)" for name in names) + " |")
+    lines += ["", "Where the time went: the median seconds the runs' threads spent on a core (spinning "
+              "at a barrier counts) and runnable but waiting for one (`/proc/<pid>/task/*/schedstat`).", "",
+              "| busy neighbours | " + " | ".join(names) + " |",
+              "| ---: | " + " | ".join("---:" for _ in names) + " |"]
+    for row in rows:
+        lines.append(f"| {row['neighbours']} | " + " | ".join(
+            f"{row['on_core'][name]:.1f} on, {row['waiting'][name]:.1f} waiting" for name in names) + " |")
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(f"bench_neighbours: {path.with_suffix('.md').relative_to(ROOT)}")
+    print(f"bench_neighbours: {path.with_suffix('.md')}")
 
 
 if __name__ == "__main__":
