@@ -4,18 +4,21 @@
 use std::error::Error;
 use std::net::TcpListener;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gstqwencodec::model::{CheckpointFiles, DecoderConfig, Model, parse_device};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use qwencodec_common::webrtc;
-use signal_hook::consts::{SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
+use tokio::io::AsyncWriteExt;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tower::ServiceExt;
 
 use crate::config::{Admission, Config, TokenSource};
 use crate::connections::Connections;
 use crate::log::log;
 use crate::metrics::Metrics;
-use crate::routes::{Side, serve};
+use crate::routes::{self, Side};
 use crate::server::Server;
 use crate::session::{self, CodecFormat, Sessions};
 use qwencodec_protocol::token;
@@ -211,25 +214,63 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
             janus.public
         );
     }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // Before the line that says the server is up: from then on a signal drains it.
+    let signals = {
+        let _entered = runtime.enter();
+        Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        }
+    };
     log!("open http://{address}/ in a browser");
 
-    let mut signals = Signals::new([SIGTERM, SIGINT])?;
-    let mut all_connections = vec![server.connections.clone()];
-    let public_side = match codes_listener {
-        Some(codes_listener) => {
-            let connections = Connections::new(max_codes_connections, max_codes_connections);
-            all_connections.push(connections.clone());
-            let server = server.clone();
-            std::thread::spawn(move || accept(&server, codes_listener, &connections, Side::Codes));
-            Side::Public
+    let mut listeners = vec![(listener, server.connections.clone(), Side::Both)];
+    if let Some(codes_listener) = codes_listener {
+        listeners[0].2 = Side::Public;
+        let connections = Connections::new(max_codes_connections, max_codes_connections);
+        listeners.push((codes_listener, connections, Side::Codes));
+    }
+    let served = runtime.block_on(serve(server, listeners, signals, drain_timeout));
+    // A task still blocked on a pipeline does not hold the exit.
+    runtime.shutdown_timeout(SHUTDOWN_PATIENCE);
+    served
+}
+
+/// SIGTERM's and SIGINT's streams.
+struct Signals {
+    term: Signal,
+    int: Signal,
+}
+
+impl Signals {
+    /// The name of the next signal to come.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
         }
-        None => Side::Both,
-    };
-    std::thread::spawn({
-        let server = server.clone();
-        move || accept(&server, listener, &server.connections, public_side)
-    });
-    let signal = signals.forever().next().map_or("a signal", signal_name);
+    }
+}
+
+/// Serves the listeners until a signal, then drains the sessions and shuts down. The listeners
+/// take connections to the end: past the drain each is answered 503 (`Connections::stop`).
+async fn serve(
+    server: Arc<Server>,
+    listeners: Vec<(TcpListener, Arc<Connections>, Side)>,
+    mut signals: Signals,
+    drain_timeout: f64,
+) -> Result<(), Box<dyn Error>> {
+    let all_connections: Vec<Arc<Connections>> = listeners
+        .iter()
+        .map(|(_, connections, _)| connections.clone())
+        .collect();
+    for (listener, connections, side) in listeners {
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        tokio::spawn(accept(server.clone(), listener, connections, side));
+    }
+    let signal = signals.next().await;
     // Draining: the listeners stay open, so that a router reads /status and retries a join
     // answered 503 elsewhere, and a session's sender may still come back for its speech. Said
     // once it holds: /status asked after the line reads "draining" (asked between a line
@@ -238,41 +279,46 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
     log!(
         "{signal}: draining: no new session; each session ends once its speech has played, the rest after {drain_timeout} s (--drain-timeout); a second signal ends them at once"
     );
-    let deadline = Instant::now() + Duration::from_secs_f64(drain_timeout);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(drain_timeout);
+    let mut poll = tokio::time::interval(DRAIN_POLL);
     let why = loop {
-        let left = server.sessions.close_where_speech_over(DRAIN_TAIL, SHUTTING_DOWN);
+        // Sessions' pipelines stop on the blocking pool.
+        let sessions = server.clone();
+        let left = tokio::task::spawn_blocking(move || {
+            sessions
+                .sessions
+                .close_where_speech_over(DRAIN_TAIL, SHUTTING_DOWN)
+        })
+        .await?;
         if left == 0 {
             break SHUTTING_DOWN.to_owned();
         }
-        if let Some(signal) = signals.pending().next() {
-            log!("{}: ending the {left} sessions left at once", signal_name(signal));
-            break format!("{SHUTTING_DOWN} (a second signal)");
+        tokio::select! {
+            _ = poll.tick() => (),
+            signal = signals.next() => {
+                log!("{signal}: ending the {left} sessions left at once");
+                break format!("{SHUTTING_DOWN} (a second signal)");
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                log!("--drain-timeout {drain_timeout} s passed: ending the {left} sessions left");
+                break format!("{SHUTTING_DOWN} (--drain-timeout {drain_timeout} s passed)");
+            }
         }
-        if Instant::now() >= deadline {
-            log!("--drain-timeout {drain_timeout} s passed: ending the {left} sessions left");
-            break format!("{SHUTTING_DOWN} (--drain-timeout {drain_timeout} s passed)");
-        }
-        std::thread::sleep(DRAIN_POLL);
     };
     log!("shutting down");
     for connections in &all_connections {
         connections.stop();
     }
-    server.sessions.close_all(&why);
-    let open: usize = all_connections
-        .iter()
-        .map(|connections| connections.wait_for_all(SHUTDOWN_PATIENCE))
-        .sum();
+    let open = tokio::task::spawn_blocking(move || {
+        server.sessions.close_all(&why);
+        all_connections
+            .iter()
+            .map(|connections| connections.wait_for_all(SHUTDOWN_PATIENCE))
+            .sum::<usize>()
+    })
+    .await?;
     log!("shut down ({open} connections still open)");
     Ok(())
-}
-
-fn signal_name(signal: i32) -> &'static str {
-    match signal {
-        SIGTERM => "SIGTERM",
-        SIGINT => "SIGINT",
-        _ => "a signal",
-    }
 }
 
 /// With RUST_BACKTRACE set, a GLib warning or critical (the tests make them fatal with
@@ -305,38 +351,78 @@ const DRAIN_TAIL: gst::ClockTime = gst::ClockTime::from_mseconds(500);
 /// How often a draining server looks for sessions whose speech is over.
 const DRAIN_POLL: Duration = Duration::from_millis(20);
 
+/// The most a request head may take, and its most header lines.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+const MAX_HEADERS: usize = 64;
+
 /// How long a shutdown waits for the connections to close.
 const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(5);
 
-/// Takes connections, each on a thread of its own, while `connections`' caps allow.
-fn accept(server: &Arc<Server>, listener: TcpListener, connections: &Arc<Connections>, side: Side) {
-    for stream in listener.incoming() {
-        let stream = match stream {
-            Ok(stream) => stream,
+/// Takes connections while `connections`' caps allow, each served by hyper on a task of its
+/// own (a request head not complete within `--idle-timeout` closes it unanswered).
+async fn accept(
+    server: Arc<Server>,
+    listener: tokio::net::TcpListener,
+    connections: Arc<Connections>,
+    side: Side,
+) {
+    let router = routes::router(server.clone(), side);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(err) => {
                 log!("cannot accept a connection: {err}");
                 continue;
             }
         };
-        let Ok(peer) = stream.peer_addr() else { continue };
+        let Ok(local) = stream.local_addr() else { continue };
         match connections.admit(peer.ip()) {
             Ok(admitted) => {
-                let server = server.clone();
-                std::thread::spawn(move || {
-                    serve(&server, stream, peer, side);
-                    drop(admitted);
+                let connection = routes::Connection {
+                    peer,
+                    local,
+                    admitted: Arc::new(admitted),
+                };
+                let router = router.clone();
+                let idle_timeout = server.idle_timeout;
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+                        request.extensions_mut().insert(connection.clone());
+                        router.clone().oneshot(request.map(axum::body::Body::new))
+                    });
+                    // One request a connection, as each is counted against the caps; its head
+                    // at most MAX_HEAD_BYTES in MAX_HEADERS lines.
+                    let served = hyper::server::conn::http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(idle_timeout)
+                        .max_buf_size(MAX_HEAD_BYTES)
+                        .max_headers(MAX_HEADERS)
+                        .keep_alive(false)
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
+                        .await;
+                    match served {
+                        Err(err) if err.is_timeout() => {
+                            log!("{peer}: sent no request in {idle_timeout:?}, closed");
+                        }
+                        Err(err) => log!("{peer}: {err}"),
+                        Ok(()) => (),
+                    }
                 });
             }
             Err(why) => {
                 log!("refused {peer}: {why}");
                 server.metrics.refused(503);
-                let _ = stream.set_write_timeout(Some(http::POLL));
-                http::respond(
-                    stream,
-                    "503 Service Unavailable",
-                    "text/plain",
-                    &format!("{why}\n"),
-                );
+                tokio::spawn(async move {
+                    let body = format!("{why}\n");
+                    let response = format!(
+                        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+                         Cache-Control: no-store\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let mut stream = stream;
+                    let _ = tokio::time::timeout(http::POLL, stream.write_all(response.as_bytes())).await;
+                });
             }
         }
     }
