@@ -7,23 +7,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gstqwencodec::model::{CheckpointFiles, DecoderConfig, Model, parse_device};
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use qwencodec_common::webrtc;
-use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{Signal, SignalKind, signal};
-use tower::ServiceExt;
 
 use crate::config::{Admission, Config, TokenSource};
 use crate::connections::Connections;
+use crate::listen::{self, Tls};
 use crate::log::log;
 use crate::metrics::Metrics;
-use crate::routes::{self, Side};
+use crate::routes::Side;
 use crate::server::Server;
 use crate::session::{self, CodecFormat, Sessions};
 use qwencodec_protocol::token;
 
-use crate::{access, admission, http, janus, rtp_ingress};
+use crate::{access, admission, janus, rtp_ingress};
 
 /// Runs the server with `config` until a signal has drained it.
 pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
@@ -60,7 +57,12 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         janus_api,
         janus_public,
         janus_js: janus_js_path,
+        tls,
     } = config;
+    // Read first: a certificate that does not load fails the start at once.
+    let tls = tls
+        .map(|files| Tls::load(&files.certificate, &files.key))
+        .transpose()?;
     let ice = Arc::new(ice);
     let janus = janus_api
         .map(|api| janus::Janus::new(&api, janus_public, opus.fec))
@@ -140,9 +142,15 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
     let listener = TcpListener::bind(bind)?;
     let address = listener.local_addr()?;
     let codes_listener = codes_bind.map(TcpListener::bind).transpose()?;
-    let codes_address = match &codes_listener {
-        Some(codes_listener) => codes_listener.local_addr()?,
-        None => address,
+    // --tls-cert and --tls-key are --bind's; the TTS side on a --codes-bind of its own stays plain.
+    let (http, ws) = if tls.is_some() {
+        ("https", "wss")
+    } else {
+        ("http", "ws")
+    };
+    let (codes_address, codes_ws) = match &codes_listener {
+        Some(codes_listener) => (codes_listener.local_addr()?, "ws"),
+        None => (address, ws),
     };
     let joins_described = match &join_secret {
         Some(_) => format!(
@@ -202,14 +210,14 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         TokenSource::Made => server.token.clone(),
     };
     log!(
-        "codes ingress: ws://{codes_address}/codes?session=ID with the header \"Authorization: Bearer {bearer}\""
+        "codes ingress: {codes_ws}://{codes_address}/codes?session=ID with the header \"Authorization: Bearer {bearer}\""
     );
     log!(
         "joins: {joins_described}; at most {max_sessions_per_address} sessions and {max_joins_per_minute} joins a minute per client (0: no cap)"
     );
     if let Some(janus) = &server.janus {
         log!(
-            "broadcasts: ws://{codes_address}/broadcast with the same header, to Janus at {} (listeners: {})",
+            "broadcasts: {codes_ws}://{codes_address}/broadcast with the same header, to Janus at {} (listeners: {})",
             janus.api(),
             janus.public
         );
@@ -223,13 +231,13 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
             int: signal(SignalKind::interrupt())?,
         }
     };
-    log!("open http://{address}/ in a browser");
+    log!("open {http}://{address}/ in a browser");
 
-    let mut listeners = vec![(listener, server.connections.clone(), Side::Both)];
+    let mut listeners = vec![(listener, server.connections.clone(), Side::Both, tls)];
     if let Some(codes_listener) = codes_listener {
         listeners[0].2 = Side::Public;
         let connections = Connections::new(max_codes_connections, max_codes_connections);
-        listeners.push((codes_listener, connections, Side::Codes));
+        listeners.push((codes_listener, connections, Side::Codes, None));
     }
     let served = runtime.block_on(serve(server, listeners, signals, drain_timeout));
     // A task still blocked on a pipeline does not hold the exit.
@@ -257,18 +265,18 @@ impl Signals {
 /// take connections to the end: past the drain each is answered 503 (`Connections::stop`).
 async fn serve(
     server: Arc<Server>,
-    listeners: Vec<(TcpListener, Arc<Connections>, Side)>,
+    listeners: Vec<(TcpListener, Arc<Connections>, Side, Option<Tls>)>,
     mut signals: Signals,
     drain_timeout: f64,
 ) -> Result<(), Box<dyn Error>> {
     let all_connections: Vec<Arc<Connections>> = listeners
         .iter()
-        .map(|(_, connections, _)| connections.clone())
+        .map(|(_, connections, _, _)| connections.clone())
         .collect();
-    for (listener, connections, side) in listeners {
+    for (listener, connections, side, tls) in listeners {
         listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        tokio::spawn(accept(server.clone(), listener, connections, side));
+        tokio::spawn(listen::accept(server.clone(), listener, connections, side, tls));
     }
     let signal = signals.next().await;
     // Draining: the listeners stay open, so that a router reads /status and retries a join
@@ -351,79 +359,5 @@ const DRAIN_TAIL: gst::ClockTime = gst::ClockTime::from_mseconds(500);
 /// How often a draining server looks for sessions whose speech is over.
 const DRAIN_POLL: Duration = Duration::from_millis(20);
 
-/// The most a request head may take, and its most header lines.
-const MAX_HEAD_BYTES: usize = 16 * 1024;
-const MAX_HEADERS: usize = 64;
-
 /// How long a shutdown waits for the connections to close.
 const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(5);
-
-/// Takes connections while `connections`' caps allow, each served by hyper on a task of its
-/// own (a request head not complete within `--idle-timeout` closes it unanswered).
-async fn accept(
-    server: Arc<Server>,
-    listener: tokio::net::TcpListener,
-    connections: Arc<Connections>,
-    side: Side,
-) {
-    let router = routes::router(server.clone(), side);
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(err) => {
-                log!("cannot accept a connection: {err}");
-                continue;
-            }
-        };
-        let Ok(local) = stream.local_addr() else { continue };
-        match connections.admit(peer.ip()) {
-            Ok(admitted) => {
-                let connection = routes::Connection {
-                    peer,
-                    local,
-                    admitted: Arc::new(admitted),
-                };
-                let router = router.clone();
-                let idle_timeout = server.idle_timeout;
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
-                        request.extensions_mut().insert(connection.clone());
-                        router.clone().oneshot(request.map(axum::body::Body::new))
-                    });
-                    // One request a connection, as each is counted against the caps; its head
-                    // at most MAX_HEAD_BYTES in MAX_HEADERS lines.
-                    let served = hyper::server::conn::http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(idle_timeout)
-                        .max_buf_size(MAX_HEAD_BYTES)
-                        .max_headers(MAX_HEADERS)
-                        .keep_alive(false)
-                        .serve_connection(TokioIo::new(stream), service)
-                        .with_upgrades()
-                        .await;
-                    match served {
-                        Err(err) if err.is_timeout() => {
-                            log!("{peer}: sent no request in {idle_timeout:?}, closed");
-                        }
-                        Err(err) => log!("{peer}: {err}"),
-                        Ok(()) => (),
-                    }
-                });
-            }
-            Err(why) => {
-                log!("refused {peer}: {why}");
-                server.metrics.refused(503);
-                tokio::spawn(async move {
-                    let body = format!("{why}\n");
-                    let response = format!(
-                        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
-                         Cache-Control: no-store\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let mut stream = stream;
-                    let _ = tokio::time::timeout(http::POLL, stream.write_all(response.as_bytes())).await;
-                });
-            }
-        }
-    }
-}

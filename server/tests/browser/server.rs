@@ -148,7 +148,8 @@ impl Server {
             move || {
                 for line in lines.map_while(Result::ok) {
                     println!("{line}");
-                    if let Some(url) = line.split("open http://").nth(1) {
+                    let url = line.split("open http://").nth(1);
+                    if let Some(url) = url.or_else(|| line.split("open https://").nth(1)) {
                         let _ = address_tx.send(url.split('/').next().unwrap().to_string());
                     }
                     log.lock().unwrap().push(line);
