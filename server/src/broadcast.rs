@@ -11,6 +11,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, mpsc};
+use std::time::Duration;
 
 use serde_json::json;
 use tungstenite::Message;
@@ -22,6 +23,9 @@ use crate::log::log;
 use crate::server::Server;
 use crate::session::Egress;
 use crate::session_loop::{Connection, Ending, Step};
+
+/// How long a broadcast's end waits for its mountpoint to be destroyed.
+const MOUNTPOINT_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Refuses the broadcaster's `/broadcast`.
 async fn refuse(server: &Server, socket: Socket, peer: SocketAddr, code: u16, reason: String) {
@@ -37,25 +41,28 @@ pub async fn serve(server: Arc<Server>, request: Request, socket: Socket, peer: 
         return refuse(&server, socket, peer, close::NO_SUCH_SESSION, reason).await;
     };
     // The mountpoint first: a session whose listeners have nowhere to go is no broadcast. It is
-    // destroyed with the session, or here if the session does not open. Janus's API and the
-    // pipeline's start are waited on in the blocking pool.
+    // destroyed with the session, or here if the session does not open. The pipeline's start
+    // is waited on in the blocking pool.
+    let mountpoint = match janus
+        .create_mountpoint(&format!("qwencodec broadcast from {peer}"))
+        .await
+    {
+        Ok(mountpoint) => mountpoint,
+        Err(err) => {
+            let reason = format!("no Janus mountpoint: {err}");
+            return refuse(&server, socket, peer, close::SERVER_ERROR, reason).await;
+        }
+    };
+    let mountpoint_id = mountpoint.id;
     let (to_client, outgoing) = mpsc::channel();
     let opened = tokio::task::spawn_blocking({
         let server = server.clone();
-        let janus = janus.clone();
-        move || {
-            let mountpoint = janus
-                .create_mountpoint(&format!("qwencodec broadcast from {peer}"))
-                .map_err(|err| (close::SERVER_ERROR, format!("no Janus mountpoint: {err}")))?;
-            let mountpoint_id = mountpoint.id;
-            let session = server.sessions.open(to_client, None, Egress::Janus(mountpoint))?;
-            Ok((session, mountpoint_id))
-        }
+        move || server.sessions.open(to_client, None, Egress::Janus(mountpoint))
     })
     .await
     .unwrap_or_else(|err| Err((close::SERVER_ERROR, format!("cannot start a pipeline: {err}"))));
-    let (session, mountpoint_id) = match opened {
-        Ok(opened) => opened,
+    let session = match opened {
+        Ok(session) => session,
         Err((code, reason)) => return refuse(&server, socket, peer, code, reason).await,
     };
     server.metrics.sessions_opened.inc();
@@ -108,7 +115,8 @@ pub async fn serve(server: Arc<Server>, request: Request, socket: Socket, peer: 
         Ending::Gone(gone) => format!("its client is gone: {}", gone.reason),
         Ending::Other(why) => why,
     };
-    // Its pipeline stops, and its mountpoint goes, on the blocking pool.
+    // Its pipeline stops on the blocking pool, and its mountpoint goes (as any other being
+    // destroyed now) before the broadcast is said to have ended.
     let closing = server.clone();
     let closed = tokio::task::spawn_blocking(move || {
         drop(session);
@@ -117,6 +125,7 @@ pub async fn serve(server: Arc<Server>, request: Request, socket: Socket, peer: 
     })
     .await;
     let id = closed.unwrap_or_default();
+    janus.settle(MOUNTPOINT_PATIENCE).await;
     log!(
         "session {id}: the broadcast ended: {ending} ({} sessions)",
         server.sessions.count()

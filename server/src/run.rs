@@ -317,14 +317,22 @@ async fn serve(
     for connections in &all_connections {
         connections.stop();
     }
+    let closing = server.clone();
     let open = tokio::task::spawn_blocking(move || {
-        server.sessions.close_all(&why);
+        closing.sessions.close_all(&why);
         all_connections
             .iter()
             .map(|connections| connections.wait_for_all(SHUTDOWN_PATIENCE))
             .sum::<usize>()
     })
     .await?;
+    // The broadcasts' mountpoints, destroyed as their sessions ended.
+    if let Some(janus) = &server.janus {
+        let left = janus.settle(SHUTDOWN_PATIENCE).await;
+        if left > 0 {
+            log!("Janus: {left} mountpoints not destroyed in {SHUTDOWN_PATIENCE:?}");
+        }
+    }
     log!("shut down ({open} connections still open)");
     Ok(())
 }
