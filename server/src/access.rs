@@ -50,17 +50,17 @@ pub fn bearer_refusal(request: &Request, token: &str) -> Option<String> {
 
 /// Refuses `peer`'s WebSocket on `endpoint` (`/signal`, `/codes`, `/broadcast`): a line in the
 /// log, the close code counted in the metrics, and the close frame.
-pub fn refuse(
+pub async fn refuse(
     metrics: &Metrics,
     socket: Socket,
     endpoint: &str,
-    peer: &dyn Display,
+    peer: &(dyn Display + Sync),
     code: u16,
     reason: &str,
 ) {
     log!("refused {peer} on {endpoint}: {code} {}", escaped(reason));
     metrics.refused(code);
-    http::close(socket, code, reason);
+    http::close(socket, code, reason).await;
 }
 
 /// Compares in a time that does not tell how much of the token was right.
@@ -230,15 +230,17 @@ mod tests {
         assert!(long.ends_with('…'));
     }
 
-    /// A GET request with `headers`, read by the server's own reader from a socket.
+    /// A GET of /codes with `headers` (header lines, each ending in CRLF), as the handlers see
+    /// it.
     fn request(headers: &str) -> Request {
-        use std::io::Write;
-        use std::net::{TcpListener, TcpStream};
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        write!(client, "GET /codes HTTP/1.1\r\nHost: tts\r\n{headers}\r\n").unwrap();
-        let (server, _) = listener.accept().unwrap();
-        Request::read(&server, std::time::Duration::from_secs(5)).unwrap()
+        let mut map = axum::http::HeaderMap::new();
+        map.insert("host", "tts".parse().unwrap());
+        for line in headers.split_terminator("\r\n") {
+            let (name, value) = line.split_once(':').unwrap();
+            let name: axum::http::HeaderName = name.parse().unwrap();
+            map.append(name, value.parse().unwrap());
+        }
+        Request::new(&"/codes".parse().unwrap(), &map)
     }
 
     #[test]
@@ -383,11 +385,12 @@ mod tests {
 
     /// The client is told the code and the reason in the close frame, and the metrics count the
     /// code.
-    #[test]
-    fn a_refusal_closes_with_its_code_and_reason_and_is_counted() {
+    #[tokio::test]
+    async fn a_refusal_closes_with_its_code_and_reason_and_is_counted() {
         use std::sync::Arc;
         use std::time::Duration;
 
+        use futures_util::StreamExt;
         use gstqwencodec::model::{Dtype, Model, parse_device};
         use tungstenite::Message;
 
@@ -401,10 +404,10 @@ mod tests {
         .unwrap();
         let capacity = Arc::new(Capacity::new(4, false, 0.2, Duration::from_millis(80)));
         let metrics = Metrics::new(Arc::new(model), capacity);
-        let (server, mut client) = http::loopback();
-        let refusing = std::thread::spawn({
+        let (server, mut client) = http::loopback().await;
+        let refusing = tokio::spawn({
             let metrics = metrics.clone();
-            move || {
+            async move {
                 refuse(
                     &metrics,
                     server,
@@ -413,10 +416,11 @@ mod tests {
                     close::BUSY,
                     "busy, try later",
                 )
+                .await
             }
         });
         let frame = loop {
-            match client.read().unwrap() {
+            match client.next().await.unwrap().unwrap() {
                 Message::Close(frame) => break frame.unwrap(),
                 _ => continue,
             }
@@ -426,8 +430,8 @@ mod tests {
             (close::BUSY, "busy, try later")
         );
         // The close's answer, which ends the server's wait for it.
-        let _ = client.flush();
-        refusing.join().unwrap();
+        drop(client);
+        refusing.await.unwrap();
         let text = metrics.render(0, 0);
         assert!(
             text.lines()

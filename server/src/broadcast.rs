@@ -10,7 +10,8 @@
 //! client answers no ping within `--peer-timeout`; its mountpoint is destroyed then.
 
 use std::net::SocketAddr;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
 
 use serde_json::json;
 use tungstenite::Message;
@@ -23,31 +24,46 @@ use crate::server::Server;
 use crate::session::Egress;
 use crate::session_loop::{Connection, Ending, Step};
 
-pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: SocketAddr) {
-    let Some(socket) = socket else {
-        return;
-    };
-    let refuse = |socket, code: u16, reason: String| {
-        access::refuse(&server.metrics, socket, "/broadcast", &peer, code, &reason);
-    };
-    if let Some(reason) = access::bearer_refusal(request, &server.token) {
-        return refuse(socket, close::UNAUTHORIZED, reason);
+/// How long a broadcast's end waits for its mountpoint to be destroyed.
+const MOUNTPOINT_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Refuses the broadcaster's `/broadcast`.
+async fn refuse(server: &Server, socket: Socket, peer: SocketAddr, code: u16, reason: String) {
+    access::refuse(&server.metrics, socket, "/broadcast", &peer, code, &reason).await;
+}
+
+pub async fn serve(server: Arc<Server>, request: Request, socket: Socket, peer: SocketAddr) {
+    if let Some(reason) = access::bearer_refusal(&request, &server.token) {
+        return refuse(&server, socket, peer, close::UNAUTHORIZED, reason).await;
     }
-    let Some(janus) = &server.janus else {
+    let Some(janus) = server.janus.clone() else {
         let reason = "no broadcasts: the server was started without --janus".into();
-        return refuse(socket, close::NO_SUCH_SESSION, reason);
+        return refuse(&server, socket, peer, close::NO_SUCH_SESSION, reason).await;
     };
     // The mountpoint first: a session whose listeners have nowhere to go is no broadcast. It is
-    // destroyed with the session, or here if the session does not open.
-    let mountpoint = match janus.create_mountpoint(&format!("qwencodec broadcast from {peer}")) {
+    // destroyed with the session, or here if the session does not open. The pipeline's start
+    // is waited on in the blocking pool.
+    let mountpoint = match janus
+        .create_mountpoint(&format!("qwencodec broadcast from {peer}"))
+        .await
+    {
         Ok(mountpoint) => mountpoint,
-        Err(err) => return refuse(socket, close::SERVER_ERROR, format!("no Janus mountpoint: {err}")),
+        Err(err) => {
+            let reason = format!("no Janus mountpoint: {err}");
+            return refuse(&server, socket, peer, close::SERVER_ERROR, reason).await;
+        }
     };
     let mountpoint_id = mountpoint.id;
     let (to_client, outgoing) = mpsc::channel();
-    let session = match server.sessions.open(to_client, None, Egress::Janus(mountpoint)) {
+    let opened = tokio::task::spawn_blocking({
+        let server = server.clone();
+        move || server.sessions.open(to_client, None, Egress::Janus(mountpoint))
+    })
+    .await
+    .unwrap_or_else(|err| Err((close::SERVER_ERROR, format!("cannot start a pipeline: {err}"))));
+    let session = match opened {
         Ok(session) => session,
-        Err((code, reason)) => return refuse(socket, code, reason),
+        Err((code, reason)) => return refuse(&server, socket, peer, code, reason).await,
     };
     server.metrics.sessions_opened.inc();
     let id = session.id.clone();
@@ -67,38 +83,49 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: S
         "listen": listen,
     });
     let connection = Connection {
-        server,
+        server: &server,
         socket,
         heartbeat: Heartbeat::new(server.peer_times),
         peer,
         endpoint: "/broadcast",
         role: "broadcaster",
     };
-    let ending = connection.serve(&session, &outgoing, &announced, |received| match received {
-        Received::Message(Message::Text(_) | Message::Binary(_)) => {
-            let reason =
-                format!("a broadcast's connection takes no messages: send frames to /codes?session={id}");
-            Step::Refuse {
-                code: close::BAD_MESSAGE,
+    let ending = connection
+        .serve(&session, outgoing, &announced, |received| match received {
+            Received::Message(Message::Text(_) | Message::Binary(_)) => {
+                let reason =
+                    format!("a broadcast's connection takes no messages: send frames to /codes?session={id}");
+                Step::Refuse {
+                    code: close::BAD_MESSAGE,
+                    ending: reason.clone(),
+                    reason,
+                }
+            }
+            Received::TooLarge(reason) => Step::Refuse {
+                code: close::TOO_LARGE,
                 ending: reason.clone(),
                 reason,
-            }
-        }
-        Received::TooLarge(reason) => Step::Refuse {
-            code: close::TOO_LARGE,
-            ending: reason.clone(),
-            reason,
-        },
-        Received::Message(_) | Received::Nothing => Step::Next,
-        Received::Closed => Step::Left("its client closed the connection".into()),
-        Received::Failed(err) => Step::Left(format!("its connection failed: {err}")),
-    });
+            },
+            Received::Message(_) | Received::Nothing => Step::Next,
+            Received::Closed => Step::Left("its client closed the connection".into()),
+            Received::Failed(err) => Step::Left(format!("its connection failed: {err}")),
+        })
+        .await;
     let ending = match ending {
         Ending::Gone(gone) => format!("its client is gone: {}", gone.reason),
         Ending::Other(why) => why,
     };
-    drop(session);
-    server.sessions.close(&id, "its broadcast ended");
+    // Its pipeline stops on the blocking pool, and its mountpoint goes (as any other being
+    // destroyed now) before the broadcast is said to have ended.
+    let closing = server.clone();
+    let closed = tokio::task::spawn_blocking(move || {
+        drop(session);
+        closing.sessions.close(&id, "its broadcast ended");
+        id
+    })
+    .await;
+    let id = closed.unwrap_or_default();
+    janus.settle(MOUNTPOINT_PATIENCE).await;
     log!(
         "session {id}: the broadcast ended: {ending} ({} sessions)",
         server.sessions.count()

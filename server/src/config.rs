@@ -74,4 +74,12 @@ pub struct Config {
     pub janus_public: Option<String>,
     /// janus.js's file, read when broadcasts go to Janus.
     pub janus_js: String,
+    /// `--tls-cert` and `--tls-key`: `--bind` serves https and wss.
+    pub tls: Option<TlsFiles>,
+}
+
+/// The PEM files of `--bind`'s TLS: the certificate chain (the server's first) and its key.
+pub struct TlsFiles {
+    pub certificate: PathBuf,
+    pub key: PathBuf,
 }

@@ -1,5 +1,5 @@
 //! What one client may hold of the server: its open connections, capped in all and per client
-//! address, so that one client cannot take every thread (each connection has one); its sessions
+//! address, so that one client cannot take every socket and task the server has; its sessions
 //! at once and how often it may join, so that one client cannot take every session or keep the
 //! server building pipelines; and whether the server still takes new connections (it stops on
 //! SIGTERM or SIGINT).

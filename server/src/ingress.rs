@@ -17,6 +17,8 @@
 //! first message names the port and the SDP, `{"type":"rtp","port":…,"sdp":…}`, and the
 //! connection carries the rest (`end`, `cancel`, the refusals); binary messages are refused.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -30,36 +32,59 @@ use crate::rtp_ingress::{RtpAddresses, RtpIngress};
 use crate::server::Server;
 use qwencodec_protocol::messages::{FrameError, FromSender, sender_message};
 
-pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &str) {
-    let Some(mut socket) = socket else {
-        return;
-    };
-    let refuse = |socket, code: u16, reason: String| {
-        access::refuse(&server.metrics, socket, "/codes", &peer, code, &reason);
-    };
-    if let Some(reason) = access::bearer_refusal(request, &server.token) {
-        return refuse(socket, close::UNAUTHORIZED, reason);
+/// Refuses the sender's `/codes`.
+async fn refuse(server: &Server, socket: Socket, peer: &str, code: u16, reason: String) {
+    access::refuse(&server.metrics, socket, "/codes", &peer, code, &reason).await;
+}
+
+/// A sender's connection; `local` is where it came in (an RTP port is bound there).
+pub async fn serve(
+    server: Arc<Server>,
+    request: Request,
+    mut socket: Socket,
+    peer: SocketAddr,
+    local: SocketAddr,
+) {
+    let server = &*server;
+    let peer_address = peer;
+    let peer = &peer.to_string();
+    if let Some(reason) = access::bearer_refusal(&request, &server.token) {
+        return refuse(server, socket, peer, close::UNAUTHORIZED, reason).await;
     }
     let Some(id) = request.query("session") else {
-        return refuse(socket, close::NO_SUCH_SESSION, "no session=ID in the URL".into());
+        return refuse(
+            server,
+            socket,
+            peer,
+            close::NO_SUCH_SESSION,
+            "no session=ID in the URL".into(),
+        )
+        .await;
     };
     let over_rtp = match request.query("transport") {
         None | Some("websocket") => false,
         Some("rtp") => true,
         Some(other) => {
             let reason = format!("transport takes websocket or rtp, not {other:?}");
-            return refuse(socket, close::BAD_MESSAGE, reason);
+            return refuse(server, socket, peer, close::BAD_MESSAGE, reason).await;
         }
     };
     let Some(session) = server.sessions.get(id) else {
-        return refuse(socket, close::NO_SUCH_SESSION, format!("no session {id}"));
+        return refuse(
+            server,
+            socket,
+            peer,
+            close::NO_SUCH_SESSION,
+            format!("no session {id}"),
+        )
+        .await;
     };
     let takeover = match request.query("takeover") {
         None | Some("0") => false,
         Some("1") => true,
         Some(other) => {
             let reason = format!("takeover takes 1 or 0, not {other:?}");
-            return refuse(socket, close::BAD_MESSAGE, reason);
+            return refuse(server, socket, peer, close::BAD_MESSAGE, reason).await;
         }
     };
     let ticket = if takeover {
@@ -71,7 +96,7 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
         // The sender taken over lets go first: its last frames go in, its RTP port closes.
         let asked = Instant::now();
         while session.senders_leaving() && asked.elapsed() < LET_GO {
-            std::thread::sleep(http::POLL);
+            tokio::time::sleep(http::POLL).await;
         }
         ticket
     } else {
@@ -79,45 +104,40 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
         let asked = Instant::now();
         let mut attached = session.attach_sender();
         while attached.is_none() && asked.elapsed() < LET_GO {
-            std::thread::sleep(http::POLL);
+            tokio::time::sleep(http::POLL).await;
             attached = session.attach_sender();
         }
         match attached {
             Some(ticket) => ticket,
             None => {
                 let reason = format!("session {id} has a sender already (takeover=1 replaces it)");
-                return refuse(socket, close::BUSY, reason);
+                return refuse(server, socket, peer, close::BUSY, reason).await;
             }
         }
     };
     let rtp = if over_rtp {
         // The port is bound where this connection came in, and takes packets from where it
-        // came from alone.
-        let connection = socket.get_ref();
-        let started = connection
-            .local_addr()
-            .and_then(|local| Ok((local.ip(), connection.peer_addr()?.ip())))
-            .map_err(|err| err.to_string())
-            .and_then(|(local, sender)| {
-                RtpIngress::start(
-                    session.clone(),
-                    &server.rtp_format,
-                    RtpAddresses::new(local, server.public_address, sender),
-                    server.metrics.clone(),
-                )
-            });
+        // came from alone. Its pipeline starts on the blocking pool.
+        let addresses = RtpAddresses::new(local.ip(), server.public_address, peer_address.ip());
+        let started = tokio::task::spawn_blocking({
+            let session = session.clone();
+            let format = server.rtp_format.clone();
+            let metrics = server.metrics.clone();
+            move || RtpIngress::start(session, &format, addresses, metrics)
+        })
+        .await
+        .unwrap_or_else(|err| Err(err.to_string()));
         match started {
             Ok(rtp) => {
                 log!("sender {peer} feeds session {id} over RTP, port {}", rtp.port);
-                http::send_text(
-                    &mut socket,
-                    json!({"type": "rtp", "port": rtp.port, "sdp": rtp.sdp}).to_string(),
-                );
+                let port = json!({"type": "rtp", "port": rtp.port, "sdp": rtp.sdp}).to_string();
+                http::send_text(&mut socket, port, server.peer_times.peer_timeout).await;
                 Some(rtp)
             }
             Err(err) => {
                 session.detach_sender(ticket);
-                return refuse(socket, close::SERVER_ERROR, format!("cannot receive RTP: {err}"));
+                let reason = format!("cannot receive RTP: {err}");
+                return refuse(server, socket, peer, close::SERVER_ERROR, reason).await;
             }
         }
     } else {
@@ -149,10 +169,10 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
                 heartbeat.heard();
             }
         }
-        if let Err(gone) = heartbeat.beat(&mut socket) {
+        if let Err(gone) = heartbeat.beat(&mut socket).await {
             break Leaving::Gone(gone);
         }
-        match heartbeat.read(&mut socket) {
+        match heartbeat.read(&mut socket).await {
             Received::Message(Message::Binary(_)) if rtp.is_some() => {
                 let reason = "this sender's frames come over RTP (transport=rtp), not in messages";
                 break Leaving::Refused(close::BAD_MESSAGE, reason.into());
@@ -203,8 +223,11 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
         }
     };
     frames += rtp.as_ref().map_or(0, RtpIngress::frames);
-    // The port closes before another sender may take the session.
-    drop(rtp);
+    // The port closes (its pipeline stops, on the blocking pool) before another sender may take
+    // the session.
+    if let Some(rtp) = rtp {
+        let _ = tokio::task::spawn_blocking(move || drop(rtp)).await;
+    }
     if let Some(why) = leaving.why() {
         session.sender_left();
         session.tell_browser(json!({"type": "sender", "state": "left", "why": why}));
@@ -221,15 +244,15 @@ pub fn serve(server: &Server, request: &Request, socket: Option<Socket>, peer: &
                 gone.reason
             );
             server.metrics.peer_lost("sender", gone.label);
-            http::close_gone(socket, close::TIMEOUT, &gone.reason);
+            http::close_gone(socket, close::TIMEOUT, &gone.reason).await;
         }
         Leaving::Replaced => {
             log!("sender {peer} of session {id} was taken over after {frames} frames");
             let reason = format!("another sender took session {id} over (takeover=1)");
-            http::close(socket, close::REPLACED, &reason);
+            http::close(socket, close::REPLACED, &reason).await;
         }
-        Leaving::SessionEnded(reason) => refuse(socket, close::SESSION_ENDED, reason),
-        Leaving::Refused(code, reason) => refuse(socket, code, reason),
+        Leaving::SessionEnded(reason) => refuse(server, socket, peer, close::SESSION_ENDED, reason).await,
+        Leaving::Refused(code, reason) => refuse(server, socket, peer, code, reason).await,
     }
 }
 

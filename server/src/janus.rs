@@ -7,10 +7,16 @@
 //! Janus's own one-source-many-viewers primitive, it takes RTP that GStreamer 1.22's `udpsink`
 //! sends as it is, and it costs the server no peer connection of its own per broadcast.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
+use tokio::task::JoinHandle;
 
 use crate::log::log;
 use crate::random::random_hex;
@@ -29,7 +35,10 @@ pub struct Janus {
     pub public: String,
     /// Whether the mountpoints' SDP offers Opus in-band FEC (the server's encoder puts it in).
     fec: bool,
-    agent: ureq::Agent,
+    /// hyper's client, as the server's side is hyper's.
+    client: Client<HttpConnector, Full<Bytes>>,
+    /// Mountpoints being destroyed (a drop cannot wait): a shutdown waits for them.
+    destroying: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// A broadcast's mountpoint: where its RTP goes, and the id listeners watch. Destroyed on drop.
@@ -56,17 +65,13 @@ impl Janus {
             .map(|host| host.trim_start_matches('[').trim_end_matches(']').to_owned())
             .filter(|host| !host.is_empty())
             .ok_or_else(|| format!("--janus takes http://HOST:PORT/PATH, not {api:?}"))?;
-        let agent = ureq::Agent::config_builder()
-            .timeout_global(Some(API_TIMEOUT))
-            .http_status_as_error(false)
-            .build()
-            .into();
         Ok(Arc::new(Self {
             api: api.trim_end_matches('/').to_owned(),
             rtp_host,
             public: public.unwrap_or_else(|| api.to_owned()),
             fec,
-            agent,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            destroying: Mutex::default(),
         }))
     }
 
@@ -75,18 +80,20 @@ impl Janus {
     }
 
     /// A new mountpoint for one broadcast's audio, described as `description`.
-    pub fn create_mountpoint(self: &Arc<Self>, description: &str) -> Result<Mountpoint, String> {
+    pub async fn create_mountpoint(self: &Arc<Self>, description: &str) -> Result<Mountpoint, String> {
         let mut audio = json!({"type": "audio", "mid": "a", "port": 0, "pt": OPUS_PT, "codec": "opus"});
         if self.fec {
             audio["fmtp"] = json!("useinbandfec=1");
         }
-        let created = self.streaming(json!({
-            "request": "create",
-            "type": "rtp",
-            "description": description,
-            "permanent": false,
-            "media": [audio],
-        }))?;
+        let created = self
+            .streaming(json!({
+                "request": "create",
+                "type": "rtp",
+                "description": description,
+                "permanent": false,
+                "media": [audio],
+            }))
+            .await?;
         let stream = &created["stream"];
         let id = stream["id"].as_u64();
         let port = stream["ports"]
@@ -107,35 +114,47 @@ impl Janus {
         }
     }
 
-    fn destroy_mountpoint(&self, id: u64) -> Result<(), String> {
+    async fn destroy_mountpoint(&self, id: u64) -> Result<(), String> {
         self.streaming(json!({"request": "destroy", "id": id}))
+            .await
             .map(|_| ())
+    }
+
+    /// Waits up to `patience` for the mountpoints being destroyed; how many are left.
+    pub async fn settle(&self, patience: Duration) -> usize {
+        let destroying = std::mem::take(&mut *self.destroying.lock().unwrap());
+        let left = destroying.len();
+        let settled = tokio::time::timeout(patience, async {
+            for destroy in destroying {
+                let _ = destroy.await;
+            }
+        })
+        .await;
+        if settled.is_ok() { 0 } else { left }
     }
 
     /// One request to the Streaming plugin, in a Janus session of its own (made, attached to
     /// the plugin, and destroyed around it: a mountpoint outlives the session that made it);
     /// the plugin's answer.
-    fn streaming(&self, body: Value) -> Result<Value, String> {
-        let session = self.call(&self.api, json!({"janus": "create"}))?;
+    async fn streaming(&self, body: Value) -> Result<Value, String> {
+        let session = self.call(&self.api, json!({"janus": "create"})).await?;
         let session = session["data"]["id"]
             .as_u64()
             .ok_or_else(|| format!("Janus made no session: {session}"))?;
         let session_url = format!("{}/{session}", self.api);
-        let answer = self
-            .call(
-                &session_url,
-                json!({"janus": "attach", "plugin": "janus.plugin.streaming"}),
-            )
-            .and_then(|attached| {
-                attached["data"]["id"]
-                    .as_u64()
-                    .ok_or_else(|| format!("Janus attached no handle: {attached}"))
-            })
-            .and_then(|handle| {
-                let handle_url = format!("{session_url}/{handle}");
-                self.call(&handle_url, json!({"janus": "message", "body": body}))
-            });
-        if let Err(err) = self.call(&session_url, json!({"janus": "destroy"})) {
+        let attach = json!({"janus": "attach", "plugin": "janus.plugin.streaming"});
+        let answer = match self.call(&session_url, attach).await {
+            Ok(attached) => match attached["data"]["id"].as_u64() {
+                Some(handle) => {
+                    let handle_url = format!("{session_url}/{handle}");
+                    self.call(&handle_url, json!({"janus": "message", "body": body}))
+                        .await
+                }
+                None => Err(format!("Janus attached no handle: {attached}")),
+            },
+            Err(err) => Err(err),
+        };
+        if let Err(err) = self.call(&session_url, json!({"janus": "destroy"})).await {
             log!("Janus: ending an API session failed: {err}");
         }
         let data = answer?["plugindata"]["data"].take();
@@ -149,14 +168,28 @@ impl Janus {
     }
 
     /// One POST of `message` (a transaction id added) to `url`: Janus's answer, or its error.
-    fn call(&self, url: &str, mut message: Value) -> Result<Value, String> {
+    async fn call(&self, url: &str, mut message: Value) -> Result<Value, String> {
         message["transaction"] = json!(random_hex(8)?);
-        let answer: Value = self
-            .agent
-            .post(url)
-            .header("Content-Type", "application/json")
-            .send(message.to_string())
-            .and_then(|mut response| response.body_mut().read_to_string())
+        let request = hyper::Request::post(url)
+            .header("content-type", "application/json")
+            .body(Full::from(message.to_string()))
+            .map_err(|err| format!("Janus at {url}: {err}"))?;
+        let answered = tokio::time::timeout(API_TIMEOUT, async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|err| err.to_string())?;
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|err| err.to_string())?;
+            Ok::<_, String>(String::from_utf8_lossy(&body.to_bytes()).into_owned())
+        })
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {API_TIMEOUT:?}")));
+        let answer: Value = answered
             .map_err(|err| format!("Janus at {url}: {err}"))
             .and_then(|text| {
                 serde_json::from_str(&text)
@@ -173,10 +206,24 @@ impl Janus {
 }
 
 impl Drop for Mountpoint {
+    /// Destroys the mountpoint on a task of its own (`Janus::settle` waits for it).
     fn drop(&mut self) {
-        if let Err(err) = self.janus.destroy_mountpoint(self.id) {
-            log!("Janus: mountpoint {} not destroyed: {err}", self.id);
-        }
+        let (janus, id) = (self.janus.clone(), self.id);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            log!("Janus: mountpoint {id} not destroyed: no runtime to call Janus on");
+            return;
+        };
+        let destroy = runtime.spawn({
+            let janus = janus.clone();
+            async move {
+                if let Err(err) = janus.destroy_mountpoint(id).await {
+                    log!("Janus: mountpoint {id} not destroyed: {err}");
+                }
+            }
+        });
+        let mut destroying = janus.destroying.lock().unwrap();
+        destroying.retain(|destroy| !destroy.is_finished());
+        destroying.push(destroy);
     }
 }
 

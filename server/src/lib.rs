@@ -25,6 +25,7 @@ pub mod http;
 pub mod ice;
 pub mod ingress;
 pub mod janus;
+pub mod listen;
 pub mod liveness;
 mod log;
 pub mod metrics;

@@ -3,13 +3,14 @@
 //! is gone: the server pings each WebSocket peer and gives it `--peer-timeout` to be heard from
 //! ([`Heartbeat`]), and a session's WebRTC peer must connect within `--connect-timeout` and may
 //! not stay disconnected past `--peer-timeout` ([`IceWatch`], on webrtcbin's ICE connection
-//! state). Both are plain timing, checked by the connection's own loop.
+//! state). Both are plain timing, checked by the connection's own task.
 
 use std::time::{Duration, Instant};
 
+use futures_util::SinkExt;
 use tungstenite::Message;
 
-use crate::http::{self, Received, Socket};
+use crate::http::{self, POLL, Received, Socket};
 
 /// The times of the watches (`--ping-interval`, `--peer-timeout`, `--connect-timeout`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -85,8 +86,8 @@ impl Heartbeat {
     }
 
     /// Reads the next message (see [`http::read`]), noting any frame as the peer's sign of life.
-    pub fn read(&mut self, socket: &mut Socket) -> Received {
-        let received = http::read(socket);
+    pub async fn read(&mut self, socket: &mut Socket) -> Received {
+        let received = http::read(socket).await;
         if matches!(received, Received::Message(_)) {
             self.heard();
         }
@@ -110,7 +111,7 @@ impl Heartbeat {
 
     /// Pings the peer when a ping is due; the peer is gone once it has not been heard from for
     /// the peer timeout.
-    pub fn beat(&mut self, socket: &mut Socket) -> Result<(), Gone> {
+    pub async fn beat(&mut self, socket: &mut Socket) -> Result<(), Gone> {
         let now = Instant::now();
         match self.due(now) {
             Beat::Wait => Ok(()),
@@ -123,7 +124,7 @@ impl Heartbeat {
                 // A ping that cannot leave yet (the peer reads nothing, its window is full)
                 // stays queued in the socket, and a broken connection shows at the next read:
                 // either way what is read decides.
-                let _ = socket.send(Message::Ping(Default::default()));
+                let _ = tokio::time::timeout(POLL, socket.send(Message::Ping(Default::default()))).await;
                 Ok(())
             }
         }
@@ -271,14 +272,15 @@ mod tests {
     }
 
     /// On the socket, by the clock: each wait is longer than the time it waits out.
-    #[test]
-    fn a_due_ping_is_sent_and_a_peer_unheard_past_the_timeout_is_gone() {
-        let (mut server, mut peer) = http::loopback();
+    #[tokio::test]
+    async fn a_due_ping_is_sent_and_a_peer_unheard_past_the_timeout_is_gone() {
+        use futures_util::StreamExt;
+        let (mut server, mut peer) = http::loopback().await;
         let mut heartbeat = Heartbeat::new(PeerTimes::from_seconds(0.001, 60.0, 60.0).unwrap());
         std::thread::sleep(Duration::from_millis(5));
-        assert_eq!(heartbeat.beat(&mut server), Ok(()));
-        server.flush().unwrap();
-        assert!(matches!(peer.read().unwrap(), Message::Ping(_)));
+        assert_eq!(heartbeat.beat(&mut server).await, Ok(()));
+        let read = tokio::time::timeout(Duration::from_secs(10), peer.next()).await;
+        assert!(matches!(read, Ok(Some(Ok(Message::Ping(_))))), "{read:?}");
 
         let mut heartbeat = Heartbeat::new(PeerTimes::from_seconds(0.001, 0.002, 60.0).unwrap());
         std::thread::sleep(Duration::from_millis(5));
@@ -286,7 +288,7 @@ mod tests {
         heartbeat.heard();
         assert!(heartbeat.heard > before, "heard from just now");
         std::thread::sleep(Duration::from_millis(5));
-        let gone = heartbeat.beat(&mut server).unwrap_err();
+        let gone = heartbeat.beat(&mut server).await.unwrap_err();
         assert_eq!(
             (gone.label, gone.reason.as_str()),
             ("timeout", "answered no ping within 0.002 s")

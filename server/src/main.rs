@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use gstqwencodec::model::Dtype;
 use qwencodec_common::Options;
 use qwencodec_protocol::token;
-use qwencodec_server::config::{Admission, Config, DEBIAN_JANUS_JS, TokenSource, default_model};
+use qwencodec_server::config::{Admission, Config, DEBIAN_JANUS_JS, TlsFiles, TokenSource, default_model};
 use qwencodec_server::{admission, ice, liveness, opus, random};
 
 fn main() -> ExitCode {
@@ -35,7 +35,7 @@ qwencodec-server: a TTS media server. A TTS process sends codec frames over a We
 as RTP packets (/codes?session=ID&transport=rtp names the port), each browser session (/ ,
 /signal) hears its own speech over WebRTC.
 
-qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|cuda:N]
+qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--model DIR] [--device auto|cpu|cuda|cuda:N]
     [--dtype f32|f16|bf16] [--chunk-frames 1] [--token TOKEN | --token-file FILE]
     [--join-secret-file FILE] [--allow-host HOST,...] [--max-sessions 16]
     [--max-sessions-per-address 8] [--max-joins-per-minute 20]
@@ -50,6 +50,9 @@ qwencodec-server [--bind 127.0.0.1:8080] [--model DIR] [--device auto|cpu|cuda|c
     [--janus http://HOST:PORT/janus] [--janus-public URL] [--janus-js FILE]
 
   --bind               address and port to serve on (127.0.0.1:8080)
+  --tls-cert           serve https and wss on --bind: the certificate chain, PEM, the server's
+                       own first (plain http; --codes-bind stays plain)
+  --tls-key            its private key, PEM
   --model              decoder checkpoint folder (the bundled test checkpoint)
   --device             where to decode (auto: CUDA when there is a GPU)
   --dtype              precision of the decoder (f32)
@@ -144,6 +147,14 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
         return Ok(None);
     }
     let bind: SocketAddr = options.take_parsed("--bind", "127.0.0.1:8080".parse()?)?;
+    let tls = match (options.take("--tls-cert")?, options.take("--tls-key")?) {
+        (Some(certificate), Some(key)) => Some(TlsFiles {
+            certificate: certificate.into(),
+            key: key.into(),
+        }),
+        (None, None) => None,
+        _ => return Err("give --tls-cert and --tls-key together".into()),
+    };
     let model = options.take("--model")?.map_or_else(default_model, PathBuf::from);
     let device = options.take("--device")?.unwrap_or_else(|| "auto".into());
     let dtype: Dtype = options.take_parsed("--dtype", Dtype::F32)?;
@@ -254,5 +265,6 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
         janus_api,
         janus_public,
         janus_js,
+        tls,
     }))
 }

@@ -243,6 +243,8 @@ mod tests {
 
     #[test]
     fn the_loss_is_the_listeners_report_about_our_sending_source_in_percent() {
+        // Structures need GStreamer initialised, which another test may not have done first.
+        gst::init().unwrap();
         let loss = loss_about_ours;
         // RTCP's fraction lost is in 256ths: rounded to the nearest percent.
         for (fraction, percent) in [(0, 0), (1, 0), (2, 1), (64, 25), (128, 50), (255, 100)] {

@@ -1,11 +1,22 @@
-//! One connection: its request read, refused or answered (a page, the status, the metrics), or
-//! upgraded to one of the WebSocket endpoints.
+//! One request: refused, answered (a page, the status, the metrics), or upgraded to one of the
+//! WebSocket endpoints, whose handler then runs as a task of its own.
 
-use std::net::{SocketAddr, TcpStream};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
 
+use axum::Router;
+use axum::extract::State;
+use axum::response::Response;
+use hyper_util::rt::TokioIo;
+use tokio_tungstenite::WebSocketStream;
+use tungstenite::protocol::{Role, WebSocketConfig};
+
+use crate::connections::Admitted;
+use crate::http::{self, Io, Socket};
 use crate::log::log;
 use crate::server::Server;
-use crate::{access, broadcast, http, ingress, metrics, session, signalling};
+use crate::{access, broadcast, ingress, metrics, session, signalling};
 
 /// What a listener serves: with `--codes-bind`, the public side (the page, `/signal`, the
 /// status) on `--bind` and the TTS side (`/codes`) on its own; else both on the one.
@@ -16,110 +27,115 @@ pub enum Side {
     Both,
 }
 
-/// One connection: a page, the status, or one of the two WebSocket endpoints, as `side` serves
-/// them.
-pub fn serve(server: &Server, stream: TcpStream, peer: SocketAddr, side: Side) {
-    let request = match http::Request::read(&stream, server.idle_timeout) {
-        Ok(request) => request,
-        Err(err) => {
-            log!("{peer}: {err}");
-            return;
-        }
-    };
-    let path = access::escaped(&request.path);
+/// Where a request's connection came from and came in, and its place among the connections
+/// (held by a WebSocket's task while it runs): put in each request by the accept loop.
+#[derive(Clone)]
+pub struct Connection {
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    pub admitted: Arc<Admitted>,
+}
+
+#[derive(Clone)]
+struct Listener {
+    server: Arc<Server>,
+    side: Side,
+}
+
+/// Every path of `side`, answered by [`handle`].
+pub fn router(server: Arc<Server>, side: Side) -> Router {
+    Router::new()
+        .fallback(handle)
+        .with_state(Listener { server, side })
+}
+
+async fn handle(
+    State(Listener { server, side }): State<Listener>,
+    request: axum::extract::Request,
+) -> Response {
+    let connection = request
+        .extensions()
+        .get::<Connection>()
+        .cloned()
+        .expect("the accept loop names each request's connection");
+    let peer = connection.peer;
+    if request.method() != axum::http::Method::GET {
+        log!("{peer}: not a GET request: {}", request.method());
+        return http::respond(405, "text/plain", "only GET\n");
+    }
+    let read = http::Request::new(request.uri(), request.headers());
+    let path = access::escaped(&read.path);
     // The TTS side: its paths carry their bearer token, which no page can put on a WebSocket.
-    let codes = matches!(request.path.as_str(), "/codes" | "/broadcast");
+    let codes = matches!(read.path.as_str(), "/codes" | "/broadcast");
     if codes && side == Side::Public || !codes && side == Side::Codes {
         log!("{peer}: no {path} on this listener (--codes-bind)");
-        return http::respond(stream, "404 Not Found", "text/plain", "not found\n");
+        return http::respond(404, "text/plain", "not found\n");
     }
-    if !codes && !access::host_allowed(&server.allowed_hosts, request.header("host")) {
-        let why = match request.header("host") {
+    if !codes && !access::host_allowed(&server.allowed_hosts, read.header("host")) {
+        let why = match read.header("host") {
             Some(host) => format!("host {} is not allowed (--allow-host)", access::escaped(host)),
             None => "no Host: --allow-host needs one".to_owned(),
         };
         log!("refused {peer} on {path}: 403 {why}");
         server.metrics.refused(403);
-        return http::respond(stream, "403 Forbidden", "text/plain", &format!("{why}\n"));
+        return http::respond(403, "text/plain", format!("{why}\n"));
     }
-    match (request.path.as_str(), request.is_websocket()) {
+    const HTML: &str = "text/html; charset=utf-8";
+    const SCRIPT: &str = "text/javascript; charset=utf-8";
+    let route = (read.path.clone(), read.is_websocket());
+    match (route.0.as_str(), route.1) {
         ("/signal", true) => {
             // Refused before the upgrade: a load balancer retries a 503 on another server
             // (nginx's proxy_next_upstream http_503), which a close after it cannot do.
             if let Some(why) = server.sessions.draining() {
                 log!("refused {peer} on /signal: 503 {why}");
                 server.metrics.refused(503);
-                return http::respond(
-                    stream,
-                    "503 Service Unavailable",
-                    "text/plain",
-                    &format!("{why}\n"),
-                );
+                return http::respond(503, "text/plain", format!("{why}\n"));
             }
-            match access::origin_refusal(
-                request.header("origin"),
-                request.header("host"),
+            let refusal = access::origin_refusal(
+                read.header("origin"),
+                read.header("host"),
                 &server.allowed_origins,
                 server.joins.requires_token(),
-            ) {
-                None => signalling::serve(server, request.upgrade(stream, server), peer),
-                Some(why) => {
-                    log!("refused {peer} on /signal: {} {why}", http::close::FORBIDDEN);
-                    server.metrics.refused(http::close::FORBIDDEN);
-                    if let Some(socket) = request.upgrade(stream, server) {
-                        http::close(socket, http::close::FORBIDDEN, &why);
+            );
+            let upgrading = server.clone();
+            upgrade(request, &upgrading, connection, move |socket| async move {
+                match refusal {
+                    None => signalling::serve(server, socket, peer).await,
+                    Some(why) => {
+                        log!("refused {peer} on /signal: {} {why}", http::close::FORBIDDEN);
+                        server.metrics.refused(http::close::FORBIDDEN);
+                        http::close(socket, http::close::FORBIDDEN, &why).await;
                     }
                 }
-            }
+            })
         }
-        ("/codes", true) => ingress::serve(
-            server,
-            &request,
-            request.upgrade(stream, server),
-            &peer.to_string(),
-        ),
-        ("/broadcast", true) => broadcast::serve(server, &request, request.upgrade(stream, server), peer),
-        ("/broadcast.html", false) => http::respond(
-            stream,
-            "200 OK",
-            "text/html; charset=utf-8",
-            include_str!("../page/broadcast.html"),
-        ),
-        ("/broadcast.js", false) => http::respond(
-            stream,
-            "200 OK",
-            "text/javascript; charset=utf-8",
-            include_str!("../page/broadcast.js"),
-        ),
-        ("/meter.js", false) => http::respond(
-            stream,
-            "200 OK",
-            "text/javascript; charset=utf-8",
-            include_str!("../page/meter.js"),
-        ),
-        ("/janus.js", false) if server.janus_js.is_some() => http::respond(
-            stream,
-            "200 OK",
-            "text/javascript; charset=utf-8",
-            server.janus_js.as_deref().unwrap_or_default(),
-        ),
-        ("/", false) | ("/index.html", false) => http::respond(
-            stream,
-            "200 OK",
-            "text/html; charset=utf-8",
-            include_str!("../page/index.html"),
-        ),
-        ("/app.js", false) => http::respond(
-            stream,
-            "200 OK",
-            "text/javascript; charset=utf-8",
-            include_str!("../page/app.js"),
-        ),
+        ("/codes", true) => {
+            let upgrading = server.clone();
+            let local = connection.local;
+            upgrade(request, &upgrading, connection, move |socket| {
+                ingress::serve(server, read, socket, peer, local)
+            })
+        }
+        ("/broadcast", true) => {
+            let upgrading = server.clone();
+            upgrade(request, &upgrading, connection, move |socket| {
+                broadcast::serve(server, read, socket, peer)
+            })
+        }
+        ("/broadcast.html", false) => http::respond(200, HTML, include_str!("../page/broadcast.html")),
+        ("/broadcast.js", false) => http::respond(200, SCRIPT, include_str!("../page/broadcast.js")),
+        ("/meter.js", false) => http::respond(200, SCRIPT, include_str!("../page/meter.js")),
+        ("/janus.js", false) if server.janus_js.is_some() => {
+            http::respond(200, SCRIPT, server.janus_js.clone().unwrap_or_default())
+        }
+        ("/", false) | ("/index.html", false) => http::respond(200, HTML, include_str!("../page/index.html")),
+        ("/app.js", false) => http::respond(200, SCRIPT, include_str!("../page/app.js")),
         ("/metrics", false) => {
             let text = server
                 .metrics
                 .render(server.sessions.count(), session::live_pipelines());
-            http::respond(stream, "200 OK", metrics::CONTENT_TYPE, &text)
+            http::respond(200, metrics::CONTENT_TYPE, text)
         }
         ("/status", false) => {
             let sessions = server.sessions.count();
@@ -129,11 +145,52 @@ pub fn serve(server: &Server, stream: TcpStream, peer: SocketAddr, side: Side) {
                 "draining": server.sessions.draining().is_some(),
                 "capacity": server.metrics.capacity.report(sessions),
             });
-            http::respond(stream, "200 OK", "application/json", &status.to_string())
+            http::respond(200, "application/json", status.to_string())
         }
         _ => {
             log!("{peer}: no {path}");
-            http::respond(stream, "404 Not Found", "text/plain", "not found\n")
+            http::respond(404, "text/plain", "not found\n")
         }
     }
+}
+
+/// Answers the upgrade (101); then `serve` runs on the connection as a task of its own, which
+/// holds the connection's place among the connections while it runs. Messages are capped at
+/// `--max-message-bytes`.
+fn upgrade<F, Fut>(
+    mut request: axum::extract::Request,
+    server: &Server,
+    connection: Connection,
+    serve: F,
+) -> Response
+where
+    F: FnOnce(Socket) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let Some(key) = request.headers().get("sec-websocket-key") else {
+        return http::respond(400, "text/plain", "no Sec-WebSocket-Key\n");
+    };
+    let accept = tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let upgraded = hyper::upgrade::on(&mut request);
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(server.max_message_bytes))
+        .max_frame_size(Some(server.max_message_bytes));
+    tokio::spawn(async move {
+        let held = connection.admitted;
+        match upgraded.await {
+            Ok(upgraded) => {
+                let io: Box<dyn Io> = Box::new(TokioIo::new(upgraded));
+                serve(WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await).await;
+            }
+            Err(err) => log!("{}: the WebSocket upgrade failed: {err}", connection.peer),
+        }
+        drop(held);
+    });
+    Response::builder()
+        .status(101)
+        .header("upgrade", "websocket")
+        .header("connection", "Upgrade")
+        .header("sec-websocket-accept", accept)
+        .body(axum::body::Body::empty())
+        .expect("a response of a known status and headers")
 }

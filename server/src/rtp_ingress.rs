@@ -41,6 +41,7 @@ const MAX_CONCEALED_FRAMES: u64 = 25;
 const PAYLOAD_TYPE: u32 = 96;
 
 /// What the RTP caps and the SDP say about the codes.
+#[derive(Clone)]
 pub struct RtpFormat {
     clock_rate: u32,
     codebooks: usize,

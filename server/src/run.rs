@@ -4,23 +4,23 @@
 use std::error::Error;
 use std::net::TcpListener;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gstqwencodec::model::{CheckpointFiles, DecoderConfig, Model, parse_device};
 use qwencodec_common::webrtc;
-use signal_hook::consts::{SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::config::{Admission, Config, TokenSource};
 use crate::connections::Connections;
+use crate::listen::{self, Tls};
 use crate::log::log;
 use crate::metrics::Metrics;
-use crate::routes::{Side, serve};
+use crate::routes::Side;
 use crate::server::Server;
 use crate::session::{self, CodecFormat, Sessions};
 use qwencodec_protocol::token;
 
-use crate::{access, admission, http, janus, rtp_ingress};
+use crate::{access, admission, janus, rtp_ingress};
 
 /// Runs the server with `config` until a signal has drained it.
 pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
@@ -57,7 +57,12 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         janus_api,
         janus_public,
         janus_js: janus_js_path,
+        tls,
     } = config;
+    // Read first: a certificate that does not load fails the start at once.
+    let tls = tls
+        .map(|files| Tls::load(&files.certificate, &files.key))
+        .transpose()?;
     let ice = Arc::new(ice);
     let janus = janus_api
         .map(|api| janus::Janus::new(&api, janus_public, opus.fec))
@@ -137,9 +142,15 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
     let listener = TcpListener::bind(bind)?;
     let address = listener.local_addr()?;
     let codes_listener = codes_bind.map(TcpListener::bind).transpose()?;
-    let codes_address = match &codes_listener {
-        Some(codes_listener) => codes_listener.local_addr()?,
-        None => address,
+    // --tls-cert and --tls-key are --bind's; the TTS side on a --codes-bind of its own stays plain.
+    let (http, ws) = if tls.is_some() {
+        ("https", "wss")
+    } else {
+        ("http", "ws")
+    };
+    let (codes_address, codes_ws) = match &codes_listener {
+        Some(codes_listener) => (codes_listener.local_addr()?, "ws"),
+        None => (address, ws),
     };
     let joins_described = match &join_secret {
         Some(_) => format!(
@@ -199,37 +210,75 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         TokenSource::Made => server.token.clone(),
     };
     log!(
-        "codes ingress: ws://{codes_address}/codes?session=ID with the header \"Authorization: Bearer {bearer}\""
+        "codes ingress: {codes_ws}://{codes_address}/codes?session=ID with the header \"Authorization: Bearer {bearer}\""
     );
     log!(
         "joins: {joins_described}; at most {max_sessions_per_address} sessions and {max_joins_per_minute} joins a minute per client (0: no cap)"
     );
     if let Some(janus) = &server.janus {
         log!(
-            "broadcasts: ws://{codes_address}/broadcast with the same header, to Janus at {} (listeners: {})",
+            "broadcasts: {codes_ws}://{codes_address}/broadcast with the same header, to Janus at {} (listeners: {})",
             janus.api(),
             janus.public
         );
     }
-    log!("open http://{address}/ in a browser");
-
-    let mut signals = Signals::new([SIGTERM, SIGINT])?;
-    let mut all_connections = vec![server.connections.clone()];
-    let public_side = match codes_listener {
-        Some(codes_listener) => {
-            let connections = Connections::new(max_codes_connections, max_codes_connections);
-            all_connections.push(connections.clone());
-            let server = server.clone();
-            std::thread::spawn(move || accept(&server, codes_listener, &connections, Side::Codes));
-            Side::Public
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // Before the line that says the server is up: from then on a signal drains it.
+    let signals = {
+        let _entered = runtime.enter();
+        Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
         }
-        None => Side::Both,
     };
-    std::thread::spawn({
-        let server = server.clone();
-        move || accept(&server, listener, &server.connections, public_side)
-    });
-    let signal = signals.forever().next().map_or("a signal", signal_name);
+    log!("open {http}://{address}/ in a browser");
+
+    let mut listeners = vec![(listener, server.connections.clone(), Side::Both, tls)];
+    if let Some(codes_listener) = codes_listener {
+        listeners[0].2 = Side::Public;
+        let connections = Connections::new(max_codes_connections, max_codes_connections);
+        listeners.push((codes_listener, connections, Side::Codes, None));
+    }
+    let served = runtime.block_on(serve(server, listeners, signals, drain_timeout));
+    // A task still blocked on a pipeline does not hold the exit.
+    runtime.shutdown_timeout(SHUTDOWN_PATIENCE);
+    served
+}
+
+/// SIGTERM's and SIGINT's streams.
+struct Signals {
+    term: Signal,
+    int: Signal,
+}
+
+impl Signals {
+    /// The name of the next signal to come.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+}
+
+/// Serves the listeners until a signal, then drains the sessions and shuts down. The listeners
+/// take connections to the end: past the drain each is answered 503 (`Connections::stop`).
+async fn serve(
+    server: Arc<Server>,
+    listeners: Vec<(TcpListener, Arc<Connections>, Side, Option<Tls>)>,
+    mut signals: Signals,
+    drain_timeout: f64,
+) -> Result<(), Box<dyn Error>> {
+    let all_connections: Vec<Arc<Connections>> = listeners
+        .iter()
+        .map(|(_, connections, _, _)| connections.clone())
+        .collect();
+    for (listener, connections, side, tls) in listeners {
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        tokio::spawn(listen::accept(server.clone(), listener, connections, side, tls));
+    }
+    let signal = signals.next().await;
     // Draining: the listeners stay open, so that a router reads /status and retries a join
     // answered 503 elsewhere, and a session's sender may still come back for its speech. Said
     // once it holds: /status asked after the line reads "draining" (asked between a line
@@ -238,41 +287,54 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
     log!(
         "{signal}: draining: no new session; each session ends once its speech has played, the rest after {drain_timeout} s (--drain-timeout); a second signal ends them at once"
     );
-    let deadline = Instant::now() + Duration::from_secs_f64(drain_timeout);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(drain_timeout);
+    let mut poll = tokio::time::interval(DRAIN_POLL);
     let why = loop {
-        let left = server.sessions.close_where_speech_over(DRAIN_TAIL, SHUTTING_DOWN);
+        // Sessions' pipelines stop on the blocking pool.
+        let sessions = server.clone();
+        let left = tokio::task::spawn_blocking(move || {
+            sessions
+                .sessions
+                .close_where_speech_over(DRAIN_TAIL, SHUTTING_DOWN)
+        })
+        .await?;
         if left == 0 {
             break SHUTTING_DOWN.to_owned();
         }
-        if let Some(signal) = signals.pending().next() {
-            log!("{}: ending the {left} sessions left at once", signal_name(signal));
-            break format!("{SHUTTING_DOWN} (a second signal)");
+        tokio::select! {
+            _ = poll.tick() => (),
+            signal = signals.next() => {
+                log!("{signal}: ending the {left} sessions left at once");
+                break format!("{SHUTTING_DOWN} (a second signal)");
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                log!("--drain-timeout {drain_timeout} s passed: ending the {left} sessions left");
+                break format!("{SHUTTING_DOWN} (--drain-timeout {drain_timeout} s passed)");
+            }
         }
-        if Instant::now() >= deadline {
-            log!("--drain-timeout {drain_timeout} s passed: ending the {left} sessions left");
-            break format!("{SHUTTING_DOWN} (--drain-timeout {drain_timeout} s passed)");
-        }
-        std::thread::sleep(DRAIN_POLL);
     };
     log!("shutting down");
     for connections in &all_connections {
         connections.stop();
     }
-    server.sessions.close_all(&why);
-    let open: usize = all_connections
-        .iter()
-        .map(|connections| connections.wait_for_all(SHUTDOWN_PATIENCE))
-        .sum();
+    let closing = server.clone();
+    let open = tokio::task::spawn_blocking(move || {
+        closing.sessions.close_all(&why);
+        all_connections
+            .iter()
+            .map(|connections| connections.wait_for_all(SHUTDOWN_PATIENCE))
+            .sum::<usize>()
+    })
+    .await?;
+    // The broadcasts' mountpoints, destroyed as their sessions ended.
+    if let Some(janus) = &server.janus {
+        let left = janus.settle(SHUTDOWN_PATIENCE).await;
+        if left > 0 {
+            log!("Janus: {left} mountpoints not destroyed in {SHUTDOWN_PATIENCE:?}");
+        }
+    }
     log!("shut down ({open} connections still open)");
     Ok(())
-}
-
-fn signal_name(signal: i32) -> &'static str {
-    match signal {
-        SIGTERM => "SIGTERM",
-        SIGINT => "SIGINT",
-        _ => "a signal",
-    }
 }
 
 /// With RUST_BACKTRACE set, a GLib warning or critical (the tests make them fatal with
@@ -307,37 +369,3 @@ const DRAIN_POLL: Duration = Duration::from_millis(20);
 
 /// How long a shutdown waits for the connections to close.
 const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(5);
-
-/// Takes connections, each on a thread of its own, while `connections`' caps allow.
-fn accept(server: &Arc<Server>, listener: TcpListener, connections: &Arc<Connections>, side: Side) {
-    for stream in listener.incoming() {
-        let stream = match stream {
-            Ok(stream) => stream,
-            Err(err) => {
-                log!("cannot accept a connection: {err}");
-                continue;
-            }
-        };
-        let Ok(peer) = stream.peer_addr() else { continue };
-        match connections.admit(peer.ip()) {
-            Ok(admitted) => {
-                let server = server.clone();
-                std::thread::spawn(move || {
-                    serve(&server, stream, peer, side);
-                    drop(admitted);
-                });
-            }
-            Err(why) => {
-                log!("refused {peer}: {why}");
-                server.metrics.refused(503);
-                let _ = stream.set_write_timeout(Some(http::POLL));
-                http::respond(
-                    stream,
-                    "503 Service Unavailable",
-                    "text/plain",
-                    &format!("{why}\n"),
-                );
-            }
-        }
-    }
-}

@@ -261,6 +261,7 @@ impl Session {
             ended: Mutex::new(None),
             held_latency,
         };
+        stall_for_tests();
         session.pipeline.set_state(gst::State::Playing).map_err(|_| {
             session
                 .error()
@@ -485,6 +486,24 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         let _ = self.pipeline.set_state(gst::State::Null);
+    }
+}
+
+/// The tests' stalled pipelines: with `QWENCODEC_SERVER_STALL_STARTS=N,MS` in the environment,
+/// each of the first N sessions' pipelines waits MS ms before it starts, as one whose state
+/// change stalls would (the browser tests show that it holds up no other session).
+const STALL_STARTS: &str = "QWENCODEC_SERVER_STALL_STARTS";
+
+fn stall_for_tests() {
+    static STALLED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let Some((starts, ms)) = std::env::var(STALL_STARTS).ok().and_then(|value| {
+        let (starts, ms) = value.split_once(',')?;
+        Some((starts.parse::<usize>().ok()?, ms.parse::<u64>().ok()?))
+    }) else {
+        return;
+    };
+    if STALLED.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < starts {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }
 

@@ -54,10 +54,10 @@ pub struct Connection<'a> {
 impl Connection<'_> {
     /// Sends `first`, then serves `session` until the connection ends, handing each read to
     /// `handle`; why it ended.
-    pub fn serve(
+    pub async fn serve(
         self,
         session: &Session,
-        outgoing: &Receiver<Value>,
+        outgoing: Receiver<Value>,
         first: &Value,
         mut handle: impl FnMut(Received) -> Step,
     ) -> Ending {
@@ -70,41 +70,44 @@ impl Connection<'_> {
             role,
         } = self;
         let failed = || Ending::Other("its connection failed".into());
-        let mut ending = (!http::send_text(&mut socket, first.to_string())).then(failed);
+        let patience = server.peer_times.peer_timeout;
+        let mut ending = (!http::send_text(&mut socket, first.to_string(), patience).await).then(failed);
         loop {
             if let Some(ending) = ending {
                 return ending;
             }
             if let Some(why) = session.ended() {
                 // The server shuts down.
-                http::close(socket, close::GOING_AWAY, &why);
+                http::close(socket, close::GOING_AWAY, &why).await;
                 return Ending::Other(why);
             }
-            for message in outgoing.try_iter() {
-                if !http::send_text(&mut socket, message.to_string()) {
+            let messages: Vec<Value> = outgoing.try_iter().collect();
+            for message in messages {
+                if !http::send_text(&mut socket, message.to_string(), patience).await {
                     ending = Some(failed());
                 }
             }
             if let Some(err) = session.error() {
                 log!("session {}: pipeline error: {err}", session.id);
-                http::close(socket, close::SERVER_ERROR, &format!("pipeline error: {err}"));
+                http::close(socket, close::SERVER_ERROR, &format!("pipeline error: {err}")).await;
                 return Ending::Other("pipeline error".into());
             }
             // A broadcast has no peer connection of its own: its heartbeat alone tells.
             let gone = heartbeat
                 .beat(&mut socket)
+                .await
                 .err()
                 .or_else(|| session.peer_connection_gone(&server.peer_times));
             if let Some(gone) = gone {
                 server.metrics.peer_lost(role, gone.label);
-                http::close_gone(socket, close::TIMEOUT, &gone.reason);
+                http::close_gone(socket, close::TIMEOUT, &gone.reason).await;
                 return Ending::Gone(gone);
             }
-            match handle(heartbeat.read(&mut socket)) {
+            match handle(heartbeat.read(&mut socket).await) {
                 Step::Next => (),
                 Step::Left(why) => ending = Some(Ending::Other(why)),
                 Step::Refuse { code, reason, ending } => {
-                    access::refuse(&server.metrics, socket, endpoint, &peer, code, &reason);
+                    access::refuse(&server.metrics, socket, endpoint, &peer, code, &reason).await;
                     return Ending::Other(ending);
                 }
             }

@@ -11,7 +11,7 @@
 //! answers no ping, or its peer connection failed, stayed disconnected or never connected).
 
 use std::net::SocketAddr;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::Instant;
 
 use serde_json::json;
@@ -63,44 +63,49 @@ fn checked(message: Option<FromBrowser>) -> Result<Option<FromBrowser>, Option<(
     }
 }
 
-pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
-    let Some(mut socket) = socket else {
-        return;
-    };
-    let refuse = |socket, (code, reason): (u16, String)| {
-        access::refuse(&server.metrics, socket, "/signal", &peer, code, &reason);
-    };
+/// Refuses the browser's `/signal`.
+async fn refuse(server: &Server, socket: Socket, peer: SocketAddr, (code, reason): (u16, String)) {
+    access::refuse(&server.metrics, socket, "/signal", &peer, code, &reason).await;
+}
 
+pub async fn serve(server: Arc<Server>, mut socket: Socket, peer: SocketAddr) {
     let connected = Instant::now();
     let mut heartbeat = Heartbeat::new(server.peer_times);
     let token = loop {
-        match message(heartbeat.read(&mut socket)) {
+        let refusal = match message(heartbeat.read(&mut socket).await) {
             // A join carries nothing to check but its token (`access`).
             Ok(Some(FromBrowser::Join { token })) => break token,
             // The state before the content: an answer or candidate before the join is refused
             // as such, whatever it carries.
-            Ok(Some(_)) => return refuse(socket, (close::BAD_MESSAGE, "join first".into())),
-            Ok(None) if connected.elapsed() > server.idle_timeout => {
-                let reason = format!("no join within {:?}", server.idle_timeout);
-                return refuse(socket, (close::TIMEOUT, reason));
-            }
-            Ok(None) => (),
-            Err(Some(refusal)) => return refuse(socket, refusal),
+            Ok(Some(_)) => (close::BAD_MESSAGE, "join first".into()),
+            Ok(None) if connected.elapsed() > server.idle_timeout => (
+                close::TIMEOUT,
+                format!("no join within {:?}", server.idle_timeout),
+            ),
+            Ok(None) => continue,
+            Err(Some(refusal)) => refusal,
             Err(None) => return,
-        }
+        };
+        return refuse(&server, socket, peer, refusal).await;
     };
     // Held until the session ends: the client's place among its sessions.
     let join = match server.joins.admit(token.as_deref(), peer.ip()) {
         Ok(join) => join,
-        Err(refusal) => return refuse(socket, refusal),
+        Err(refusal) => return refuse(&server, socket, peer, refusal).await,
     };
     let (to_browser, outgoing) = mpsc::channel();
-    let session = match server
-        .sessions
-        .open(to_browser, join.session.clone(), Egress::Browser)
-    {
+    // Its pipeline starts on the blocking pool: a state change that stalls holds this session
+    // alone.
+    let opened = tokio::task::spawn_blocking({
+        let server = server.clone();
+        let id = join.session.clone();
+        move || server.sessions.open(to_browser, id, Egress::Browser)
+    })
+    .await
+    .unwrap_or_else(|err| Err((close::SERVER_ERROR, format!("cannot start a pipeline: {err}"))));
+    let session = match opened {
         Ok(session) => session,
-        Err(refusal) => return refuse(socket, refusal),
+        Err(refusal) => return refuse(&server, socket, peer, refusal).await,
     };
     server.metrics.sessions_opened.inc();
     let id = session.id.clone();
@@ -109,7 +114,7 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
         server.sessions.count()
     );
     let connection = Connection {
-        server,
+        server: &server,
         socket,
         heartbeat,
         peer,
@@ -118,48 +123,50 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
     };
     let first = json!({"type": "session", "id": id, "iceServers": server.browser_ice_servers});
     let mut candidates = 0;
-    let ending = connection.serve(&session, &outgoing, &first, |received| {
-        match message(received).and_then(checked) {
-            Ok(Some(FromBrowser::Answer { sdp })) => match session.set_answer(&sdp) {
-                Ok(()) => Step::Next,
-                Err(err) => Step::Refuse {
-                    code: close::BAD_MESSAGE,
-                    reason: format!("bad answer: {err}"),
-                    ending: "bad answer".into(),
-                },
-            },
-            Ok(Some(FromBrowser::Ice {
-                candidate,
-                mline_index,
-            })) => {
-                candidates += 1;
-                if candidates > MAX_CANDIDATES {
-                    return Step::Refuse {
+    let ending = connection
+        .serve(&session, outgoing, &first, |received| {
+            match message(received).and_then(checked) {
+                Ok(Some(FromBrowser::Answer { sdp })) => match session.set_answer(&sdp) {
+                    Ok(()) => Step::Next,
+                    Err(err) => Step::Refuse {
                         code: close::BAD_MESSAGE,
-                        reason: format!("more than {MAX_CANDIDATES} ICE candidates"),
-                        ending: "too many ICE candidates".into(),
-                    };
+                        reason: format!("bad answer: {err}"),
+                        ending: "bad answer".into(),
+                    },
+                },
+                Ok(Some(FromBrowser::Ice {
+                    candidate,
+                    mline_index,
+                })) => {
+                    candidates += 1;
+                    if candidates > MAX_CANDIDATES {
+                        return Step::Refuse {
+                            code: close::BAD_MESSAGE,
+                            reason: format!("more than {MAX_CANDIDATES} ICE candidates"),
+                            ending: "too many ICE candidates".into(),
+                        };
+                    }
+                    // An empty candidate is the browser's end of candidates.
+                    if !candidate.is_empty() {
+                        session.add_ice_candidate(mline_index, &candidate);
+                    }
+                    Step::Next
                 }
-                // An empty candidate is the browser's end of candidates.
-                if !candidate.is_empty() {
-                    session.add_ice_candidate(mline_index, &candidate);
-                }
-                Step::Next
+                Ok(Some(FromBrowser::Join { .. })) => Step::Refuse {
+                    code: close::BAD_MESSAGE,
+                    reason: "joined already".into(),
+                    ending: "joined twice".into(),
+                },
+                Ok(None) => Step::Next,
+                Err(Some((code, reason))) => Step::Refuse {
+                    code,
+                    ending: reason.clone(),
+                    reason,
+                },
+                Err(None) => Step::Left("the browser closed the connection".into()),
             }
-            Ok(Some(FromBrowser::Join { .. })) => Step::Refuse {
-                code: close::BAD_MESSAGE,
-                reason: "joined already".into(),
-                ending: "joined twice".into(),
-            },
-            Ok(None) => Step::Next,
-            Err(Some((code, reason))) => Step::Refuse {
-                code,
-                ending: reason.clone(),
-                reason,
-            },
-            Err(None) => Step::Left("the browser closed the connection".into()),
-        }
-    });
+        })
+        .await;
     // What its sender is told when the session ends, and what the log says.
     let (left, ending) = match ending {
         Ending::Gone(gone) => {
@@ -168,11 +175,18 @@ pub fn serve(server: &Server, socket: Option<Socket>, peer: SocketAddr) {
         }
         Ending::Other(why) => ("its browser left".to_string(), why),
     };
-    drop(session);
     // The client's place goes before the session does: once `/status` counts the session gone,
     // its client may join again.
     drop(join);
-    server.sessions.close(&id, &left);
+    // Its pipeline stops on the blocking pool.
+    let closing = server.clone();
+    let closed = tokio::task::spawn_blocking(move || {
+        drop(session);
+        closing.sessions.close(&id, &left);
+        id
+    })
+    .await;
+    let id = closed.unwrap_or_default();
     log!(
         "session {id} left: {ending} ({} sessions)",
         server.sessions.count()

@@ -25,14 +25,26 @@ fn janus_api() -> String {
     format!("http://{SERVER_ADDRESS}:{JANUS_PORT}/janus")
 }
 
-/// One POST to Janus's HTTP API: its JSON answer.
+/// One POST to Janus's HTTP API (HTTP/1.0, so that the answer is its body to the end, not
+/// chunked): its JSON answer.
 fn janus_call(path: &str, mut message: Value) -> Value {
+    use std::io::{Read, Write};
     message["transaction"] = json!("test");
-    let answer = ureq::post(format!("{}{path}", janus_api()))
-        .send(message.to_string())
-        .and_then(|mut response| response.body_mut().read_to_string())
-        .unwrap();
-    serde_json::from_str(&answer).unwrap()
+    let body = message.to_string();
+    let mut stream = std::net::TcpStream::connect((SERVER_ADDRESS, JANUS_PORT)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        stream,
+        "POST /janus{path} HTTP/1.0\r\nHost: {SERVER_ADDRESS}:{JANUS_PORT}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(head.contains(" 200 "), "Janus at {path}: {head}");
+    serde_json::from_str(body).unwrap()
 }
 
 /// The mountpoints Janus's Streaming plugin has now, by id.

@@ -15,6 +15,7 @@ mod remote;
 mod rtp_codes;
 mod scale_out;
 mod server;
+mod stalls;
 mod talker;
 mod vanish;
 mod webdriver;

@@ -5,7 +5,7 @@
 
 use std::io::Write;
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -227,15 +227,22 @@ impl ServerHost {
 /// The TLS proxy's port on the server's host.
 pub const TLS_PORT: u16 = 8443;
 
+/// A self-signed certificate for the server's address and its key, in PEM files in `scratch`
+/// (the browser is started with `--ignore-certificate-errors`).
+pub fn self_signed_certificate(scratch: &Path) -> (PathBuf, PathBuf) {
+    let certified = rcgen::generate_simple_self_signed(vec![SERVER_ADDRESS.into()]).unwrap();
+    let (certificate, key) = (scratch.join("tls.pem"), scratch.join("tls.key"));
+    std::fs::write(&certificate, certified.cert.pem()).unwrap();
+    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+    (certificate, key)
+}
+
 impl ServerHost {
     /// Debian's nginx on the server's host, terminating TLS on `TLS_PORT` for the server at
     /// `backend` with docs/server.md's `location` block, with a self-signed
     /// certificate; the page's https URL.
     pub fn start_tls_proxy(&self, scratch: &Path, backend: &str) -> (Daemon, String) {
-        let certified = rcgen::generate_simple_self_signed(vec![SERVER_ADDRESS.into()]).unwrap();
-        let (certificate, key) = (scratch.join("tls.pem"), scratch.join("tls.key"));
-        std::fs::write(&certificate, certified.cert.pem()).unwrap();
-        std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+        let (certificate, key) = self_signed_certificate(scratch);
         let scratch_text = scratch.display();
         let config = format!(
             "daemon off;

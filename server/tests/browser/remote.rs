@@ -164,6 +164,85 @@ fn a_listener_hears_its_speech_through_a_tls_proxy() {
     );
 }
 
+/// The binary itself serves https and wss (`--tls-cert`, `--tls-key`), no proxy: the page over
+/// https opens its signalling over wss (a browser refuses ws from it), and plain http on that
+/// port is not answered. The TTS side stays plain, on a `--codes-bind` of its own.
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn a_listener_hears_its_speech_over_tls_served_by_the_server_itself() {
+    if !server::in_own_network("remote::a_listener_hears_its_speech_over_tls_served_by_the_server_itself") {
+        return;
+    }
+    let host = ServerHost::start();
+    let scratch = tempfile::tempdir().unwrap();
+    let (certificate, key) = network::self_signed_certificate(scratch.path());
+    let codes_bind = format!("{SERVER_ADDRESS}:0");
+    let server = Server::start_on(
+        &host,
+        &[
+            "--chunk-frames",
+            "1",
+            "--tls-cert",
+            certificate.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--codes-bind",
+            &codes_bind,
+        ],
+    );
+    assert!(
+        server.await_log(
+            |line| line.contains(&format!("open https://{}/", server.address)),
+            Duration::from_secs(1)
+        ),
+        "the server does not say it serves https"
+    );
+    let codes_address = std::cell::RefCell::new(None);
+    server.await_log(
+        |line| {
+            let address = line.split("codes ingress: ws://").nth(1);
+            let address = address.and_then(|rest| rest.split('/').next());
+            *codes_address.borrow_mut() = address.map(str::to_owned);
+            address.is_some()
+        },
+        Duration::from_secs(1),
+    );
+    let codes_address = codes_address.into_inner();
+    let codes_address = codes_address.expect("the plain codes listener is not announced");
+
+    let speech = Speech::load();
+    let browser = Browser::start_with(&["--ignore-certificate-errors"]);
+    let session = connect_page_at(&browser, &format!("https://{}/", server.address), &speech);
+    assert_eq!(browser.run("return location.protocol;"), "https:");
+    let bearer = format!("Bearer {}", server::TOKEN);
+    let mut sender = server::connect_at(
+        &codes_address,
+        &format!("/codes?session={session}"),
+        &[("Authorization", &bearer)],
+    );
+    let (before, first_sent, after) = speak_and_end(&browser, &mut sender, &speech, FRAMES);
+    assert_heard(
+        "over the server's own TLS",
+        &speech,
+        &before,
+        &after,
+        first_sent,
+        FRAMES,
+    );
+
+    // Plain http on the TLS port: no answer but the end of the connection.
+    let mut plain = std::net::TcpStream::connect(&server.address).unwrap();
+    plain.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    std::io::Write::write_all(&mut plain, b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut answer = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut plain, &mut answer);
+    assert!(
+        !answer.starts_with(b"HTTP/"),
+        "plain http answered on the TLS port: {}",
+        String::from_utf8_lossy(&answer)
+    );
+}
+
 /// The link's one-way delay and its UDP loss in the lossy tests.
 const DELAY: Duration = Duration::from_millis(40);
 const LOSS_PERCENT: u32 = 5;

@@ -101,6 +101,15 @@ impl Server {
         Self::launch(command, options)
     }
 
+    /// As [`Server::start`], with `env` in the server's environment.
+    pub fn start_with_env(options: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut command = Command::new(SERVER);
+        command.args(["--bind", "127.0.0.1:0", "--ice-address", "127.0.0.1"]);
+        command.args(["--admission", "off"]);
+        command.envs(env.iter().copied());
+        Self::launch(command, options)
+    }
+
     /// As [`Server::start`], with the server's own admission, as `make serve` runs it.
     pub fn start_with_default_admission(options: &[&str]) -> Self {
         let mut command = Command::new(SERVER);
@@ -139,7 +148,8 @@ impl Server {
             move || {
                 for line in lines.map_while(Result::ok) {
                     println!("{line}");
-                    if let Some(url) = line.split("open http://").nth(1) {
+                    let url = line.split("open http://").nth(1);
+                    if let Some(url) = url.or_else(|| line.split("open https://").nth(1)) {
                         let _ = address_tx.send(url.split('/').next().unwrap().to_string());
                     }
                     log.lock().unwrap().push(line);
