@@ -9,8 +9,9 @@
 //! count, tries the next count down or up for a few steps now and then, and keeps the faster,
 //! trying again sooner when its steps' time moves. The tries back off while they lose, so on a
 //! quiet machine they cost a few slower steps in hundreds. Counts are tried per step shape (rows
-//! and frames: a wider step gains more from threads); a new shape starts at the count chosen
-//! last. A count given by the embedder (`OMP_NUM_THREADS`, the server's `--cores`, the
+//! and frames: a wider step gains more from threads); a shape starts at the fastest count of its
+//! warm steps (the engine times them on each count, most first, while fewer are faster), or
+//! where the last shape went. A count given by the embedder (`OMP_NUM_THREADS`, the server's `--cores`, the
 //! element's `compute-threads`) pins it.
 
 use std::collections::HashMap;
@@ -108,13 +109,40 @@ impl ThreadPolicy {
         self.ladder[rung]
     }
 
-    /// The threads steps of `shape` run on when no other count is on trial.
-    pub fn chosen_for(&mut self, shape: Shape) -> usize {
-        if let Some(pinned) = self.pinned {
-            return pinned;
+    /// The counts a step may run on, most first.
+    pub fn counts(&self) -> Vec<usize> {
+        match self.pinned {
+            Some(pinned) => vec![pinned],
+            None => self.ladder.clone(),
         }
-        let rung = self.shape(shape).rung;
-        self.ladder[rung]
+    }
+
+    /// Warm steps of `shape` took these times on these counts: its steps start on the fastest
+    /// (where not pinned); that count and its time.
+    pub fn seed(&mut self, shape: Shape, measured: &[(usize, Duration)]) -> (usize, Duration) {
+        let &(fastest, time) = measured
+            .iter()
+            .min_by_key(|(_, time)| *time)
+            .expect("a count timed");
+        if self.pinned.is_some() {
+            return (fastest, time);
+        }
+        let ladder = self.ladder.clone();
+        let choice = self.shape(shape);
+        for &(threads, time) in measured {
+            if let Some(rung) = ladder.iter().position(|&count| count == threads) {
+                choice.means[rung] = Some(time.as_secs_f64());
+            }
+        }
+        if let Some(rung) = ladder.iter().position(|&count| count == fastest) {
+            choice.rung = rung;
+            choice.baseline = Some(time.as_secs_f64());
+            choice.since_try = 0;
+            choice.interval = FIRST_INTERVAL;
+            choice.trial = None;
+            self.last_rung = rung;
+        }
+        (fastest, time)
     }
 
     /// A step of `shape` on `threads` threads took `time`.
@@ -213,11 +241,34 @@ pub fn enter_step(shape: Shape) -> usize {
     threads
 }
 
-/// On the CPU's compute thread: has libtorch compute steps of `shape` on the count chosen for
-/// them, no trial (a step timed for a figure).
-pub fn enter_chosen(shape: Shape) {
-    let threads = with_cpu_policy(|policy| policy.chosen_for(shape));
-    set(shape, threads);
+/// On the CPU's compute thread: the thread counts a step may run on, most first (the pinned
+/// one alone where pinned).
+pub fn counts() -> Vec<usize> {
+    with_cpu_policy(|policy| policy.counts())
+}
+
+/// On the CPU's compute thread: has libtorch compute on `threads` threads.
+pub fn enter(threads: usize) {
+    if tch::get_num_threads() as usize != threads {
+        tch::set_num_threads(threads as i32);
+    }
+}
+
+/// On the CPU's compute thread: warm steps of `shape` took these times on these thread counts;
+/// its steps start on the fastest, whose time this gives.
+pub fn seed(shape: Shape, measured: &[(usize, Duration)]) -> Duration {
+    let (threads, time) = with_cpu_policy(|policy| policy.seed(shape, measured));
+    super::log::debug(format_args!(
+        "steps of {} rows of {} frames start on {threads} threads (warm: {})",
+        shape.0,
+        shape.1,
+        measured
+            .iter()
+            .map(|(threads, time)| format!("{:.1} ms on {threads}", time.as_secs_f64() * 1e3))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    time
 }
 
 fn set(shape: Shape, threads: usize) {
@@ -340,6 +391,21 @@ mod tests {
         });
         assert_eq!(policy.threads_for(SHAPE), 2);
         assert_eq!(policy.threads_for((4, 1)), 2);
+    }
+
+    #[test]
+    fn warm_steps_seed_the_choice() {
+        let mut policy = ThreadPolicy::new(2, None);
+        assert_eq!(policy.counts(), [2, 1]);
+        let ms = Duration::from_millis;
+        assert_eq!(policy.seed(SHAPE, &[(2, ms(27)), (1, ms(15))]), (1, ms(15)));
+        assert_eq!(policy.threads_for(SHAPE), 1);
+        // A new shape starts where the last seeded one did.
+        assert_eq!(policy.threads_for((2, 1)), 1);
+        assert_eq!(policy.seed((1, 4), &[(2, ms(10)), (1, ms(17))]), (2, ms(10)));
+        assert_eq!(policy.threads_for((1, 4)), 2);
+        policy.pin(Some(1));
+        assert_eq!(policy.counts(), [1]);
     }
 
     #[test]

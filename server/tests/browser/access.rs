@@ -106,18 +106,28 @@ fn raw_request(address: &str, head: &str) -> String {
 }
 
 /// `request`'s answer, asked again while it is the server's connection cap refusing it: a
-/// connection's slot comes back when the server's thread for it ends, a moment after the client
-/// saw it closed, which on a loaded machine can be after the next request.
+/// connection's slot comes back when the server's task for it ends, a moment after the client
+/// saw it closed, which on a loaded machine can be after the next request. The retries are
+/// printed; more than [`MOST_RETRIES`] (5 s of them) would be a slot that never came back.
 fn past_closed_connections(request: impl Fn() -> String) -> String {
-    let start = Instant::now();
+    let mut retries = 0;
     loop {
         let answer = request();
-        if !answer.contains("has its most connections") || start.elapsed() > Duration::from_secs(5) {
+        if !answer.contains("has its most connections") {
+            println!("asked again {retries} times while the connection cap refused");
             return answer;
         }
+        retries += 1;
+        assert!(
+            retries <= MOST_RETRIES,
+            "the connection cap still refused after {retries} retries: {answer}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Retries of [`past_closed_connections`], 50 ms apart.
+const MOST_RETRIES: u32 = 100;
 
 #[test]
 #[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]

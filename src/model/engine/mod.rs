@@ -294,24 +294,41 @@ impl Engine {
                 handed_over: Instant::now(),
             })
             .collect();
-        let mut times = executor::run(network.device(), || {
-            if network.device() == tch::Device::Cpu {
-                threads::enter_chosen((rows, frames));
-            }
+        let time = executor::run(network.device(), || {
             let mut detached = match graphs {
                 true => None,
                 false => Some(network.new_state(rows as i64)?),
             };
-            (0..=TIMED_STEPS)
-                .map(|_| {
-                    let started = Instant::now();
-                    self.compute_on(network, &batch, detached.as_mut())
-                        .map(|_| started.elapsed())
-                })
-                .collect::<Result<Vec<_>, _>>()
+            let mut timed = |threads: Option<usize>| {
+                if let Some(threads) = threads {
+                    threads::enter(threads);
+                }
+                let mut times = (0..=TIMED_STEPS)
+                    .map(|_| {
+                        let started = Instant::now();
+                        self.compute_on(network, &batch, detached.as_mut())
+                            .map(|_| started.elapsed())
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                times.remove(0);
+                Ok::<_, tch::TchError>(settled_step_time(times))
+            };
+            if network.device() != tch::Device::Cpu {
+                return timed(None);
+            }
+            // Each thread count the policy may choose, most first, while fewer are faster: the
+            // policy starts this shape at the fastest, and the figure is its time.
+            let mut measured: Vec<(usize, Duration)> = Vec::new();
+            for count in threads::counts() {
+                let time = timed(Some(count))?;
+                let slower = measured.last().is_some_and(|&(_, last)| time >= last);
+                measured.push((count, time));
+                if slower {
+                    break;
+                }
+            }
+            Ok(threads::seed((rows, frames), &measured))
         })?;
-        times.remove(0);
-        let time = settled_step_time(times);
         log::debug(format_args!(
             "a warm step of {rows} rows of {frames} frames takes {:.1} ms",
             time.as_secs_f64() * 1e3
