@@ -206,6 +206,8 @@ mod tests {
         assert_eq!(bits(1000), 10);
         assert_eq!(bits(2), 1);
         assert_eq!(bits(32768), 15);
+        // The largest codebook's codes are int16's positive values.
+        assert_eq!(MAX_CODEBOOK_SIZE, i16::MAX as u32 + 1);
     }
 
     #[test]
