@@ -25,6 +25,8 @@ use crate::server::Server;
 /// The most a request head may take, and its most header lines.
 const MAX_HEAD_BYTES: usize = 16 * 1024;
 const MAX_HEADERS: usize = 64;
+/// How long the listener waits after a failed accept before it tries again.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 /// How long a refused TLS client has to finish its handshake and be told 503.
 const REFUSAL_HANDSHAKE: Duration = Duration::from_secs(1);
 
@@ -72,7 +74,9 @@ pub async fn accept(
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(err) => {
+                // Out of file descriptors, say: a pause, not a loop that spins on the error.
                 log!("cannot accept a connection: {err}");
+                tokio::time::sleep(ACCEPT_PAUSE).await;
                 continue;
             }
         };
