@@ -11,9 +11,11 @@ standard output or a file, the media server's /codes WebSocket, or RTP to a host
 
 Each frame goes out as soon as upstream's talker has made it. SIGINT or SIGTERM is a barge-in:
 generation stops before the talker's next step, the server is sent a cancel, and the count of
-frames sent is printed. Text goes through the checkpoint's own tokenizer; --text-ids takes the
-token ids of the whole assistant prompt instead. Base (voice clone) needs reference audio
-encoded by the speech tokenizer and is not offered here.
+frames sent is printed. The prompt is upstream's wrapper method's for the model's kind
+(generate_custom_voice, generate_voice_design): the text through the checkpoint's processor, its
+non_streaming_mode default, a 0.6B CustomVoice's instruct dropped; --text-ids takes the token ids
+of the whole assistant prompt instead. Base (voice clone) needs reference audio encoded by the
+speech tokenizer and is not offered here.
 """
 
 import argparse
@@ -24,9 +26,9 @@ import threading
 
 import torch
 
-from . import (DTYPES, assistant_text, generate_kwargs, instruct_text, load_model,
-               stream_codes, tokenize)
+from . import DTYPES, generate_kwargs, load_model, stream_codes
 from .destinations import RawCodes, Rtp, Server
+from .prompt import load_processor, prompt
 
 
 def main(argv=None):
@@ -36,8 +38,10 @@ def main(argv=None):
     text.add_argument("--text")
     text.add_argument("--text-ids", help="comma-separated token ids of the whole assistant prompt")
     p.add_argument("--speaker", help="CustomVoice speaker name")
-    p.add_argument("--instruct", help="VoiceDesign (or 1.7B CustomVoice) instruction")
-    p.add_argument("--language", default="auto")
+    p.add_argument("--instruct", help="VoiceDesign voice description, or a 1.7B CustomVoice's instruction")
+    p.add_argument("--language", help="english, chinese, ... (default: upstream's Auto)")
+    p.add_argument("--non-streaming-mode", action=argparse.BooleanOptionalAction,
+                   help="upstream's non_streaming_mode (default: its wrapper's for the model's kind)")
     p.add_argument("--seed", type=int)
     p.add_argument("--greedy", action="store_true", help="no sampling, talker and code predictor")
     p.add_argument("--temperature", type=float)
@@ -57,17 +61,27 @@ def main(argv=None):
     p.add_argument("--token", default=os.environ.get("QWENCODEC_TOKEN"),
                    help="--server's bearer token (default: $QWENCODEC_TOKEN)")
     a = p.parse_args(argv)
+    codes = None
+    if not (a.server or a.rtp):
+        if a.out == "-":
+            # Standard output is the codes' alone: what else is written to it (upstream's and the
+            # tokenizers' notices, from Python or from native code) goes to standard error.
+            codes = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+            sys.stdout.flush()
+            os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+        else:
+            codes = open(a.out, "wb")
     if a.threads:
         torch.set_num_threads(a.threads)
 
     model = load_model(a.model, dtype=a.dtype, device=a.device,
                        attn_implementation=a.attn_implementation)
-    if a.text_ids:
-        input_ids = torch.tensor([[int(t) for t in a.text_ids.split(",")]])
-    else:
-        input_ids = tokenize(a.model, assistant_text(a.text))
-    input_ids = input_ids.to(model.device)
-    instruct_ids = tokenize(a.model, instruct_text(a.instruct)).to(model.device) if a.instruct else None
+    try:
+        words = prompt(model, load_processor(a.model), a.text, speaker=a.speaker, instruct=a.instruct,
+                       language=a.language, non_streaming_mode=a.non_streaming_mode,
+                       input_ids=torch.tensor([[int(t) for t in a.text_ids.split(",")]]) if a.text_ids else None)
+    except ValueError as error:
+        p.error(str(error))
     gen = generate_kwargs(model, greedy=a.greedy, temperature=a.temperature, top_k=a.top_k,
                           top_p=a.top_p, repetition_penalty=a.repetition_penalty,
                           max_new_tokens=a.max_new_tokens)
@@ -77,14 +91,13 @@ def main(argv=None):
         host, _, port = a.rtp.rpartition(":")
         destination = Rtp(host, int(port))
     else:
-        destination = RawCodes(sys.stdout.buffer if a.out == "-" else open(a.out, "wb"))
+        destination = RawCodes(codes)
 
     cancel = threading.Event()
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, lambda *_: cancel.set())
     frames = 0
-    stream = stream_codes(model, input_ids=input_ids, instruct_ids=instruct_ids,
-                          language=a.language, speaker=a.speaker, seed=a.seed, cancel=cancel, **gen)
+    stream = stream_codes(model, seed=a.seed, cancel=cancel, **words, **gen)
     try:
         for frame in stream:
             destination.send(frame)
@@ -99,7 +112,8 @@ def main(argv=None):
     except BrokenPipeError:
         # The reader went away: stop generating at once, quietly.
         stream.close()
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if codes is not None:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), codes.fileno())
         return 0
     finally:
         stream.close()

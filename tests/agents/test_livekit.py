@@ -43,16 +43,17 @@ ROOT = Path(__file__).resolve().parents[2]
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from qwencodec_talker import (  # noqa: E402
-    assistant_text, generate_kwargs, stream_codes, tokenize)
+from qwencodec_talker import generate_kwargs, stream_codes  # noqa: E402
+from qwencodec_talker.prompt import load_processor, prompt  # noqa: E402
 from qwencodec_talker.speech import Decoder, Speaker  # noqa: E402
 
 DECODER = ROOT / "tests" / "fixtures" / "release-tiny"
 VOICE = "vivian"
 SEED = 4
-FIRST = "Hello there, how are you today?"   # 17 frames with seed 4
-SECOND = "This is the second sentence."     # 10 frames with seed 4
-LONG = "Here is a long story that goes on and on for quite a while."  # 36 frames with seed 4
+# Frames with seed 4 and upstream's defaults (CustomVoice: non_streaming_mode) on the tiny talker.
+FIRST = "Hello there, how are you today?"   # 25 frames
+SECOND = "This is the second sentence."     # 31 frames
+LONG = "Here is a long story that goes on and on for quite a while."  # 23 frames
 MAX_NEW_TOKENS = 200
 CANCEL_SLACK = 3  # frames the talker may make after aclose is called
 
@@ -93,13 +94,13 @@ class References:
 
     def __init__(self, talker_dir, model):
         self.talker_dir, self.model = talker_dir, model
+        self.processor = load_processor(talker_dir)
         self.decoder = Decoder(DECODER)
         self.cache = {}
 
     def frames(self, text):
         return list(stream_codes(
-            self.model, input_ids=tokenize(self.talker_dir, assistant_text(text)),
-            language="auto", speaker=VOICE, seed=SEED,
+            self.model, **prompt(self.model, self.processor, text, speaker=VOICE), seed=SEED,
             **generate_kwargs(self.model, max_new_tokens=MAX_NEW_TOKENS)))
 
     def audio(self, text):

@@ -57,7 +57,7 @@ class QwenCodecTTSSettings(TTSSettings):
 
     Parameters:
         voice: the CustomVoice speaker (e.g. "vivian"); None for VoiceDesign.
-        language: a pipecat `Language` or upstream's name ("english"); None: "auto".
+        language: a pipecat `Language` or upstream's name ("english"); None: upstream's "Auto".
         instruct: VoiceDesign's voice description.
         seed: `torch.manual_seed` before each utterance (None: not seeded).
         max_new_tokens: the most talker steps of an utterance (None: the checkpoint's).
@@ -113,7 +113,8 @@ class QwenCodecTTSService(TTSService):
             chunk_frames: qwencodecdec's frames per decode step (default: the element's, 1).
             plugin_dir: where libgstqwencodec.so is when GStreamer does not find it.
             sampling: upstream's sampling options (temperature, top_k, top_p,
-                repetition_penalty, greedy, subtalker_*), for every utterance.
+                repetition_penalty, greedy, subtalker_*) and non_streaming_mode (default:
+                upstream's wrapper's for the model's kind), for every utterance.
             settings: runtime-updatable settings (voice, language, instruct, seed, max_new_tokens).
             **kwargs: passed to pipecat's `TTSService` (e.g. sample_rate).
         """
@@ -192,7 +193,7 @@ class QwenCodecTTSService(TTSService):
         options.update(
             speaker=given(settings.voice),
             instruct=given(settings.instruct),
-            language=str(language) if language else "auto",
+            language=str(language) if language else None,
             seed=given(settings.seed),
         )
         max_new_tokens = given(settings.max_new_tokens)

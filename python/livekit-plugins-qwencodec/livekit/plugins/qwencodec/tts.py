@@ -36,7 +36,9 @@ class TTS(tts.TTS):
     talker_dir: a Qwen3-TTS 12 Hz checkpoint folder (published layout); or `speaker`, a
     `qwencodec_talker.speech.Speaker` already made (then it is not closed by `aclose`).
     voice: the CustomVoice speaker name (Speaker.speak's `speaker`, e.g. "vivian"); instruct:
-    a VoiceDesign instruction; language, seed, greedy and `sampling` (temperature, top_k, top_p,
+    a VoiceDesign instruction (or a 1.7B CustomVoice's); language (None: upstream's "Auto"),
+    seed, greedy, non_streaming_mode (None: upstream's wrapper's default for the model's kind)
+    and `sampling` (temperature, top_k, top_p,
     repetition_penalty, max_new_tokens, subtalker_*) go to every `speak`.
     decoder_dir, chunk_frames, device, dtype, attn_implementation, plugin_dir: Speaker's, when it
     is made here (device "cpu", "cuda", "cuda:N"; dtype "float32", "bfloat16", "float16";
@@ -46,7 +48,7 @@ class TTS(tts.TTS):
     """
 
     def __init__(self, talker_dir=None, *, speaker: Speaker | None = None, voice: str | None = None,
-                 instruct: str | None = None, language: str = "auto", seed: int | None = None,
+                 instruct: str | None = None, language: str | None = None, seed: int | None = None,
                  greedy: bool = False, decoder_dir=None, chunk_frames: int | None = None,
                  device: str = "cpu", dtype="float32", attn_implementation: str | None = None,
                  plugin_dir=None,
