@@ -211,3 +211,37 @@ def stream_codes(model, *, input_ids, instruct_ids=None, ref_ids=None,
         stop.set()
         worker.join()
 
+
+
+# The generation loops a stream can run on: qwencodec_talker.loop's own (the default), or
+# upstream's `generate` (stream_codes above), kept for checking the other against.
+LOOPS = ("own", "upstream")
+
+
+def stream_frames(model, *, loop="own", seed=None, cancel=None, **arguments):
+    """Each frame's 16 codes from the loop named (LOOPS), with `stream_codes`' arguments.
+
+    "own": `loop.stream_codes`, which hands a frame out when the code predictor returns and
+    draws from a torch.Generator of the stream's own, seeded with `seed` (or `generator=`);
+    "upstream": upstream's `generate`, a frame out after the talker's next step, `seed` through
+    torch.manual_seed. The same seed gives the same codes on both. No frame is handed out once
+    `cancel` is set; closing the generator stops the loop before its next step.
+    """
+    if loop == "upstream":
+        if arguments.get("generator") is not None:
+            raise ValueError("loop 'upstream' draws from torch's global generator: give a seed")
+        arguments.pop("generator", None)
+        frames = stream_codes(model, seed=seed, cancel=cancel, **arguments)
+    elif loop == "own":
+        from . import loop as own  # here: it imports transformers' generation machinery
+
+        frames = own.stream_codes(model, seed=seed, cancel=cancel, **arguments)
+    else:
+        raise ValueError(f"loop {loop!r} is not one of {', '.join(LOOPS)}")
+    try:
+        for frame in frames:
+            if cancel is not None and cancel.is_set():
+                return
+            yield frame
+    finally:
+        frames.close()

@@ -9,8 +9,9 @@ standard output or a file, the media server's /codes WebSocket, or RTP to a host
     ... --server "ws://HOST:8080/codes?session=ID" --token TOKEN   (add &transport=rtp for RTP)
     ... --rtp HOST:PORT                  (rtpqwencodespay; udpsrc ! rtpqwencodesdepay at the other end)
 
-Each frame goes out as soon as upstream's talker has made it. SIGINT or SIGTERM is a barge-in:
-generation stops before the talker's next step, the server is sent a cancel, and the count of
+Each frame goes out as soon as its 16 codes exist: the generation loop is qwencodec_talker.loop's
+(--loop upstream: upstream's generate, a frame out after the talker's next step, for checking).
+SIGINT or SIGTERM is a barge-in: generation stops before the talker's next step, the server is sent a cancel, and the count of
 frames sent is printed. The prompt is upstream's wrapper method's for the model's kind
 (generate_custom_voice, generate_voice_design): the text through the checkpoint's processor, its
 non_streaming_mode default, a 0.6B CustomVoice's instruct dropped; --text-ids takes the token ids
@@ -26,7 +27,7 @@ import threading
 
 import torch
 
-from . import DTYPES, generate_kwargs, load_model, stream_codes
+from . import DTYPES, LOOPS, generate_kwargs, load_model, stream_frames
 from .destinations import RawCodes, Rtp, Server
 from .prompt import load_processor, prompt
 
@@ -42,7 +43,10 @@ def main(argv=None):
     p.add_argument("--language", help="english, chinese, ... (default: upstream's Auto)")
     p.add_argument("--non-streaming-mode", action=argparse.BooleanOptionalAction,
                    help="upstream's non_streaming_mode (default: its wrapper's for the model's kind)")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="seeds this stream's sampling (the same codes on both loops)")
+    p.add_argument("--loop", choices=LOOPS, default="own",
+                   help="own: qwencodec_talker.loop, a frame out when its codes exist (default); "
+                        "upstream: upstream's generate, for checking")
     p.add_argument("--greedy", action="store_true", help="no sampling, talker and code predictor")
     p.add_argument("--temperature", type=float)
     p.add_argument("--top-k", type=int)
@@ -97,7 +101,7 @@ def main(argv=None):
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, lambda *_: cancel.set())
     frames = 0
-    stream = stream_codes(model, seed=a.seed, cancel=cancel, **words, **gen)
+    stream = stream_frames(model, loop=a.loop, seed=a.seed, cancel=cancel, **words, **gen)
     try:
         for frame in stream:
             destination.send(frame)

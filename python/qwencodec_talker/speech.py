@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from . import generate_kwargs, load_model, stream_codes
+from . import generate_kwargs, load_model, stream_frames
 from .pipeline import CodesPipeline
 from .prompt import load_processor, prompt
 
@@ -78,11 +78,12 @@ class Speaker:
     talker_dir: a Qwen3-TTS 12 Hz checkpoint folder (published layout); decoder_dir: its
     speech tokenizer (default talker_dir/speech_tokenizer). device ("cpu", "cuda", "cuda:N") is
     the talker's and the decoder's; dtype (a torch dtype or "float32", "bfloat16", "float16")
-    and attn_implementation the talker's, as load_model takes them. One `speak` at a time.
+    and attn_implementation the talker's, as load_model takes them; loop the generation loop
+    (qwencodec_talker.LOOPS: "own", or "upstream" for checking). One `speak` at a time.
     """
 
     def __init__(self, talker_dir, *, decoder_dir=None, chunk_frames=None, device="cpu",
-                 dtype=torch.float32, attn_implementation=None, plugin_dir=None):
+                 dtype=torch.float32, attn_implementation=None, plugin_dir=None, loop="own"):
         self.talker_dir = Path(talker_dir)
         self.model = load_model(self.talker_dir, dtype=dtype, device=device,
                                 attn_implementation=attn_implementation)
@@ -90,6 +91,7 @@ class Speaker:
         self.decoder = Decoder(decoder_dir or self.talker_dir / "speech_tokenizer",
                                chunk_frames=chunk_frames, device=device, plugin_dir=plugin_dir)
         self.sample_rate = self.decoder.sample_rate
+        self.loop = loop
         self.frames_made = 0
         self._lock = threading.Lock()
 
@@ -102,7 +104,8 @@ class Speaker:
         The utterance's audio is exactly the talker's frames decoded (samples_per_frame each).
         Stopping early (closing the generator, or setting the threading.Event `cancel`) stops
         the talker before its next step and drops the decoder's queued frames and audio.
-        `sampling`: upstream's options (temperature, top_k, top_p, repetition_penalty,
+        `seed` seeds this utterance's own sampling (on the "own" loop, a torch.Generator of
+        its own: no other stream's randomness is touched). `sampling`: upstream's options (temperature, top_k, top_p, repetition_penalty,
         max_new_tokens, subtalker_*).
         """
         with self._lock:
@@ -118,7 +121,8 @@ class Speaker:
 
         def talk():
             try:
-                for frame in stream_codes(self.model, seed=seed, cancel=stop, **words, **options):
+                for frame in stream_frames(self.model, loop=self.loop, seed=seed, cancel=stop,
+                                           **words, **options):
                     decoder.push(frame)
                     progress["frames"] += 1
                 if not stop.is_set():

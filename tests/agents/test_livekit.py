@@ -18,7 +18,7 @@ pipeline, so a dropped, repeated or reordered chunk fails, and so does silence:
    keeps one segment per stream; text after a flush is dropped by its base class) whose audio
    is the first sentence's decode then the second's, each spoken as its own utterance; the
    first audio comes while the talker is still on the first sentence (frames made then, counted
-   by a hook on the talker, fewer than the sentence's frames).
+   by a hook on the code predictor's last head, fewer than the sentence's frames).
 3. aclose() once a long utterance has been heard: the talker stops within a few frames (counted
    by the hook, and Speaker.frames_made), makes no frame after aclose returns, the decoder holds
    no audio of it, nothing is emitted after; a new stream then speaks exactly its reference.
@@ -76,16 +76,15 @@ def check(condition, message):
 
 
 class FrameCounter:
-    """Frames the talker has made so far: a forward hook on upstream's talker, which returns a
-    frame's 16 codes (hidden_states[1]) at each step after the prompt's."""
+    """Frames the talker has made so far: a forward hook on the code predictor's last head,
+    which runs once a frame, when the frame's last code is made (on either loop)."""
 
     def __init__(self, model):
         self.frames = 0
-        self.handle = model.talker.register_forward_hook(self.hook)
+        self.handle = model.talker.code_predictor.lm_head[-1].register_forward_hook(self.hook)
 
     def hook(self, module, args, output):
-        if output.hidden_states[1] is not None:
-            self.frames += 1
+        self.frames += 1
 
 
 class References:

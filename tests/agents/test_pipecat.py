@@ -72,11 +72,12 @@ installed(sys.modules[QwenCodecTTSService.__module__], sys.modules[Speaker.__mod
 
 
 class Steps:
-    """Counts the talker's forward calls (one per talker step; frame N is out after step N+1)."""
+    """Counts the talker's steps (its codec head runs once a step, on either loop; the prefill is
+    one): at N steps the talker has made N - 1 frames, and may be making the Nth."""
 
     def __init__(self, model):
         self.count = 0
-        self.handle = model.talker.register_forward_hook(self._hook)
+        self.handle = model.talker.codec_head.register_forward_hook(self._hook)
 
     def _hook(self, module, args, output):
         self.count += 1

@@ -59,7 +59,7 @@ class QwenCodecTTSSettings(TTSSettings):
         voice: the CustomVoice speaker (e.g. "vivian"); None for VoiceDesign.
         language: a pipecat `Language` or upstream's name ("english"); None: upstream's "Auto".
         instruct: VoiceDesign's voice description.
-        seed: `torch.manual_seed` before each utterance (None: not seeded).
+        seed: seeds each utterance's own sampling (None: not seeded).
         max_new_tokens: the most talker steps of an utterance (None: the checkpoint's).
     """
 
@@ -94,6 +94,7 @@ class QwenCodecTTSService(TTSService):
         device: str = "cpu",
         dtype: Any = "float32",
         attn_implementation: str | None = None,
+        loop: str = "own",
         chunk_frames: int | None = None,
         plugin_dir: str | None = None,
         sampling: dict[str, Any] | None = None,
@@ -110,6 +111,8 @@ class QwenCodecTTSService(TTSService):
             dtype: the talker's weights: "float32", "bfloat16", "float16" (or a torch dtype).
             attn_implementation: the talker's attention ("eager", "sdpa",
                 "flash_attention_2"; None: transformers' choice, as upstream's).
+            loop: the talker's generation loop: "own" (qwencodec_talker.loop, a frame out
+                when its codes exist) or "upstream" (upstream's generate, for checking).
             chunk_frames: qwencodecdec's frames per decode step (default: the element's, 1).
             plugin_dir: where libgstqwencodec.so is when GStreamer does not find it.
             sampling: upstream's sampling options (temperature, top_k, top_p,
@@ -136,7 +139,7 @@ class QwenCodecTTSService(TTSService):
 
             speaker = Speaker(model_dir, decoder_dir=decoder_dir, chunk_frames=chunk_frames,
                               device=device, dtype=dtype, attn_implementation=attn_implementation,
-                              plugin_dir=plugin_dir)
+                              plugin_dir=plugin_dir, loop=loop)
             self._owns_speaker = True
         else:
             self._owns_speaker = False
