@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The framework integrations (pipecat-qwencodec, livekit-plugins-qwencodec), against the installed
+# The framework integrations (pipecat-qwencodec, livekit-plugins-qwencodec) and the speech
+# endpoint (qwencodec-speech) with the frameworks' OpenAI clients, against the installed
 # packages: runs every tests/agents/test_*.py with the venv that tools/setup-packages.sh
 # pip-installs python/'s packages into, each file as its own process from a temp folder (nothing
 # of the checkout's python/ on the path), with GLib criticals fatal (G_DEBUG=fatal_warnings).

@@ -125,6 +125,7 @@ class Speaker:
                                            **words, **options):
                     decoder.push(frame)
                     progress["frames"] += 1
+                    self.frames_made = progress["frames"]
                 if not stop.is_set():
                     decoder.drain()
             except BaseException as error:  # handed to the consumer
