@@ -3,7 +3,8 @@
 # with upstream's classes into a temp folder (the torch venv's python, tools/setup-reference.sh),
 # then, with the venv that tools/setup-packages.sh pip-installs python/'s packages into, checks
 # that qwencodec_talker streams exactly upstream's non-streaming codes, that seeded streams keep
-# to their own randomness, and that the
+# to their own randomness, that a Base talker clones a reference WAV as upstream's wrapper does,
+# and that the
 # qwencodec-talker command's destinations (raw codes, RTP, the media server's /codes, SIGINT's
 # cancel) carry exactly its frames. The plugin reaches that venv as docs/talker.md tells users:
 # GST_PLUGIN_PATH (target/release, built by make build).
@@ -40,9 +41,15 @@ if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_seeds.py" "$tmp/models") >
   exit 1
 fi
 seeds="$(grep '^talker seeds' "$log" | sed 's/^talker seeds: //')"
+if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_clone.py" "$tmp/models") >"$log" 2>&1; then
+  grep -v "pad_token_id\|OrderedVocab" "$log" >&2
+  echo "check-talker: clone FAILED ($((SECONDS - start)) s)" >&2
+  exit 1
+fi
+clone="$(grep '^talker clone' "$log" | sed 's/^talker clone: //')"
 if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_destinations.py" "$tmp/models") >"$log" 2>&1; then
   grep -v "pad_token_id\|OrderedVocab" "$log" >&2
   echo "check-talker: destinations FAILED ($((SECONDS - start)) s)" >&2
   exit 1
 fi
-echo "check-talker: ok, $exactness; seeds: $seeds; $(grep '^talker destinations' "$log" | sed 's/^talker destinations: //') ($((SECONDS - start)) s)"
+echo "check-talker: ok, $exactness; seeds: $seeds; clone: $clone; $(grep '^talker destinations' "$log" | sed 's/^talker destinations: //') ($((SECONDS - start)) s)"

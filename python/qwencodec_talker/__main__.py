@@ -11,12 +11,13 @@ standard output or a file, the media server's /codes WebSocket, or RTP to a host
 
 Each frame goes out as soon as its 16 codes exist: the generation loop is qwencodec_talker.loop's
 (--loop upstream: upstream's generate, a frame out after the talker's next step, for checking).
-SIGINT or SIGTERM is a barge-in: generation stops before the talker's next step, the server is sent a cancel, and the count of
-frames sent is printed. The prompt is upstream's wrapper method's for the model's kind
-(generate_custom_voice, generate_voice_design): the text through the checkpoint's processor, its
-non_streaming_mode default, a 0.6B CustomVoice's instruct dropped; --text-ids takes the token ids
-of the whole assistant prompt instead. Base (voice clone) needs reference audio encoded by the
-speech tokenizer and is not offered here.
+SIGINT or SIGTERM is a barge-in: generation stops before the talker's next step, the server is
+sent a cancel, and the count of frames sent is printed. The prompt is upstream's wrapper
+method's for the model's kind (generate_custom_voice, generate_voice_design,
+generate_voice_clone): the text through the checkpoint's processor, its non_streaming_mode
+default, a 0.6B CustomVoice's instruct dropped; --text-ids takes the token ids of the whole
+assistant prompt instead. A Base checkpoint clones the voice of --ref-audio (with --ref-text, or
+--x-vector-only) as upstream's generate_voice_clone does (qwencodec_talker.clone).
 """
 
 import argparse
@@ -29,6 +30,7 @@ import torch
 
 from . import DTYPES, LOOPS, generate_kwargs, load_model, stream_frames
 from .destinations import RawCodes, Rtp, Server
+from .clone import load_speech_tokenizer, voice_clone_prompt
 from .prompt import load_processor, prompt
 
 
@@ -43,6 +45,12 @@ def main(argv=None):
     p.add_argument("--language", help="english, chinese, ... (default: upstream's Auto)")
     p.add_argument("--non-streaming-mode", action=argparse.BooleanOptionalAction,
                    help="upstream's non_streaming_mode (default: its wrapper's for the model's kind)")
+    p.add_argument("--ref-audio", help="Base: the reference recording to clone (a WAV file)")
+    p.add_argument("--ref-text", help="Base: the reference's transcript (ICL cloning)")
+    p.add_argument("--x-vector-only", action="store_true",
+                   help="Base: clone from the speaker embedding alone, without --ref-text")
+    p.add_argument("--speech-tokenizer", help="Base: the speech tokenizer that encodes the reference "
+                                              "(default MODEL/speech_tokenizer)")
     p.add_argument("--seed", type=int, help="seeds this stream's sampling (the same codes on both loops)")
     p.add_argument("--loop", choices=LOOPS, default="own",
                    help="own: qwencodec_talker.loop, a frame out when its codes exist (default); "
@@ -81,8 +89,13 @@ def main(argv=None):
     model = load_model(a.model, dtype=a.dtype, device=a.device,
                        attn_implementation=a.attn_implementation)
     try:
+        clone = None
+        if a.ref_audio:
+            clone = voice_clone_prompt(
+                model, a.ref_audio, ref_text=a.ref_text, x_vector_only_mode=a.x_vector_only, talker_dir=a.model,
+                speech_tokenizer=load_speech_tokenizer(a.speech_tokenizer, model.device) if a.speech_tokenizer else None)
         words = prompt(model, load_processor(a.model), a.text, speaker=a.speaker, instruct=a.instruct,
-                       language=a.language, non_streaming_mode=a.non_streaming_mode,
+                       language=a.language, non_streaming_mode=a.non_streaming_mode, voice_clone_prompt=clone,
                        input_ids=torch.tensor([[int(t) for t in a.text_ids.split(",")]]) if a.text_ids else None)
     except ValueError as error:
         p.error(str(error))

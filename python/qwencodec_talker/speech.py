@@ -96,11 +96,12 @@ class Speaker:
         self._lock = threading.Lock()
 
     def speak(self, text, *, speaker=None, instruct=None, language=None, non_streaming_mode=None,
-              seed=None, greedy=False, cancel=None, **sampling):
+              voice_clone_prompt=None, seed=None, greedy=False, cancel=None, **sampling):
         """Yields bytes of S16LE mono audio at `sample_rate` as the decoder makes them.
 
         The prompt is upstream's wrapper method's for the model's kind (`prompt.prompt`:
-        speaker, instruct, language and non_streaming_mode as it takes them, None its defaults).
+        speaker, instruct, language and non_streaming_mode as it takes them, None its defaults;
+        a Base checkpoint's voice_clone_prompt from `clone.voice_clone_prompt`).
         The utterance's audio is exactly the talker's frames decoded (samples_per_frame each).
         Stopping early (closing the generator, or setting the threading.Event `cancel`) stops
         the talker before its next step and drops the decoder's queued frames and audio.
@@ -110,7 +111,8 @@ class Speaker:
         """
         with self._lock:
             words = prompt(self.model, self.processor, text, speaker=speaker, instruct=instruct,
-                           language=language, non_streaming_mode=non_streaming_mode)
+                           language=language, non_streaming_mode=non_streaming_mode,
+                           voice_clone_prompt=voice_clone_prompt)
             yield from self._speak(words, seed, greedy, cancel, sampling)
 
     def _speak(self, words, seed, greedy, cancel, sampling):
