@@ -1,6 +1,7 @@
 """An OpenAI-compatible speech endpoint: the talker's frames decoded by qwencodecdec, streamed.
 
     qwencodec-speech serve --model DIR [--port 8000] [--voice-alias alloy=vivian] [--seed 1]
+    qwencodec-speech serve --model BASE_DIR --voice ref=REF.wav --voice-text ref="Its words."
 
 `POST /v1/audio/speech` takes OpenAI's body (`input`, `voice`, `response_format`,
 `instructions`, `model`, `speed`) and answers with the audio as the decoder makes it, a chunk a
@@ -12,8 +13,10 @@ utterance: the talker stops before its next step. One utterance at a time (one S
 decoder); others wait their turn.
 
 OpenAI clients name OpenAI's voices (pipecat's OpenAITTSService takes no other): `--voice-alias`
-maps such a name to one of the checkpoint's speakers. `voice` is a CustomVoice speaker; a
-VoiceDesign checkpoint takes its voice from `instructions` and ignores `voice`. Beyond OpenAI's
+maps such a name to one of the checkpoint's voices. `voice` is a CustomVoice speaker, or a Base
+checkpoint's voice cloned at start from `--voice NAME=WAV` (with `--voice-text NAME=TRANSCRIPT`,
+ICL; without, the x-vector alone: qwencodec_talker.clone); a VoiceDesign checkpoint takes its
+voice from `instructions` and ignores `voice`. Beyond OpenAI's
 fields, `seed` (default `--seed`), `max_new_tokens` (default `--max-new-tokens`, else the
 checkpoint's) and `language` (default upstream's Auto) are taken; `stream_format` is ignored
 (the body is always the audio itself, which LiveKit's openai.TTS reads as such). Each
@@ -33,6 +36,7 @@ from aiohttp import web
 
 from . import DTYPES, LOOPS
 from .bridge import Utterance
+from .clone import voice_clone_prompt
 
 # The formats always served, and the GStreamer encoders behind the others (used where found).
 PLAIN = {"pcm": "audio/pcm", "wav": "audio/wav"}
@@ -98,28 +102,33 @@ class Encoder:
 
 class SpeechServer:
     """The endpoint over one Speaker. `aliases`: OpenAI voice name -> the checkpoint's speaker;
+    `clones`: a Base checkpoint's voices, name -> clone.voice_clone_prompt's item;
     `seed`, `max_new_tokens`: each request's unless it gives its own (None: the checkpoint's
     max_new_tokens); `log`: where request lines go."""
 
-    def __init__(self, speaker, *, aliases=None, seed=None, max_new_tokens=None, log=sys.stderr):
+    def __init__(self, speaker, *, aliases=None, clones=None, seed=None, max_new_tokens=None, log=sys.stderr):
         self.speaker = speaker
         self.model = speaker.model
         self.kind = self.model.tts_model_type
-        if self.kind not in ("custom_voice", "voice_design"):
-            raise ValueError(f"a {self.kind} checkpoint is not served: CustomVoice or VoiceDesign only "
-                             "(Base clones a voice from reference audio)")
-        self.speakers = sorted(self.model.get_supported_speakers() or []) if self.kind == "custom_voice" else []
+        self.clones = dict(clones or {})
+        if self.kind == "base" and not self.clones:
+            raise ValueError("a Base checkpoint speaks in cloned voices: give at least one --voice NAME=WAV")
+        if self.clones and self.kind != "base":
+            raise ValueError(f"a {self.kind} checkpoint does not clone voices (--voice): Base only")
+        if self.kind == "custom_voice":
+            self.speakers = sorted(self.model.get_supported_speakers() or [])
+        else:
+            self.speakers = sorted(self.clones)
         self.aliases = dict(aliases or {})
         for alias, name in self.aliases.items():
             if name.lower() not in {s.lower() for s in self.speakers}:
-                raise ValueError(f"--voice-alias {alias}={name}: the checkpoint has no speaker {name!r}; "
-                                 f"it has: {', '.join(self.speakers)}")
+                raise ValueError(f"--voice-alias {alias}={name}: no voice {name!r}; "
+                                 f"the voices: {', '.join(self.speakers)}")
         self.seed = seed
         self.max_new_tokens = max_new_tokens
         self.log = log
         self.requests = 0
         self._turn = asyncio.Lock()
-        self._gst = None
         self.formats = dict(PLAIN)
         for name, (encoder, content_type) in ENCODED.items():
             if self._has(encoder):
@@ -156,17 +165,27 @@ class SpeechServer:
         max_new_tokens = body.get("max_new_tokens", self.max_new_tokens)
         if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens < 1):
             return error(400, f"max_new_tokens {max_new_tokens!r}: a positive integer", "max_new_tokens")
-        options = dict(seed=seed, language=body.get("language"), max_new_tokens=max_new_tokens)
+        language = body.get("language")
+        languages = self.model.get_supported_languages()
+        if language is not None and (not isinstance(language, str) or (
+                languages is not None and language.lower() not in {str(x).lower() for x in languages})):
+            return error(400, f"language {language!r} is not one of {', '.join(sorted(languages or []))}",
+                         "language")
+        options = dict(seed=seed, language=language, max_new_tokens=max_new_tokens)
         instructions = body.get("instructions") or None
         voice = body.get("voice")
-        if self.kind == "custom_voice":
+        if self.kind in ("custom_voice", "base"):
             if not isinstance(voice, str):
                 return error(400, f"voice: one of {', '.join(self.speakers + sorted(self.aliases))}", "voice")
             voice = self.aliases.get(voice, voice)
             if voice.lower() not in {s.lower() for s in self.speakers}:
                 return error(400, f"voice {body.get('voice')!r} is not one of "
                                   f"{', '.join(self.speakers + sorted(self.aliases))}", "voice")
-            options.update(speaker=voice, instruct=instructions)
+            if self.kind == "base":
+                options.update(voice_clone_prompt=self.clones[next(c for c in self.clones if c.lower() == voice.lower())])
+            else:
+                options.update(speaker=voice, instruct=instructions)
+            options["voice"] = voice
         else:
             if not instructions:
                 return error(400, "instructions: a VoiceDesign checkpoint needs the voice described",
@@ -186,8 +205,9 @@ class SpeechServer:
         if isinstance(parsed, web.Response):
             return parsed
         text, fmt, options = parsed
+        voice = options.pop("voice", None)
         self.requests += 1
-        record = dict(number=self.requests, format=fmt, voice=options.get("speaker"), seed=options["seed"],
+        record = dict(number=self.requests, format=fmt, voice=voice, seed=options["seed"],
                       frames=0, cancelled=False, frames_at_disconnect=None, first_audio_s=None, bytes=0)
         async with self._turn:
             speaker = self.speaker
@@ -234,17 +254,29 @@ class SpeechServer:
 def serve(args):
     from .speech import Speaker
 
-    aliases = {}
-    for item in args.voice_alias:
-        alias, _, name = item.partition("=")
-        if not alias or not name:
-            sys.exit(f"qwencodec-speech: --voice-alias {item!r}: ALIAS=SPEAKER")
-        aliases[alias] = name
+    def pairs(items, option, what):
+        out = {}
+        for item in items:
+            name, _, value = item.partition("=")
+            if not name or not value:
+                sys.exit(f"qwencodec-speech: {option} {item!r}: NAME={what}")
+            out[name] = value
+        return out
+
+    aliases = pairs(args.voice_alias, "--voice-alias", "SPEAKER")
+    references = pairs(args.voice, "--voice", "WAV")
+    transcripts = pairs(args.voice_text, "--voice-text", "TRANSCRIPT")
+    unknown = set(transcripts) - set(references)
+    if unknown:
+        sys.exit(f"qwencodec-speech: --voice-text for {', '.join(sorted(unknown))}, which no --voice names")
     speaker = Speaker(args.model, decoder_dir=args.decoder, chunk_frames=args.chunk_frames,
                       device=args.device, dtype=args.dtype, attn_implementation=args.attn_implementation,
                       plugin_dir=args.plugin_dir, loop=args.loop)
     try:
-        server = SpeechServer(speaker, aliases=aliases, seed=args.seed,
+        clones = {name: voice_clone_prompt(speaker.model, wav, ref_text=transcripts.get(name),
+                                           x_vector_only_mode=name not in transcripts, talker_dir=args.model)
+                  for name, wav in references.items()}
+        server = SpeechServer(speaker, aliases=aliases, clones=clones, seed=args.seed,
                               max_new_tokens=args.max_new_tokens)
     except ValueError as problem:
         speaker.close()
@@ -283,6 +315,10 @@ def main(argv=None):
     s.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
     s.add_argument("--voice-alias", action="append", default=[], metavar="ALIAS=SPEAKER",
                    help="an OpenAI voice name (alloy, ...) for one of the checkpoint's speakers")
+    s.add_argument("--voice", action="append", default=[], metavar="NAME=WAV",
+                   help="Base: a voice cloned from a reference recording")
+    s.add_argument("--voice-text", action="append", default=[], metavar="NAME=TRANSCRIPT",
+                   help="Base: the reference's transcript (ICL cloning; without it, the x-vector alone)")
     s.add_argument("--seed", type=int, help="each request's seed unless it gives one")
     s.add_argument("--max-new-tokens", type=int, help="each request's most frames unless it gives its own")
     s.add_argument("--chunk-frames", type=int, help="qwencodecdec's frames a decode step")

@@ -9,7 +9,8 @@ process, not through the server) decoded by gst-launch-1.0 (filesrc ! qwencodecd
 step, as the server's decoder takes them): the same length, at most 1 LSB apart, not silent.
 
 1. `GET /v1/audio/voices` lists the speakers and the aliases; a voice or format not served is
-   refused with OpenAI's error body naming what is.
+   refused with OpenAI's error body naming what is, and so are an empty input and an unknown
+   language.
 2. The openai client's streaming response, `pcm`: the audio, and the time to its first audio
    (the client's, and the server's from the request's arrival); `wav`: the
    same samples behind a streaming WAV header; `opus` where GStreamer's opusenc is: an Ogg stream.
@@ -154,7 +155,10 @@ async def test_plain_requests(server, refs):
         assert bad.status_code == 400 and "pcm" in message and "wav" in message, bad.text
         bad = await http.post("/v1/audio/speech", json=dict(model="x", input="", voice="vivian"))
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "input", bad.text
-    return f"{len(voices)} voices; unknown voice, format, empty input refused"
+        bad = await http.post("/v1/audio/speech", json=dict(model="x", input="Hi.", voice="vivian",
+                                                             response_format="pcm", language="klingon"))
+        assert bad.status_code == 400 and "english" in bad.json()["error"]["message"].lower(), bad.text
+    return f"{len(voices)} voices; unknown voice, format, language, empty input refused"
 
 
 async def test_openai_client(server, refs):

@@ -8,7 +8,8 @@ is written. `qwencodec_talker.clone.voice_clone_prompt` on it, through `prompt.p
 default loop's `stream_frames`, must give the codes upstream's wrapper gives for the same call,
 `Qwen3TTSModel.generate_voice_clone(text, ref_audio=WAV, ref_text=…)` (its speech tokenizer's
 decode replaced by one that keeps the codes): ICL greedy and seeded sampling, the x-vector alone
-greedy; so must the command line's `--ref-audio --ref-text`. The reference's codes must not be
+greedy; so must the command line's `--ref-audio --ref-text`, and `qwencodec-speech serve
+--voice ref=WAV --voice-text ref=…`'s pcm must be those codes decoded by gst-launch-1.0. The reference's codes must not be
 constant and a second recording must give another speaker embedding, so the encoders are used.
 
     python tests/talker/test_clone.py FIXTURE_ROOT   (holds base/)
@@ -20,8 +21,10 @@ with the python of the venv that tools/setup-packages.sh pip-installs the packag
 import json
 import shutil
 import struct
+import subprocess
 import sys
 import tempfile
+import urllib.request
 import wave
 from pathlib import Path
 
@@ -37,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TEXT = "A cloned voice says this."
 REF_TEXT = "The words of the reference."
 MAX_NEW = 30
+DECODER = ROOT / "tests" / "fixtures" / "release-tiny"
 
 
 def installed(*modules):
@@ -106,6 +110,47 @@ class Keeper:
         return [np.zeros(1, dtype=np.float32) for _ in items], 24000
 
 
+def endpoint_audio(talker, reference, tmp, frames):
+    """`qwencodec-speech serve` with the voice `ref` cloned from `reference`: (its pcm for TEXT,
+    seed 6; `frames` decoded by gst-launch-1.0)."""
+    codes, decoded = tmp / "clone-codes.raw", tmp / "clone-audio.raw"
+    codes.write_bytes(b"".join(struct.pack("<16h", *f) for f in frames))
+    subprocess.run(["gst-launch-1.0", "-q", "filesrc", f"location={codes}",
+                    "!", "audio/x-qwen3-tts-codes,codebooks=16,framerate=25/2",
+                    "!", "qwencodecdec", f"model-path={DECODER}", "device=cpu", "max-step-frames=1",
+                    "!", "audio/x-raw,format=S16LE,channels=1", "!", "filesink", f"location={decoded}"],
+                   check=True, timeout=60)
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "qwencodec-speech"), "serve", "--model", str(talker),
+         "--decoder", str(DECODER), "--port", "0", "--voice", f"ref={reference}", "--voice-text", f"ref={REF_TEXT}",
+         "--seed", "6", "--max-new-tokens", str(MAX_NEW), "--threads", "1"],
+        stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in server.stderr:
+            if line.startswith("qwencodec-speech: serving "):
+                port = int(line.split("/v1/")[0].rsplit(":", 1)[1])
+                break
+        if port is None:
+            raise AssertionError("qwencodec-speech did not start")
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/audio/speech", method="POST",
+            data=json.dumps(dict(model="qwen3-tts", input=TEXT, voice="ref", response_format="pcm")).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            audio = response.read()
+    finally:
+        server.terminate()
+        server.wait(30)
+    return audio, decoded.read_bytes()
+
+
+def max_difference(a, b):
+    a = np.frombuffer(a, dtype="<i2").astype(np.int32)
+    b = np.frombuffer(b, dtype="<i2").astype(np.int32)
+    return int(np.abs(a - b).max())
+
+
 def main():
     from qwen_tts.inference.qwen3_tts_model import Qwen3TTSModel
 
@@ -168,13 +213,20 @@ def main():
         check("the command line's --ref-audio --ref-text: generate_voice_clone's codes",
               expected and data == b"".join(struct.pack("<16h", *f) for f in expected),
               f"({len(data) // 32} frames, the wrapper {len(expected)})")
+
+        # The endpoint: a voice cloned at start from the same WAV and transcript; its audio is the
+        # wrapper's codes (seed 6, above) decoded by gst-launch-1.0, a frame a step.
+        audio, decoded = endpoint_audio(talker, reference, Path(tmp), expected)
+        check("qwencodec-speech --voice --voice-text: generate_voice_clone's codes decoded",
+              len(audio) == len(decoded) and len(decoded) > 0 and max_difference(audio, decoded) <= 1,
+              f"({len(audio)} bytes, the decode {len(decoded)})")
         try:
             prompt(model, processor, TEXT)
             check("a Base prompt without a voice is refused", False)
         except ValueError as error:
             check("a Base prompt without a voice is refused naming what it needs", "voice_clone_prompt" in str(error))
 
-    print(f"talker clone: {runs + 1} runs against generate_voice_clone; "
+    print(f"talker clone: {runs + 1} runs against generate_voice_clone, and the endpoint; "
           f"{'FAILED ' + ', '.join(failures) if failures else 'all ok'}")
     return 1 if failures else 0
 
