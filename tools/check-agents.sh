@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The framework integrations (pipecat-qwencodec, livekit-plugins-qwencodec), against the installed
+# The framework integrations (pipecat-qwencodec, livekit-plugins-qwencodec) and the speech
+# endpoint (qwencodec-speech) with the frameworks' OpenAI clients, against the installed
 # packages: runs every tests/agents/test_*.py with the venv that tools/setup-packages.sh
 # pip-installs python/'s packages into, each file as its own process from a temp folder (nothing
 # of the checkout's python/ on the path), with GLib criticals fatal (G_DEBUG=fatal_warnings).
@@ -30,7 +31,7 @@ for test in tests/agents/test_*.py; do
   if (cd "$tmp" && "$python" "$repo/$test") >"$tmp/log" 2>&1; then
     echo "check-agents: $test ok ($((SECONDS - t)) s): $(tail -n 1 "$tmp/log")"
   else
-    grep -v "pad_token_id\| | DEBUG \| | TRACE " "$tmp/log" | tail -n 60 >&2
+    grep -v "pad_token_id\|OrderedVocab\| | DEBUG \| | TRACE " "$tmp/log" | tail -n 60 >&2
     echo "check-agents: $test FAILED ($((SECONDS - t)) s)" >&2
     failed+=("$test")
   fi

@@ -2,7 +2,9 @@
 # Talker streaming exactness, against the installed package: builds the tiny random talkers
 # with upstream's classes into a temp folder (the torch venv's python, tools/setup-reference.sh),
 # then, with the venv that tools/setup-packages.sh pip-installs python/'s packages into, checks
-# that qwencodec_talker streams exactly upstream's non-streaming codes, and that the
+# that qwencodec_talker streams exactly upstream's non-streaming codes, that seeded streams keep
+# to their own randomness, that a Base talker clones a reference WAV as upstream's wrapper does,
+# and that the
 # qwencodec-talker command's destinations (raw codes, RTP, the media server's /codes, SIGINT's
 # cancel) carry exactly its frames. The plugin reaches that venv as docs/talker.md tells users:
 # GST_PLUGIN_PATH (target/release, built by make build).
@@ -23,7 +25,7 @@ if ! "$fixtures" tools/make_talker_fixture.py --kind all --out "$tmp/models" >"$
 fi
 # From the temp folder: nothing of the checkout's python/ on the path, only what pip installed.
 if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_exact.py" "$tmp/models") >"$log" 2>&1; then
-  grep -v "pad_token_id" "$log" >&2
+  grep -v "pad_token_id\|OrderedVocab" "$log" >&2
   echo "check-talker: FAILED ($((SECONDS - start)) s)" >&2
   exit 1
 fi
@@ -33,9 +35,21 @@ if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_loop.py" "$tmp/models") >"
   echo "check-talker: loop FAILED ($((SECONDS - start)) s)" >&2
   exit 1
 fi
+if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_seeds.py" "$tmp/models") >"$log" 2>&1; then
+  grep -v "pad_token_id\|OrderedVocab" "$log" >&2
+  echo "check-talker: seeds FAILED ($((SECONDS - start)) s)" >&2
+  exit 1
+fi
+seeds="$(grep '^talker seeds' "$log" | sed 's/^talker seeds: //')"
+if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_clone.py" "$tmp/models") >"$log" 2>&1; then
+  grep -v "pad_token_id\|OrderedVocab" "$log" >&2
+  echo "check-talker: clone FAILED ($((SECONDS - start)) s)" >&2
+  exit 1
+fi
+clone="$(grep '^talker clone' "$log" | sed 's/^talker clone: //')"
 if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_destinations.py" "$tmp/models") >"$log" 2>&1; then
-  grep -v "pad_token_id" "$log" >&2
+  grep -v "pad_token_id\|OrderedVocab" "$log" >&2
   echo "check-talker: destinations FAILED ($((SECONDS - start)) s)" >&2
   exit 1
 fi
-echo "check-talker: ok, $exactness; $(grep '^talker destinations' "$log" | sed 's/^talker destinations: //') ($((SECONDS - start)) s)"
+echo "check-talker: ok, $exactness; seeds: $seeds; clone: $clone; $(grep '^talker destinations' "$log" | sed 's/^talker destinations: //') ($((SECONDS - start)) s)"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# python/'s packages (qwencodec-talker with its server extra, pipecat-qwencodec,
-# livekit-plugins-qwencodec) pip-installed into a fresh venv made as docs/talker.md tells users:
-# Debian's python3 with --system-site-packages, for GStreamer's Python bindings (python3-gi).
+# python/'s packages (qwencodec-talker with its server and serve extras, pipecat-qwencodec and
+# livekit-plugins-qwencodec with their openai extras) pip-installed into a fresh venv made as
+# docs/talker.md tells users: Debian's python3 with --system-site-packages, for GStreamer's
+# Python bindings (python3-gi).
 # The plugin reaches it through GST_PLUGIN_PATH, which the check scripts set.
 # One venv per content of python/ and of this script, in $QWENCODEC_CACHE/python-packages/<key>:
 # a re-run with nothing changed only hashes. Torch is not downloaded again (4.6 GB): the torch
@@ -78,7 +79,8 @@ PY
   site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   echo "$venv/torch" > "$site/qwencodec-torch.pth"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-    "./python[server]" ./python/pipecat-qwencodec ./python/livekit-plugins-qwencodec >&2
+    "./python[server,serve]" "./python/pipecat-qwencodec[openai]" \
+    "./python/livekit-plugins-qwencodec[openai]" >&2
   touch "$venv/.complete"
   # Keep the three newest: another checkout may still be testing an older content.
   ls -1dt "$root"/*/ | tail -n +4 | xargs -r rm -rf

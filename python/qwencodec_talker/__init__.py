@@ -39,13 +39,15 @@ def _unavailable(what):
 
 
 def load_upstream():
-    """Import upstream's talker modules without qwen_tts/__init__.
+    """Import upstream's talker modules: (configuration, modeling).
 
-    That __init__ (and qwen_tts.core's) pulls in the whole stack. The modeling
-    module imports two things the talker never calls: librosa's mel filter
-    (speaker-encoder front end, reference audio only) and the speech
-    tokenizer wrapper (used by its from_pretrained, which we bypass). Both are
-    shimmed with stand-ins that raise if ever called.
+    With qwen-tts installed as it declares itself (the package's requirements), that is the
+    whole of upstream, its wrapper and speech tokenizer included. Without its dependencies (the
+    torch venv of tools/setup-reference.sh, for the fixture and benchmark scripts), qwen_tts's
+    __init__ (and qwen_tts.core's) cannot load: the modules are then imported without them, and
+    the two things the modeling module imports but the talker never calls, librosa's mel filter
+    (speaker-encoder front end, reference audio only) and the speech tokenizer wrapper (used by
+    its from_pretrained, which we bypass), are stand-ins that raise if ever called.
     """
     if "qwen_tts.core.models.modeling_qwen3_tts" in sys.modules:
         mods = sys.modules
@@ -54,6 +56,12 @@ def load_upstream():
     spec = importlib.util.find_spec("qwen_tts")
     if spec is None:
         sys.exit("qwen-tts is not installed: pip install the qwencodec-talker package (docs/talker.md)")
+    try:
+        importlib.import_module("qwen_tts")
+        return (importlib.import_module("qwen_tts.core.models.configuration_qwen3_tts"),
+                importlib.import_module("qwen_tts.core.models.modeling_qwen3_tts"))
+    except ImportError:
+        pass
     root = Path(next(iter(spec.submodule_search_locations)))
     for name, sub in (("qwen_tts", ""), ("qwen_tts.core", "core"),
                       ("qwen_tts.core.models", "core/models"),
@@ -204,18 +212,36 @@ def stream_codes(model, *, input_ids, instruct_ids=None, ref_ids=None,
         worker.join()
 
 
-def assistant_text(text):
-    """The prompt text upstream's wrapper tokenizes (_build_assistant_text)."""
-    return f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+# The generation loops a stream can run on: qwencodec_talker.loop's own (the default), or
+# upstream's `generate` (stream_codes above), kept for checking the other against.
+LOOPS = ("own", "upstream")
 
 
-def instruct_text(instruct):
-    return f"<|im_start|>user\n{instruct}<|im_end|>\n"
+def stream_frames(model, *, loop="own", seed=None, cancel=None, **arguments):
+    """Each frame's 16 codes from the loop named (LOOPS), with `stream_codes`' arguments.
 
+    "own": `loop.stream_codes`, which hands a frame out when the code predictor returns and
+    draws from a torch.Generator of the stream's own, seeded with `seed` (or `generator=`);
+    "upstream": upstream's `generate`, a frame out after the talker's next step, `seed` through
+    torch.manual_seed. The same seed gives the same codes on both. No frame is handed out once
+    `cancel` is set; closing the generator stops the loop before its next step.
+    """
+    if loop == "upstream":
+        if arguments.get("generator") is not None:
+            raise ValueError("loop 'upstream' draws from torch's global generator: give a seed")
+        arguments.pop("generator", None)
+        frames = stream_codes(model, seed=seed, cancel=cancel, **arguments)
+    elif loop == "own":
+        from . import loop as own  # here: it imports transformers' generation machinery
 
-def tokenize(model_dir, text):
-    """Token ids [1, T] with the checkpoint's own text tokenizer (Qwen2
-    vocab.json/merges.txt of a real download)."""
-    from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    return torch.tensor([tokenizer(text)["input_ids"]], dtype=torch.long)
+        frames = own.stream_codes(model, seed=seed, cancel=cancel, **arguments)
+    else:
+        raise ValueError(f"loop {loop!r} is not one of {', '.join(LOOPS)}")
+    try:
+        for frame in frames:
+            if cancel is not None and cancel.is_set():
+                return
+            yield frame
+    finally:
+        frames.close()

@@ -9,11 +9,15 @@ standard output or a file, the media server's /codes WebSocket, or RTP to a host
     ... --server "ws://HOST:8080/codes?session=ID" --token TOKEN   (add &transport=rtp for RTP)
     ... --rtp HOST:PORT                  (rtpqwencodespay; udpsrc ! rtpqwencodesdepay at the other end)
 
-Each frame goes out as soon as upstream's talker has made it. SIGINT or SIGTERM is a barge-in:
-generation stops before the talker's next step, the server is sent a cancel, and the count of
-frames sent is printed. Text goes through the checkpoint's own tokenizer; --text-ids takes the
-token ids of the whole assistant prompt instead. Base (voice clone) needs reference audio
-encoded by the speech tokenizer and is not offered here.
+Each frame goes out as soon as its 16 codes exist: the generation loop is qwencodec_talker.loop's
+(--loop upstream: upstream's generate, a frame out after the talker's next step, for checking).
+SIGINT or SIGTERM is a barge-in: generation stops before the talker's next step, the server is
+sent a cancel, and the count of frames sent is printed. The prompt is upstream's wrapper
+method's for the model's kind (generate_custom_voice, generate_voice_design,
+generate_voice_clone): the text through the checkpoint's processor, its non_streaming_mode
+default, a 0.6B CustomVoice's instruct dropped; --text-ids takes the token ids of the whole
+assistant prompt instead. A Base checkpoint clones the voice of --ref-audio (with --ref-text, or
+--x-vector-only) as upstream's generate_voice_clone does (qwencodec_talker.clone).
 """
 
 import argparse
@@ -24,9 +28,10 @@ import threading
 
 import torch
 
-from . import (DTYPES, assistant_text, generate_kwargs, instruct_text, load_model,
-               stream_codes, tokenize)
+from . import DTYPES, LOOPS, generate_kwargs, load_model, stream_frames
 from .destinations import RawCodes, Rtp, Server
+from .clone import load_speech_tokenizer, voice_clone_prompt
+from .prompt import load_processor, prompt
 
 
 def main(argv=None):
@@ -36,9 +41,20 @@ def main(argv=None):
     text.add_argument("--text")
     text.add_argument("--text-ids", help="comma-separated token ids of the whole assistant prompt")
     p.add_argument("--speaker", help="CustomVoice speaker name")
-    p.add_argument("--instruct", help="VoiceDesign (or 1.7B CustomVoice) instruction")
-    p.add_argument("--language", default="auto")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--instruct", help="VoiceDesign voice description, or a 1.7B CustomVoice's instruction")
+    p.add_argument("--language", help="english, chinese, ... (default: upstream's Auto)")
+    p.add_argument("--non-streaming-mode", action=argparse.BooleanOptionalAction,
+                   help="upstream's non_streaming_mode (default: its wrapper's for the model's kind)")
+    p.add_argument("--ref-audio", help="Base: the reference recording to clone (a WAV file)")
+    p.add_argument("--ref-text", help="Base: the reference's transcript (ICL cloning)")
+    p.add_argument("--x-vector-only", action="store_true",
+                   help="Base: clone from the speaker embedding alone, without --ref-text")
+    p.add_argument("--speech-tokenizer", help="Base: the speech tokenizer that encodes the reference "
+                                              "(default MODEL/speech_tokenizer)")
+    p.add_argument("--seed", type=int, help="seeds this stream's sampling (the same codes on both loops)")
+    p.add_argument("--loop", choices=LOOPS, default="own",
+                   help="own: qwencodec_talker.loop, a frame out when its codes exist (default); "
+                        "upstream: upstream's generate, for checking")
     p.add_argument("--greedy", action="store_true", help="no sampling, talker and code predictor")
     p.add_argument("--temperature", type=float)
     p.add_argument("--top-k", type=int)
@@ -57,17 +73,32 @@ def main(argv=None):
     p.add_argument("--token", default=os.environ.get("QWENCODEC_TOKEN"),
                    help="--server's bearer token (default: $QWENCODEC_TOKEN)")
     a = p.parse_args(argv)
+    codes = None
+    if not (a.server or a.rtp):
+        if a.out == "-":
+            # Standard output is the codes' alone: what else is written to it (upstream's and the
+            # tokenizers' notices, from Python or from native code) goes to standard error.
+            codes = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+            sys.stdout.flush()
+            os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+        else:
+            codes = open(a.out, "wb")
     if a.threads:
         torch.set_num_threads(a.threads)
 
     model = load_model(a.model, dtype=a.dtype, device=a.device,
                        attn_implementation=a.attn_implementation)
-    if a.text_ids:
-        input_ids = torch.tensor([[int(t) for t in a.text_ids.split(",")]])
-    else:
-        input_ids = tokenize(a.model, assistant_text(a.text))
-    input_ids = input_ids.to(model.device)
-    instruct_ids = tokenize(a.model, instruct_text(a.instruct)).to(model.device) if a.instruct else None
+    try:
+        clone = None
+        if a.ref_audio:
+            clone = voice_clone_prompt(
+                model, a.ref_audio, ref_text=a.ref_text, x_vector_only_mode=a.x_vector_only, talker_dir=a.model,
+                speech_tokenizer=load_speech_tokenizer(a.speech_tokenizer, model.device) if a.speech_tokenizer else None)
+        words = prompt(model, load_processor(a.model), a.text, speaker=a.speaker, instruct=a.instruct,
+                       language=a.language, non_streaming_mode=a.non_streaming_mode, voice_clone_prompt=clone,
+                       input_ids=torch.tensor([[int(t) for t in a.text_ids.split(",")]]) if a.text_ids else None)
+    except ValueError as error:
+        p.error(str(error))
     gen = generate_kwargs(model, greedy=a.greedy, temperature=a.temperature, top_k=a.top_k,
                           top_p=a.top_p, repetition_penalty=a.repetition_penalty,
                           max_new_tokens=a.max_new_tokens)
@@ -77,14 +108,13 @@ def main(argv=None):
         host, _, port = a.rtp.rpartition(":")
         destination = Rtp(host, int(port))
     else:
-        destination = RawCodes(sys.stdout.buffer if a.out == "-" else open(a.out, "wb"))
+        destination = RawCodes(codes)
 
     cancel = threading.Event()
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, lambda *_: cancel.set())
     frames = 0
-    stream = stream_codes(model, input_ids=input_ids, instruct_ids=instruct_ids,
-                          language=a.language, speaker=a.speaker, seed=a.seed, cancel=cancel, **gen)
+    stream = stream_frames(model, loop=a.loop, seed=a.seed, cancel=cancel, **words, **gen)
     try:
         for frame in stream:
             destination.send(frame)
@@ -99,7 +129,8 @@ def main(argv=None):
     except BrokenPipeError:
         # The reader went away: stop generating at once, quietly.
         stream.close()
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if codes is not None:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), codes.fileno())
         return 0
     finally:
         stream.close()

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 
-from . import assistant_text, generate_kwargs, instruct_text, load_model, stream_codes, tokenize
+from . import generate_kwargs, load_model, stream_frames
 from .pipeline import CodesPipeline
+from .prompt import load_processor, prompt
 
 __all__ = ["Decoder", "Speaker", "decoder_geometry"]
 
@@ -77,49 +78,56 @@ class Speaker:
     talker_dir: a Qwen3-TTS 12 Hz checkpoint folder (published layout); decoder_dir: its
     speech tokenizer (default talker_dir/speech_tokenizer). device ("cpu", "cuda", "cuda:N") is
     the talker's and the decoder's; dtype (a torch dtype or "float32", "bfloat16", "float16")
-    and attn_implementation the talker's, as load_model takes them. One `speak` at a time.
+    and attn_implementation the talker's, as load_model takes them; loop the generation loop
+    (qwencodec_talker.LOOPS: "own", or "upstream" for checking). One `speak` at a time.
     """
 
     def __init__(self, talker_dir, *, decoder_dir=None, chunk_frames=None, device="cpu",
-                 dtype=torch.float32, attn_implementation=None, plugin_dir=None):
+                 dtype=torch.float32, attn_implementation=None, plugin_dir=None, loop="own"):
         self.talker_dir = Path(talker_dir)
         self.model = load_model(self.talker_dir, dtype=dtype, device=device,
                                 attn_implementation=attn_implementation)
+        self.processor = load_processor(self.talker_dir)
         self.decoder = Decoder(decoder_dir or self.talker_dir / "speech_tokenizer",
                                chunk_frames=chunk_frames, device=device, plugin_dir=plugin_dir)
         self.sample_rate = self.decoder.sample_rate
+        self.loop = loop
         self.frames_made = 0
         self._lock = threading.Lock()
 
-    def speak(self, text, *, speaker=None, instruct=None, language="auto", seed=None,
-              greedy=False, cancel=None, **sampling):
+    def speak(self, text, *, speaker=None, instruct=None, language=None, non_streaming_mode=None,
+              voice_clone_prompt=None, seed=None, greedy=False, cancel=None, **sampling):
         """Yields bytes of S16LE mono audio at `sample_rate` as the decoder makes them.
 
+        The prompt is upstream's wrapper method's for the model's kind (`prompt.prompt`:
+        speaker, instruct, language and non_streaming_mode as it takes them, None its defaults;
+        a Base checkpoint's voice_clone_prompt from `clone.voice_clone_prompt`).
         The utterance's audio is exactly the talker's frames decoded (samples_per_frame each).
         Stopping early (closing the generator, or setting the threading.Event `cancel`) stops
         the talker before its next step and drops the decoder's queued frames and audio.
-        `sampling`: upstream's options (temperature, top_k, top_p, repetition_penalty,
+        `seed` seeds this utterance's own sampling (on the "own" loop, a torch.Generator of
+        its own: no other stream's randomness is touched). `sampling`: upstream's options (temperature, top_k, top_p, repetition_penalty,
         max_new_tokens, subtalker_*).
         """
         with self._lock:
-            yield from self._speak(text, speaker, instruct, language, seed, greedy, cancel, sampling)
+            words = prompt(self.model, self.processor, text, speaker=speaker, instruct=instruct,
+                           language=language, non_streaming_mode=non_streaming_mode,
+                           voice_clone_prompt=voice_clone_prompt)
+            yield from self._speak(words, seed, greedy, cancel, sampling)
 
-    def _speak(self, text, speaker, instruct, language, seed, greedy, cancel, sampling):
+    def _speak(self, words, seed, greedy, cancel, sampling):
         stop = threading.Event()
         decoder = self.decoder
         progress = {"frames": 0, "done": False, "error": None}
-        device = self.model.device
-        input_ids = tokenize(self.talker_dir, assistant_text(text)).to(device)
-        instruct_ids = tokenize(self.talker_dir, instruct_text(instruct)).to(device) if instruct else None
         options = generate_kwargs(self.model, greedy=greedy, **sampling)
 
         def talk():
             try:
-                for frame in stream_codes(self.model, input_ids=input_ids, instruct_ids=instruct_ids,
-                                          language=language, speaker=speaker, seed=seed,
-                                          cancel=stop, **options):
+                for frame in stream_frames(self.model, loop=self.loop, seed=seed, cancel=stop,
+                                           **words, **options):
                     decoder.push(frame)
                     progress["frames"] += 1
+                    self.frames_made = progress["frames"]
                 if not stop.is_set():
                     decoder.drain()
             except BaseException as error:  # handed to the consumer

@@ -18,7 +18,7 @@ pipeline, so a dropped, repeated or reordered chunk fails, and so does silence:
    keeps one segment per stream; text after a flush is dropped by its base class) whose audio
    is the first sentence's decode then the second's, each spoken as its own utterance; the
    first audio comes while the talker is still on the first sentence (frames made then, counted
-   by a hook on the talker, fewer than the sentence's frames).
+   by a hook on the code predictor's last head, fewer than the sentence's frames).
 3. aclose() once a long utterance has been heard: the talker stops within a few frames (counted
    by the hook, and Speaker.frames_made), makes no frame after aclose returns, the decoder holds
    no audio of it, nothing is emitted after; a new stream then speaks exactly its reference.
@@ -43,16 +43,17 @@ ROOT = Path(__file__).resolve().parents[2]
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from qwencodec_talker import (  # noqa: E402
-    assistant_text, generate_kwargs, stream_codes, tokenize)
+from qwencodec_talker import generate_kwargs, stream_codes  # noqa: E402
+from qwencodec_talker.prompt import load_processor, prompt  # noqa: E402
 from qwencodec_talker.speech import Decoder, Speaker  # noqa: E402
 
 DECODER = ROOT / "tests" / "fixtures" / "release-tiny"
 VOICE = "vivian"
 SEED = 4
-FIRST = "Hello there, how are you today?"   # 17 frames with seed 4
-SECOND = "This is the second sentence."     # 10 frames with seed 4
-LONG = "Here is a long story that goes on and on for quite a while."  # 36 frames with seed 4
+# Frames with seed 4 and upstream's defaults (CustomVoice: non_streaming_mode) on the tiny talker.
+FIRST = "Hello there, how are you today?"   # 25 frames
+SECOND = "This is the second sentence."     # 31 frames
+LONG = "Here is a long story that goes on and on for quite a while."  # 23 frames
 MAX_NEW_TOKENS = 200
 CANCEL_SLACK = 3  # frames the talker may make after aclose is called
 
@@ -75,16 +76,15 @@ def check(condition, message):
 
 
 class FrameCounter:
-    """Frames the talker has made so far: a forward hook on upstream's talker, which returns a
-    frame's 16 codes (hidden_states[1]) at each step after the prompt's."""
+    """Frames the talker has made so far: a forward hook on the code predictor's last head,
+    which runs once a frame, when the frame's last code is made (on either loop)."""
 
     def __init__(self, model):
         self.frames = 0
-        self.handle = model.talker.register_forward_hook(self.hook)
+        self.handle = model.talker.code_predictor.lm_head[-1].register_forward_hook(self.hook)
 
     def hook(self, module, args, output):
-        if output.hidden_states[1] is not None:
-            self.frames += 1
+        self.frames += 1
 
 
 class References:
@@ -93,13 +93,13 @@ class References:
 
     def __init__(self, talker_dir, model):
         self.talker_dir, self.model = talker_dir, model
+        self.processor = load_processor(talker_dir)
         self.decoder = Decoder(DECODER)
         self.cache = {}
 
     def frames(self, text):
         return list(stream_codes(
-            self.model, input_ids=tokenize(self.talker_dir, assistant_text(text)),
-            language="auto", speaker=VOICE, seed=SEED,
+            self.model, **prompt(self.model, self.processor, text, speaker=VOICE), seed=SEED,
             **generate_kwargs(self.model, max_new_tokens=MAX_NEW_TOKENS)))
 
     def audio(self, text):

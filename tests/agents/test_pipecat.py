@@ -48,13 +48,15 @@ from pipecat.pipeline.worker import PipelineParams  # noqa: E402
 from pipecat.tests.utils import SleepFrame, run_test  # noqa: E402
 
 from pipecat_qwencodec import QwenCodecTTSService  # noqa: E402
-from qwencodec_talker import assistant_text, generate_kwargs, stream_codes, tokenize  # noqa: E402
+from qwencodec_talker import generate_kwargs, stream_codes  # noqa: E402
+from qwencodec_talker.prompt import prompt  # noqa: E402
 from qwencodec_talker.speech import Speaker  # noqa: E402
 
 DECODER = ROOT / "tests" / "fixtures" / "release-tiny"
 SAMPLES_PER_FRAME = 1920
-SHORT = ("Hello there.", 1)  # text, seed: 14 frames, ends on EOS
-LONG = ("Hello from the pipecat test, a longer sentence to say.", 6)  # 55 frames uninterrupted
+# Seeds for upstream's defaults (CustomVoice: non_streaming_mode) on the tiny talker.
+SHORT = ("Hello there.", 11)  # text, seed: 14 frames, ends on EOS
+LONG = ("Hello from the pipecat test, a longer sentence to say.", 14)  # 126 frames uninterrupted
 
 
 def installed(*modules):
@@ -70,11 +72,12 @@ installed(sys.modules[QwenCodecTTSService.__module__], sys.modules[Speaker.__mod
 
 
 class Steps:
-    """Counts the talker's forward calls (one per talker step; frame N is out after step N+1)."""
+    """Counts the talker's steps (its codec head runs once a step, on either loop; the prefill is
+    one): at N steps the talker has made N - 1 frames, and may be making the Nth."""
 
     def __init__(self, model):
         self.count = 0
-        self.handle = model.talker.register_forward_hook(self._hook)
+        self.handle = model.talker.codec_head.register_forward_hook(self._hook)
 
     def _hook(self, module, args, output):
         self.count += 1
@@ -118,8 +121,7 @@ def reference_audio(speaker, tmp, text, seed, max_new_tokens):
     One frame a decode step (max-step-frames=1), as the service's decoder takes the talker's
     frames one by one; a step of several frames rounds a few samples 1 LSB apart."""
     model = speaker.model
-    ids = tokenize(speaker.talker_dir, assistant_text(text))
-    frames = list(stream_codes(model, input_ids=ids, speaker="vivian", seed=seed,
+    frames = list(stream_codes(model, **prompt(model, speaker.processor, text, speaker="vivian"), seed=seed,
                                **generate_kwargs(model, max_new_tokens=max_new_tokens)))
     codes, audio = Path(tmp) / "codes.raw", Path(tmp) / "audio.raw"
     codes.write_bytes(b"".join(int(c).to_bytes(2, "little", signed=True)

@@ -2,11 +2,12 @@
 """The talker command line's destinations carry exactly its frames, and SIGINT is a barge-in.
 
 On the tiny CustomVoice talker (seed fixed, so the same frames every run): the frames written
-with --out are the reference; --rtp to a udpsrc ! rtpqwencodesdepay pipeline in this process
+with --out are the reference, and --loop upstream writes the same; --rtp to a udpsrc ! rtpqwencodesdepay pipeline in this process
 delivers the same frames, the first packet marked; --server to a stand-in for the media
 server's /codes (websockets) gets them as binary messages then {"type":"end"}, and with
 transport=rtp as RTP to the port it names with end on the WebSocket; a SIGINT during a long
-run sends {"type":"cancel"} after the frames it counts, and none after.
+run sends {"type":"cancel"} after the frames it counts, and none after: the first frames of the
+same run uninterrupted, fewer than it makes.
 
     python tests/talker/test_destinations.py FIXTURE_ROOT   (holds custom_voice/)
 
@@ -30,6 +31,7 @@ from websockets.sync.server import serve
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = "Hello there, a test of where the frames go."
 FRAME_BYTES = 32
+LONG = 400  # --max-new-tokens of the run that SIGINT interrupts
 
 
 def installed(*modules):
@@ -143,6 +145,12 @@ def main():
     frames = len(codes) // FRAME_BYTES
     check("--out - wrote whole frames", len(codes) == frames * FRAME_BYTES and frames >= 5, f"({len(codes)} bytes)")
 
+    # Upstream's generate, the same seed: the same frames.
+    upstream = talker(model, "--out", "-", "--loop", "upstream", stdout=subprocess.PIPE)
+    data, _ = upstream.communicate(timeout=120)
+    check("--loop upstream writes the frames of the default loop", data == codes,
+          f"({len(data) // FRAME_BYTES} of {frames} frames)")
+
     # RTP to a host and port.
     receiver = RtpReceiver()
     stderr = finished(talker(model, "--rtp", f"127.0.0.1:{receiver.port}"), "--rtp")
@@ -176,10 +184,16 @@ def main():
     receiver.close()
     receiver2.close()
 
-    # SIGINT during a long run: cancel after the frames counted, nothing after it.
+    # SIGINT during a long run: cancel after the frames counted, nothing after it. The same run
+    # uninterrupted is the reference: the interrupted one sends a part of it, and stops short.
+    uninterrupted = talker(model, "--out", "-", max_frames=LONG, stdout=subprocess.PIPE)
+    whole, _ = uninterrupted.communicate(timeout=300)
+    whole = [whole[i:i + FRAME_BYTES] for i in range(0, len(whole), FRAME_BYTES)]
+    check("the long run, uninterrupted, makes enough frames to interrupt", len(whole) >= 30,
+          f"({len(whole)} frames)")
     server = CodesServer()
     url = f"ws://127.0.0.1:{server.port}/codes?session=s1"
-    long = talker(model, "--server", url, "--token", "secret", max_frames=2000)
+    long = talker(model, "--server", url, "--token", "secret", max_frames=LONG)
     deadline = time.monotonic() + 60
     while len(server.messages) < 8 and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -194,7 +208,9 @@ def main():
           and isinstance(server.messages[-1], str), f"({server.texts()})")
     check("SIGINT: at most 2 frames after the signal", len(binary) - sent_at_signal <= 2,
           f"({sent_at_signal} before it, {len(binary)} in all)")
-    check("SIGINT: the long run stopped", len(binary) < 2000)
+    check("SIGINT: the frames sent are the uninterrupted run's first ones, and fewer",
+          binary == whole[:len(binary)] and len(binary) < len(whole),
+          f"({len(binary)} of {len(whole)})")
     server.close()
 
     print(f"talker destinations: {frames} frames; {'FAILED ' + ', '.join(failures) if failures else 'all ok'}")

@@ -11,6 +11,12 @@ same 16 values each). Also checked: frames arrive before generation ends,
 and closing the stream stops generation at once; the CLI's
 S16LE output equals upstream's codes byte for byte.
 
+And as users of upstream call it: each model kind's wrapper method (generate_custom_voice,
+generate_voice_design, generate_voice_clone) with its own defaults (non_streaming_mode, the
+processor's tokens, a 0.6B CustomVoice's instruct dropped) against stream_codes on what
+qwencodec_talker.prompt makes of the same call, and the CLI's --text against
+generate_custom_voice.
+
     python tests/talker/test_exact.py FIXTURE_ROOT   (holds custom_voice/, voice_design/, base/)
 
 with the python of the venv that tools/setup-packages.sh pip-installs the package into
@@ -91,6 +97,129 @@ def upstream(model, prompt, seed, gen):
         languages=[p.get("language", "auto")], speakers=[p.get("speaker")],
         non_streaming_mode=p.get("non_streaming_mode", False), **gen)
     return codes[0].tolist()
+
+
+WRAPPER_TEXT = "Hello there, a test of the wrapper's prompt."
+
+
+class Codes:
+    """Stands in for the speech tokenizer that upstream's wrapper decodes with (the element's
+    job here): keeps the codes the wrapper hands it."""
+
+    def decode(self, items):
+        import numpy as np
+
+        self.codes = [item["audio_codes"] for item in items]
+        return [np.zeros(1, dtype=np.float32) for _ in items], 24000
+
+
+def wrapper_checks(root):
+    """Upstream's wrapper methods (Qwen3TTSModel.generate_custom_voice, generate_voice_design,
+    generate_voice_clone), each with its own defaults, against stream_codes on what
+    `prompt.prompt` makes of the same call: the same codes, frame for frame. Returns the
+    failures, the runs and the CLI's frames."""
+    import struct
+    import tempfile
+    import warnings
+
+    from qwen_tts.inference.qwen3_tts_model import Qwen3TTSModel, VoiceClonePromptItem
+    from transformers import AutoProcessor
+
+    from qwencodec_talker.__main__ import main as cli
+    from qwencodec_talker.prompt import load_processor, prompt
+
+    failures, runs = [], 0
+    g = torch.Generator().manual_seed(99)
+    models = {}
+    for kind in ("custom_voice", "voice_design", "base"):
+        model = qt.load_model(root / kind)
+        model.speech_tokenizer = Codes()
+        ours = load_processor(root / kind)
+        # The processor as Qwen3TTSModel.from_pretrained loads it.
+        theirs = AutoProcessor.from_pretrained(str(root / kind), fix_mistral_regex=True)
+        models[kind] = (model, ours, Qwen3TTSModel(model, theirs, model.generate_config))
+    spk = torch.randn(models["base"][0].config.talker_config.hidden_size, generator=g)
+    ref_code = torch.randint(0, 2048, (5, 16), generator=g)
+    xvec = VoiceClonePromptItem(ref_code=None, ref_spk_embedding=spk, x_vector_only_mode=True,
+                                icl_mode=False, ref_text=None)
+    icl = VoiceClonePromptItem(ref_code=ref_code, ref_spk_embedding=spk, x_vector_only_mode=False,
+                               icl_mode=True, ref_text="The words of the reference.")
+    # (name, kind, wrapper method, its arguments, prompt's, modes, tts_model_size)
+    cases = [
+        ("custom_voice/vivian", "custom_voice", "generate_custom_voice", dict(speaker="vivian"),
+         dict(speaker="vivian"), ("greedy", "sampled"), "0b6"),
+        ("custom_voice/dylan/Chinese", "custom_voice", "generate_custom_voice",
+         dict(speaker="dylan", language="Chinese"), dict(speaker="dylan", language="Chinese"), ("greedy",), "0b6"),
+        ("custom_voice/0.6B instruct dropped", "custom_voice", "generate_custom_voice",
+         dict(speaker="vivian", instruct="Whisper it."), dict(speaker="vivian", instruct="Whisper it."),
+         ("greedy",), "0b6"),
+        ("custom_voice/1.7B instruct", "custom_voice", "generate_custom_voice",
+         dict(speaker="vivian", instruct="Whisper it."), dict(speaker="vivian", instruct="Whisper it."),
+         ("greedy", "sampled"), "1b7"),
+        ("custom_voice/non_streaming_mode=False", "custom_voice", "generate_custom_voice",
+         dict(speaker="vivian", non_streaming_mode=False), dict(speaker="vivian", non_streaming_mode=False),
+         ("greedy",), "0b6"),
+        ("voice_design/instruct", "voice_design", "generate_voice_design",
+         dict(instruct="A low, warm voice.", language="English"),
+         dict(instruct="A low, warm voice.", language="English"), ("greedy", "sampled"), None),
+        ("voice_design/no instruct", "voice_design", "generate_voice_design", dict(instruct=""),
+         dict(instruct=""), ("greedy",), None),
+        ("base/x_vector_only", "base", "generate_voice_clone", dict(voice_clone_prompt=[xvec]),
+         dict(voice_clone_prompt=xvec), ("greedy",), None),
+        ("base/icl", "base", "generate_voice_clone", dict(voice_clone_prompt=[icl]),
+         dict(voice_clone_prompt=icl), ("greedy", "sampled"), None),
+    ]
+    for name, kind, method, call, ours_call, modes, size in cases:
+        model, processor, wrapper = models[kind]
+        if size is not None:
+            model.tts_model_size = size
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            words = prompt(model, processor, WRAPPER_TEXT, **ours_call)
+        dropped = any("takes no instruct" in str(w.message) for w in caught)
+        if "instruct" in ours_call and ours_call["instruct"]:
+            want = size != "0b6"
+            if ("instruct_ids" in words) != want or dropped == want:
+                failures.append(f"wrapper {name}: instruct kept {'instruct_ids' in words}, warned {dropped}")
+        want_mode = call.get("non_streaming_mode", kind != "base")
+        if words["non_streaming_mode"] != want_mode:
+            failures.append(f"wrapper {name}: non_streaming_mode {words['non_streaming_mode']}, not {want_mode}")
+        for seed, mode in enumerate(modes, start=20):
+            greedy = mode == "greedy"
+            torch.manual_seed(seed)
+            getattr(wrapper, method)(WRAPPER_TEXT, max_new_tokens=MAX_NEW, **call,
+                                     **(dict(do_sample=False, subtalker_dosample=False) if greedy else {}))
+            held = len(ref_code) if name == "base/icl" else 0  # the wrapper decodes ICL's reference codes too
+            expected = model.speech_tokenizer.codes[0][held:].tolist()
+            streamed = list(qt.stream_codes(model, seed=seed, **words,
+                                            **qt.generate_kwargs(model, greedy=greedy, max_new_tokens=MAX_NEW)))
+            runs += 1
+            if not expected or streamed != expected:
+                failures.append(f"wrapper {name} {mode}: {len(streamed)} streamed vs {len(expected)} "
+                                f"frames from {method}")
+        model.tts_model_size = "0b6" if kind == "custom_voice" else model.tts_model_size
+
+    # The command line: text through the processor, the wrapper's defaults for the model's kind.
+    model, _, wrapper = models["custom_voice"]
+    torch.manual_seed(2)
+    wrapper.generate_custom_voice(WRAPPER_TEXT, speaker="vivian", max_new_tokens=MAX_NEW)
+    expected = model.speech_tokenizer.codes[0].tolist()
+    with tempfile.NamedTemporaryFile(suffix=".raw") as raw:
+        cli(["--model", str(root / "custom_voice"), "--text", WRAPPER_TEXT, "--speaker", "vivian",
+             "--seed", "2", "--max-new-tokens", str(MAX_NEW), "--out", raw.name])
+        data = Path(raw.name).read_bytes()
+    if not expected or data != b"".join(struct.pack("<16h", *f) for f in expected):
+        failures.append(f"CLI --text: {len(data) // 32} frames, not generate_custom_voice's {len(expected)}")
+    # What the wrapper refuses, prompt refuses, naming it.
+    cv, processor, _ = models["custom_voice"]
+    for bad, what in ((dict(speaker="nobody"), "nobody"), (dict(speaker="vivian", language="klingon"), "klingon")):
+        try:
+            prompt(cv, processor, WRAPPER_TEXT, **bad)
+            failures.append(f"prompt took {bad}")
+        except ValueError as error:
+            if what not in str(error):
+                failures.append(f"prompt refused {bad} without naming {what}: {error}")
+    return failures, runs, len(expected)
 
 
 def main():
@@ -181,7 +310,8 @@ def main():
     vd = vd_model
     text = wrap(torch.arange(2000, 2030).unsqueeze(0))
     gen = qt.generate_kwargs(vd, max_new_tokens=MAX_NEW)
-    expected = upstream(vd, dict(input_ids=text), 2, gen)
+    # the wrapper's default for VoiceDesign
+    expected = upstream(vd, dict(input_ids=text, non_streaming_mode=True), 2, gen)
     with tempfile.NamedTemporaryFile(suffix=".raw") as raw:
         cli(["--model", str(root / "voice_design"), "--text-ids", ",".join(map(str, text[0].tolist())),
              "--seed", "2", "--max-new-tokens", str(MAX_NEW), "--out", raw.name])
@@ -205,7 +335,8 @@ def main():
     except ValueError as error:
         if "float32" not in str(error):
             failures.append(f"as_dtype('float64') refused without naming the choices: {error}")
-    half_expected = upstream(half, dict(input_ids=text), 3, qt.generate_kwargs(half, max_new_tokens=MAX_NEW))
+    half_expected = upstream(half, dict(input_ids=text, non_streaming_mode=True), 3,
+                             qt.generate_kwargs(half, max_new_tokens=MAX_NEW))
     with tempfile.NamedTemporaryFile(suffix=".raw") as raw:
         cli(["--model", str(root / "voice_design"), "--text-ids", ",".join(map(str, text[0].tolist())),
              "--seed", "3", "--max-new-tokens", str(MAX_NEW), "--device", "cpu", "--dtype", "bfloat16",
@@ -213,6 +344,9 @@ def main():
         data = Path(raw.name).read_bytes()
     if not half_expected or data != b"".join(struct.pack("<16h", *f) for f in half_expected):
         failures.append(f"CLI in bfloat16, eager: {len(data) // 32} frames, not upstream's {len(half_expected)}")
+
+    wrapper_failures, wrapper_runs, cli_text_frames = wrapper_checks(root)
+    failures += wrapper_failures
 
     if eos_ended == 0:
         failures.append("no run ended on EOS: the EOS cut was not exercised")
@@ -224,7 +358,11 @@ def main():
     print(f"talker exactness: {checked} runs ({checked - len([f for f in failures if ' seed ' in f])} equal), "
           f"{frames_total} frames, {eos_ended} ended on EOS; stream/close/cancel/two at once "
           f"{'ok' if not any(k in ' '.join(failures) for k in ('close', 'first frame', 'cancel', 'two streams')) else 'FAILED'}; "
-          f"CLI bytes {'FAILED' if 'CLI' in ' '.join(failures) else 'equal'} ({len(expected)} frames)")
+          f"CLI bytes {'FAILED' if any(f.startswith(('CLI wrote', 'CLI in')) for f in failures) else 'equal'} "
+          f"({len(expected)} frames); "
+          f"upstream's wrapper methods: {wrapper_runs} runs "
+          f"({wrapper_runs - len([f for f in wrapper_failures if f.startswith('wrapper ') and ' frames from ' in f])} equal), "
+          f"CLI --text {cli_text_frames} frames")
     sys.exit(1 if failures else 0)
 
 

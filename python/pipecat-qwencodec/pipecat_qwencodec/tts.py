@@ -57,9 +57,9 @@ class QwenCodecTTSSettings(TTSSettings):
 
     Parameters:
         voice: the CustomVoice speaker (e.g. "vivian"); None for VoiceDesign.
-        language: a pipecat `Language` or upstream's name ("english"); None: "auto".
+        language: a pipecat `Language` or upstream's name ("english"); None: upstream's "Auto".
         instruct: VoiceDesign's voice description.
-        seed: `torch.manual_seed` before each utterance (None: not seeded).
+        seed: seeds each utterance's own sampling (None: not seeded).
         max_new_tokens: the most talker steps of an utterance (None: the checkpoint's).
     """
 
@@ -94,6 +94,7 @@ class QwenCodecTTSService(TTSService):
         device: str = "cpu",
         dtype: Any = "float32",
         attn_implementation: str | None = None,
+        loop: str = "own",
         chunk_frames: int | None = None,
         plugin_dir: str | None = None,
         sampling: dict[str, Any] | None = None,
@@ -110,10 +111,13 @@ class QwenCodecTTSService(TTSService):
             dtype: the talker's weights: "float32", "bfloat16", "float16" (or a torch dtype).
             attn_implementation: the talker's attention ("eager", "sdpa",
                 "flash_attention_2"; None: transformers' choice, as upstream's).
+            loop: the talker's generation loop: "own" (qwencodec_talker.loop, a frame out
+                when its codes exist) or "upstream" (upstream's generate, for checking).
             chunk_frames: qwencodecdec's frames per decode step (default: the element's, 1).
             plugin_dir: where libgstqwencodec.so is when GStreamer does not find it.
             sampling: upstream's sampling options (temperature, top_k, top_p,
-                repetition_penalty, greedy, subtalker_*), for every utterance.
+                repetition_penalty, greedy, subtalker_*) and non_streaming_mode (default:
+                upstream's wrapper's for the model's kind), for every utterance.
             settings: runtime-updatable settings (voice, language, instruct, seed, max_new_tokens).
             **kwargs: passed to pipecat's `TTSService` (e.g. sample_rate).
         """
@@ -135,7 +139,7 @@ class QwenCodecTTSService(TTSService):
 
             speaker = Speaker(model_dir, decoder_dir=decoder_dir, chunk_frames=chunk_frames,
                               device=device, dtype=dtype, attn_implementation=attn_implementation,
-                              plugin_dir=plugin_dir)
+                              plugin_dir=plugin_dir, loop=loop)
             self._owns_speaker = True
         else:
             self._owns_speaker = False
@@ -192,7 +196,7 @@ class QwenCodecTTSService(TTSService):
         options.update(
             speaker=given(settings.voice),
             instruct=given(settings.instruct),
-            language=str(language) if language else "auto",
+            language=str(language) if language else None,
             seed=given(settings.seed),
         )
         max_new_tokens = given(settings.max_new_tokens)

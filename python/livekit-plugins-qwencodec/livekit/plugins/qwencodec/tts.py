@@ -36,20 +36,23 @@ class TTS(tts.TTS):
     talker_dir: a Qwen3-TTS 12 Hz checkpoint folder (published layout); or `speaker`, a
     `qwencodec_talker.speech.Speaker` already made (then it is not closed by `aclose`).
     voice: the CustomVoice speaker name (Speaker.speak's `speaker`, e.g. "vivian"); instruct:
-    a VoiceDesign instruction; language, seed, greedy and `sampling` (temperature, top_k, top_p,
+    a VoiceDesign instruction (or a 1.7B CustomVoice's); language (None: upstream's "Auto"),
+    seed, greedy, non_streaming_mode (None: upstream's wrapper's default for the model's kind)
+    and `sampling` (temperature, top_k, top_p,
     repetition_penalty, max_new_tokens, subtalker_*) go to every `speak`.
-    decoder_dir, chunk_frames, device, dtype, attn_implementation, plugin_dir: Speaker's, when it
-    is made here (device "cpu", "cuda", "cuda:N"; dtype "float32", "bfloat16", "float16";
-    attn_implementation "eager", "sdpa", "flash_attention_2", None for transformers' choice).
+    decoder_dir, chunk_frames, device, dtype, attn_implementation, plugin_dir, loop: Speaker's,
+    when it is made here (device "cpu", "cuda", "cuda:N"; dtype "float32", "bfloat16", "float16";
+    attn_implementation "eager", "sdpa", "flash_attention_2", None for transformers' choice;
+    loop "own", qwencodec_talker.loop, or "upstream", upstream's generate, for checking).
     sentence_tokenizer: how `stream()` cuts text (default
     `tokenize.blingfire.SentenceTokenizer(retain_format=True)`, as AgentSession's StreamAdapter).
     """
 
     def __init__(self, talker_dir=None, *, speaker: Speaker | None = None, voice: str | None = None,
-                 instruct: str | None = None, language: str = "auto", seed: int | None = None,
+                 instruct: str | None = None, language: str | None = None, seed: int | None = None,
                  greedy: bool = False, decoder_dir=None, chunk_frames: int | None = None,
                  device: str = "cpu", dtype="float32", attn_implementation: str | None = None,
-                 plugin_dir=None,
+                 plugin_dir=None, loop: str = "own",
                  sentence_tokenizer: NotGivenOr[tokenize.SentenceTokenizer] = NOT_GIVEN,
                  **sampling) -> None:
         if (speaker is None) == (talker_dir is None):
@@ -58,7 +61,7 @@ class TTS(tts.TTS):
         if speaker is None:
             speaker = Speaker(talker_dir, decoder_dir=decoder_dir, chunk_frames=chunk_frames,
                               device=device, dtype=dtype, attn_implementation=attn_implementation,
-                              plugin_dir=plugin_dir)
+                              plugin_dir=plugin_dir, loop=loop)
         self._speaker = speaker
         super().__init__(capabilities=tts.TTSCapabilities(streaming=True),
                          sample_rate=speaker.sample_rate, num_channels=1)
