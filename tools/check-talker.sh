@@ -2,7 +2,8 @@
 # Talker streaming exactness, against the installed package: builds the tiny random talkers
 # with upstream's classes into a temp folder (the torch venv's python, tools/setup-reference.sh),
 # then, with the venv that tools/setup-packages.sh pip-installs python/'s packages into, checks
-# that qwencodec_talker streams exactly upstream's non-streaming codes, and that the
+# that qwencodec_talker streams exactly upstream's non-streaming codes, that our loop's streams
+# batched make their solo codes, and that the
 # qwencodec-talker command's destinations (raw codes, RTP, the media server's /codes, SIGINT's
 # cancel) carry exactly its frames. The plugin reaches that venv as docs/talker.md tells users:
 # GST_PLUGIN_PATH (target/release, built by make build).
@@ -33,9 +34,15 @@ if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_loop.py" "$tmp/models") >"
   echo "check-talker: loop FAILED ($((SECONDS - start)) s)" >&2
   exit 1
 fi
+if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_batch.py" "$tmp/models") >"$log" 2>&1; then
+  grep -v "pad_token_id" "$log" >&2
+  echo "check-talker: batch FAILED ($((SECONDS - start)) s)" >&2
+  exit 1
+fi
+batch="$(grep '^talker batch' "$log" | sed 's/^talker batch: //')"
 if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_destinations.py" "$tmp/models") >"$log" 2>&1; then
   grep -v "pad_token_id" "$log" >&2
   echo "check-talker: destinations FAILED ($((SECONDS - start)) s)" >&2
   exit 1
 fi
-echo "check-talker: ok, $exactness; $(grep '^talker destinations' "$log" | sed 's/^talker destinations: //') ($((SECONDS - start)) s)"
+echo "check-talker: ok, $exactness; batch: $batch; $(grep '^talker destinations' "$log" | sed 's/^talker destinations: //') ($((SECONDS - start)) s)"
