@@ -220,11 +220,18 @@ def talker_rows(report: dict, name: dict):
 
 
 def talker_loop_rows(report: dict, name: dict):
+    compared = [run for run in report["runs"] if "ours" in run]
     text = "; ".join(f"{run['name']} {run['dtype']} {run['ours']['median']['fps']:.1f} "
-                     f"({run['ours']['median']['cpu_fps']:.1f} by CPU time)" for run in report["runs"])
+                     f"({run['ours']['median']['cpu_fps']:.1f} by CPU time)" for run in compared)
     ratio = "; ".join(f"{run['name']} {run['dtype']}: {run['speedup']:.1f}x upstream's "
-                      f"({run['cpu_speedup']:.1f}x by CPU time)" for run in report["runs"])
-    return [("talker loop", f"frames a second, ours: {text}", ratio)]
+                      f"({run['cpu_speedup']:.1f}x by CPU time)" for run in compared)
+    rows = [("talker loop", f"frames a second, ours: {text}", ratio)] if compared else []
+    batched = "; ".join(f"{run['name']} {run['dtype']} " + ", ".join(
+        f"{entry['texts']}: {entry['cost_vs_one']:.2f}x" for entry in run["batched"])
+        for run in report["runs"] if run.get("batched"))
+    if batched:
+        rows.append(("talker loop batched", f"a step's time with N texts over one text's: {batched}", "–"))
+    return rows
 
 
 def capacity_rows(report: dict, name: dict):

@@ -379,9 +379,12 @@ class Batch:
     one talker forward and 15 code-predictor forwards with a row per stream, so the weights
     are read once for all. Streams join (`add`, which runs the new stream's prompt alone) and
     leave (EOS, the token limit, `remove`) between steps; each has its own position, cache
-    length, sampling options and generator. A stream's codes are its `stream_codes` run's:
-    its rows see the same operations on the same values, and its draws come from its own
-    generator in the same order (tests/talker/test_batch.py checks greedy and seeded runs).
+    length, sampling options and generator. A stream's codes are its `stream_codes` run's at
+    f32 on a CPU: its rows see the same operations on the same values, torch's f32 products sum
+    a row alike whatever shares it, and its draws come from its own generator in the same order
+    (tests/talker/test_batch.py checks greedy and seeded runs). In bf16 torch's products round
+    a row differently beside others, so codes can part from the solo run's (the benchmark,
+    tools/bench_talker_loop.py, shows where).
     Streams without `seed` or `generator` that sample draw from torch's global generator in
     turn, so their codes depend on their companions'."""
 
