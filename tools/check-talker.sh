@@ -4,7 +4,7 @@
 # then, with the venv that tools/setup-packages.sh pip-installs python/'s packages into, checks
 # that qwencodec_talker streams exactly upstream's non-streaming codes, that seeded streams keep
 # to their own randomness, that a Base talker clones a reference WAV as upstream's wrapper does,
-# and that the
+# that our loop's streams batched make their solo codes, and that the
 # qwencodec-talker command's destinations (raw codes, RTP, the media server's /codes, SIGINT's
 # cancel) carry exactly its frames. The plugin reaches that venv as docs/talker.md tells users:
 # GST_PLUGIN_PATH (target/release, built by make build).
@@ -47,9 +47,15 @@ if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_clone.py" "$tmp/models") >
   exit 1
 fi
 clone="$(grep '^talker clone' "$log" | sed 's/^talker clone: //')"
+if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_batch.py" "$tmp/models") >"$log" 2>&1; then
+  grep -v "pad_token_id\|OrderedVocab" "$log" >&2
+  echo "check-talker: batch FAILED ($((SECONDS - start)) s)" >&2
+  exit 1
+fi
+batch="$(grep '^talker batch' "$log" | sed 's/^talker batch: //')"
 if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_destinations.py" "$tmp/models") >"$log" 2>&1; then
   grep -v "pad_token_id\|OrderedVocab" "$log" >&2
   echo "check-talker: destinations FAILED ($((SECONDS - start)) s)" >&2
   exit 1
 fi
-echo "check-talker: ok, $exactness; seeds: $seeds; clone: $clone; $(grep '^talker destinations' "$log" | sed 's/^talker destinations: //') ($((SECONDS - start)) s)"
+echo "check-talker: ok, $exactness; seeds: $seeds; clone: $clone; batch: $batch; $(grep '^talker destinations' "$log" | sed 's/^talker destinations: //') ($((SECONDS - start)) s)"

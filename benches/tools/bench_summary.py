@@ -52,6 +52,8 @@ decoder with random weights (the cost of a step does not depend on the weights).
 - *Profile* (`make profile`): the median step time; the report says where it goes.
 - *RTP codes*, *talker speed*, *server capacity*, *Janus broadcast*: bitrate on the wire, the talker's
   real-time factor (a frame's time over its 80 ms), sessions or listeners served cleanly.
+- *Talker loop* (`tools/bench_talker_loop.py`): frames a second of our generation loop, and
+  ours over upstream's `generate` timed in turns in the same run.
 
 **CPU names.** The CPU's model in lower-case words, then `avx512` where it has AVX-512. An
 AVX-512 CPU made to stand in for one without it (`ATEN_CPU_CAPABILITY=avx2` and the like) is
@@ -224,6 +226,21 @@ def neighbours_rows(report: dict, name: dict):
     return [("beside busy neighbours", f"slowdown over alone: {text}", "–")]
 
 
+def talker_loop_rows(report: dict, name: dict):
+    compared = [run for run in report["runs"] if "ours" in run]
+    text = "; ".join(f"{run['name']} {run['dtype']} {run['ours']['median']['fps']:.1f} "
+                     f"({run['ours']['median']['cpu_fps']:.1f} by CPU time)" for run in compared)
+    ratio = "; ".join(f"{run['name']} {run['dtype']}: {run['speedup']:.1f}x upstream's "
+                      f"({run['cpu_speedup']:.1f}x by CPU time)" for run in compared)
+    rows = [("talker loop", f"frames a second, ours: {text}", ratio)] if compared else []
+    batched = "; ".join(f"{run['name']} {run['dtype']} " + ", ".join(
+        f"{entry['texts']}: {entry['cost_vs_one']:.2f}x" for entry in run["batched"])
+        for run in report["runs"] if run.get("batched"))
+    if batched:
+        rows.append(("talker loop batched", f"a step's time with N texts over one text's: {batched}", "–"))
+    return rows
+
+
 def capacity_rows(report: dict, name: dict):
     capacity = report["capacity"]
     return [(f"server capacity {name['dtype']}", f"{capacity['largest_passing']} sessions played cleanly", "–")]
@@ -240,6 +257,7 @@ def broadcast_rows(report: dict, name: dict):
 ROWS = {
     "decode": decode_rows, "streams": streams_rows, "effect": effect_rows, "kernels-ab": kernels_ab_rows,
     "profile": profile_rows, "rtp-codes": rtp_rows, "talker-speed": talker_rows, "neighbours": neighbours_rows,
+    "talker-loop": talker_loop_rows,
     "server-capacity": capacity_rows, "janus-broadcast": broadcast_rows,
 }
 
@@ -278,6 +296,8 @@ def command(kind: str, name: dict, report: dict) -> str:
         models = " ".join(f"--model $QWENCODEC_CACHE/fixtures/{model}"
                           for model in talker_report(report).get("geometries", {}))
         return f"PYTHONPATH=python python3 benches/tools/bench_talker.py {models}"
+    if kind == "talker-loop":
+        return report["command"]
     options = report["options"]
     model = Path(options["model"])
     model = model.relative_to(ROOT) if model.is_relative_to(ROOT) else model

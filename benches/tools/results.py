@@ -24,6 +24,7 @@ KINDS = {
     "rtp-codes": "rtp-codes",  # benches/rtp_codes.rs
     "talker-speed": "talker-speed",  # benches/tools/bench_talker.py
     "neighbours": "neighbours",  # benches/tools/bench_neighbours.py
+    "talker-loop": "talker-loop",  # tools/bench_talker_loop.py
     "server-capacity": "server-capacity-<dtype>",  # tools/webrtc_load.py --find-capacity --out
     "janus-broadcast": "janus-broadcast-<dtype>",  # tools/janus-load.sh --janus-listeners --out
 }

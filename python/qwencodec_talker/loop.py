@@ -26,6 +26,11 @@ same vocabulary as upstream's; so the same generator state gives the same codes.
 draws from its own `torch.Generator` (`seed=` or `generator=`), or from torch's global one as
 upstream does when neither is given.
 
+`Batch` steps many streams of one model together: one talker forward and 15 code-predictor
+forwards a frame with a row per stream, whatever each stream's age (`_RowsCache`: a talker
+cache row per stream at its own length, masked past it); each stream's codes are its solo
+run's (tests/talker/test_batch.py).
+
 Written against transformers 4.57.3 (the private `GenerationMixin` helpers that build the
 processors) and qwen-tts 0.1.1; tests/talker/test_loop.py checks it against upstream.
 """
@@ -138,9 +143,9 @@ class _Cache:
     step's keys after the filled part and hands back views of the filled part: the shapes
     transformers' DynamicCache hands back, so attention does the same arithmetic."""
 
-    def __init__(self, config, capacity, dtype, device):
+    def __init__(self, config, capacity, dtype, device, rows=1):
         head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
-        self._shape = (config.num_hidden_layers, 1, config.num_key_value_heads, capacity, head_dim)
+        self._shape = (config.num_hidden_layers, rows, config.num_key_value_heads, capacity, head_dim)
         self.keys = torch.empty(self._shape, dtype=dtype, device=device)
         self.values = torch.empty_like(self.keys)
         self.length = 0  # positions filled by the steps before the current one
@@ -296,3 +301,225 @@ def stream_codes(model, *, input_ids, instruct_ids=None, ref_ids=None, voice_clo
         token = sample(tokens[:, :made], logits)
         tokens[:, made] = token
         made += 1
+
+
+class _RowsCache:
+    """The talker's keys and values for the rows of a batch, each row a stream at its own
+    length. Rows in use are the first `len(lengths)`; a stream that leaves is replaced by the
+    last row, so a step always reads one contiguous block. A step adds one position a row,
+    written at that row's length; attention reads up to the longest row, a mask hiding each
+    shorter row's unfilled tail (values left there are finite: zeros or a former row's)."""
+
+    def __init__(self, config, dtype, device):
+        head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        self._shape = [config.num_hidden_layers, 1, config.num_key_value_heads, _TALKER_ROOM, head_dim]
+        self.keys = torch.zeros(self._shape, dtype=dtype, device=device)
+        self.values = torch.zeros_like(self.keys)
+        self.lengths = []
+        self._end = 0
+
+    def _grow(self, rows, positions):
+        shape = list(self.keys.shape)
+        if rows <= shape[1] and positions <= shape[3]:
+            return
+        shape[1] = max(rows, shape[1] if rows <= shape[1] else 2 * shape[1])
+        shape[3] = max(positions, shape[3] if positions <= shape[3] else 2 * shape[3])
+        keys, values = self.keys.new_zeros(shape), self.values.new_zeros(shape)
+        used, filled = len(self.lengths), max(self.lengths, default=0)
+        keys[:, :used, :, :filled] = self.keys[:, :used, :, :filled]
+        values[:, :used, :, :filled] = self.values[:, :used, :, :filled]
+        self.keys, self.values = keys, values
+
+    def add(self, cache):
+        """A new last row holding a stream's solo cache (`_Cache`, after its prompt)."""
+        row, length = len(self.lengths), cache.length
+        self._grow(row + 1, length + 1)
+        self.keys[:, row, :, :length] = cache.keys[:, 0, :, :length]
+        self.values[:, row, :, :length] = cache.values[:, 0, :, :length]
+        self.lengths.append(length)
+
+    def remove(self, row):
+        """Drop `row`, moving the last row into its place."""
+        last = len(self.lengths) - 1
+        if row != last:
+            length = self.lengths[last]
+            self.keys[:, row, :, :length] = self.keys[:, last, :, :length]
+            self.values[:, row, :, :length] = self.values[:, last, :, :length]
+            self.lengths[row] = length
+        self.lengths.pop()
+
+    def mask(self, dtype):
+        """[rows, 1, 1, longest + 1]: 0 up to each row's new position, the dtype's minimum after."""
+        lengths = torch.tensor(self.lengths, device=self.keys.device)
+        allowed = torch.arange(max(self.lengths) + 1, device=self.keys.device) <= lengths[:, None]
+        mask = torch.where(allowed, torch.tensor(0.0, dtype=dtype, device=self.keys.device),
+                           torch.finfo(dtype).min)
+        return mask[:, None, None, :]
+
+    def begin(self, positions):
+        if positions != 1:
+            raise ValueError("a batch step is one position a row")
+        self._rows = torch.arange(len(self.lengths), device=self.keys.device)
+        self._at = torch.tensor(self.lengths, device=self.keys.device)
+        self._end = max(self.lengths) + 1
+        self._grow(len(self.lengths), self._end)
+
+    def update(self, key, value, layer, cache_kwargs=None):
+        rows = len(self.lengths)
+        self.keys[layer][self._rows, :, self._at] = key[:, :, 0]
+        self.values[layer][self._rows, :, self._at] = value[:, :, 0]
+        return self.keys[layer, :rows, :, :self._end], self.values[layer, :rows, :, :self._end]
+
+    def end(self):
+        self.lengths = [length + 1 for length in self.lengths]
+
+
+class Batch:
+    """Streams of one model stepped together: each `step` makes a frame for every stream in
+    one talker forward and 15 code-predictor forwards with a row per stream, so the weights
+    are read once for all. Streams join (`add`, which runs the new stream's prompt alone) and
+    leave (EOS, the token limit, `remove`) between steps; each has its own position, cache
+    length, sampling options and generator. A stream's codes are its `stream_codes` run's at
+    f32 on a CPU: its rows see the same operations on the same values, torch's f32 products sum
+    a row alike whatever shares it, and its draws come from its own generator in the same order
+    (tests/talker/test_batch.py checks greedy and seeded runs). In bf16 torch's products round
+    a row differently beside others, so codes can part from the solo run's (the benchmark,
+    tools/bench_talker_loop.py, shows where).
+    Streams without `seed` or `generator` that sample draw from torch's global generator in
+    turn, so their codes depend on their companions'."""
+
+    def __init__(self, model):
+        self.model = model
+        talker = model.talker
+        self._talker = talker
+        self._predictor = talker.code_predictor
+        self._streams = []  # row r's _Stream, with its key, current token and frames made
+        self._keys = []
+        self._tokens = []
+        self._hidden = None  # [rows, 1, hidden]: each row's last talker state
+        self._next_key = 0
+        self._ended = []
+        self._cache = None
+        self._predictor_caches = {}
+        self._sub_rotary = None
+
+    def __len__(self):
+        return len(self._streams)
+
+    @torch.inference_mode()
+    def add(self, *, input_ids, instruct_ids=None, ref_ids=None, voice_clone_prompt=None,
+            language="auto", speaker=None, non_streaming_mode=False, seed=None, generator=None,
+            **gen):
+        """Start a stream (the arguments of `stream_codes`); its prompt runs now, alone, and its
+        first frame comes with the next `step`. Returns its key."""
+        if seed is not None and generator is not None:
+            raise ValueError("seed or generator, not both")
+        model = self.model
+        prompt = upstream_prompt(model, input_ids=input_ids, instruct_ids=instruct_ids, ref_ids=ref_ids,
+                                 voice_clone_prompt=voice_clone_prompt, language=language,
+                                 speaker=speaker, non_streaming_mode=non_streaming_mode, **gen)
+        if seed is not None:
+            generator = torch.Generator(device=self._talker.device).manual_seed(seed)
+        stream = _Stream(model, prompt, generator)
+        logits, hidden = stream.talker_step(stream.prompt_embeds)
+        token = stream.sample(stream.tokens[:, :0], logits)
+        stream.tokens[:, 0] = token
+        stream.made = 1
+        key = self._next_key
+        self._next_key += 1
+        if int(token) in stream.sample.eos or stream.made >= stream.sample.max_length:
+            self._ended.append(key)
+            return key
+        if self._cache is None:
+            self._cache = _RowsCache(self._talker.config, hidden.dtype, hidden.device)
+            self._sub_rotary = stream.sub_rotary
+            self._pair_mask = stream.pair_mask
+        self._cache.add(stream.talker_cache)
+        stream.talker_cache = stream.predictor_cache = None
+        self._streams.append(stream)
+        self._keys.append(key)
+        self._tokens.append(token.view(1, 1))
+        self._hidden = hidden if self._hidden is None else torch.cat((self._hidden, hidden))
+        return key
+
+    @torch.inference_mode()
+    def remove(self, key):
+        """End a stream before its next step (a cancel); unknown or ended keys are ignored."""
+        if key in self._keys:
+            self._drop(self._keys.index(key))
+
+    def _drop(self, row):
+        last = len(self._streams) - 1
+        self._cache.remove(row)
+        for rows in (self._streams, self._keys, self._tokens):
+            rows[row] = rows[last]
+            rows.pop()
+        if row != last:
+            self._hidden[row] = self._hidden[last]
+        self._hidden = self._hidden[:last]
+
+    @torch.inference_mode()
+    def step(self):
+        """One frame for every stream: ({key: its 16 codes}, [keys that make no more frames,
+        now gone from the batch, including those whose prompt ended at once])."""
+        ended, self._ended = self._ended, []
+        if not self._streams:
+            return {}, ended
+        tokens = torch.cat(self._tokens)
+        codes, embeds = self._predict(tokens)
+        frames = {key: [int(tokens[row])] + codes[row]
+                  for row, key in enumerate(self._keys)}
+        addends = []
+        for stream in self._streams:
+            step = stream.made - 1
+            addends.append(stream.trailing[:, step].unsqueeze(1) if step < stream.trailing.shape[1]
+                           else stream.pad)
+        embeds = embeds + torch.cat(addends)
+        logits, self._hidden = self._talker_step(embeds)
+        done = []
+        for row, stream in enumerate(self._streams):
+            token = stream.sample(stream.tokens[:, :stream.made], logits[row:row + 1])
+            stream.tokens[:, stream.made] = token
+            stream.made += 1
+            self._tokens[row] = token.view(1, 1)
+            if int(token) in stream.sample.eos or stream.made >= stream.sample.max_length:
+                done.append(row)
+        for row in reversed(done):
+            ended.append(self._keys[row])
+            self._drop(row)
+        return frames, ended
+
+    def _talker_step(self, embeds):
+        """The talker over one position a row, each at its own length: (logits, last hidden)."""
+        cache, talker = self._cache, self._talker
+        rows = embeds.shape[0]
+        positions = torch.tensor(cache.lengths, device=embeds.device, dtype=torch.float32)
+        positions = positions.view(1, rows, 1).expand(3, rows, 1)
+        rotary = talker.model.rotary_emb(embeds, positions)
+        hidden = _layers(talker.model, embeds, cache, cache.mask(embeds.dtype), rotary)
+        return talker.codec_head(hidden), hidden
+
+    def _predict(self, tokens):
+        """Codebooks 1-15 of every row's frame (lists of ints), and the talker's next inputs."""
+        predictor, talker = self._predictor, self._talker
+        rows = tokens.shape[0]
+        cache = self._predictor_caches.get(rows)
+        if cache is None:
+            cache = self._predictor_caches[rows] = _Cache(
+                predictor.config, talker.config.num_code_groups, self._hidden.dtype, self._hidden.device, rows)
+        cache.length = 0
+        embeddings = predictor.model.codec_embedding
+        token_embed = talker.model.codec_embedding(tokens)
+        inputs = torch.cat((self._hidden, token_embed), dim=1)
+        frame = [token_embed]
+        groups = talker.config.num_code_groups - 1
+        codes = torch.zeros(rows, groups, dtype=torch.long, device=tokens.device)
+        for step in range(groups):
+            hidden = _layers(predictor.model, predictor.small_to_mtp_projection(inputs), cache,
+                             self._pair_mask if step == 0 else None, self._sub_rotary[step])
+            logits = predictor.lm_head[step](hidden)
+            for row, stream in enumerate(self._streams):
+                codes[row, step] = stream.sub_sample(codes[row:row + 1, :step], logits[row:row + 1])
+            inputs = embeddings[step](codes[:, step:step + 1])
+            frame.append(inputs)
+        return codes.tolist(), torch.cat(frame, dim=1).sum(1, keepdim=True)
