@@ -32,7 +32,10 @@ import struct
 import sys
 import time
 
-from aiohttp import web
+try:
+    from aiohttp import web
+except ImportError as missing:  # the package's "serve" extra
+    raise ImportError("qwencodec-speech needs aiohttp: pip install 'qwencodec-talker[serve]'") from missing
 
 from . import DTYPES, LOOPS
 from .bridge import Utterance
