@@ -3,7 +3,8 @@
 
 On the tiny random talkers of tools/make_talker_fixture.py and the prompt shapes of
 test_exact.py (prompts of different lengths and kinds on one model), at f32, for greedy and
-two seeded sampled settings, and the three mixed in one batch: the streams of a model join a batch at different frames (so they
+three seeded sampled settings (one with the code predictor's sampling hot), and the four mixed
+in one batch: the streams of a model join a batch at different frames (so they
 step together at different positions and cache lengths, and a stream joins and leaves while
 others run), and each stream's frames equal those of `loop.stream_codes` alone with the same
 seed (which test_loop.py checks against upstream's generate). Also: a step runs the talker's
@@ -27,9 +28,12 @@ from test_exact import cases, wrap  # noqa: E402
 MAX_NEW = 30
 # Frames run before each next stream joins.
 STAGGER = 3
+# The last: the code predictor's draws made to matter (the tiny talkers' own distributions are
+# peaked), so a row drawing from another's generator shows.
 MODES = [("greedy", dict(greedy=True)),
          ("sampled", dict(temperature=0.8, top_k=40, top_p=0.9)),
-         ("sampled", dict())]
+         ("sampled", dict()),
+         ("sampled", dict(subtalker_temperature=3.0, subtalker_top_k=2048))]
 
 
 class Rows:
