@@ -47,7 +47,7 @@ uninstall:
 
 # The main job: a gst-launch pipeline decoding codes to a WAV (bundled test checkpoint unless
 # MODEL=<checkpoint> and CODES=<codes.raw> are given).
-demo: build setup-reference
+demo: build setup-reference setup-packages
 	@bash tools/demo.sh
 
 # The TTS media server (server/, the binary qwencodec-server) with the bundled test checkpoint; it
