@@ -247,10 +247,16 @@ pub fn counts() -> Vec<usize> {
     with_cpu_policy(|policy| policy.counts())
 }
 
-/// On the CPU's compute thread: has libtorch compute on `threads` threads.
+unsafe extern "C" {
+    fn qwencodec_set_thread_team(threads: i32);
+}
+
+/// On the CPU's compute thread: has libtorch compute on `threads` threads (this thread's team
+/// only: see `executor.cpp`).
 pub fn enter(threads: usize) {
     if tch::get_num_threads() as usize != threads {
-        tch::set_num_threads(threads as i32);
+        // SAFETY: sets the calling thread's OpenMP and MKL thread counts.
+        unsafe { qwencodec_set_thread_team(threads.clamp(1, i32::MAX as usize) as i32) };
     }
 }
 
@@ -277,7 +283,7 @@ fn set(shape: Shape, threads: usize) {
             "steps of {} rows of {} frames compute on {threads} threads",
             shape.0, shape.1
         ));
-        tch::set_num_threads(threads as i32);
+        enter(threads);
     }
 }
 
@@ -289,7 +295,7 @@ pub fn step_done(shape: Shape, threads: usize, time: Duration) {
 /// On the CPU's compute thread: pins its threads at `threads`; what it computes on now.
 pub fn pin(threads: usize) -> usize {
     with_cpu_policy(|policy| policy.pin(Some(threads)));
-    tch::set_num_threads(threads.clamp(1, i32::MAX as usize) as i32);
+    enter(threads);
     tch::get_num_threads() as usize
 }
 

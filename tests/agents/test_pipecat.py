@@ -205,7 +205,9 @@ async def test_text_in_audio_out(speaker, tmp):
     ttfb, span = ttfbs[0], last_t - started
     assert any(isinstance(d, TTFBMetricsData) and d.value == ttfb
                for f in down if isinstance(f, MetricsFrame) for d in f.data)
-    assert utterance.first_audio_s - 0.005 <= ttfb < span / 2, (ttfb, utterance.first_audio_s, span)
+    # At the first audio, not the last: that it left while the talker still spoke is counted in
+    # talker steps below (a time bound on a short utterance failed under load).
+    assert utterance.first_audio_s - 0.005 <= ttfb < span, (ttfb, utterance.first_audio_s, span)
 
     # Streaming: the first audio left while the talker was still making frames.
     assert first_steps <= made - 2, f"first audio after {first_steps} talker steps of {made + 1}"
