@@ -6,9 +6,10 @@
 //! the others wait for it at every barrier of the hundreds in a step: two threads on two shared
 //! cores ran a step several times slower than one (docs/performance.md, "Beside neighbours").
 //! So the team size follows the steps' own times: the compute thread steps on its current
-//! count, tries the next count down or up for a few steps now and then, and keeps the faster,
-//! trying again sooner when its steps' time moves. The tries back off while they lose, so on a
-//! quiet machine they cost a few slower steps in hundreds. Counts are tried per step shape (rows
+//! count and tries the next count down or up for a few steps when its steps' time moves (a
+//! neighbour came), keeping the faster; on fewer threads than it has, it also tries more now and
+//! then (the neighbour may have left), backing off while the tries lose. On a quiet machine on
+//! every core it tries nothing: a try is a slower step, late for a live stream. Counts are tried per step shape (rows
 //! and frames: a wider step gains more from threads); a shape starts at the fastest count of its
 //! warm steps (the engine times them on each count, most first, while fewer are faster), or
 //! where the last shape went. A count given by the embedder (`OMP_NUM_THREADS`, the server's `--cores`, the
@@ -52,6 +53,8 @@ struct ShapeChoice {
     means: Vec<Option<f64>>,
     /// The current rung's mean when it was chosen or last confirmed.
     baseline: Option<f64>,
+    /// The step time moved from the baseline: try the other counts at the next step.
+    due: bool,
     since_try: u32,
     interval: u32,
     /// The rung on trial, the steps it has run, and the sum of the counted ones' times.
@@ -93,7 +96,9 @@ impl ThreadPolicy {
         }
         let rungs = self.ladder.len();
         let choice = self.shape(shape);
-        if choice.trial.is_none() && choice.since_try >= choice.interval && rungs > 1 {
+        let periodic = choice.rung > 0 && choice.since_try >= choice.interval;
+        if choice.trial.is_none() && (choice.due || periodic) && rungs > 1 {
+            choice.due = false;
             let down = choice.rung + 1 < rungs;
             let up = choice.rung > 0;
             let next = match (down, up) {
@@ -140,6 +145,7 @@ impl ThreadPolicy {
             choice.since_try = 0;
             choice.interval = FIRST_INTERVAL;
             choice.trial = None;
+            choice.due = false;
             self.last_rung = rung;
         }
         (fastest, time)
@@ -191,7 +197,7 @@ impl ThreadPolicy {
                     // Something changed beside us: try the other counts now, from here.
                     choice.baseline = Some(mean);
                     choice.interval = FIRST_INTERVAL;
-                    choice.since_try = choice.interval;
+                    choice.due = true;
                 }
                 return;
             }
@@ -207,6 +213,7 @@ impl ThreadPolicy {
             rung,
             means: vec![None; rungs],
             baseline: None,
+            due: false,
             since_try: 0,
             interval: FIRST_INTERVAL,
             trial: None,
@@ -339,37 +346,39 @@ mod tests {
         assert_eq!(ThreadPolicy::new(0, None).ladder, [1]);
     }
 
-    #[test]
-    fn on_a_quiet_machine_every_core_computes_and_tries_back_off() {
-        let mut policy = ThreadPolicy::new(2, None);
-        let counts = run(&mut policy, SHAPE, 2000, quiet);
-        let on_one = counts.iter().filter(|&&threads| threads == 1).count();
-        // Tries after 16, 32, 64, 128 and then every 256 steps, 3 steps each.
-        assert!(
-            (3..=3 * 12).contains(&on_one),
-            "{on_one} of 2000 steps on one thread"
-        );
-        assert_eq!(counts[..FIRST_INTERVAL as usize], [2; FIRST_INTERVAL as usize]);
-        assert_eq!(*counts.last().unwrap(), 2);
+    /// The engine's warm steps, on each count.
+    fn seed(policy: &mut ThreadPolicy, time: impl Fn(usize) -> f64) {
+        let measured = [2, 1].map(|threads| (threads, Duration::from_secs_f64(time(threads))));
+        policy.seed(SHAPE, &measured);
     }
 
     #[test]
-    fn beside_a_neighbour_one_thread_is_chosen_at_the_first_try_and_kept() {
+    fn on_a_quiet_machine_every_core_computes_and_nothing_is_tried() {
         let mut policy = ThreadPolicy::new(2, None);
-        let counts = run(&mut policy, SHAPE, 1000, beside_a_neighbour);
-        let first_one = counts.iter().position(|&threads| threads == 1).unwrap();
-        assert_eq!(first_one, FIRST_INTERVAL as usize);
-        let on_two = counts[first_one..]
-            .iter()
-            .filter(|&&threads| threads == 2)
-            .count();
-        assert!(on_two <= 3 * 8, "{on_two} steps on two threads after the switch");
+        seed(&mut policy, quiet);
+        let counts = run(&mut policy, SHAPE, 2000, quiet);
+        assert!(counts.iter().all(|&threads| threads == 2));
+        // Nor unseeded.
+        let counts = run(&mut policy, (3, 1), 2000, quiet);
+        assert!(counts.iter().all(|&threads| threads == 2));
+    }
+
+    #[test]
+    fn beside_a_neighbour_one_thread_is_kept_with_tries_backing_off() {
+        let mut policy = ThreadPolicy::new(2, None);
+        seed(&mut policy, beside_a_neighbour);
+        let counts = run(&mut policy, SHAPE, 2000, beside_a_neighbour);
+        assert_eq!(counts[0], 1);
+        let on_two = counts.iter().filter(|&&threads| threads == 2).count();
+        // Tries after 16, 32, 64, 128 and then every 256 steps, 3 steps each.
+        assert!((3..=3 * 12).contains(&on_two), "{on_two} steps on two threads");
         assert_eq!(*counts.last().unwrap(), 1);
     }
 
     #[test]
     fn when_the_neighbour_leaves_every_core_computes_again() {
         let mut policy = ThreadPolicy::new(2, None);
+        seed(&mut policy, beside_a_neighbour);
         run(&mut policy, SHAPE, 1000, beside_a_neighbour);
         // Within one longest interval and a try.
         let counts = run(&mut policy, SHAPE, (MAX_INTERVAL + 2 * TRY_STEPS) as usize, quiet);
@@ -379,6 +388,7 @@ mod tests {
     #[test]
     fn a_neighbour_that_comes_is_noticed_sooner_than_the_longest_interval() {
         let mut policy = ThreadPolicy::new(2, None);
+        seed(&mut policy, quiet);
         run(&mut policy, SHAPE, 2000, quiet);
         // The running mean leaves the baseline by 30 % within a few steps, and a try follows.
         let counts = run(&mut policy, SHAPE, 40, beside_a_neighbour);
@@ -392,9 +402,10 @@ mod tests {
     fn a_new_shape_starts_where_the_last_choice_was() {
         let mut policy = ThreadPolicy::new(4, None);
         // Two threads are the fastest: four wait for each other, one computes alone.
-        run(&mut policy, SHAPE, 100, |threads| {
-            [0.0, 0.014, 0.011, 0.0, 0.030][threads]
-        });
+        let time = |threads: usize| [0.0, 0.014, 0.011, 0.0, 0.030][threads];
+        let measured = [4, 2, 1].map(|threads| (threads, Duration::from_secs_f64(time(threads))));
+        policy.seed(SHAPE, &measured);
+        run(&mut policy, SHAPE, 100, time);
         assert_eq!(policy.threads_for(SHAPE), 2);
         assert_eq!(policy.threads_for((4, 1)), 2);
     }
@@ -420,6 +431,8 @@ mod tests {
         let counts = run(&mut policy, SHAPE, 500, beside_a_neighbour);
         assert!(counts.iter().all(|&threads| threads == 2));
         policy.pin(None);
+        // On every core, a neighbour is noticed when the step time moves.
+        run(&mut policy, SHAPE, 20, quiet);
         let counts = run(&mut policy, SHAPE, 100, beside_a_neighbour);
         assert_eq!(*counts.last().unwrap(), 1);
         policy.pin(Some(3));
