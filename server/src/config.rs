@@ -48,6 +48,8 @@ pub struct Config {
     pub join_secret: Option<JoinSecret>,
     /// `--join-secret-file`, for the log (else the secret came from the environment).
     pub join_secret_file: Option<String>,
+    /// `--max-token-ttl`, seconds.
+    pub max_token_ttl: u64,
     pub allowed_hosts: Vec<String>,
     pub max_sessions_per_address: usize,
     pub max_joins_per_minute: u32,

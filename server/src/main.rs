@@ -37,7 +37,7 @@ as RTP packets (/codes?session=ID&transport=rtp names the port), each browser se
 
 qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--model DIR] [--device auto|cpu|cuda|cuda:N]
     [--dtype f32|f16|bf16] [--chunk-frames 1] [--token TOKEN | --token-file FILE]
-    [--join-secret-file FILE] [--allow-host HOST,...] [--max-sessions 16]
+    [--join-secret-file FILE] [--max-token-ttl 120] [--allow-host HOST,...] [--max-sessions 16]
     [--max-sessions-per-address 8] [--max-joins-per-minute 20]
     [--codes-bind ADDRESS:PORT] [--max-codes-connections 64]
     [--max-message-bytes 65536] [--idle-timeout 10] [--allow-origin ORIGIN,...]
@@ -65,6 +65,8 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
                        application's backend signed with it, which names the session
                        (docs/server-protocol.md), and /signal needs an Origin; without one
                        anyone may join (a demo)
+  --max-token-ttl      seconds: a join token expiring further ahead than this is refused (120);
+                       each token opens one session, once
   --allow-host         the hosts (HOST or HOST:PORT, comma-separated) a request may name in its
                        Host header, against DNS rebinding; others are answered 403 (any)
   --max-sessions-per-address
@@ -173,6 +175,10 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
     }
     let join_secret_file = options.take("--join-secret-file")?;
     let join_secret = token::JoinSecret::read(join_secret_file.as_deref().map(Path::new))?;
+    let max_token_ttl: u64 = options.take_parsed("--max-token-ttl", 120)?;
+    if max_token_ttl == 0 {
+        return Err("--max-token-ttl must be 1 or above".into());
+    }
     let allowed_hosts: Vec<String> = options.take_list("--allow-host", &[])?;
     if allowed_hosts.iter().any(String::is_empty) {
         return Err("--allow-host: an empty host".into());
@@ -242,6 +248,7 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
         token_source,
         join_secret,
         join_secret_file,
+        max_token_ttl,
         allowed_hosts,
         max_sessions_per_address,
         max_joins_per_minute,

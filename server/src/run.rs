@@ -34,6 +34,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         token_source,
         join_secret,
         join_secret_file,
+        max_token_ttl,
         allowed_hosts,
         max_sessions_per_address,
         max_joins_per_minute,
@@ -154,7 +155,8 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
     };
     let joins_described = match &join_secret {
         Some(_) => format!(
-            "a join token signed with the join secret ({}) is required",
+            "a join token signed with the join secret ({}), expiring within {max_token_ttl} s, \
+             used once, is required",
             join_secret_file
                 .as_deref()
                 .map_or(format!("${}", token::SECRET_VARIABLE), |file| format!(
@@ -186,7 +188,12 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         peer_times,
         allowed_origins,
         allowed_hosts,
-        joins: access::JoinPolicy::new(join_secret, max_joins_per_minute, max_sessions_per_address),
+        joins: access::JoinPolicy::new(
+            join_secret,
+            max_token_ttl,
+            max_joins_per_minute,
+            max_sessions_per_address,
+        ),
         public_address: ice.public_address(),
         metrics,
         rtp_format,

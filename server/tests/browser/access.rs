@@ -182,6 +182,12 @@ fn join_tokens_decide_who_joins_and_name_the_session() {
             4401,
             "expired",
         ),
+        (
+            "a token that expires past --max-token-ttl",
+            Some(join_token(SECRET, "listener-1", now + 121)),
+            4401,
+            "--max-token-ttl",
+        ),
     ];
     for (what, token, code, reason) in refusals {
         assert_refused(what, &mut join(&server, origin, token.as_deref()), code, reason);
@@ -212,10 +218,17 @@ fn join_tokens_decide_who_joins_and_name_the_session() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    // While it is open, the same token opens nothing.
+    // A token opens one session, once.
     assert_refused(
-        "the token of a session open",
+        "a token used already",
         &mut join(&server, origin, Some(&valid)),
+        4401,
+        "used already",
+    );
+    // Another token for the session while it is open opens nothing.
+    assert_refused(
+        "a token for a session open",
+        &mut join(&server, origin, Some(&join_token(SECRET, "listener-1", now + 59))),
         4409,
         "session listener-1 is open already",
     );
@@ -478,8 +491,9 @@ fn senders_have_a_listener_and_connections_of_their_own() {
 
 #[test]
 #[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
-fn a_page_joins_with_the_token_in_its_url_and_hears_its_speech() {
-    if !server::in_own_network("access::a_page_joins_with_the_token_in_its_url_and_hears_its_speech") {
+fn a_page_joins_with_the_token_in_its_url_fragment_and_hears_its_speech() {
+    if !server::in_own_network("access::a_page_joins_with_the_token_in_its_url_fragment_and_hears_its_speech")
+    {
         return;
     }
     let folder = tempfile::tempdir().unwrap();
@@ -492,7 +506,10 @@ fn a_page_joins_with_the_token_in_its_url_and_hears_its_speech() {
     let speech = Speech::load();
     let browser = Browser::start();
     let token = join_token(SECRET, "listener-7", unix_now() + 60);
-    browser.open(&format!("{}?token={token}", server.url()));
+    browser.open(&format!("{}#token={token}", server.url()));
+    // The page took the token out of its URL (and its history) as it loaded.
+    let href = browser.run("return location.href;");
+    assert_eq!(href, server.url(), "the page's URL");
     browser.run(&format!(
         "speech.threshold = {}; document.getElementById('connect').click();",
         speech.sound_threshold()
