@@ -11,8 +11,8 @@ use std::time::{Instant, SystemTime};
 
 use crate::connections::{Client, JoinRate, SessionPlace, SessionsPerClient};
 use crate::http::{self, Request, Socket, close};
-use crate::log::log;
 use crate::metrics::Metrics;
+use crate::refusal_log;
 use qwencodec_protocol::token::JoinSecret;
 
 /// The most of a client's text that a log line or a refusal repeats.
@@ -60,7 +60,9 @@ pub async fn refuse(
     code: u16,
     reason: &str,
 ) {
-    log!("refused {peer} on {endpoint}: {code} {}", escaped(reason));
+    refusal_log::refused(code, || {
+        format!("refused {peer} on {endpoint}: {code} {}", escaped(reason))
+    });
     metrics.refused(code);
     http::close(socket, code, reason).await;
 }

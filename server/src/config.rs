@@ -54,6 +54,8 @@ pub struct Config {
     pub max_sessions_per_address: usize,
     pub max_joins_per_minute: u32,
     pub codes_bind: Option<SocketAddr>,
+    /// `/metrics` and `/status` on this address alone.
+    pub metrics_bind: Option<SocketAddr>,
     pub max_codes_connections: usize,
     pub max_sessions: usize,
     pub max_message_bytes: usize,

@@ -39,7 +39,7 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
     [--dtype f32|f16|bf16] [--chunk-frames 1] [--token TOKEN | --token-file FILE]
     [--join-secret-file FILE] [--max-token-ttl 120] [--allow-host HOST,...] [--max-sessions 16]
     [--max-sessions-per-address 8] [--max-joins-per-minute 20]
-    [--codes-bind ADDRESS:PORT] [--max-codes-connections 64]
+    [--codes-bind ADDRESS:PORT] [--max-codes-connections 64] [--metrics-bind ADDRESS:PORT]
     [--max-message-bytes 65536] [--idle-timeout 10] [--allow-origin ORIGIN,...]
     [--ping-interval 5] [--peer-timeout 15] [--connect-timeout 20]
     [--max-connections 256] [--max-connections-per-address 32] [--instance NAME]
@@ -80,6 +80,9 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
                        answered 404 (/codes on --bind)
   --max-codes-connections
                        connections open at once on --codes-bind (64)
+  --metrics-bind       serve /metrics and /status on this address alone (a private one: they
+                       tell anyone the server's load and sessions), with connection caps of
+                       their own; on --bind they are then answered 404 (on --bind)
   --max-sessions       sessions at once; the next is refused with 4429 (16)
   --admission          measured: at most as many sessions as the decoder serves in real time,
                        measured at start from its own steps (a step of every session within
@@ -186,6 +189,7 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
     let max_sessions_per_address: usize = options.take_parsed("--max-sessions-per-address", 8)?;
     let max_joins_per_minute: u32 = options.take_parsed("--max-joins-per-minute", 20)?;
     let codes_bind: Option<SocketAddr> = options.take_optional("--codes-bind")?;
+    let metrics_bind: Option<SocketAddr> = options.take_optional("--metrics-bind")?;
     let max_codes_connections: usize = options.take_parsed("--max-codes-connections", 64)?;
     let max_sessions: usize = options.take_parsed("--max-sessions", 16)?;
     let max_message_bytes: usize = options.take_parsed("--max-message-bytes", 64 * 1024)?;
@@ -253,6 +257,7 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
         max_sessions_per_address,
         max_joins_per_minute,
         codes_bind,
+        metrics_bind,
         max_codes_connections,
         max_sessions,
         max_message_bytes,

@@ -39,6 +39,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         max_sessions_per_address,
         max_joins_per_minute,
         codes_bind,
+        metrics_bind,
         max_codes_connections,
         max_sessions,
         max_message_bytes,
@@ -143,6 +144,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
     let listener = TcpListener::bind(bind)?;
     let address = listener.local_addr()?;
     let codes_listener = codes_bind.map(TcpListener::bind).transpose()?;
+    let metrics_listener = metrics_bind.map(TcpListener::bind).transpose()?;
     // --tls-cert and --tls-key are --bind's; the TTS side on a --codes-bind of its own stays plain.
     let (http, ws) = if tls.is_some() {
         ("https", "wss")
@@ -200,6 +202,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         browser_ice_servers: ice.browser_servers(),
         janus,
         janus_js,
+        monitoring_apart: metrics_listener.is_some(),
         connections: Connections::new(max_connections, max_connections_per_address),
     });
     log!(
@@ -222,6 +225,15 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
     log!(
         "joins: {joins_described}; at most {max_sessions_per_address} sessions and {max_joins_per_minute} joins a minute per client (0: no cap)"
     );
+    match &metrics_listener {
+        Some(metrics_listener) => log!(
+            "monitoring: http://{}/metrics and /status alone (--metrics-bind)",
+            metrics_listener.local_addr()?
+        ),
+        None => log!(
+            "monitoring: /metrics and /status on {address}, public (--metrics-bind puts them on a private address)"
+        ),
+    }
     if let Some(janus) = &server.janus {
         log!(
             "broadcasts: {codes_ws}://{codes_address}/broadcast with the same header, to Janus at {} (listeners: {})",
@@ -245,6 +257,10 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         listeners[0].2 = Side::Public;
         let connections = Connections::new(max_codes_connections, max_codes_connections);
         listeners.push((codes_listener, connections, Side::Codes, None));
+    }
+    if let Some(metrics_listener) = metrics_listener {
+        let connections = Connections::new(MONITORING_CONNECTIONS, MONITORING_CONNECTIONS);
+        listeners.push((metrics_listener, connections, Side::Monitoring, None));
     }
     let served = runtime.block_on(serve(server, listeners, signals, drain_timeout));
     // A task still blocked on a pipeline does not hold the exit.
@@ -373,6 +389,9 @@ const DRAINING: &str = "the server is draining (shutting down): join another ser
 const DRAIN_TAIL: gst::ClockTime = gst::ClockTime::from_mseconds(500);
 /// How often a draining server looks for sessions whose speech is over.
 const DRAIN_POLL: Duration = Duration::from_millis(20);
+
+/// Connections open at once on `--metrics-bind`: a scraper or two, and an operator.
+const MONITORING_CONNECTIONS: usize = 16;
 
 /// How long a shutdown waits for the connections to close.
 const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(5);

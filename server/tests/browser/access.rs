@@ -539,3 +539,119 @@ fn a_page_joins_with_the_token_in_its_url_fragment_and_hears_its_speech() {
         frames,
     );
 }
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn the_metrics_and_status_have_a_private_listener_of_their_own() {
+    if !server::in_own_network("access::the_metrics_and_status_have_a_private_listener_of_their_own") {
+        return;
+    }
+    let server = Server::start(&["--metrics-bind", "127.0.0.1:0", "--allow-host", "tts.example.org"]);
+    let announced = log_line(&server, |line| line.contains("monitoring: http://"));
+    let monitoring = announced
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap()
+        .to_owned();
+    assert_ne!(monitoring, server.address);
+    let get = |address: &str, path: &str, host: &str| {
+        past_closed_connections(|| {
+            raw_request(address, &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n"))
+        })
+    };
+    // On the public side: not there, whatever the Host.
+    for path in ["/metrics", "/status"] {
+        let answer = get(&server.address, path, "tts.example.org");
+        assert!(answer.starts_with("HTTP/1.1 404"), "{path} on --bind: {answer}");
+    }
+    assert!(get(&server.address, "/", "tts.example.org").starts_with("HTTP/1.1 200"));
+    // On the monitoring side, by its own address (not one --allow-host lists), and nothing else.
+    for path in ["/metrics", "/status"] {
+        let answer = get(&monitoring, path, &monitoring);
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "{path} on --metrics-bind: {answer}"
+        );
+    }
+    for path in ["/", "/app.js", "/signal", "/codes"] {
+        let answer = get(&monitoring, path, &monitoring);
+        assert!(
+            answer.starts_with("HTTP/1.1 404"),
+            "{path} on --metrics-bind: {answer}"
+        );
+    }
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn a_flood_of_refusals_logs_a_burst_and_then_a_line_a_second_that_counts_the_rest() {
+    if !server::in_own_network(
+        "access::a_flood_of_refusals_logs_a_burst_and_then_a_line_a_second_that_counts_the_rest",
+    ) {
+        return;
+    }
+    let server = Server::start(&["--allow-host", "tts.example.org"]);
+    let refused = |n: usize| {
+        for index in 0..n {
+            let host = format!("flood-{index}.example");
+            let answer = past_closed_connections(|| {
+                raw_request(
+                    &server.address,
+                    &format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n"),
+                )
+            });
+            assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+        }
+    };
+    let lines = |matches: &dyn Fn(&str) -> bool| {
+        let count = std::cell::Cell::new(0);
+        server.await_log(
+            |line| {
+                if line.contains("refused") && line.contains(": 403 host flood-") && matches(line) {
+                    count.set(count.get() + 1);
+                }
+                false
+            },
+            Duration::ZERO,
+        );
+        count.get()
+    };
+    let started = Instant::now();
+    let flood = 200;
+    refused(flood);
+    let took = started.elapsed().as_secs() as usize;
+    std::thread::sleep(Duration::from_millis(300));
+    // The burst of 10, and a line for each second the flood took at most.
+    let logged = lines(&|_| true);
+    assert!(
+        (10..=11 + took).contains(&logged),
+        "{logged} lines for {flood} refusals in {took} s"
+    );
+    // A second later, the next refusal's line counts those not logged.
+    std::thread::sleep(Duration::from_millis(1100));
+    refused(1);
+    let counted = |line: &str| line.contains("refusals with 403 before it not logged");
+    assert!(
+        server.await_log(
+            |line| line.contains("refused") && counted(line),
+            Duration::from_secs(2)
+        ),
+        "no line counts the refusals not logged"
+    );
+    // Every refusal is in the metrics.
+    let metrics = past_closed_connections(|| {
+        let mut stream = TcpStream::connect(&server.address).unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: tts.example.org\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    });
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    assert_eq!(
+        sample(&metrics, r#"qwencodec_refusals_total{code="403"}"#),
+        (flood + 1) as f64
+    );
+}
