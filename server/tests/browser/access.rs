@@ -655,3 +655,80 @@ fn a_flood_of_refusals_logs_a_burst_and_then_a_line_a_second_that_counts_the_res
         (flood + 1) as f64
     );
 }
+
+/// `qwencodec-server` run with `args` (and `env`) until it exits, or killed after 20 s (it
+/// started serving): its exit's success and what it wrote on stderr.
+fn exit_of(args: &[&str], env: &[(&str, &str)]) -> (Option<bool>, String) {
+    use std::process::{Command, Stdio};
+    let mut process = Command::new(env!("CARGO_BIN_EXE_qwencodec-server"))
+        .args(args)
+        .env_remove("QWENCODEC_JOIN_SECRET")
+        .env_remove("QWENCODEC_CODES_TOKEN")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = process.try_wait().unwrap() {
+            break Some(status.success());
+        }
+        if Instant::now() > deadline {
+            process.kill().unwrap();
+            process.wait().unwrap();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    process
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status, stderr)
+}
+
+#[test]
+fn a_server_others_reach_does_not_start_open_and_takes_no_secret_on_its_command_line() {
+    let (exited, stderr) = exit_of(&["--bind", "0.0.0.0:0", "--device", "cpu"], &[]);
+    assert_eq!(
+        exited,
+        Some(false),
+        "bound to 0.0.0.0 without a join secret: {stderr}"
+    );
+    assert!(
+        stderr.contains("--bind 0.0.0.0:0 is reachable from other hosts")
+            && stderr.contains("head -c 32 /dev/urandom")
+            && stderr.contains("--insecure-open"),
+        "{stderr}"
+    );
+    let (exited, stderr) = exit_of(&["--token", "a-codes-token", "--device", "cpu"], &[]);
+    assert_eq!(exited, Some(false), "a token on the command line: {stderr}");
+    assert!(
+        stderr.contains("--token: a secret on the command line shows in ps"),
+        "{stderr}"
+    );
+    // With --insecure-open, or a secret from the environment, the bind passes: the check
+    // after it (--drain-timeout's) is the one that stops these.
+    let secret = ("QWENCODEC_JOIN_SECRET", SECRET);
+    for (args, env) in [
+        (
+            &["--bind", "0.0.0.0:0", "--insecure-open", "--drain-timeout", "-1"][..],
+            &[][..],
+        ),
+        (
+            &["--bind", "0.0.0.0:0", "--drain-timeout", "-1"][..],
+            &[secret][..],
+        ),
+    ] {
+        let (exited, stderr) = exit_of(args, env);
+        assert_eq!(exited, Some(false), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("--drain-timeout must be 0 or above"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
