@@ -52,7 +52,7 @@ demo: build setup-reference setup-packages
 
 # The TTS media server (server/, the binary qwencodec-server) with the bundled test checkpoint; it
 # prints the page's URL and the codes ingress's token. SERVE_ARGS: more options, e.g. --bind
-# 0.0.0.0:8080.
+# 0.0.0.0:8080 --join-secret-file FILE (or --insecure-open for a demo others reach).
 serve: setup
 	cargo build --release --workspace
 	target/release/qwencodec-server $(SERVE_ARGS)

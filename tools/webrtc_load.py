@@ -483,7 +483,7 @@ class ServerProcess:
         command = [
             str(options.server_binary), "--bind", "127.0.0.1:0", "--model", str(options.model),
             "--dtype", options.dtype, "--chunk-frames", str(options.chunk_frames),
-            "--max-sessions", str(options.max_sessions), "--device", options.device, "--token", token,
+            "--max-sessions", str(options.max_sessions), "--device", options.device,
             "--admission", options.admission, "--ice-address", "127.0.0.1",
             # Every peer here is one client (127.0.0.1): no cap per client on its sessions and joins.
             "--max-sessions-per-address", "0", "--max-joins-per-minute", "0",
@@ -491,8 +491,10 @@ class ServerProcess:
         if options.janus_api:
             command += ["--janus", options.janus_api]
         # The server's threads as it chooses them: the environment passes through (docs/element.md, "Threads").
+        # The codes token in the environment: the server takes no secret on its command line.
         proc = await asyncio.create_subprocess_exec(
-            *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+            *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, "QWENCODEC_CODES_TOKEN": token},
         )
         server = cls(proc.pid)
         server.proc = proc

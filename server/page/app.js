@@ -2,14 +2,22 @@
 // (meter.js plays and measures what it hears).
 "use strict";
 
+// The join token that the application's backend signed for this listener, from the page's
+// URL's fragment (#token=...), which no request sends on, neither to a server nor in a Referer
+// (docs/server.md); taken out of the address bar and the history at once.
+const joinToken = (() => {
+  const token = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (token) history.replaceState(null, "", location.pathname + location.search);
+  return token;
+})();
+
 function connect() {
   document.getElementById("connect").disabled = true;
   // wss on an https page (behind a TLS proxy): a browser refuses ws from a secure page.
   const scheme = location.protocol === "https:" ? "wss" : "ws";
-  // The join token that the application's backend signed for this listener, from the page's
-  // URL (?token=...), where the server takes them (docs/server.md). /signal then names
-  // the token's session as /codes does, for a router in front of several servers.
-  const token = new URLSearchParams(location.search).get("token");
+  // /signal names the token's session as /codes does, for a router in front of several
+  // servers.
+  const token = joinToken;
   const session = token ? `?session=${encodeURIComponent(token.split(".")[0])}` : "";
   const socket = new WebSocket(`${scheme}://${location.host}/signal${session}`);
   const send = (message) => socket.send(JSON.stringify(message));

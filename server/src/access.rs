@@ -3,14 +3,16 @@
 //! `token`, and each client's caps, see `connections`). And client-supplied text as the log
 //! shows it, and a WebSocket refused as the log, the metrics and the client see it.
 
+use std::collections::HashSet;
 use std::fmt::Display;
 use std::net::IpAddr;
+use std::sync::Mutex;
 use std::time::{Instant, SystemTime};
 
 use crate::connections::{Client, JoinRate, SessionPlace, SessionsPerClient};
 use crate::http::{self, Request, Socket, close};
-use crate::log::log;
 use crate::metrics::Metrics;
+use crate::refusal_log;
 use qwencodec_protocol::token::JoinSecret;
 
 /// The most of a client's text that a log line or a refusal repeats.
@@ -58,7 +60,9 @@ pub async fn refuse(
     code: u16,
     reason: &str,
 ) {
-    log!("refused {peer} on {endpoint}: {code} {}", escaped(reason));
+    refusal_log::refused(code, || {
+        format!("refused {peer} on {endpoint}: {code} {}", escaped(reason))
+    });
     metrics.refused(code);
     http::close(socket, code, reason).await;
 }
@@ -135,10 +139,16 @@ pub fn origin_refusal(
 }
 
 /// Who may join: with a join secret, a browser whose token it signed (the token names the
-/// session); without one, anyone (a demo). And every client at most so many sessions at once and
-/// so many joins a minute.
+/// session), once per token, and a token that expires within `--max-token-ttl`; without one,
+/// anyone (a demo). And every client at most so many sessions at once and so many joins a
+/// minute.
 pub struct JoinPolicy {
     secret: Option<JoinSecret>,
+    /// Seconds: a token expiring further ahead is refused (a leaked one would serve too long).
+    max_token_ttl: u64,
+    /// The tokens that joined (session id, expiry), each until it expires: a token opens one
+    /// session, once.
+    used: Mutex<HashSet<(String, u64)>>,
     rate: JoinRate,
     sessions_per_client: std::sync::Arc<SessionsPerClient>,
 }
@@ -151,9 +161,16 @@ pub struct Join {
 }
 
 impl JoinPolicy {
-    pub fn new(secret: Option<JoinSecret>, joins_per_minute: u32, sessions_per_client: usize) -> Self {
+    pub fn new(
+        secret: Option<JoinSecret>,
+        max_token_ttl: u64,
+        joins_per_minute: u32,
+        sessions_per_client: usize,
+    ) -> Self {
         Self {
             secret,
+            max_token_ttl,
+            used: Mutex::new(HashSet::new()),
             rate: JoinRate::new(joins_per_minute),
             sessions_per_client: SessionsPerClient::new(sessions_per_client),
         }
@@ -167,20 +184,44 @@ impl JoinPolicy {
     /// reason, neither of which repeats the token). Every join counts against the client's
     /// rate, those refused too: a client that guesses tokens is slowed down as one that floods.
     pub fn admit(&self, token: Option<&str>, address: IpAddr) -> Result<Join, (u16, String)> {
+        self.admit_at(token, address, unix_now())
+    }
+
+    /// [`admit`](Self::admit) at `now`, Unix seconds (None: the clock failed, and no token can
+    /// be told from an expired one).
+    fn admit_at(
+        &self,
+        token: Option<&str>,
+        address: IpAddr,
+        now: Option<u64>,
+    ) -> Result<Join, (u16, String)> {
         let client = Client::of(address);
         self.rate
             .join(client, Instant::now())
             .map_err(|why| (close::TOO_MANY_SESSIONS, why))?;
-        let session = match (&self.secret, token) {
+        let token = match (&self.secret, token) {
             (Some(secret), Some(token)) => {
+                let Some(now) = now else {
+                    let reason = "the server's clock failed: no join token can be checked";
+                    return Err((close::SERVER_ERROR, reason.into()));
+                };
                 let token = secret
-                    .verify(token, unix_now())
+                    .verify(token, now)
                     .map_err(|err| (close::UNAUTHORIZED, err.to_string()))?;
-                Some(token.session)
+                let ahead = token.expires - now.min(token.expires);
+                if ahead > self.max_token_ttl {
+                    let reason = format!(
+                        "the join token expires in {ahead} s, more than this server takes ({} s, \
+                         --max-token-ttl)",
+                        self.max_token_ttl
+                    );
+                    return Err((close::UNAUTHORIZED, reason));
+                }
+                Some((token, now))
             }
             (Some(_), None) => {
                 let reason = "a join token is required: {\"type\":\"join\",\"token\":\"...\"} \
-                              (the page passes on ?token= of its URL)";
+                              (the page passes on #token= of its URL)";
                 return Err((close::UNAUTHORIZED, reason.into()));
             }
             (None, Some(_)) => {
@@ -193,6 +234,19 @@ impl JoinPolicy {
             .sessions_per_client
             .take(client)
             .map_err(|why| (close::TOO_MANY_SESSIONS, why))?;
+        let session = match token {
+            Some((token, now)) => {
+                let mut used = self.used.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                // A token past its expiry is refused as expired: it need not be remembered.
+                used.retain(|(_, expires)| *expires >= now);
+                if !used.insert((token.session.clone(), token.expires)) {
+                    let reason = "the join token was used already: each opens one session";
+                    return Err((close::UNAUTHORIZED, reason.into()));
+                }
+                Some(token.session)
+            }
+            None => None,
+        };
         Ok(Join {
             session,
             _place: place,
@@ -200,11 +254,12 @@ impl JoinPolicy {
     }
 }
 
-/// Unix seconds now.
-fn unix_now() -> u64 {
+/// Unix seconds now; None when the clock is before 1970 (it failed).
+fn unix_now() -> Option<u64> {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |since| since.as_secs())
+        .ok()
+        .map(|since| since.as_secs())
 }
 
 #[cfg(test)]
@@ -331,12 +386,18 @@ mod tests {
         );
     }
 
+    const NOW: u64 = 1_800_000_000;
+
+    fn secret() -> JoinSecret {
+        JoinSecret::new(b"a join secret of the tests").unwrap()
+    }
+
     #[test]
     fn joins_need_a_token_signed_with_the_secret_when_there_is_one() {
-        let secret = || JoinSecret::new(b"a join secret of the tests").unwrap();
-        let policy = JoinPolicy::new(Some(secret()), 0, 0);
+        let policy = JoinPolicy::new(Some(secret()), 120, 0, 0);
         let address: IpAddr = "192.0.2.1".parse().unwrap();
-        let token = secret().sign("from-the-backend", unix_now() + 60);
+        let now = unix_now().expect("the clock");
+        let token = secret().sign("from-the-backend", now + 60);
         assert_eq!(
             policy.admit(Some(&token), address).unwrap().session.as_deref(),
             Some("from-the-backend")
@@ -344,14 +405,14 @@ mod tests {
         let (code, reason) = policy.admit(None, address).err().unwrap();
         assert_eq!(code, close::UNAUTHORIZED);
         assert!(reason.contains("a join token is required"), "{reason}");
-        let expired = secret().sign("from-the-backend", unix_now() - 10);
+        let expired = secret().sign("from-the-backend", now - 10);
         let (code, reason) = policy.admit(Some(&expired), address).err().unwrap();
         assert_eq!(code, close::UNAUTHORIZED);
         assert!(reason.contains("expired"), "{reason}");
 
         assert!(policy.requires_token());
 
-        let open = JoinPolicy::new(None, 0, 0);
+        let open = JoinPolicy::new(None, 120, 0, 0);
         assert!(!open.requires_token());
         assert_eq!(open.admit(None, address).unwrap().session, None);
         assert_eq!(
@@ -361,8 +422,62 @@ mod tests {
     }
 
     #[test]
+    fn a_token_that_expires_past_the_most_lifetime_is_refused() {
+        let policy = JoinPolicy::new(Some(secret()), 120, 0, 0);
+        let address: IpAddr = "192.0.2.1".parse().unwrap();
+        let at = |token: &str| policy.admit_at(Some(token), address, Some(NOW));
+        assert!(at(&secret().sign("within", NOW + 120)).is_ok(), "120 s ahead");
+        let (code, reason) = at(&secret().sign("beyond", NOW + 121)).err().unwrap();
+        assert_eq!(code, close::UNAUTHORIZED);
+        assert_eq!(
+            reason,
+            "the join token expires in 121 s, more than this server takes (120 s, --max-token-ttl)"
+        );
+        let (code, reason) = at(&secret().sign("years", u64::MAX - 1)).err().unwrap();
+        assert_eq!(code, close::UNAUTHORIZED);
+        assert!(reason.contains("--max-token-ttl"), "{reason}");
+    }
+
+    #[test]
+    fn a_clock_that_fails_refuses_every_token() {
+        let policy = JoinPolicy::new(Some(secret()), 120, 0, 0);
+        let address: IpAddr = "192.0.2.1".parse().unwrap();
+        // A failed clock once read as 0, before which no token had expired.
+        for expires in [NOW, 60] {
+            let token = secret().sign("s", expires);
+            let (code, reason) = policy.admit_at(Some(&token), address, None).err().unwrap();
+            assert_eq!(code, close::SERVER_ERROR);
+            assert_eq!(reason, "the server's clock failed: no join token can be checked");
+        }
+    }
+
+    #[test]
+    fn a_token_opens_one_session_once_and_is_forgotten_when_it_expires() {
+        let policy = JoinPolicy::new(Some(secret()), 120, 0, 0);
+        let address: IpAddr = "192.0.2.1".parse().unwrap();
+        let token = secret().sign("once", NOW + 60);
+        let first = policy.admit_at(Some(&token), address, Some(NOW)).unwrap();
+        // The session ended, and the same token comes again: still refused.
+        drop(first);
+        let (code, reason) = policy
+            .admit_at(Some(&token), address, Some(NOW + 1))
+            .err()
+            .unwrap();
+        assert_eq!(code, close::UNAUTHORIZED);
+        assert_eq!(reason, "the join token was used already: each opens one session");
+        // Another token for the same session (another expiry) is another token.
+        let again = secret().sign("once", NOW + 90);
+        assert!(policy.admit_at(Some(&again), address, Some(NOW + 1)).is_ok());
+        // Once expired, a token is forgotten (it is refused as expired from then on).
+        let later = secret().sign("later", NOW + 200);
+        assert!(policy.admit_at(Some(&later), address, Some(NOW + 100)).is_ok());
+        let remembered = policy.used.lock().unwrap().clone();
+        assert_eq!(remembered, HashSet::from([("later".to_owned(), NOW + 200)]));
+    }
+
+    #[test]
     fn joins_are_capped_per_client_and_a_left_session_gives_its_place_back() {
-        let policy = JoinPolicy::new(None, 4, 2);
+        let policy = JoinPolicy::new(None, 120, 4, 2);
         let address: IpAddr = "2001:db8::1".parse().unwrap();
         let neighbour: IpAddr = "2001:db8::2".parse().unwrap();
         let first = policy.admit(None, address).unwrap();

@@ -19,11 +19,31 @@ pub fn default_model() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/release-tiny")
 }
 
+/// The environment variable that may hold the codes token (`--token-file` wins).
+pub const CODES_TOKEN_VARIABLE: &str = "QWENCODEC_CODES_TOKEN";
+
+/// Why the server must not start bound to `bind`, if it must not: on an address other hosts
+/// reach, without a join secret anyone who reaches it may join any session, which the operator
+/// must ask for (`--insecure-open`) rather than get by default.
+pub fn open_bind_refusal(bind: SocketAddr, join_secret: bool, insecure_open: bool) -> Option<String> {
+    if join_secret || insecure_open || bind.ip().is_loopback() {
+        return None;
+    }
+    Some(format!(
+        "--bind {bind} is reachable from other hosts, and without a join secret anyone who reaches \
+         it may join any session. Make a secret (head -c 32 /dev/urandom | base64 > FILE; chmod 600 \
+         FILE), give it with --join-secret-file FILE or ${}, and have the application's backend \
+         sign join tokens with it (docs/server-protocol.md); or say --insecure-open to serve \
+         anyone (a demo)",
+        qwencodec_protocol::token::SECRET_VARIABLE
+    ))
+}
+
 /// Where the codes token came from.
 pub enum TokenSource {
     /// Made at start: it is printed.
     Made,
-    /// Given by this option: not printed (the log may go where the token must not).
+    /// Given by this option or variable: not printed (the log may go where the token must not).
     Given(&'static str),
 }
 
@@ -48,10 +68,14 @@ pub struct Config {
     pub join_secret: Option<JoinSecret>,
     /// `--join-secret-file`, for the log (else the secret came from the environment).
     pub join_secret_file: Option<String>,
+    /// `--max-token-ttl`, seconds.
+    pub max_token_ttl: u64,
     pub allowed_hosts: Vec<String>,
     pub max_sessions_per_address: usize,
     pub max_joins_per_minute: u32,
     pub codes_bind: Option<SocketAddr>,
+    /// `/metrics` and `/status` on this address alone.
+    pub metrics_bind: Option<SocketAddr>,
     pub max_codes_connections: usize,
     pub max_sessions: usize,
     pub max_message_bytes: usize,
@@ -82,4 +106,39 @@ pub struct Config {
 pub struct TlsFiles {
     pub certificate: PathBuf,
     pub key: PathBuf,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_others_reach_needs_a_join_secret_or_insecure_open() {
+        let bind = |text: &str| -> SocketAddr { text.parse().unwrap() };
+        for open in ["0.0.0.0:8080", "[::]:8080", "192.0.2.1:443", "[2001:db8::1]:80"] {
+            let refusal = open_bind_refusal(bind(open), false, false).expect(open);
+            assert!(
+                refusal.starts_with(&format!("--bind {open} is reachable")),
+                "{refusal}"
+            );
+            assert!(refusal.contains("--join-secret-file") && refusal.contains("--insecure-open"));
+            assert_eq!(
+                open_bind_refusal(bind(open), true, false),
+                None,
+                "{open} with a secret"
+            );
+            assert_eq!(
+                open_bind_refusal(bind(open), false, true),
+                None,
+                "{open}, --insecure-open"
+            );
+        }
+        for loopback in ["127.0.0.1:8080", "127.0.0.2:0", "[::1]:8080"] {
+            assert_eq!(
+                open_bind_refusal(bind(loopback), false, false),
+                None,
+                "{loopback}"
+            );
+        }
+    }
 }

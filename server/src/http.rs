@@ -69,6 +69,8 @@ pub fn respond(status: u16, content_type: &str, body: impl Into<Body>) -> Respon
         .status(status)
         .header("content-type", content_type)
         .header("cache-control", "no-store")
+        // A page's links and requests name no URL of it (nor what a token in it would leak).
+        .header("referrer-policy", "no-referrer")
         .header("connection", "close")
         .body(body.into())
         .expect("a response of a known status and headers")
@@ -194,4 +196,13 @@ pub async fn loopback() -> (Socket, WebSocketStream<tokio::net::TcpStream>) {
         WebSocketStream::from_raw_socket(server, Role::Server, None).await,
         WebSocketStream::from_raw_socket(client, Role::Client, None).await,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn responses_tell_browsers_to_send_no_referrer() {
+        let response = super::respond(200, "text/html; charset=utf-8", "a page");
+        assert_eq!(response.headers()["referrer-policy"], "no-referrer");
+    }
 }

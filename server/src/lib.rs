@@ -31,6 +31,7 @@ mod log;
 pub mod metrics;
 pub mod opus;
 pub mod random;
+pub mod refusal_log;
 pub mod routes;
 pub mod rtp_ingress;
 mod run;

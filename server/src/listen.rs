@@ -19,6 +19,7 @@ use tower::ServiceExt;
 use crate::connections::Connections;
 use crate::http;
 use crate::log::log;
+use crate::refusal_log;
 use crate::routes::{self, Side};
 use crate::server::Server;
 
@@ -84,7 +85,7 @@ pub async fn accept(
         let admitted = match connections.admit(peer.ip()) {
             Ok(admitted) => admitted,
             Err(why) => {
-                log!("refused {peer}: {why}");
+                refusal_log::refused(503, || format!("refused {peer}: {why}"));
                 server.metrics.refused(503);
                 tokio::spawn(refuse(stream, tls.clone(), why));
                 continue;

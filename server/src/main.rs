@@ -9,7 +9,10 @@ use std::process::ExitCode;
 use gstqwencodec::model::Dtype;
 use qwencodec_common::Options;
 use qwencodec_protocol::token;
-use qwencodec_server::config::{Admission, Config, DEBIAN_JANUS_JS, TlsFiles, TokenSource, default_model};
+use qwencodec_server::config::{
+    Admission, CODES_TOKEN_VARIABLE, Config, DEBIAN_JANUS_JS, TlsFiles, TokenSource, default_model,
+    open_bind_refusal,
+};
 use qwencodec_server::{admission, ice, liveness, opus, random};
 
 fn main() -> ExitCode {
@@ -36,10 +39,10 @@ as RTP packets (/codes?session=ID&transport=rtp names the port), each browser se
 /signal) hears its own speech over WebRTC.
 
 qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--model DIR] [--device auto|cpu|cuda|cuda:N]
-    [--dtype f32|f16|bf16] [--chunk-frames 1] [--token TOKEN | --token-file FILE]
-    [--join-secret-file FILE] [--allow-host HOST,...] [--max-sessions 16]
+    [--dtype f32|f16|bf16] [--chunk-frames 1] [--token-file FILE]
+    [--join-secret-file FILE] [--insecure-open] [--max-token-ttl 120] [--allow-host HOST,...] [--max-sessions 16]
     [--max-sessions-per-address 8] [--max-joins-per-minute 20]
-    [--codes-bind ADDRESS:PORT] [--max-codes-connections 64]
+    [--codes-bind ADDRESS:PORT] [--max-codes-connections 64] [--metrics-bind ADDRESS:PORT]
     [--max-message-bytes 65536] [--idle-timeout 10] [--allow-origin ORIGIN,...]
     [--ping-interval 5] [--peer-timeout 15] [--connect-timeout 20]
     [--max-connections 256] [--max-connections-per-address 32] [--instance NAME]
@@ -49,7 +52,8 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
     [--turn-credentials FILE] [--opus-bitrate BPS] [--opus-fec on|off] [--opus-dtx on|off]
     [--janus http://HOST:PORT/janus] [--janus-public URL] [--janus-js FILE]
 
-  --bind               address and port to serve on (127.0.0.1:8080)
+  --bind               address and port to serve on (127.0.0.1:8080); an address other hosts
+                       reach needs a join secret, or --insecure-open
   --tls-cert           serve https and wss on --bind: the certificate chain, PEM, the server's
                        own first (plain http; --codes-bind stays plain)
   --tls-key            its private key, PEM
@@ -57,14 +61,19 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
   --device             where to decode (auto: CUDA when there is a GPU)
   --dtype              precision of the decoder (f32)
   --chunk-frames       frames per decode step (1)
-  --token              the codes ingress's bearer token (generated and printed; one given is
-                       not printed)
-  --token-file         a file holding the codes ingress's bearer token
+  --token-file         a file holding the codes ingress's bearer token (else the environment's
+                       QWENCODEC_CODES_TOKEN; else one is made and printed; one given is not
+                       printed). No secret is taken on the command line: it shows in ps
   --join-secret-file   a file holding the join secret (else the environment's
                        QWENCODEC_JOIN_SECRET), 16 bytes or more: a browser joins with a token the
                        application's backend signed with it, which names the session
                        (docs/server-protocol.md), and /signal needs an Origin; without one
-                       anyone may join (a demo)
+                       anyone may join (a demo), which a server bound to an address other hosts
+                       reach refuses to start for unless --insecure-open
+  --insecure-open      (no value) start without a join secret on an address other hosts reach:
+                       anyone who reaches it may join any session
+  --max-token-ttl      seconds: a join token expiring further ahead than this is refused (120);
+                       each token opens one session, once
   --allow-host         the hosts (HOST or HOST:PORT, comma-separated) a request may name in its
                        Host header, against DNS rebinding; others are answered 403 (any)
   --max-sessions-per-address
@@ -78,6 +87,9 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
                        answered 404 (/codes on --bind)
   --max-codes-connections
                        connections open at once on --codes-bind (64)
+  --metrics-bind       serve /metrics and /status on this address alone (a private one: they
+                       tell anyone the server's load and sessions), with connection caps of
+                       their own; on --bind they are then answered 404 (on --bind)
   --max-sessions       sessions at once; the next is refused with 4429 (16)
   --admission          measured: at most as many sessions as the decoder serves in real time,
                        measured at start from its own steps (a step of every session within
@@ -141,7 +153,11 @@ docs/server-protocol.md has the protocol and the refusals.
 
 /// The server's configuration from the command line; None after `--help`.
 fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
-    let mut options = Options::from_env();
+    // The one option without a value.
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let insecure_open = args.iter().any(|arg| arg == "--insecure-open");
+    args.retain(|arg| arg != "--insecure-open");
+    let mut options = Options::from_args(args);
     if options.take_help() {
         print!("{USAGE}");
         return Ok(None);
@@ -159,13 +175,23 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
     let device = options.take("--device")?.unwrap_or_else(|| "auto".into());
     let dtype: Dtype = options.take_parsed("--dtype", Dtype::F32)?;
     let chunk_frames: u32 = options.take_parsed("--chunk-frames", 1)?;
-    let (token, token_source) = match (options.take("--token")?, options.take("--token-file")?) {
-        (Some(_), Some(_)) => return Err("give --token or --token-file, not both".into()),
-        (Some(token), None) => (token, TokenSource::Given("--token")),
-        (None, Some(file)) => {
+    if options.take("--token")?.is_some() {
+        return Err(format!(
+            "--token: a secret on the command line shows in ps; give --token-file FILE or \
+             ${CODES_TOKEN_VARIABLE}"
+        )
+        .into());
+    }
+    let variable = std::env::var(CODES_TOKEN_VARIABLE).ok();
+    let (token, token_source) = match (options.take("--token-file")?, variable) {
+        (Some(file), _) => {
             let text = std::fs::read_to_string(&file).map_err(|err| format!("--token-file {file}: {err}"))?;
             (text.trim().to_owned(), TokenSource::Given("--token-file"))
         }
+        (None, Some(text)) => (
+            text.trim().to_owned(),
+            TokenSource::Given("$QWENCODEC_CODES_TOKEN"),
+        ),
         (None, None) => (random::random_hex(16)?, TokenSource::Made),
     };
     if token.is_empty() {
@@ -173,6 +199,10 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
     }
     let join_secret_file = options.take("--join-secret-file")?;
     let join_secret = token::JoinSecret::read(join_secret_file.as_deref().map(Path::new))?;
+    let max_token_ttl: u64 = options.take_parsed("--max-token-ttl", 120)?;
+    if max_token_ttl == 0 {
+        return Err("--max-token-ttl must be 1 or above".into());
+    }
     let allowed_hosts: Vec<String> = options.take_list("--allow-host", &[])?;
     if allowed_hosts.iter().any(String::is_empty) {
         return Err("--allow-host: an empty host".into());
@@ -180,6 +210,7 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
     let max_sessions_per_address: usize = options.take_parsed("--max-sessions-per-address", 8)?;
     let max_joins_per_minute: u32 = options.take_parsed("--max-joins-per-minute", 20)?;
     let codes_bind: Option<SocketAddr> = options.take_optional("--codes-bind")?;
+    let metrics_bind: Option<SocketAddr> = options.take_optional("--metrics-bind")?;
     let max_codes_connections: usize = options.take_parsed("--max-codes-connections", 64)?;
     let max_sessions: usize = options.take_parsed("--max-sessions", 16)?;
     let max_message_bytes: usize = options.take_parsed("--max-message-bytes", 64 * 1024)?;
@@ -217,6 +248,9 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
         return Err("--instance takes letters and digits".into());
     }
     options.finish()?;
+    if let Some(why) = open_bind_refusal(bind, join_secret.is_some(), insecure_open) {
+        return Err(why.into());
+    }
     if !drain_timeout.is_finite() || drain_timeout < 0.0 {
         return Err("--drain-timeout must be 0 or above".into());
     }
@@ -242,10 +276,12 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
         token_source,
         join_secret,
         join_secret_file,
+        max_token_ttl,
         allowed_hosts,
         max_sessions_per_address,
         max_joins_per_minute,
         codes_bind,
+        metrics_bind,
         max_codes_connections,
         max_sessions,
         max_message_bytes,

@@ -16,15 +16,30 @@ use crate::connections::Admitted;
 use crate::http::{self, Io, Socket};
 use crate::log::log;
 use crate::server::Server;
-use crate::{access, broadcast, ingress, metrics, session, signalling};
+use crate::{access, broadcast, ingress, metrics, refusal_log, session, signalling};
 
 /// What a listener serves: with `--codes-bind`, the public side (the page, `/signal`, the
-/// status) on `--bind` and the TTS side (`/codes`) on its own; else both on the one.
+/// status) on `--bind` and the TTS side (`/codes`) on its own; else both on the one. With
+/// `--metrics-bind`, `/metrics` and `/status` on a listener of their own and on no other.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Side {
     Public,
     Codes,
     Both,
+    Monitoring,
+}
+
+/// Whether a listener of `side` serves `path`; `monitoring_apart`: `--metrics-bind` was given.
+fn serves(side: Side, path: &str, monitoring_apart: bool) -> bool {
+    let codes = matches!(path, "/codes" | "/broadcast");
+    let monitoring = matches!(path, "/metrics" | "/status");
+    match side {
+        Side::Monitoring => monitoring,
+        _ if monitoring && monitoring_apart => false,
+        Side::Public => !codes,
+        Side::Codes => codes,
+        Side::Both => true,
+    }
 }
 
 /// Where a request's connection came from and came in, and its place among the connections
@@ -65,18 +80,20 @@ async fn handle(
     }
     let read = http::Request::new(request.uri(), request.headers());
     let path = access::escaped(&read.path);
-    // The TTS side: its paths carry their bearer token, which no page can put on a WebSocket.
-    let codes = matches!(read.path.as_str(), "/codes" | "/broadcast");
-    if codes && side == Side::Public || !codes && side == Side::Codes {
-        log!("{peer}: no {path} on this listener (--codes-bind)");
+    if !serves(side, &read.path, server.monitoring_apart) {
+        log!("{peer}: no {path} on this listener (--codes-bind, --metrics-bind)");
         return http::respond(404, "text/plain", "not found\n");
     }
-    if !codes && !access::host_allowed(&server.allowed_hosts, read.header("host")) {
+    // The TTS side: its paths carry their bearer token, which no page can put on a WebSocket.
+    // The monitoring listener is private, asked for by the address a scraper knows.
+    let codes = matches!(read.path.as_str(), "/codes" | "/broadcast");
+    if !codes && side != Side::Monitoring && !access::host_allowed(&server.allowed_hosts, read.header("host"))
+    {
         let why = match read.header("host") {
             Some(host) => format!("host {} is not allowed (--allow-host)", access::escaped(host)),
             None => "no Host: --allow-host needs one".to_owned(),
         };
-        log!("refused {peer} on {path}: 403 {why}");
+        refusal_log::refused(403, || format!("refused {peer} on {path}: 403 {why}"));
         server.metrics.refused(403);
         return http::respond(403, "text/plain", format!("{why}\n"));
     }
@@ -88,7 +105,7 @@ async fn handle(
             // Refused before the upgrade: a load balancer retries a 503 on another server
             // (nginx's proxy_next_upstream http_503), which a close after it cannot do.
             if let Some(why) = server.sessions.draining() {
-                log!("refused {peer} on /signal: 503 {why}");
+                refusal_log::refused(503, || format!("refused {peer} on /signal: 503 {why}"));
                 server.metrics.refused(503);
                 return http::respond(503, "text/plain", format!("{why}\n"));
             }
@@ -103,7 +120,8 @@ async fn handle(
                 match refusal {
                     None => signalling::serve(server, socket, peer).await,
                     Some(why) => {
-                        log!("refused {peer} on /signal: {} {why}", http::close::FORBIDDEN);
+                        let code = http::close::FORBIDDEN;
+                        refusal_log::refused(code, || format!("refused {peer} on /signal: {code} {why}"));
                         server.metrics.refused(http::close::FORBIDDEN);
                         http::close(socket, http::close::FORBIDDEN, &why).await;
                     }
@@ -193,4 +211,31 @@ where
         .header("sec-websocket-accept", accept)
         .body(axum::body::Body::empty())
         .expect("a response of a known status and headers")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_listener_serves_its_own_paths_and_the_monitoring_ones_go_apart() {
+        let paths = ["/", "/signal", "/codes", "/broadcast", "/metrics", "/status"];
+        let served = |side, apart| {
+            paths
+                .into_iter()
+                .filter(|path| serves(side, path, apart))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(served(Side::Both, false), paths);
+        assert_eq!(
+            served(Side::Public, false),
+            ["/", "/signal", "/metrics", "/status"]
+        );
+        assert_eq!(served(Side::Codes, false), ["/codes", "/broadcast"]);
+        // With --metrics-bind, on its listener alone.
+        assert_eq!(served(Side::Both, true), ["/", "/signal", "/codes", "/broadcast"]);
+        assert_eq!(served(Side::Public, true), ["/", "/signal"]);
+        assert_eq!(served(Side::Codes, true), ["/codes", "/broadcast"]);
+        assert_eq!(served(Side::Monitoring, true), ["/metrics", "/status"]);
+    }
 }

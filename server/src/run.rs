@@ -34,10 +34,12 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         token_source,
         join_secret,
         join_secret_file,
+        max_token_ttl,
         allowed_hosts,
         max_sessions_per_address,
         max_joins_per_minute,
         codes_bind,
+        metrics_bind,
         max_codes_connections,
         max_sessions,
         max_message_bytes,
@@ -142,6 +144,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
     let listener = TcpListener::bind(bind)?;
     let address = listener.local_addr()?;
     let codes_listener = codes_bind.map(TcpListener::bind).transpose()?;
+    let metrics_listener = metrics_bind.map(TcpListener::bind).transpose()?;
     // --tls-cert and --tls-key are --bind's; the TTS side on a --codes-bind of its own stays plain.
     let (http, ws) = if tls.is_some() {
         ("https", "wss")
@@ -154,7 +157,8 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
     };
     let joins_described = match &join_secret {
         Some(_) => format!(
-            "a join token signed with the join secret ({}) is required",
+            "a join token signed with the join secret ({}), expiring within {max_token_ttl} s, \
+             used once, is required",
             join_secret_file
                 .as_deref()
                 .map_or(format!("${}", token::SECRET_VARIABLE), |file| format!(
@@ -186,13 +190,19 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         peer_times,
         allowed_origins,
         allowed_hosts,
-        joins: access::JoinPolicy::new(join_secret, max_joins_per_minute, max_sessions_per_address),
+        joins: access::JoinPolicy::new(
+            join_secret,
+            max_token_ttl,
+            max_joins_per_minute,
+            max_sessions_per_address,
+        ),
         public_address: ice.public_address(),
         metrics,
         rtp_format,
         browser_ice_servers: ice.browser_servers(),
         janus,
         janus_js,
+        monitoring_apart: metrics_listener.is_some(),
         connections: Connections::new(max_connections, max_connections_per_address),
     });
     log!(
@@ -215,6 +225,15 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
     log!(
         "joins: {joins_described}; at most {max_sessions_per_address} sessions and {max_joins_per_minute} joins a minute per client (0: no cap)"
     );
+    match &metrics_listener {
+        Some(metrics_listener) => log!(
+            "monitoring: http://{}/metrics and /status alone (--metrics-bind)",
+            metrics_listener.local_addr()?
+        ),
+        None => log!(
+            "monitoring: /metrics and /status on {address}, public (--metrics-bind puts them on a private address)"
+        ),
+    }
     if let Some(janus) = &server.janus {
         log!(
             "broadcasts: {codes_ws}://{codes_address}/broadcast with the same header, to Janus at {} (listeners: {})",
@@ -238,6 +257,10 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         listeners[0].2 = Side::Public;
         let connections = Connections::new(max_codes_connections, max_codes_connections);
         listeners.push((codes_listener, connections, Side::Codes, None));
+    }
+    if let Some(metrics_listener) = metrics_listener {
+        let connections = Connections::new(MONITORING_CONNECTIONS, MONITORING_CONNECTIONS);
+        listeners.push((metrics_listener, connections, Side::Monitoring, None));
     }
     let served = runtime.block_on(serve(server, listeners, signals, drain_timeout));
     // A task still blocked on a pipeline does not hold the exit.
@@ -366,6 +389,9 @@ const DRAINING: &str = "the server is draining (shutting down): join another ser
 const DRAIN_TAIL: gst::ClockTime = gst::ClockTime::from_mseconds(500);
 /// How often a draining server looks for sessions whose speech is over.
 const DRAIN_POLL: Duration = Duration::from_millis(20);
+
+/// Connections open at once on `--metrics-bind`: a scraper or two, and an operator.
+const MONITORING_CONNECTIONS: usize = 16;
 
 /// How long a shutdown waits for the connections to close.
 const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(5);

@@ -35,6 +35,8 @@ pub struct Server {
     pub janus: Option<Arc<janus::Janus>>,
     /// janus.js for the broadcast listener page (`--janus-js`), if it was found.
     pub janus_js: Option<String>,
+    /// `/metrics` and `/status` are served on `--metrics-bind` alone.
+    pub monitoring_apart: bool,
     /// The connections open on `--bind` and their caps.
     pub connections: Arc<Connections>,
 }

@@ -7,7 +7,7 @@
 //!
 //! `session-id` 1 to 64 letters, digits, `-` and `_` (it becomes the session's id: the backend
 //! gives the same id to its TTS sender); `expiry` the Unix time in seconds after which the token
-//! is refused; `signature` HMAC-SHA256, keyed with the join secret, of `<session-id>.<expiry>`,
+//! is refused (never `u64::MAX`: every token expires); `signature` HMAC-SHA256, keyed with the join secret, of `<session-id>.<expiry>`,
 //! in hex. Free of GStreamer and of the network, so that a fuzz target (`fuzz/`) builds it.
 
 use std::fmt;
@@ -137,6 +137,10 @@ impl JoinSecret {
         let expires: u64 = expiry
             .parse()
             .map_err(|_| TokenError::Malformed("the expiry is not Unix seconds"))?;
+        // The largest u64 is what a backend writes for "never": a token must expire.
+        if expires == u64::MAX {
+            return Err(TokenError::Malformed("the expiry is never (u64::MAX)"));
+        }
         let signature = data_encoding::HEXLOWER_PERMISSIVE
             .decode(signature.as_bytes())
             .ok()
@@ -185,9 +189,14 @@ mod tests {
             secret().verify(&token, NOW + 150),
             Err(TokenError::Expired { seconds_ago: 90 })
         );
-        // The latest expiry there is, in its 20 digits.
+        // The latest expiry a token may name, in its 20 digits; u64::MAX itself is "never".
+        let latest = secret().sign("s", u64::MAX - 1);
+        assert_eq!(secret().verify(&latest, NOW).unwrap().expires, u64::MAX - 1);
         let forever = secret().sign("s", u64::MAX);
-        assert_eq!(secret().verify(&forever, NOW).unwrap().expires, u64::MAX);
+        assert_eq!(
+            secret().verify(&forever, NOW),
+            Err(TokenError::Malformed("the expiry is never (u64::MAX)"))
+        );
         // The signature's hex in capitals is the same signature.
         let (signed, signature) = token.rsplit_once('.').unwrap();
         let shouted = format!("{signed}.{}", signature.to_ascii_uppercase());

@@ -182,6 +182,12 @@ fn join_tokens_decide_who_joins_and_name_the_session() {
             4401,
             "expired",
         ),
+        (
+            "a token that expires past --max-token-ttl",
+            Some(join_token(SECRET, "listener-1", now + 121)),
+            4401,
+            "--max-token-ttl",
+        ),
     ];
     for (what, token, code, reason) in refusals {
         assert_refused(what, &mut join(&server, origin, token.as_deref()), code, reason);
@@ -212,10 +218,17 @@ fn join_tokens_decide_who_joins_and_name_the_session() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    // While it is open, the same token opens nothing.
+    // A token opens one session, once.
     assert_refused(
-        "the token of a session open",
+        "a token used already",
         &mut join(&server, origin, Some(&valid)),
+        4401,
+        "used already",
+    );
+    // Another token for the session while it is open opens nothing.
+    assert_refused(
+        "a token for a session open",
+        &mut join(&server, origin, Some(&join_token(SECRET, "listener-1", now + 59))),
         4409,
         "session listener-1 is open already",
     );
@@ -478,8 +491,9 @@ fn senders_have_a_listener_and_connections_of_their_own() {
 
 #[test]
 #[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
-fn a_page_joins_with_the_token_in_its_url_and_hears_its_speech() {
-    if !server::in_own_network("access::a_page_joins_with_the_token_in_its_url_and_hears_its_speech") {
+fn a_page_joins_with_the_token_in_its_url_fragment_and_hears_its_speech() {
+    if !server::in_own_network("access::a_page_joins_with_the_token_in_its_url_fragment_and_hears_its_speech")
+    {
         return;
     }
     let folder = tempfile::tempdir().unwrap();
@@ -492,7 +506,10 @@ fn a_page_joins_with_the_token_in_its_url_and_hears_its_speech() {
     let speech = Speech::load();
     let browser = Browser::start();
     let token = join_token(SECRET, "listener-7", unix_now() + 60);
-    browser.open(&format!("{}?token={token}", server.url()));
+    browser.open(&format!("{}#token={token}", server.url()));
+    // The page took the token out of its URL (and its history) as it loaded.
+    let href = browser.run("return location.href;");
+    assert_eq!(href, server.url(), "the page's URL");
     browser.run(&format!(
         "speech.threshold = {}; document.getElementById('connect').click();",
         speech.sound_threshold()
@@ -521,4 +538,197 @@ fn a_page_joins_with_the_token_in_its_url_and_hears_its_speech() {
         first_sent,
         frames,
     );
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn the_metrics_and_status_have_a_private_listener_of_their_own() {
+    if !server::in_own_network("access::the_metrics_and_status_have_a_private_listener_of_their_own") {
+        return;
+    }
+    let server = Server::start(&["--metrics-bind", "127.0.0.1:0", "--allow-host", "tts.example.org"]);
+    let announced = log_line(&server, |line| line.contains("monitoring: http://"));
+    let monitoring = announced
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap()
+        .to_owned();
+    assert_ne!(monitoring, server.address);
+    let get = |address: &str, path: &str, host: &str| {
+        past_closed_connections(|| {
+            raw_request(address, &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n"))
+        })
+    };
+    // On the public side: not there, whatever the Host.
+    for path in ["/metrics", "/status"] {
+        let answer = get(&server.address, path, "tts.example.org");
+        assert!(answer.starts_with("HTTP/1.1 404"), "{path} on --bind: {answer}");
+    }
+    assert!(get(&server.address, "/", "tts.example.org").starts_with("HTTP/1.1 200"));
+    // On the monitoring side, by its own address (not one --allow-host lists), and nothing else.
+    for path in ["/metrics", "/status"] {
+        let answer = get(&monitoring, path, &monitoring);
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "{path} on --metrics-bind: {answer}"
+        );
+    }
+    for path in ["/", "/app.js", "/signal", "/codes"] {
+        let answer = get(&monitoring, path, &monitoring);
+        assert!(
+            answer.starts_with("HTTP/1.1 404"),
+            "{path} on --metrics-bind: {answer}"
+        );
+    }
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn a_flood_of_refusals_logs_a_burst_and_then_a_line_a_second_that_counts_the_rest() {
+    if !server::in_own_network(
+        "access::a_flood_of_refusals_logs_a_burst_and_then_a_line_a_second_that_counts_the_rest",
+    ) {
+        return;
+    }
+    let server = Server::start(&["--allow-host", "tts.example.org"]);
+    let refused = |n: usize| {
+        for index in 0..n {
+            let host = format!("flood-{index}.example");
+            let answer = past_closed_connections(|| {
+                raw_request(
+                    &server.address,
+                    &format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n"),
+                )
+            });
+            assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+        }
+    };
+    let lines = |matches: &dyn Fn(&str) -> bool| {
+        let count = std::cell::Cell::new(0);
+        server.await_log(
+            |line| {
+                if line.contains("refused") && line.contains(": 403 host flood-") && matches(line) {
+                    count.set(count.get() + 1);
+                }
+                false
+            },
+            Duration::ZERO,
+        );
+        count.get()
+    };
+    let started = Instant::now();
+    let flood = 200;
+    refused(flood);
+    let took = started.elapsed().as_secs() as usize;
+    std::thread::sleep(Duration::from_millis(300));
+    // The burst of 10, and a line for each second the flood took at most.
+    let logged = lines(&|_| true);
+    assert!(
+        (10..=11 + took).contains(&logged),
+        "{logged} lines for {flood} refusals in {took} s"
+    );
+    // A second later, the next refusal's line counts those not logged.
+    std::thread::sleep(Duration::from_millis(1100));
+    refused(1);
+    let counted = |line: &str| line.contains("refusals with 403 before it not logged");
+    assert!(
+        server.await_log(
+            |line| line.contains("refused") && counted(line),
+            Duration::from_secs(2)
+        ),
+        "no line counts the refusals not logged"
+    );
+    // Every refusal is in the metrics.
+    let metrics = past_closed_connections(|| {
+        let mut stream = TcpStream::connect(&server.address).unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: tts.example.org\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    });
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    assert_eq!(
+        sample(&metrics, r#"qwencodec_refusals_total{code="403"}"#),
+        (flood + 1) as f64
+    );
+}
+
+/// `qwencodec-server` run with `args` (and `env`) until it exits, or killed after 20 s (it
+/// started serving): its exit's success and what it wrote on stderr.
+fn exit_of(args: &[&str], env: &[(&str, &str)]) -> (Option<bool>, String) {
+    use std::process::{Command, Stdio};
+    let mut process = Command::new(env!("CARGO_BIN_EXE_qwencodec-server"))
+        .args(args)
+        .env_remove("QWENCODEC_JOIN_SECRET")
+        .env_remove("QWENCODEC_CODES_TOKEN")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = process.try_wait().unwrap() {
+            break Some(status.success());
+        }
+        if Instant::now() > deadline {
+            process.kill().unwrap();
+            process.wait().unwrap();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    process
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status, stderr)
+}
+
+#[test]
+fn a_server_others_reach_does_not_start_open_and_takes_no_secret_on_its_command_line() {
+    let (exited, stderr) = exit_of(&["--bind", "0.0.0.0:0", "--device", "cpu"], &[]);
+    assert_eq!(
+        exited,
+        Some(false),
+        "bound to 0.0.0.0 without a join secret: {stderr}"
+    );
+    assert!(
+        stderr.contains("--bind 0.0.0.0:0 is reachable from other hosts")
+            && stderr.contains("head -c 32 /dev/urandom")
+            && stderr.contains("--insecure-open"),
+        "{stderr}"
+    );
+    let (exited, stderr) = exit_of(&["--token", "a-codes-token", "--device", "cpu"], &[]);
+    assert_eq!(exited, Some(false), "a token on the command line: {stderr}");
+    assert!(
+        stderr.contains("--token: a secret on the command line shows in ps"),
+        "{stderr}"
+    );
+    // With --insecure-open, or a secret from the environment, the bind passes: the check
+    // after it (--drain-timeout's) is the one that stops these.
+    let secret = ("QWENCODEC_JOIN_SECRET", SECRET);
+    for (args, env) in [
+        (
+            &["--bind", "0.0.0.0:0", "--insecure-open", "--drain-timeout", "-1"][..],
+            &[][..],
+        ),
+        (
+            &["--bind", "0.0.0.0:0", "--drain-timeout", "-1"][..],
+            &[secret][..],
+        ),
+    ] {
+        let (exited, stderr) = exit_of(args, env);
+        assert_eq!(exited, Some(false), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("--drain-timeout must be 0 or above"),
+            "{args:?}: {stderr}"
+        );
+    }
 }
