@@ -46,6 +46,8 @@ import torch  # noqa: E402
 from qwencodec_talker import generate_kwargs, stream_codes  # noqa: E402
 from qwencodec_talker.prompt import load_processor, prompt  # noqa: E402
 from qwencodec_talker.speech import Decoder, Speaker  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from installed import installed  # noqa: E402
 
 DECODER = ROOT / "tests" / "fixtures" / "release-tiny"
 VOICE = "vivian"
@@ -58,15 +60,6 @@ MAX_NEW_TOKENS = 200
 CANCEL_SLACK = 3  # frames the talker may make after aclose is called
 
 failures = []
-
-
-def installed(*modules):
-    """Exits unless each module is the pip-installed one, not the checkout's python/."""
-    checkout = ROOT / "python"
-    for module in modules:
-        if checkout in Path(module.__file__).resolve().parents:
-            sys.exit(f"{module.__name__} comes from the checkout ({module.__file__}), not from "
-                     "the installed package: run tools/check-agents.sh")
 
 
 def check(condition, message):
@@ -290,7 +283,7 @@ async def main(talker_dir):
     from livekit.agents import Plugin
     from livekit.plugins import qwencodec
 
-    installed(qwencodec, sys.modules[Speaker.__module__])
+    installed(qwencodec, sys.modules[Speaker.__module__], script="tools/check-agents.sh")
     check([p.package for p in Plugin.registered_plugins].count("livekit.plugins.qwencodec") == 1,
           "the plugin registers itself with LiveKit once, as livekit.plugins.qwencodec")
     TTS = qwencodec.TTS

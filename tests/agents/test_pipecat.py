@@ -51,6 +51,8 @@ from pipecat_qwencodec import QwenCodecTTSService  # noqa: E402
 from qwencodec_talker import generate_kwargs, stream_codes  # noqa: E402
 from qwencodec_talker.prompt import prompt  # noqa: E402
 from qwencodec_talker.speech import Speaker  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from installed import installed  # noqa: E402
 
 DECODER = ROOT / "tests" / "fixtures" / "release-tiny"
 SAMPLES_PER_FRAME = 1920
@@ -59,16 +61,8 @@ SHORT = ("Hello there.", 11)  # text, seed: 14 frames, ends on EOS
 LONG = ("Hello from the pipecat test, a longer sentence to say.", 14)  # 126 frames uninterrupted
 
 
-def installed(*modules):
-    """Exits unless each module is the pip-installed one, not the checkout's python/."""
-    checkout = ROOT / "python"
-    for module in modules:
-        if checkout in Path(module.__file__).resolve().parents:
-            sys.exit(f"{module.__name__} comes from the checkout ({module.__file__}), not from "
-                     "the installed package: run tools/check-agents.sh")
-
-
-installed(sys.modules[QwenCodecTTSService.__module__], sys.modules[Speaker.__module__])
+installed(sys.modules[QwenCodecTTSService.__module__], sys.modules[Speaker.__module__],
+          script="tools/check-agents.sh")
 
 
 class Steps:

@@ -45,6 +45,8 @@ import numpy as np  # noqa: E402
 
 import qwencodec_talker as qt  # noqa: E402
 from qwencodec_talker.prompt import load_processor, prompt  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from installed import installed  # noqa: E402
 
 DECODER = ROOT / "tests" / "fixtures" / "release-tiny"
 SEED = 4
@@ -53,16 +55,7 @@ SHORT = "Hello there, how are you today?"
 LONG = ("Here is a long story that goes on and on for quite a while.", 400)  # text, max_new_tokens
 
 
-def installed(*modules):
-    """Exits unless each module is the pip-installed one, not the checkout's python/."""
-    checkout = ROOT / "python"
-    for module in modules:
-        if checkout in Path(module.__file__).resolve().parents:
-            sys.exit(f"{module.__name__} comes from the checkout ({module.__file__}), not from "
-                     "the installed package: run tools/check-agents.sh")
-
-
-installed(qt)
+installed(qt, script="tools/check-agents.sh")
 
 
 class Server:

@@ -35,6 +35,8 @@ import qwencodec_talker as qt
 from qwencodec_talker.__main__ import main as cli
 from qwencodec_talker.clone import load_speech_tokenizer, voice_clone_prompt
 from qwencodec_talker.prompt import load_processor, prompt
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from installed import installed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = "A cloned voice says this."
@@ -43,16 +45,7 @@ MAX_NEW = 30
 DECODER = ROOT / "tests" / "fixtures" / "release-tiny"
 
 
-def installed(*modules):
-    """Exits unless each module is the pip-installed one, not the checkout's python/."""
-    checkout = ROOT / "python"
-    for module in modules:
-        if checkout in Path(module.__file__).resolve().parents:
-            sys.exit(f"{module.__name__} comes from the checkout ({module.__file__}), not from "
-                     "the installed package: run tools/check-talker.sh")
-
-
-installed(qt)
+installed(qt, script="tools/check-talker.sh")
 
 
 def make_speech_tokenizer(folder):

@@ -27,6 +27,8 @@ from pathlib import Path
 import qwencodec_talker
 from qwencodec_talker.pipeline import load_plugin
 from websockets.sync.server import serve
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from installed import installed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = "Hello there, a test of where the frames go."
@@ -34,16 +36,7 @@ FRAME_BYTES = 32
 LONG = 400  # --max-new-tokens of the run that SIGINT interrupts
 
 
-def installed(*modules):
-    """Exits unless each module is the pip-installed one, not the checkout's python/."""
-    checkout = ROOT / "python"
-    for module in modules:
-        if checkout in Path(module.__file__).resolve().parents:
-            sys.exit(f"{module.__name__} comes from the checkout ({module.__file__}), not from "
-                     "the installed package: run tools/check-talker.sh")
-
-
-installed(qwencodec_talker)
+installed(qwencodec_talker, script="tools/check-talker.sh")
 
 
 def talker(model, *args, max_frames=40, **popen):

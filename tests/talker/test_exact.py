@@ -31,20 +31,13 @@ from pathlib import Path
 import torch
 
 import qwencodec_talker as qt
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from installed import installed  # noqa: E402
 
 MAX_NEW = 12
 
 
-def installed(*modules):
-    """Exits unless each module is the pip-installed one, not the checkout's python/."""
-    checkout = Path(__file__).resolve().parents[2] / "python"
-    for module in modules:
-        if checkout in Path(module.__file__).resolve().parents:
-            sys.exit(f"{module.__name__} comes from the checkout ({module.__file__}), not from "
-                     "the installed package: run tools/check-talker.sh")
-
-
-installed(qt)
+installed(qt, script="tools/check-talker.sh")
 
 
 def ids(generator, n, low=100, high=150000):

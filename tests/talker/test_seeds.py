@@ -24,6 +24,8 @@ import torch
 
 import qwencodec_talker as qt
 from qwencodec_talker.prompt import load_processor, prompt
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from installed import installed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = "Two streams, each with a seed of its own."
@@ -31,16 +33,7 @@ SEEDS = (5, 6)
 MAX_NEW = 40
 
 
-def installed(*modules):
-    """Exits unless each module is the pip-installed one, not the checkout's python/."""
-    checkout = ROOT / "python"
-    for module in modules:
-        if checkout in Path(module.__file__).resolve().parents:
-            sys.exit(f"{module.__name__} comes from the checkout ({module.__file__}), not from "
-                     "the installed package: run tools/check-talker.sh")
-
-
-installed(qt)
+installed(qt, script="tools/check-talker.sh")
 
 
 def main():
