@@ -23,39 +23,21 @@ if ! "$fixtures" tools/make_talker_fixture.py --kind all --out "$tmp/models" >"$
   echo "check-talker: FAILED making the tiny talkers" >&2
   exit 1
 fi
-# From the temp folder: nothing of the checkout's python/ on the path, only what pip installed.
-if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_exact.py" "$tmp/models") >"$log" 2>&1; then
-  grep -v "pad_token_id\|OrderedVocab" "$log" >&2
-  echo "check-talker: FAILED ($((SECONDS - start)) s)" >&2
-  exit 1
-fi
-exactness="$(grep '^talker exactness' "$log" | sed 's/^talker exactness: //')"
-if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_loop.py" "$tmp/models") >"$log" 2>&1; then
-  grep -v "pad_token_id" "$log" >&2
-  echo "check-talker: loop FAILED ($((SECONDS - start)) s)" >&2
-  exit 1
-fi
-if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_seeds.py" "$tmp/models") >"$log" 2>&1; then
-  grep -v "pad_token_id\|OrderedVocab" "$log" >&2
-  echo "check-talker: seeds FAILED ($((SECONDS - start)) s)" >&2
-  exit 1
-fi
-seeds="$(grep '^talker seeds' "$log" | sed 's/^talker seeds: //')"
-if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_clone.py" "$tmp/models") >"$log" 2>&1; then
-  grep -v "pad_token_id\|OrderedVocab" "$log" >&2
-  echo "check-talker: clone FAILED ($((SECONDS - start)) s)" >&2
-  exit 1
-fi
-clone="$(grep '^talker clone' "$log" | sed 's/^talker clone: //')"
-if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_batch.py" "$tmp/models") >"$log" 2>&1; then
-  grep -v "pad_token_id\|OrderedVocab" "$log" >&2
-  echo "check-talker: batch FAILED ($((SECONDS - start)) s)" >&2
-  exit 1
-fi
-batch="$(grep '^talker batch' "$log" | sed 's/^talker batch: //')"
-if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_destinations.py" "$tmp/models") >"$log" 2>&1; then
-  grep -v "pad_token_id\|OrderedVocab" "$log" >&2
-  echo "check-talker: destinations FAILED ($((SECONDS - start)) s)" >&2
-  exit 1
-fi
-echo "check-talker: ok, $exactness; seeds: $seeds; clone: $clone; batch: $batch; $(grep '^talker destinations' "$log" | sed 's/^talker destinations: //') ($((SECONDS - start)) s)"
+# check NAME: tests/talker/test_NAME.py on the tiny talkers, run from the temp folder (nothing
+# of the checkout's python/ on the path, only what pip installed); prints its "talker ...: "
+# summary, or shows its log and fails.
+check() {
+  if ! (cd "$tmp" && "$python" "$repo/tests/talker/test_$1.py" "$tmp/models") >"$log" 2>&1; then
+    grep -v "pad_token_id\|OrderedVocab" "$log" >&2
+    echo "check-talker: $1 FAILED ($((SECONDS - start)) s)" >&2
+    exit 1
+  fi
+  grep "^talker $2: " "$log" | sed "s/^talker $2: //"
+}
+exactness="$(check exact exactness)"
+loop="$(check loop loop)"
+seeds="$(check seeds seeds)"
+clone="$(check clone clone)"
+batch="$(check batch batch)"
+destinations="$(check destinations destinations)"
+echo "check-talker: ok, $exactness; loop: $loop; seeds: $seeds; clone: $clone; batch: $batch; $destinations ($((SECONDS - start)) s)"
