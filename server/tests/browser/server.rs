@@ -171,6 +171,16 @@ impl Server {
         }
     }
 
+    /// The server's threads and resident memory (kB), from `/proc`.
+    pub fn threads_and_rss(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.process.id())).unwrap();
+        let field = |name: &str| -> u64 {
+            let line = status.lines().find(|line| line.starts_with(name)).unwrap();
+            line.split_whitespace().nth(1).unwrap().parse().unwrap()
+        };
+        (field("Threads:"), field("VmRSS:"))
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}/", self.address)
     }

@@ -1,8 +1,9 @@
 //! Peers that vanish (docs/server.md, "Peers that vanish"): a browser whose link goes
 //! down or whose processes stop, a client that joins and never connects or never answers, a
-//! sender that stops answering, one killed mid-utterance and an RTP sender whose WebSocket is
-//! quiet. Each session ends, or its sender's
-//! slot frees, within the times the server is given, and `/status` and `/metrics` agree.
+//! sender that stops answering, one killed mid-utterance, an RTP sender whose WebSocket is
+//! quiet, and listeners that never answer the offer while their senders send. Each session
+//! ends, or its sender's slot frees, within the times the server is given, and `/status` and
+//! `/metrics` agree.
 //!
 //! The server runs with short times: pings every `PING_INTERVAL_S`, a peer gone after
 //! `PEER_TIMEOUT_S` unheard, a peer connection given `CONNECT_TIMEOUT_S`.
@@ -293,6 +294,70 @@ fn clients_that_join_and_never_connect_or_never_answer_are_let_go() {
     let metrics = assert_status(&server, (0, 0));
     assert_eq!(lost(&metrics, "browser", "timeout"), 1.0, "{metrics}");
     assert_eq!(lost(&metrics, "browser", "never_connected"), 1.0, "{metrics}");
+}
+
+/// A listener that joins and never answers the offer while its sender sends frames, then
+/// leaves: its session's pipeline is torn down however far its handshake got. Twenty such
+/// sessions leave no pipeline, no thread and no memory behind, and both closes are answered.
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn listeners_that_never_answer_leave_no_pipeline_behind() {
+    if !server::in_own_network("vanish::listeners_that_never_answer_leave_no_pipeline_behind") {
+        return;
+    }
+    const SESSIONS: usize = 20;
+    /// Rounds before the baseline is taken: the model's and the runtime's first allocations.
+    const WARM: usize = 4;
+    const FRAMES: usize = 40;
+    let server = Server::start(&options(&["--max-joins-per-minute", "0"]));
+    let speech = Speech::load();
+    let mut baseline = None;
+    for round in 0..SESSIONS {
+        let mut listener = server.connect("/signal", None);
+        listener.send_text(r#"{"type":"join"}"#);
+        let session = listener.receive_json()["id"].as_str().unwrap().to_owned();
+        // The offer came: webrtcbin waits for an answer that never comes.
+        while listener.receive_json()["type"] != "offer" {}
+        // Every other sender sends its frames over RTP. Seconds of speech at once: the
+        // session still decodes them when it ends.
+        let (mut sender, rtp) = if round % 2 == 0 {
+            let mut sender = server.sender(&session);
+            for index in 0..FRAMES {
+                sender.send_binary(speech.frame(index));
+            }
+            (sender, None)
+        } else {
+            let (control, port) = rtp_sender_of(&server, &session);
+            let mut rtp = RtpSender::start(&speech, port);
+            rtp.send_burst(&speech, FRAMES);
+            (control, Some(rtp))
+        };
+        // The first frames are decoded and their audio reaches webrtcbin.
+        std::thread::sleep(Duration::from_millis(300));
+        listener.close();
+        let (code, reason) = sender.close_reason();
+        assert_eq!(code, 4410, "session {round}: the sender was told {code} {reason}");
+        drop(rtp);
+        let status = server.await_status((0, 0), Duration::from_secs(5));
+        assert_eq!(status, (0, 0), "session {round}: sessions and pipelines left");
+        if round + 1 == WARM {
+            baseline = Some(server.threads_and_rss());
+        }
+    }
+    let (threads, rss) = baseline.unwrap();
+    let (threads_after, rss_after) = server.threads_and_rss();
+    println!("threads {threads} -> {threads_after}, resident {rss} kB -> {rss_after} kB");
+    assert!(
+        threads_after <= threads + 2,
+        "threads grew from {threads} to {threads_after} over {} sessions",
+        SESSIONS - WARM
+    );
+    assert!(
+        rss_after <= rss + rss / 10,
+        "resident memory grew from {rss} kB to {rss_after} kB over {} sessions",
+        SESSIONS - WARM
+    );
+    assert_status(&server, (0, 0));
 }
 
 /// The peer timeout of the senders' test: the tests' senders (tungstenite) answer pings only
