@@ -10,7 +10,7 @@
 //! client answers no ping within `--peer-timeout`; its mountpoint is destroyed then.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
@@ -54,7 +54,7 @@ pub async fn serve(server: Arc<Server>, request: Request, socket: Socket, peer: 
         }
     };
     let mountpoint_id = mountpoint.id;
-    let (to_client, outgoing) = mpsc::channel();
+    let (to_client, outgoing) = tokio::sync::mpsc::unbounded_channel();
     let opened = tokio::task::spawn_blocking({
         let server = server.clone();
         move || server.sessions.open(to_client, None, Egress::Janus(mountpoint))
@@ -106,7 +106,7 @@ pub async fn serve(server: Arc<Server>, request: Request, socket: Socket, peer: 
                 ending: reason.clone(),
                 reason,
             },
-            Received::Message(_) | Received::Nothing => Step::Next,
+            Received::Message(_) => Step::Next,
             Received::Closed => Step::Left("its client closed the connection".into()),
             Received::Failed(err) => Step::Left(format!("its connection failed: {err}")),
         })

@@ -15,8 +15,9 @@ use tungstenite::protocol::frame::CloseFrame;
 
 use crate::log::log;
 
-/// How long a WebSocket handler waits on a read before it looks up to do its other work.
-pub const POLL: Duration = Duration::from_millis(20);
+/// How long a handler waits on a write that must not hold it (a ping, a close, the answer to a
+/// close) before it goes on: a peer that reads nothing cannot keep it.
+pub const SHORT_WRITE: Duration = Duration::from_millis(20);
 
 /// A WebSocket's connection: hyper's upgraded one, or a loopback pair in the tests.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -76,25 +77,21 @@ pub fn respond(status: u16, content_type: &str, body: impl Into<Body>) -> Respon
         .expect("a response of a known status and headers")
 }
 
-/// What a read gave: a message, nothing yet, or the end of the connection.
+/// What a read gave: a message, or the end of the connection.
 pub enum Received {
     Message(Message),
-    Nothing,
     Closed,
     /// Over the size cap: the message was not read.
     TooLarge(String),
     Failed(String),
 }
 
-/// The next message, or nothing when none comes within [`POLL`].
-pub async fn read(socket: &mut Socket) -> Received {
-    let Ok(next) = tokio::time::timeout(POLL, socket.next()).await else {
-        return Received::Nothing;
-    };
+/// What `socket`'s next item (`next`, from its stream) is to a handler.
+pub async fn received(socket: &mut Socket, next: Option<Result<Message, tungstenite::Error>>) -> Received {
     match next {
         // The close's answer goes out with the next flush: the closing handshake completes.
         Some(Ok(Message::Close(_))) => {
-            let _ = tokio::time::timeout(POLL, socket.flush()).await;
+            let _ = tokio::time::timeout(SHORT_WRITE, socket.flush()).await;
             Received::Closed
         }
         Some(Ok(message)) => Received::Message(message),
@@ -154,7 +151,7 @@ pub async fn close(mut socket: Socket, code: u16, reason: &str) {
 /// Closes the connection of a peer that is gone (it answers nothing): the close frame goes out
 /// if it can, at once, and no answer is waited for.
 pub async fn close_gone(mut socket: Socket, code: u16, reason: &str) {
-    let _ = tokio::time::timeout(POLL, socket.send(close_frame(code, reason))).await;
+    let _ = tokio::time::timeout(SHORT_WRITE, socket.send(close_frame(code, reason))).await;
 }
 
 /// `reason`, cut to what a close frame holds (123 bytes, on a character boundary).

@@ -21,7 +21,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use serde_json::json;
+use tokio::sync::watch;
 use tungstenite::Message;
 
 use crate::access;
@@ -94,17 +96,16 @@ pub async fn serve(
             log!("sender {peer} takes session {id} over");
         }
         // The sender taken over lets go first: its last frames go in, its RTP port closes.
-        let asked = Instant::now();
-        while session.senders_leaving() && asked.elapsed() < LET_GO {
-            tokio::time::sleep(http::POLL).await;
-        }
+        let mut changes = session.changes();
+        let by = Instant::now() + LET_GO;
+        while session.senders_leaving() && changed_by(&mut changes, by).await {}
         ticket
     } else {
         // A sender that just closed may still be on its way out.
-        let asked = Instant::now();
+        let mut changes = session.changes();
+        let by = Instant::now() + LET_GO;
         let mut attached = session.attach_sender();
-        while attached.is_none() && asked.elapsed() < LET_GO {
-            tokio::time::sleep(http::POLL).await;
+        while attached.is_none() && changed_by(&mut changes, by).await {
             attached = session.attach_sender();
         }
         match attached {
@@ -146,12 +147,12 @@ pub async fn serve(
     };
     session.tell_browser(json!({"type": "sender", "state": "joined"}));
     let format = server.sessions.format();
-    let connected = Instant::now();
+    let idle_until = Instant::now() + server.idle_timeout;
     let mut heartbeat = Heartbeat::new(server.peer_times);
     // Asking for RTP is speaking: the frames then come elsewhere.
     let mut spoke = rtp.is_some();
     let mut frames = 0;
-    let mut rtp_frames = 0;
+    let mut changes = session.changes();
     let leaving = loop {
         if let Some(why) = session.ended() {
             break Leaving::SessionEnded(format!("session {id} ended: {why}"));
@@ -164,15 +165,27 @@ pub async fn serve(
                 break Leaving::Refused(code, reason);
             }
             // Its packets show an RTP sender is there, whatever its WebSocket says.
-            if rtp.frames() != rtp_frames {
-                rtp_frames = rtp.frames();
-                heartbeat.heard();
+            if let Some(at) = session.last_push() {
+                heartbeat.heard_at(at);
             }
         }
         if let Err(gone) = heartbeat.beat(&mut socket).await {
             break Leaving::Gone(gone);
         }
-        match heartbeat.read(&mut socket).await {
+        if !spoke && Instant::now() >= idle_until {
+            let reason = format!("sent nothing within {:?}", server.idle_timeout);
+            break Leaving::Refused(close::TIMEOUT, reason);
+        }
+        let due = match spoke {
+            true => heartbeat.next_due(),
+            false => heartbeat.next_due().min(idle_until),
+        };
+        let next = tokio::select! {
+            next = socket.next() => next,
+            Ok(()) = changes.changed() => continue,
+            () = tokio::time::sleep_until(due.into()) => continue,
+        };
+        match heartbeat.received(&mut socket, next).await {
             Received::Message(Message::Binary(_)) if rtp.is_some() => {
                 let reason = "this sender's frames come over RTP (transport=rtp), not in messages";
                 break Leaving::Refused(close::BAD_MESSAGE, reason.into());
@@ -212,11 +225,6 @@ pub async fn serve(
             // Its library answering pings, or pinging: there, not speaking.
             Received::Message(Message::Ping(_) | Message::Pong(_)) => (),
             Received::Message(_) => spoke = true,
-            Received::Nothing if !spoke && connected.elapsed() > server.idle_timeout => {
-                let reason = format!("sent nothing within {:?}", server.idle_timeout);
-                break Leaving::Refused(close::TIMEOUT, reason);
-            }
-            Received::Nothing => (),
             Received::TooLarge(err) => break Leaving::Refused(close::TOO_LARGE, err),
             Received::Closed => break Leaving::Closed,
             Received::Failed(err) => break Leaving::Broken(err),
@@ -258,6 +266,14 @@ pub async fn serve(
 
 /// How long a new sender waits for the one before it to let go of the session.
 const LET_GO: Duration = Duration::from_millis(500);
+
+/// Waits until the session changes (`Session::changes`), but not past `by`; whether it did.
+async fn changed_by(changes: &mut watch::Receiver<()>, by: Instant) -> bool {
+    matches!(
+        tokio::time::timeout_at(by.into(), changes.changed()).await,
+        Ok(Ok(()))
+    )
+}
 
 /// Why a sender's connection ends.
 enum Leaving {

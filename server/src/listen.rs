@@ -158,7 +158,7 @@ async fn refuse(stream: tokio::net::TcpStream, tls: Option<Tls>, why: String) {
     match tls {
         None => {
             let mut stream = stream;
-            let _ = tokio::time::timeout(http::POLL, stream.write_all(response.as_bytes())).await;
+            let _ = tokio::time::timeout(http::SHORT_WRITE, stream.write_all(response.as_bytes())).await;
         }
         Some(Tls(acceptor)) => {
             let _ = tokio::time::timeout(REFUSAL_HANDSHAKE, async {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::SinkExt;
 use tungstenite::Message;
 
-use crate::http::{self, POLL, Received, Socket};
+use crate::http::{self, Received, SHORT_WRITE, Socket};
 
 /// The times of the watches (`--ping-interval`, `--peer-timeout`, `--connect-timeout`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -85,18 +85,28 @@ impl Heartbeat {
         }
     }
 
-    /// Reads the next message (see [`http::read`]), noting any frame as the peer's sign of life.
-    pub async fn read(&mut self, socket: &mut Socket) -> Received {
-        let received = http::read(socket).await;
+    /// What `socket` gave (see [`http::received`]), noting any frame as the peer's sign of life.
+    pub async fn received(
+        &mut self,
+        socket: &mut Socket,
+        next: Option<Result<Message, tungstenite::Error>>,
+    ) -> Received {
+        let received = http::received(socket, next).await;
         if matches!(received, Received::Message(_)) {
-            self.heard();
+            self.heard_at(Instant::now());
         }
         received
     }
 
-    /// The peer showed it is there other than on its socket (an RTP sender's packets).
-    pub fn heard(&mut self) {
-        self.heard = Instant::now();
+    /// The peer showed it was there at `at` other than on its socket (an RTP sender's packets).
+    pub fn heard_at(&mut self, at: Instant) {
+        self.heard = self.heard.max(at);
+    }
+
+    /// When [`Heartbeat::beat`] has something to do next: a ping, or the verdict that the peer
+    /// is gone.
+    pub fn next_due(&self) -> Instant {
+        (self.heard + self.times.peer_timeout).min(self.pinged + self.times.ping_interval)
     }
 
     fn due(&self, now: Instant) -> Beat {
@@ -124,7 +134,8 @@ impl Heartbeat {
                 // A ping that cannot leave yet (the peer reads nothing, its window is full)
                 // stays queued in the socket, and a broken connection shows at the next read:
                 // either way what is read decides.
-                let _ = tokio::time::timeout(POLL, socket.send(Message::Ping(Default::default()))).await;
+                let _ =
+                    tokio::time::timeout(SHORT_WRITE, socket.send(Message::Ping(Default::default()))).await;
                 Ok(())
             }
         }
@@ -185,6 +196,15 @@ impl IceWatch {
             self.since = now;
         }
         self.connected |= matches!(state, IceState::Connected | IceState::Completed);
+    }
+
+    /// When [`IceWatch::verdict`] may next change with no new state: the end of a disconnection's
+    /// grace, or of the time to connect; now once ICE failed.
+    pub fn next_verdict(&self, times: &PeerTimes) -> Option<Instant> {
+        let disconnected = (self.state == IceState::Disconnected).then(|| self.since + times.peer_timeout);
+        let connecting = (!self.connected).then(|| self.started + times.connect_timeout);
+        let failed = (self.state == IceState::Failed).then_some(self.since);
+        [disconnected, connecting, failed].into_iter().flatten().min()
     }
 
     /// Whether the peer is gone at `now`: its ICE failed, it was disconnected for the peer
@@ -285,7 +305,7 @@ mod tests {
         let mut heartbeat = Heartbeat::new(PeerTimes::from_seconds(0.001, 0.002, 60.0).unwrap());
         std::thread::sleep(Duration::from_millis(5));
         let before = heartbeat.heard;
-        heartbeat.heard();
+        heartbeat.heard_at(Instant::now());
         assert!(heartbeat.heard > before, "heard from just now");
         std::thread::sleep(Duration::from_millis(5));
         let gone = heartbeat.beat(&mut server).await.unwrap_err();
@@ -293,6 +313,45 @@ mod tests {
             (gone.label, gone.reason.as_str()),
             ("timeout", "answered no ping within 0.002 s")
         );
+    }
+
+    /// What the connection's task sleeps until: the next ping, or the verdict if it comes first;
+    /// a sign of life older than the last one changes nothing.
+    #[test]
+    fn a_heartbeat_is_next_due_at_its_next_ping_or_its_verdict() {
+        let mut heartbeat = Heartbeat::new(times());
+        let start = heartbeat.heard;
+        assert_eq!(heartbeat.next_due(), after(start, 1.0));
+        heartbeat.pinged = after(start, 2.5);
+        assert_eq!(heartbeat.next_due(), after(start, 3.0));
+        assert_eq!(heartbeat.due(heartbeat.next_due()), Beat::Gone);
+        heartbeat.heard_at(after(start, 2.0));
+        assert_eq!(heartbeat.next_due(), after(start, 3.5));
+        assert_eq!(heartbeat.due(heartbeat.next_due()), Beat::Ping);
+        heartbeat.heard_at(after(start, 1.0));
+        assert_eq!(
+            heartbeat.heard,
+            after(start, 2.0),
+            "an older sign of life is not newer news"
+        );
+    }
+
+    /// A peer connection's verdict is due when its grace ends, and comes then.
+    #[test]
+    fn an_ice_verdict_is_due_when_its_grace_ends() {
+        let start = Instant::now();
+        let mut watch = IceWatch::new(start);
+        let due = watch.next_verdict(&times()).unwrap();
+        assert_eq!(due, after(start, 5.0), "the connect timeout");
+        assert_eq!(watch.verdict(&times(), due).unwrap().label, "never_connected");
+        watch.observe(IceState::Connected, after(start, 1.0));
+        assert_eq!(watch.next_verdict(&times()), None, "connected: nothing due");
+        watch.observe(IceState::Disconnected, after(start, 10.0));
+        let due = watch.next_verdict(&times()).unwrap();
+        assert_eq!(due, after(start, 13.0), "the peer timeout");
+        assert_eq!(watch.verdict(&times(), due).unwrap().label, "ice_disconnected");
+        watch.observe(IceState::Failed, after(start, 11.0));
+        assert_eq!(watch.next_verdict(&times()), Some(after(start, 11.0)), "at once");
     }
 
     #[test]

@@ -172,6 +172,21 @@ impl RtpIngress {
         let refused = Arc::new(Mutex::new(None));
         let frames = Arc::new(Mutex::new(0));
         let frame_bytes = frame_bytes_of(format);
+        // An error wakes the sender's connection, which reads it (`RtpIngress::stopped`);
+        // nothing else reads the bus.
+        let waking = Arc::downgrade(&session);
+        pipeline
+            .bus()
+            .unwrap()
+            .set_sync_handler(move |_bus, message| match message.view() {
+                gst::MessageView::Error(_) => {
+                    if let Some(session) = waking.upgrade() {
+                        session.wake();
+                    }
+                    gst::BusSyncReply::Pass
+                }
+                _ => gst::BusSyncReply::Drop,
+            });
         appsink.set_callbacks(
             gst_app::AppSinkCallbacks::builder()
                 .new_sample({
@@ -204,6 +219,7 @@ impl RtpIngress {
                             }
                             if let Err(refusal) = session.push(part, count) {
                                 refused.lock().unwrap().get_or_insert(refusal);
+                                session.wake();
                                 return Err(gst::FlowError::Error);
                             }
                             *frames += count;

@@ -5,9 +5,11 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::watch;
 
 use gst::glib;
 use gst::prelude::*;
@@ -119,10 +121,14 @@ pub struct Session {
     sender: Mutex<SenderSlot>,
     /// The browser's signalling connection (a broadcast's own connection), for what the
     /// server has to tell it.
-    to_browser: Sender<serde_json::Value>,
+    to_browser: UnboundedSender<serde_json::Value>,
     /// Why the session ended, once it has: its connections close with it.
     ended: Mutex<Option<String>>,
-    /// How long the clocksync holds each packet past its time (see `sync_after_latency`): the
+    /// Told whenever what its connections wait on changes (`Session::changes`).
+    changes: watch::Sender<()>,
+    /// When the last frames came in, from whichever sender: an RTP sender's sign of life.
+    last_push: Mutex<Option<Instant>>,
+    /// How long the clocksync holds each packet past its time (see `watch_bus`): the
     /// audio of a frame has left when its end plus this has passed.
     held_latency: Arc<AtomicU64>,
 }
@@ -177,9 +183,10 @@ impl Session {
     fn start(
         id: String,
         settings: &PipelineSettings,
-        to_browser: Sender<serde_json::Value>,
+        to_browser: UnboundedSender<serde_json::Value>,
         egress: Egress,
     ) -> Result<Self, String> {
+        let changes = watch::Sender::new(());
         let pipeline = gst::Pipeline::with_name(&format!("session-{id}"));
         let appsrc = gst_app::AppSrc::builder()
             .caps(&settings.format.caps)
@@ -237,7 +244,7 @@ impl Session {
         let peer = match egress {
             Egress::Browser => {
                 let webrtcbin = to_browser_peer(&pipeline, &clocksync, &opusenc, settings, &to_browser)?;
-                let ice = watch_ice(&webrtcbin, &id);
+                let ice = watch_ice(&webrtcbin, &id, changes.clone());
                 Peer::Browser { webrtcbin, ice }
             }
             Egress::Janus(mountpoint) => {
@@ -259,8 +266,11 @@ impl Session {
             sender: Mutex::default(),
             to_browser,
             ended: Mutex::new(None),
+            changes,
+            last_push: Mutex::new(None),
             held_latency,
         };
+        #[cfg(feature = "test-stalls")]
         stall_for_tests();
         session.pipeline.set_state(gst::State::Playing).map_err(|_| {
             session
@@ -268,7 +278,12 @@ impl Session {
                 .unwrap_or_else(|| "the pipeline does not start".into())
         })?;
         // The decoder set its latency on its way to PAUSED.
-        sync_after_latency(&session.pipeline, &clocksync, session.held_latency.clone());
+        watch_bus(
+            &session.pipeline,
+            &clocksync,
+            session.held_latency.clone(),
+            session.changes.clone(),
+        );
         Ok(session)
     }
 
@@ -314,6 +329,7 @@ impl Session {
             buffer.set_pts(pts);
             buffer.set_duration(duration);
         }
+        *self.last_push.lock().unwrap() = Some(Instant::now());
         self.appsrc.push_buffer(buffer).map(|_| ()).map_err(|flow| {
             let err = self
                 .error()
@@ -397,6 +413,32 @@ impl Session {
         }
     }
 
+    /// When the peer connection's verdict may next change with no new ICE state (see
+    /// `IceWatch::next_verdict`); None for a broadcast.
+    pub fn peer_connection_deadline(&self, times: &PeerTimes) -> Option<Instant> {
+        match &self.peer {
+            Peer::Browser { ice, .. } => ice.lock().unwrap().next_verdict(times),
+            Peer::Janus { .. } => None,
+        }
+    }
+
+    /// What its connections wait on: the receiver is told when the session ends, its pipeline
+    /// posts an error, its peer connection's ICE state changes, its sender slot changes hands,
+    /// or the RTP receiver that feeds it stops (`Session::wake`).
+    pub fn changes(&self) -> watch::Receiver<()> {
+        self.changes.subscribe()
+    }
+
+    /// Tells the session's connections to look again at what they wait on.
+    pub fn wake(&self) {
+        self.changes.send_replace(());
+    }
+
+    /// When frames last came in.
+    pub fn last_push(&self) -> Option<Instant> {
+        *self.last_push.lock().unwrap()
+    }
+
     /// The browser's answer to the offer.
     pub fn set_answer(&self, sdp: &str) -> Result<(), String> {
         let answer = description_from_sdp(SdpKind::Answer, sdp)?;
@@ -449,7 +491,9 @@ impl Session {
         if took_over {
             slot.leaving += 1;
         }
-        (slot.hand_out(), took_over)
+        let ticket = slot.hand_out();
+        self.wake();
+        (ticket, took_over)
     }
 
     /// Whether another sender took the slot from `ticket`'s.
@@ -470,6 +514,8 @@ impl Session {
         } else {
             slot.leaving -= 1;
         }
+        drop(slot);
+        self.wake();
     }
 
     /// Why the session ended, if it has.
@@ -479,6 +525,7 @@ impl Session {
 
     fn stop(&self, why: &str) {
         self.ended.lock().unwrap().get_or_insert_with(|| why.to_owned());
+        self.wake();
         let _ = self.pipeline.set_state(gst::State::Null);
     }
 }
@@ -489,20 +536,24 @@ impl Drop for Session {
     }
 }
 
-/// The tests' stalled pipelines: with `QWENCODEC_SERVER_STALL_STARTS=N,MS` in the environment,
-/// each of the first N sessions' pipelines waits MS ms before it starts, as one whose state
-/// change stalls would (the browser tests show that it holds up no other session).
-const STALL_STARTS: &str = "QWENCODEC_SERVER_STALL_STARTS";
-
+/// The tests' stalled pipelines, in a build with the `test-stalls` feature alone (the browser
+/// tests' build): with `QWENCODEC_SERVER_STALL_STARTS=N,MS` in the environment, each of the
+/// first N sessions' pipelines waits MS ms before it starts, as one whose state change stalls
+/// would (`stalls.rs` shows that it holds up no other session).
+#[cfg(feature = "test-stalls")]
 fn stall_for_tests() {
-    static STALLED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let Some((starts, ms)) = std::env::var(STALL_STARTS).ok().and_then(|value| {
-        let (starts, ms) = value.split_once(',')?;
-        Some((starts.parse::<usize>().ok()?, ms.parse::<u64>().ok()?))
-    }) else {
+    use std::sync::atomic::AtomicUsize;
+    static STALLED: AtomicUsize = AtomicUsize::new(0);
+    let Some((starts, ms)) = std::env::var("QWENCODEC_SERVER_STALL_STARTS")
+        .ok()
+        .and_then(|value| {
+            let (starts, ms) = value.split_once(',')?;
+            Some((starts.parse::<usize>().ok()?, ms.parse::<u64>().ok()?))
+        })
+    else {
         return;
     };
-    if STALLED.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < starts {
+    if STALLED.fetch_add(1, Ordering::SeqCst) < starts {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }
@@ -513,7 +564,7 @@ fn to_browser_peer(
     clocksync: &gst::Element,
     opusenc: &gst::Element,
     settings: &PipelineSettings,
-    to_browser: &Sender<serde_json::Value>,
+    to_browser: &UnboundedSender<serde_json::Value>,
 ) -> Result<gst::Element, String> {
     let rtp_caps = opus_rtp_caps();
     let capsfilter = gst::ElementFactory::make("capsfilter")
@@ -605,7 +656,7 @@ fn drop_flushes(pad: &gst::Pad) {
 }
 
 /// A queue and the clocksync after it, which holds each packet until its time plus the latency
-/// upstream of it ([`sync_after_latency`]). The queue takes a step's packets from the decoder's
+/// upstream of it ([`watch_bus`]). The queue takes a step's packets from the decoder's
 /// step thread, which goes on to its next step while they wait for their time. Without it the
 /// thread would wait in the clocksync until the step's last packet left, a frame less one Opus
 /// packet after the first, and the next step would have one packet's time to be decoded before
@@ -628,8 +679,14 @@ fn make(factory: &str) -> Result<gst::Element, String> {
 /// webrtcbin's network sink does not sync. Without it, the audio of a step, which leaves the
 /// decoder as late as the step's frames waited (240 ms at chunk-frames 4), would leave at once,
 /// in a burst, and a new connection's browser would lose the start of its first speech. The
-/// latency the clocksync holds packets by is kept in `held_latency`.
-fn sync_after_latency(pipeline: &gst::Pipeline, clocksync: &gst::Element, held_latency: Arc<AtomicU64>) {
+/// latency the clocksync holds packets by is kept in `held_latency`. The bus keeps errors alone,
+/// for `Session::error`, and tells `changes` of each: nothing else reads it.
+fn watch_bus(
+    pipeline: &gst::Pipeline,
+    clocksync: &gst::Element,
+    held_latency: Arc<AtomicU64>,
+    changes: watch::Sender<()>,
+) {
     // One query at a time: of two at once, the one that asked first could pass the clocksync
     // last and leave it the older, lower latency (as two recalculations at once can leave the
     // sinks of tests/latency.rs's eight decoders).
@@ -646,14 +703,25 @@ fn sync_after_latency(pipeline: &gst::Pipeline, clocksync: &gst::Element, held_l
     let src = clocksync.static_pad("src").unwrap();
     query(&src);
     let src = src.downgrade();
-    pipeline.bus().unwrap().set_sync_handler(move |_bus, message| {
-        if let (gst::MessageView::Latency(_), Some(src)) = (message.view(), src.upgrade()) {
-            // Not on the thread that posted it, which may be streaming through the clocksync.
-            let query = query.clone();
-            std::thread::spawn(move || query(&src));
-        }
-        gst::BusSyncReply::Pass
-    });
+    pipeline
+        .bus()
+        .unwrap()
+        .set_sync_handler(move |_bus, message| match message.view() {
+            gst::MessageView::Error(_) => {
+                changes.send_replace(());
+                gst::BusSyncReply::Pass
+            }
+            gst::MessageView::Latency(_) => {
+                if let Some(src) = src.upgrade() {
+                    // Not on the thread that posted it, which may be streaming through the
+                    // clocksync.
+                    let query = query.clone();
+                    std::thread::spawn(move || query(&src));
+                }
+                gst::BusSyncReply::Drop
+            }
+            _ => gst::BusSyncReply::Drop,
+        });
 }
 
 /// How much later than the speech's first packet, against its schedule, a packet may reach
@@ -662,7 +730,7 @@ const LATE: i64 = 100_000_000;
 
 /// Counts the packets that reach `clocksync` later than their speech's schedule allows. The
 /// clocksync holds each packet until its time plus `held_latency` (the latency upstream of it,
-/// kept by [`sync_after_latency`]): a packet that comes before then is on time. Each speech (from
+/// kept by [`watch_bus`]): a packet that comes before then is on time. Each speech (from
 /// a new-speech segment or a flush on) sets its schedule by its first packet, which may come as
 /// late as a decode step makes it; a packet [`LATE`] past that schedule is a gap the listener
 /// hears. (Counted from the packet's time alone, without the latency, a burst's first packet,
@@ -797,7 +865,7 @@ fn lead_in_silence(pad: &gst::Pad) {
 /// keeps the selected pair alive with STUN indications, which nothing answers, and so never
 /// finds a peer that went away; with connectivity checks for keepalives it fails the pair once
 /// they go unanswered (after its 50 s consent timeout, libnice 0.1.21).
-fn watch_ice(webrtcbin: &gst::Element, id: &str) -> Arc<Mutex<IceWatch>> {
+fn watch_ice(webrtcbin: &gst::Element, id: &str, changes: watch::Sender<()>) -> Arc<Mutex<IceWatch>> {
     webrtcbin
         .property::<glib::Object>("ice-agent")
         .property::<glib::Object>("agent")
@@ -812,6 +880,7 @@ fn watch_ice(webrtcbin: &gst::Element, id: &str) -> Arc<Mutex<IceWatch>> {
         log!("session {id}: ICE {}", state.nick());
         if let Some(state) = IceState::from_nick(state.nick()) {
             following.lock().unwrap().observe(state, Instant::now());
+            changes.send_replace(());
         }
     });
     watch
@@ -823,7 +892,7 @@ fn connect_signalling(
     webrtcbin: &gst::Element,
     certificate: Arc<DtlsCertificate>,
     ice: Arc<Ice>,
-    to_browser: Sender<serde_json::Value>,
+    to_browser: UnboundedSender<serde_json::Value>,
 ) {
     let offers = to_browser.clone();
     webrtcbin.connect("on-negotiation-needed", false, move |values| {
@@ -897,7 +966,7 @@ impl Sessions {
     /// and a burst of joins would hold all of them up.
     pub fn open(
         &self,
-        to_browser: Sender<serde_json::Value>,
+        to_browser: UnboundedSender<serde_json::Value>,
         id: Option<String>,
         egress: Egress,
     ) -> Result<Arc<Session>, (u16, String)> {

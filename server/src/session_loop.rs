@@ -2,12 +2,16 @@
 //! the session's messages go out to its client, the client is watched for a sign of life
 //! (`liveness`), and what it sends goes to the connection's handler, until one of them ends the
 //! connection: the server shuts down (1001), the pipeline fails (4500), the client is gone
-//! (4408), the handler refuses what it sent, or it leaves.
+//! (4408), the handler refuses what it sent, or it leaves. It sleeps until one of those may
+//! have happened: a message either way, a change of the session (`Session::changes`), or the
+//! time a ping or a verdict on the peer is due.
 
 use std::net::SocketAddr;
-use std::sync::mpsc::Receiver;
+use std::time::Instant;
 
+use futures_util::StreamExt;
 use serde_json::Value;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::access;
 use crate::http::{self, Received, Socket, close};
@@ -57,7 +61,7 @@ impl Connection<'_> {
     pub async fn serve(
         self,
         session: &Session,
-        outgoing: Receiver<Value>,
+        mut outgoing: UnboundedReceiver<Value>,
         first: &Value,
         mut handle: impl FnMut(Received) -> Step,
     ) -> Ending {
@@ -72,6 +76,7 @@ impl Connection<'_> {
         let failed = || Ending::Other("its connection failed".into());
         let patience = server.peer_times.peer_timeout;
         let mut ending = (!http::send_text(&mut socket, first.to_string(), patience).await).then(failed);
+        let mut changes = session.changes();
         loop {
             if let Some(ending) = ending {
                 return ending;
@@ -81,11 +86,14 @@ impl Connection<'_> {
                 http::close(socket, close::GOING_AWAY, &why).await;
                 return Ending::Other(why);
             }
-            let messages: Vec<Value> = outgoing.try_iter().collect();
-            for message in messages {
+            while let Ok(message) = outgoing.try_recv() {
                 if !http::send_text(&mut socket, message.to_string(), patience).await {
                     ending = Some(failed());
+                    break;
                 }
+            }
+            if ending.is_some() {
+                continue;
             }
             if let Some(err) = session.error() {
                 log!("session {}: pipeline error: {err}", session.id);
@@ -103,7 +111,27 @@ impl Connection<'_> {
                 http::close_gone(socket, close::TIMEOUT, &gone.reason).await;
                 return Ending::Gone(gone);
             }
-            match handle(heartbeat.read(&mut socket).await) {
+            let due = [
+                Some(heartbeat.next_due()),
+                session.peer_connection_deadline(&server.peer_times),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or_else(Instant::now);
+            let next = tokio::select! {
+                next = socket.next() => next,
+                // A message for the client: sent at the top of the loop.
+                Some(message) = outgoing.recv() => {
+                    if !http::send_text(&mut socket, message.to_string(), patience).await {
+                        ending = Some(failed());
+                    }
+                    continue;
+                }
+                Ok(()) = changes.changed() => continue,
+                () = tokio::time::sleep_until(due.into()) => continue,
+            };
+            match handle(heartbeat.received(&mut socket, next).await) {
                 Step::Next => (),
                 Step::Left(why) => ending = Some(Ending::Other(why)),
                 Step::Refuse { code, reason, ending } => {

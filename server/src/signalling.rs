@@ -11,9 +11,10 @@
 //! answers no ping, or its peer connection failed, stayed disconnected or never connected).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::time::Instant;
 
+use futures_util::StreamExt;
 use serde_json::json;
 use tungstenite::Message;
 
@@ -42,7 +43,7 @@ fn message(received: Received) -> Result<Option<FromBrowser>, Option<(u16, Strin
             close::BAD_MESSAGE,
             "signalling takes JSON text messages, not binary ones".into(),
         ))),
-        Received::Message(_) | Received::Nothing => Ok(None),
+        Received::Message(_) => Ok(None),
         Received::TooLarge(err) => Err(Some((close::TOO_LARGE, err))),
         Received::Closed => Err(None),
         Received::Failed(err) => {
@@ -69,19 +70,22 @@ async fn refuse(server: &Server, socket: Socket, peer: SocketAddr, (code, reason
 }
 
 pub async fn serve(server: Arc<Server>, mut socket: Socket, peer: SocketAddr) {
-    let connected = Instant::now();
+    let joining_until = Instant::now() + server.idle_timeout;
     let mut heartbeat = Heartbeat::new(server.peer_times);
     let token = loop {
-        let refusal = match message(heartbeat.read(&mut socket).await) {
+        let Ok(next) = tokio::time::timeout_at(joining_until.into(), socket.next()).await else {
+            let refusal = (
+                close::TIMEOUT,
+                format!("no join within {:?}", server.idle_timeout),
+            );
+            return refuse(&server, socket, peer, refusal).await;
+        };
+        let refusal = match message(heartbeat.received(&mut socket, next).await) {
             // A join carries nothing to check but its token (`access`).
             Ok(Some(FromBrowser::Join { token })) => break token,
             // The state before the content: an answer or candidate before the join is refused
             // as such, whatever it carries.
             Ok(Some(_)) => (close::BAD_MESSAGE, "join first".into()),
-            Ok(None) if connected.elapsed() > server.idle_timeout => (
-                close::TIMEOUT,
-                format!("no join within {:?}", server.idle_timeout),
-            ),
             Ok(None) => continue,
             Err(Some(refusal)) => refusal,
             Err(None) => return,
@@ -93,7 +97,7 @@ pub async fn serve(server: Arc<Server>, mut socket: Socket, peer: SocketAddr) {
         Ok(join) => join,
         Err(refusal) => return refuse(&server, socket, peer, refusal).await,
     };
-    let (to_browser, outgoing) = mpsc::channel();
+    let (to_browser, outgoing) = tokio::sync::mpsc::unbounded_channel();
     // Its pipeline starts on the blocking pool: a state change that stalls holds this session
     // alone.
     let opened = tokio::task::spawn_blocking({

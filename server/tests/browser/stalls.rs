@@ -1,6 +1,6 @@
 //! The network side never waits on a pipeline: sessions whose pipelines stall in their start
-//! (the server's test seam `QWENCODEC_SERVER_STALL_STARTS`) hold up no other session's
-//! signalling, nor `/status`.
+//! (the server's test seam `QWENCODEC_SERVER_STALL_STARTS`, built with its `test-stalls`
+//! feature for these tests alone) hold up no other session's signalling, nor `/status`.
 
 use std::time::{Duration, Instant};
 

@@ -21,8 +21,8 @@ use super::{Measure, Speech, assert_heard, connect_page, speak_and_end, wait_ms}
 const PING_INTERVAL_S: f64 = 0.5;
 const PEER_TIMEOUT_S: f64 = 2.0;
 const CONNECT_TIMEOUT_S: f64 = 5.0;
-/// What a finding may take past its time on a loaded machine: the server's loop looks every
-/// 20 ms, its log comes through a pipe, the test polls.
+/// What a finding may take past its time on a loaded machine: its log comes through a pipe,
+/// the test polls.
 const SLACK_S: f64 = 1.0;
 
 /// The server's options for these times (the constants above, as the command line gives them),
