@@ -18,13 +18,16 @@ checkpoint's voice cloned at start from `--voice NAME=WAV` (with `--voice-text N
 ICL; without, the x-vector alone: qwencodec_talker.clone); a VoiceDesign checkpoint takes its
 voice from `instructions` and ignores `voice`. Beyond OpenAI's
 fields, `seed` (default `--seed`), `max_new_tokens` (default `--max-new-tokens`, else the
-checkpoint's) and `language` (default upstream's Auto) are taken; `stream_format` is ignored
-(the body is always the audio itself, which LiveKit's openai.TTS reads as such). Each
-request's outcome is written to standard error as a line `qwencodec-speech: request {json}`.
+checkpoint's) and `language` (default upstream's Auto) are taken. `stream_format` `audio` (the
+default, which LiveKit's openai.TTS reads) streams the audio itself; `sse` streams OpenAI's
+server-sent events instead, a `speech.audio.delta` (the chunk in base64) a decode step and a
+`speech.audio.done` with the usage (input characters, output frames). Each request's outcome is
+written to standard error as a line `qwencodec-speech: request {json}`.
 """
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import signal
@@ -50,6 +53,15 @@ def error(status, message, param=None):
     """OpenAI's error body."""
     return web.json_response({"error": {"message": message, "type": "invalid_request_error",
                                         "param": param, "code": None}}, status=status)
+
+
+# OpenAI's stream_format values: the audio itself, or server-sent events carrying it.
+STREAM_FORMATS = ("audio", "sse")
+
+
+def sse_event(kind, **fields):
+    """One server-sent event of OpenAI's speech stream: `data: {"type": kind, ...}`."""
+    return f"data: {json.dumps(dict(type=kind, **fields))}\n\n".encode()
 
 
 def wav_header(rate):
@@ -159,6 +171,10 @@ class SpeechServer:
         if fmt not in self.formats:
             return error(400, f"response_format {fmt!r} is not served; served: {', '.join(self.formats)}",
                          "response_format")
+        stream_format = body.get("stream_format", "audio")
+        if stream_format not in STREAM_FORMATS:
+            return error(400, f"stream_format {stream_format!r} is not one of {', '.join(STREAM_FORMATS)}",
+                         "stream_format")
         speed = body.get("speed", 1.0)
         if speed not in (None, 1, 1.0):
             return error(400, f"speed {speed!r}: only 1.0", "speed")
@@ -174,7 +190,7 @@ class SpeechServer:
                 languages is not None and language.lower() not in {str(x).lower() for x in languages})):
             return error(400, f"language {language!r} is not one of {', '.join(sorted(languages or []))}",
                          "language")
-        options = dict(seed=seed, language=language, max_new_tokens=max_new_tokens)
+        options = dict(seed=seed, language=language, max_new_tokens=max_new_tokens, stream_format=stream_format)
         instructions = body.get("instructions") or None
         voice = body.get("voice")
         if self.kind in ("custom_voice", "base"):
@@ -209,8 +225,9 @@ class SpeechServer:
             return parsed
         text, fmt, options = parsed
         voice = options.pop("voice", None)
+        sse = options.pop("stream_format") == "sse"
         self.requests += 1
-        record = dict(number=self.requests, format=fmt, voice=voice, seed=options["seed"],
+        record = dict(number=self.requests, format=fmt, sse=sse, voice=voice, seed=options["seed"],
                       frames=0, cancelled=False, frames_at_disconnect=None, first_audio_s=None, bytes=0)
         async with self._turn:
             speaker = self.speaker
@@ -218,25 +235,35 @@ class SpeechServer:
             if fmt in ENCODED:
                 encoder = Encoder(speaker.decoder.Gst, ENCODED[fmt][0], speaker.sample_rate)
             utterance = Utterance(speaker, text, options)
-            response = web.StreamResponse(headers={"Content-Type": self.formats[fmt]})
+            content_type = "text/event-stream" if sse else self.formats[fmt]
+            response = web.StreamResponse(headers={"Content-Type": content_type})
             response.enable_chunked_encoding()
             try:
                 await response.prepare(request)
+
+                def framed(data):
+                    if not sse:
+                        return data
+                    return sse_event("speech.audio.delta", audio=base64.b64encode(data).decode())
 
                 async def send(data):
                     if data:
                         if record["first_audio_s"] is None:
                             record["first_audio_s"] = round(time.monotonic() - arrived, 4)
                         record["bytes"] += len(data)
-                        await response.write(data)
+                        await response.write(framed(data))
 
                 if fmt == "wav":
-                    await response.write(wav_header(speaker.sample_rate))
+                    await response.write(framed(wav_header(speaker.sample_rate)))
                 async with contextlib.aclosing(utterance.audio()) as audio:
                     async for pcm in audio:
                         await send(encoder.push(pcm) if encoder else pcm)
                 if encoder:
                     await send(await asyncio.get_running_loop().run_in_executor(None, encoder.finish))
+                if sse:
+                    tokens = dict(input_tokens=len(text), output_tokens=utterance.frames_made)
+                    await response.write(sse_event("speech.audio.done",
+                                                   usage=dict(tokens, total_tokens=sum(tokens.values()))))
                 await response.write_eof()
             except (ConnectionError, asyncio.CancelledError):
                 # The client went away (aiohttp cancels the handler, or a write fails).

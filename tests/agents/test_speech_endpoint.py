@@ -9,11 +9,13 @@ process, not through the server) decoded by gst-launch-1.0 (filesrc ! qwencodecd
 step, as the server's decoder takes them): the same length, at most 1 LSB apart, not silent.
 
 1. `GET /v1/audio/voices` lists the speakers and the aliases; a voice or format not served is
-   refused with OpenAI's error body naming what is, and so are an empty input and an unknown
-   language.
+   refused with OpenAI's error body naming what is, and so are an empty input, an unknown
+   language and an unknown stream format.
 2. The openai client's streaming response, `pcm`: the audio, and the time to its first audio
    (the client's, and the server's from the request's arrival); `wav`: the
-   same samples behind a streaming WAV header; `opus` where GStreamer's opusenc is: an Ogg stream.
+   same samples behind a streaming WAV header; `opus` where GStreamer's opusenc is: an Ogg stream;
+   `stream_format="sse"`: the same pcm in `speech.audio.delta` events, then `speech.audio.done`
+   with the frames as its output tokens.
 3. A client that leaves after three frames' audio: the server records the request cancelled, the
    talker stopped within 2 frames of those it had made when the client went, and fewer than the
    same request makes uninterrupted.
@@ -27,6 +29,7 @@ extras (tools/check-agents.sh).
 """
 
 import asyncio
+import base64
 import json
 import os
 import queue
@@ -151,7 +154,10 @@ async def test_plain_requests(server, refs):
         bad = await http.post("/v1/audio/speech", json=dict(model="x", input="Hi.", voice="vivian",
                                                              response_format="pcm", language="klingon"))
         assert bad.status_code == 400 and "english" in bad.json()["error"]["message"].lower(), bad.text
-    return f"{len(voices)} voices; unknown voice, format, language, empty input refused"
+        bad = await http.post("/v1/audio/speech", json=dict(model="x", input="Hi.", voice="vivian",
+                                                             response_format="pcm", stream_format="chunks"))
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream_format", bad.text
+    return f"{len(voices)} voices; unknown voice, format, language, stream format, empty input refused"
 
 
 async def test_openai_client(server, refs):
@@ -189,6 +195,26 @@ async def test_openai_client(server, refs):
         else:
             assert data[:4] == b"OggS" and b"OpusHead" in data[:64], data[:64]
             results[fmt] = f"Ogg Opus, {len(data)} bytes"
+    # OpenAI's server-sent events: the same pcm in base64 deltas, then the usage.
+    deltas, done = [], None
+    async with client.audio.speech.with_streaming_response.create(
+            model="qwen3-tts", voice="vivian", input=SHORT, response_format="pcm", stream_format="sse") as response:
+        assert response.headers["content-type"].startswith("text/event-stream"), response.headers
+        async for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line[len("data: "):])
+            assert done is None, f"an event after speech.audio.done: {event}"
+            if event["type"] == "speech.audio.delta":
+                deltas.append(base64.b64decode(event["audio"]))
+            else:
+                assert event["type"] == "speech.audio.done", event
+                done = event
+    record = server.request()
+    assert record["sse"] and record["frames"] == frames, record
+    assert done is not None and done["usage"]["output_tokens"] == frames, done
+    same_audio(b"".join(deltas), want, "openai client, sse")
+    results["sse"] = f"{len(deltas)} deltas, then the usage"
     await client.close()
     return results
 
