@@ -9,7 +9,8 @@ default loop's `stream_frames`, must give the codes upstream's wrapper gives for
 `Qwen3TTSModel.generate_voice_clone(text, ref_audio=WAV, ref_text=…)` (its speech tokenizer's
 decode replaced by one that keeps the codes): ICL greedy and seeded sampling, the x-vector alone
 greedy; so must the command line's `--ref-audio --ref-text`, and `qwencodec-speech serve
---voice ref=WAV --voice-text ref=…`'s pcm must be those codes decoded by gst-launch-1.0. The reference's codes must not be
+--voice ref=WAV --voice-text ref=…`'s pcm must be those codes decoded by gst-launch-1.0, as must
+the audio of pipecat's `QwenCodecTTSService` and LiveKit's `TTS` given `ref_audio` and `ref_text`. The reference's codes must not be
 constant and a second recording must give another speaker embedding, so the encoders are used.
 
     python tests/talker/test_clone.py FIXTURE_ROOT   (holds base/)
@@ -138,6 +139,40 @@ def endpoint_audio(talker, reference, tmp, frames):
     return audio, decoded.read_bytes()
 
 
+def adapters_audio(talker, reference):
+    """[(name, pcm)] of pipecat's QwenCodecTTSService and LiveKit's TTS, each made with
+    `ref_audio=reference, ref_text=REF_TEXT`, speaking TEXT with seed 6 on one Speaker."""
+    import asyncio
+
+    from livekit.plugins.qwencodec import TTS
+    from pipecat.frames.frames import TTSAudioRawFrame, TTSSpeakFrame
+    from pipecat.tests.utils import run_test
+    from pipecat_qwencodec import QwenCodecTTSService
+    from qwencodec_talker.speech import Speaker
+
+    async def livekit(speaker):
+        tts = TTS(speaker=speaker, ref_audio=str(reference), ref_text=REF_TEXT, seed=6, max_new_tokens=MAX_NEW)
+        async with tts.synthesize(TEXT) as stream:
+            events = [event async for event in stream]
+        await tts.aclose()
+        # LiveKit's end-of-segment marker: 10 ms of silence marked final (tests/agents/test_livekit.py).
+        if events and events[-1].is_final and events[-1].frame.samples_per_channel == 240 \
+                and not any(events[-1].frame.data.tobytes()):
+            events = events[:-1]
+        return b"".join(event.frame.data.tobytes() for event in events)
+
+    async def pipecat(speaker):
+        service = QwenCodecTTSService(speaker=speaker, ref_audio=str(reference), ref_text=REF_TEXT,
+                                      sampling=dict(max_new_tokens=MAX_NEW),
+                                      settings=QwenCodecTTSService.Settings(seed=6))
+        down, _ = await run_test(service, frames_to_send=[TTSSpeakFrame(TEXT)])
+        return b"".join(frame.audio for frame in down if isinstance(frame, TTSAudioRawFrame))
+
+    with Speaker(talker, decoder_dir=DECODER) as speaker:
+        return [("pipecat's QwenCodecTTSService", asyncio.run(pipecat(speaker))),
+                ("LiveKit's TTS", asyncio.run(livekit(speaker)))]
+
+
 def max_difference(a, b):
     a = np.frombuffer(a, dtype="<i2").astype(np.int32)
     b = np.frombuffer(b, dtype="<i2").astype(np.int32)
@@ -213,13 +248,18 @@ def main():
         check("qwencodec-speech --voice --voice-text: generate_voice_clone's codes decoded",
               len(audio) == len(decoded) and len(decoded) > 0 and max_difference(audio, decoded) <= 1,
               f"({len(audio)} bytes, the decode {len(decoded)})")
+        # The adapters, each cloning the same WAV with the same transcript.
+        for name, pcm in adapters_audio(talker, reference):
+            check(f"{name}(ref_audio, ref_text): generate_voice_clone's codes decoded",
+                  len(pcm) == len(decoded) and max_difference(pcm, decoded) <= 1,
+                  f"({len(pcm)} bytes, the decode {len(decoded)})")
         try:
             prompt(model, processor, TEXT)
             check("a Base prompt without a voice is refused", False)
         except ValueError as error:
             check("a Base prompt without a voice is refused naming what it needs", "voice_clone_prompt" in str(error))
 
-    print(f"talker clone: {runs + 1} runs against generate_voice_clone, and the endpoint; "
+    print(f"talker clone: {runs + 1} runs against generate_voice_clone, the endpoint and both adapters; "
           f"{'FAILED ' + ', '.join(failures) if failures else 'all ok'}")
     return 1 if failures else 0
 

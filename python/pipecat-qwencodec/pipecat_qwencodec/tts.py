@@ -35,6 +35,7 @@ from pipecat.utils.tracing.service_decorators import traced_tts
 from pipecat.utils.types import NOT_GIVEN, NotGiven, is_given
 
 from qwencodec_talker.bridge import Utterance
+from qwencodec_talker.clone import voice_clone_prompt
 
 # Upstream's language names (the talker config's codec_language_id), by pipecat language.
 LANGUAGES = {
@@ -98,6 +99,9 @@ class QwenCodecTTSService(TTSService):
         chunk_frames: int | None = None,
         plugin_dir: str | None = None,
         sampling: dict[str, Any] | None = None,
+        ref_audio: Any = None,
+        ref_text: str | None = None,
+        x_vector_only_mode: bool = False,
         settings: Settings | None = None,
         **kwargs,
     ):
@@ -118,6 +122,11 @@ class QwenCodecTTSService(TTSService):
             sampling: upstream's sampling options (temperature, top_k, top_p,
                 repetition_penalty, greedy, subtalker_*) and non_streaming_mode (default:
                 upstream's wrapper's for the model's kind), for every utterance.
+            ref_audio: a Base checkpoint's voice to clone (a WAV path, a URL, base64, or
+                (samples, rate)), once here through upstream's encoders
+                (`qwencodec_talker.clone.voice_clone_prompt`), for every utterance.
+            ref_text: the reference's transcript (ICL cloning).
+            x_vector_only_mode: clone from the speaker embedding alone, without ref_text.
             settings: runtime-updatable settings (voice, language, instruct, seed, max_new_tokens).
             **kwargs: passed to pipecat's `TTSService` (e.g. sample_rate).
         """
@@ -145,6 +154,10 @@ class QwenCodecTTSService(TTSService):
             self._owns_speaker = False
         self._speaker = speaker
         self._sampling = dict(sampling or {})
+        if ref_audio is not None:
+            self._sampling["voice_clone_prompt"] = voice_clone_prompt(
+                speaker.model, ref_audio, ref_text=ref_text, x_vector_only_mode=x_vector_only_mode,
+                talker_dir=speaker.talker_dir)
         self._current: QwenCodecUtterance | None = None
         self.utterances: collections.deque[QwenCodecUtterance] = collections.deque(maxlen=32)
 

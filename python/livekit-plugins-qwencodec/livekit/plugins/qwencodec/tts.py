@@ -25,6 +25,7 @@ from livekit.agents import APIConnectOptions, APIError, tokenize, tts, utils
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, NotGivenOr
 
 from qwencodec_talker.bridge import Utterance
+from qwencodec_talker.clone import voice_clone_prompt
 from qwencodec_talker.speech import Speaker
 
 __all__ = ["TTS", "ChunkedStream", "SynthesizeStream"]
@@ -40,6 +41,9 @@ class TTS(tts.TTS):
     seed, greedy, non_streaming_mode (None: upstream's wrapper's default for the model's kind)
     and `sampling` (temperature, top_k, top_p,
     repetition_penalty, max_new_tokens, subtalker_*) go to every `speak`.
+    ref_audio (a WAV path, a URL, base64, or (samples, rate)) with ref_text (its transcript; or
+    x_vector_only_mode): a Base checkpoint's voice, cloned once here through upstream's encoders
+    (`qwencodec_talker.clone.voice_clone_prompt`) and spoken by every `speak`.
     decoder_dir, chunk_frames, device, dtype, attn_implementation, plugin_dir, loop: Speaker's,
     when it is made here (device "cpu", "cuda", "cuda:N"; dtype "float32", "bfloat16", "float16";
     attn_implementation "eager", "sdpa", "flash_attention_2", None for transformers' choice;
@@ -50,7 +54,8 @@ class TTS(tts.TTS):
 
     def __init__(self, talker_dir=None, *, speaker: Speaker | None = None, voice: str | None = None,
                  instruct: str | None = None, language: str | None = None, seed: int | None = None,
-                 greedy: bool = False, decoder_dir=None, chunk_frames: int | None = None,
+                 greedy: bool = False, ref_audio=None, ref_text: str | None = None,
+                 x_vector_only_mode: bool = False, decoder_dir=None, chunk_frames: int | None = None,
                  device: str = "cpu", dtype="float32", attn_implementation: str | None = None,
                  plugin_dir=None, loop: str = "own",
                  sentence_tokenizer: NotGivenOr[tokenize.SentenceTokenizer] = NOT_GIVEN,
@@ -67,6 +72,10 @@ class TTS(tts.TTS):
                          sample_rate=speaker.sample_rate, num_channels=1)
         self._options = dict(speaker=voice, instruct=instruct, language=language, seed=seed,
                              greedy=greedy, **sampling)
+        if ref_audio is not None:
+            self._options["voice_clone_prompt"] = voice_clone_prompt(
+                speaker.model, ref_audio, ref_text=ref_text, x_vector_only_mode=x_vector_only_mode,
+                talker_dir=speaker.talker_dir)
         self._sentence_tokenizer = (
             sentence_tokenizer if utils.is_given(sentence_tokenizer)
             else tokenize.blingfire.SentenceTokenizer(retain_format=True))
