@@ -21,6 +21,8 @@ step, as the server's decoder takes them): the same length, at most 1 LSB apart,
    same request makes uninterrupted.
 4. pipecat's OpenAITTSService(base_url=...) through pipecat's run_test: its audio frames, joined.
 5. LiveKit's openai.TTS(base_url=..., response_format="pcm").synthesize(): its frames, joined.
+6. A second server on the tiny VoiceDesign talker: a request's `instructions` are the voice
+   (the same seed's codes for that instruct, decoded), and one without them is refused.
 
     G_DEBUG=fatal_warnings VENV/bin/python tests/agents/test_speech_endpoint.py
 
@@ -64,11 +66,12 @@ installed(qt, script="tools/check-agents.sh")
 class Server:
     """`qwencodec-speech serve` in a subprocess: its port, and the requests it records."""
 
-    def __init__(self, talker_dir):
+    def __init__(self, talker_dir, aliases=("alloy=vivian", "ash=vivian")):
         command = [str(Path(sys.executable).parent / "qwencodec-speech"), "serve", "--model", str(talker_dir),
                    "--decoder", str(DECODER), "--port", "0", "--seed", str(SEED),
-                   "--max-new-tokens", str(MAX_NEW_TOKENS),
-                   "--voice-alias", "alloy=vivian", "--voice-alias", "ash=vivian", "--threads", "1"]
+                   "--max-new-tokens", str(MAX_NEW_TOKENS), "--threads", "1"]
+        for alias in aliases:
+            command += ["--voice-alias", alias]
         self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
         self.requests = queue.Queue()
         self.lines = []
@@ -98,16 +101,18 @@ class Server:
 
 
 class References:
-    """The same seed's codes decoded by gst-launch-1.0, a frame a step, by text."""
+    """The same seed's codes decoded by gst-launch-1.0, a frame a step, by text: as the speaker
+    `vivian` says it, or (a VoiceDesign talker) the voice `instruct` describes."""
 
-    def __init__(self, talker_dir, tmp):
+    def __init__(self, talker_dir, tmp, instruct=None):
         self.model = qt.load_model(talker_dir)
         self.processor = load_processor(talker_dir)
+        self.voice = dict(instruct=instruct) if instruct else dict(speaker="vivian")
         self.tmp = Path(tmp)
         self.cache = {}
 
     def frames(self, text, max_new_tokens=MAX_NEW_TOKENS):
-        return list(qt.stream_frames(self.model, seed=SEED, **prompt(self.model, self.processor, text, speaker="vivian"),
+        return list(qt.stream_frames(self.model, seed=SEED, **prompt(self.model, self.processor, text, **self.voice),
                                      **qt.generate_kwargs(self.model, max_new_tokens=max_new_tokens)))
 
     def audio(self, text):
@@ -283,6 +288,32 @@ async def test_livekit(server, refs):
     return f"{frames} frames, {differ} samples 1 LSB apart"
 
 
+DESCRIBED = "A calm, low voice, speaking slowly."
+
+
+async def test_voice_design(talker_dir, tmp):
+    """A VoiceDesign talker served: the voice described in `instructions` is the one spoken
+    (the same seed's codes for that instruct), and a request without it is refused."""
+    import httpx
+
+    server = Server(talker_dir, aliases=())
+    try:
+        frames, want = References(talker_dir, tmp, instruct=DESCRIBED).audio(SHORT)
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+            bad = await http.post("/v1/audio/speech", json=dict(model="x", input=SHORT, voice="alloy",
+                                                                 response_format="pcm"))
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "instructions", bad.text
+            got = await http.post("/v1/audio/speech", json=dict(model="x", input=SHORT, voice="alloy",
+                                                                 instructions=DESCRIBED, response_format="pcm"))
+            assert got.status_code == 200, got.text
+        record = server.request()
+        assert record["frames"] == frames, record
+        differ = same_audio(got.content, want, "VoiceDesign")
+        return f"{frames} frames, {differ} samples 1 LSB apart; no instructions refused"
+    finally:
+        server.close()
+
+
 async def main(talker_dir, tmp):
     server = Server(talker_dir)
     refs = References(talker_dir, tmp)
@@ -304,16 +335,26 @@ async def main(talker_dir, tmp):
     if failures:
         print("".join(server.lines[-40:]), file=sys.stderr)
         return failures
+    t = time.monotonic()
+    try:
+        results["VoiceDesign"] = await test_voice_design(os.environ["QWENCODEC_TALKER_VD"], tmp)
+        print(f"ok   VoiceDesign ({time.monotonic() - t:.1f} s): {results['VoiceDesign']}", flush=True)
+    except Exception:
+        traceback.print_exc()
+        failures.append("VoiceDesign")
+        print(f"FAIL VoiceDesign ({time.monotonic() - t:.1f} s)", flush=True)
+        return failures
     print(f"speech endpoint: ok, openai client {results['openai client']['pcm']}; "
-          f"{results['disconnect']}; pipecat and LiveKit equal")
+          f"{results['disconnect']}; pipecat and LiveKit equal; VoiceDesign {results['VoiceDesign']}")
     return failures
 
 
 def run():
     with tempfile.TemporaryDirectory(prefix="qwencodec-speech-") as tmp:
         talker = os.environ.get("QWENCODEC_TALKER_CV")
-        if not talker:
-            sys.exit("QWENCODEC_TALKER_CV: the tiny CustomVoice talker's folder (tools/check-agents.sh makes it)")
+        if not talker or not os.environ.get("QWENCODEC_TALKER_VD"):
+            sys.exit("QWENCODEC_TALKER_CV and QWENCODEC_TALKER_VD: the tiny CustomVoice and VoiceDesign talkers' "
+                     "folders (tools/check-agents.sh makes them)")
         failures = asyncio.run(main(talker, tmp))
     if failures:
         print(f"speech endpoint: FAILED {', '.join(failures)}", flush=True)
