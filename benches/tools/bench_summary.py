@@ -241,6 +241,12 @@ def talker_loop_rows(report: dict, name: dict):
     return rows
 
 
+def text_to_audio_rows(report: dict, name: dict):
+    text = "; ".join(f"{run['name']} {run['dtype']} {run['median']['ratio']:.2f}x, first audio "
+                     f"{run['median']['first_audio_s'] * 1e3:.0f} ms" for run in report["runs"])
+    return [("text to audio in one process", f"time over talker alone + decoder alone: {text}", "–")]
+
+
 def capacity_rows(report: dict, name: dict):
     capacity = report["capacity"]
     return [(f"server capacity {name['dtype']}", f"{capacity['largest_passing']} sessions played cleanly", "–")]
@@ -257,7 +263,7 @@ def broadcast_rows(report: dict, name: dict):
 ROWS = {
     "decode": decode_rows, "streams": streams_rows, "effect": effect_rows, "kernels-ab": kernels_ab_rows,
     "profile": profile_rows, "rtp-codes": rtp_rows, "talker-speed": talker_rows, "neighbours": neighbours_rows,
-    "talker-loop": talker_loop_rows,
+    "talker-loop": talker_loop_rows, "text-to-audio": text_to_audio_rows,
     "server-capacity": capacity_rows, "janus-broadcast": broadcast_rows,
 }
 
@@ -296,7 +302,7 @@ def command(kind: str, name: dict, report: dict) -> str:
         models = " ".join(f"--model $QWENCODEC_CACHE/fixtures/{model}"
                           for model in talker_report(report).get("geometries", {}))
         return f"PYTHONPATH=python python3 benches/tools/bench_talker.py {models}"
-    if kind == "talker-loop":
+    if kind in ("talker-loop", "text-to-audio"):
         return report["command"]
     options = report["options"]
     model = Path(options["model"])

@@ -25,6 +25,7 @@ KINDS = {
     "talker-speed": "talker-speed",  # benches/tools/bench_talker.py
     "neighbours": "neighbours",  # benches/tools/bench_neighbours.py
     "talker-loop": "talker-loop",  # tools/bench_talker_loop.py
+    "text-to-audio": "text-to-audio",  # tools/bench_text_to_audio.py
     "server-capacity": "server-capacity-<dtype>",  # tools/webrtc_load.py --find-capacity --out
     "janus-broadcast": "janus-broadcast-<dtype>",  # tools/janus-load.sh --janus-listeners --out
 }
