@@ -19,7 +19,7 @@ pub fn default_model() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/release-tiny")
 }
 
-/// The environment variable that may hold the codes token (`--token-file` wins).
+/// The environment variable that may hold the operator's codes token (`--token-file` wins).
 pub const CODES_TOKEN_VARIABLE: &str = "QWENCODEC_CODES_TOKEN";
 
 /// Why the server must not start bound to `bind`, if it must not: on an address other hosts
@@ -39,9 +39,28 @@ pub fn open_bind_refusal(bind: SocketAddr, join_secret: bool, insecure_open: boo
     ))
 }
 
-/// Where the codes token came from.
+/// What the log says at start of the TTS side: where senders connect (`codes_url`) and with what
+/// credential: the session's sender token where a join secret signs them (`signed_senders`),
+/// and the operator's token, as shown (`operator`: a token given is shown by where it came from).
+pub fn codes_start_lines(codes_url: &str, signed_senders: bool, operator: Option<&str>) -> Vec<String> {
+    let credential = match (signed_senders, operator) {
+        (true, Some(operator)) => format!(
+            "<the session's sender token>\" (or \"Bearer {operator}\", the operator's token: any \
+             session, but no takeover=1)"
+        ),
+        (true, None) => "<the session's sender token>\" (no operator token)".to_owned(),
+        (false, Some(operator)) => format!("{operator}\""),
+        (false, None) => "\" (no credential takes it: give --token-file FILE)".to_owned(),
+    };
+    vec![format!(
+        "codes ingress: {codes_url} with the header \"Authorization: Bearer {credential}"
+    )]
+}
+
+/// Where the operator's codes token came from.
 pub enum TokenSource {
-    /// Made at start: it is printed.
+    /// Made at start, where no join secret is given (senders then have no other credential): it
+    /// is printed.
     Made,
     /// Given by this option or variable: not printed (the log may go where the token must not).
     Given(&'static str),
@@ -63,8 +82,9 @@ pub struct Config {
     pub device: String,
     pub dtype: Dtype,
     pub chunk_frames: u32,
-    pub token: String,
-    pub token_source: TokenSource,
+    /// The operator's token (`/codes` for any session, `/broadcast`): None where a join secret
+    /// is given and no token, as senders then have tokens of their own.
+    pub token: Option<(String, TokenSource)>,
     pub join_secret: Option<JoinSecret>,
     /// `--join-secret-file`, for the log (else the secret came from the environment).
     pub join_secret_file: Option<String>,

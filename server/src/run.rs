@@ -10,7 +10,7 @@ use gstqwencodec::model::{CheckpointFiles, DecoderConfig, Model, parse_device};
 use qwencodec_common::webrtc;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-use crate::config::{Admission, Config, TokenSource};
+use crate::config::{Admission, Config, TokenSource, codes_start_lines};
 use crate::connections::Connections;
 use crate::listen::{self, Tls};
 use crate::log::log;
@@ -31,7 +31,6 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         dtype,
         chunk_frames,
         token,
-        token_source,
         join_secret,
         join_secret_file,
         max_token_ttl,
@@ -155,6 +154,8 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         Some(codes_listener) => (codes_listener.local_addr()?, "ws"),
         None => (address, ws),
     };
+    let join_secret = join_secret.map(Arc::new);
+    let signed_senders = join_secret.is_some();
     let joins_described = match &join_secret {
         Some(_) => format!(
             "a join token signed with the join secret ({}), expiring within {max_token_ttl} s, \
@@ -184,7 +185,11 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
             },
             max_sessions,
         ),
-        token,
+        senders: access::SenderPolicy::new(
+            join_secret.clone(),
+            token.as_ref().map(|(token, _)| token.clone()),
+            max_token_ttl,
+        ),
         max_message_bytes,
         idle_timeout,
         peer_times,
@@ -215,13 +220,14 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
     log!("{}", ice.describe());
     log!("{}", opus.describe());
     // A token given is not printed: the log may go where the token must not.
-    let bearer = match token_source {
+    let operator = token.map(|(token, source)| match source {
         TokenSource::Given(source) => format!("<the token of {source}>"),
-        TokenSource::Made => server.token.clone(),
-    };
-    log!(
-        "codes ingress: {codes_ws}://{codes_address}/codes?session=ID with the header \"Authorization: Bearer {bearer}\""
-    );
+        TokenSource::Made => token,
+    });
+    let codes_url = format!("{codes_ws}://{codes_address}/codes?session=ID");
+    for line in codes_start_lines(&codes_url, signed_senders, operator.as_deref()) {
+        log!("{line}");
+    }
     log!(
         "joins: {joins_described}; at most {max_sessions_per_address} sessions and {max_joins_per_minute} joins a minute per client (0: no cap)"
     );

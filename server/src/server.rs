@@ -12,7 +12,8 @@ use crate::{access, janus, liveness, rtp_ingress};
 /// What every connection handler needs.
 pub struct Server {
     pub sessions: Sessions,
-    pub token: String,
+    /// Who may feed a session (`/codes`), and the operator's token (`/broadcast`).
+    pub senders: access::SenderPolicy,
     pub max_message_bytes: usize,
     /// How long a new connection may stay silent before it is closed (its request head too).
     pub idle_timeout: Duration,
