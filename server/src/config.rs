@@ -42,7 +42,14 @@ pub fn open_bind_refusal(bind: SocketAddr, join_secret: bool, insecure_open: boo
 /// What the log says at start of the TTS side: where senders connect (`codes_url`) and with what
 /// credential: the session's sender token where a join secret signs them (`signed_senders`),
 /// and the operator's token, as shown (`operator`: a token given is shown by where it came from).
-pub fn codes_start_lines(codes_url: &str, signed_senders: bool, operator: Option<&str>) -> Vec<String> {
+/// And a warning where the TTS side shares the public listener (`shared_bind`: `--bind`, where no
+/// `--codes-bind` is given).
+pub fn codes_start_lines(
+    codes_url: &str,
+    shared_bind: Option<SocketAddr>,
+    signed_senders: bool,
+    operator: Option<&str>,
+) -> Vec<String> {
     let credential = match (signed_senders, operator) {
         (true, Some(operator)) => format!(
             "<the session's sender token>\" (or \"Bearer {operator}\", the operator's token: any \
@@ -52,9 +59,18 @@ pub fn codes_start_lines(codes_url: &str, signed_senders: bool, operator: Option
         (false, Some(operator)) => format!("{operator}\""),
         (false, None) => "\" (no credential takes it: give --token-file FILE)".to_owned(),
     };
-    vec![format!(
+    let mut lines = vec![format!(
         "codes ingress: {codes_url} with the header \"Authorization: Bearer {credential}"
-    )]
+    )];
+    if let Some(bind) = shared_bind {
+        lines.push(format!(
+            "warning: /codes and /broadcast share the public listener (--bind {bind}): whoever \
+             reaches the page may try senders' credentials there, and a flood of the public side \
+             holds senders up. Give --codes-bind ADDRESS:PORT on a private address (the TTS \
+             farm's network) to serve them there alone (docs/server.md, the TTS side apart)"
+        ));
+    }
+    lines
 }
 
 /// Where the operator's codes token came from.
@@ -131,6 +147,44 @@ pub struct TlsFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_start_says_where_senders_connect_and_warns_of_a_shared_listener() {
+        let bind: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        let url = "ws://0.0.0.0:8080/codes?session=ID";
+        let lines = codes_start_lines(url, Some(bind), false, Some("abc123"));
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(
+            lines[0],
+            "codes ingress: ws://0.0.0.0:8080/codes?session=ID with the header \"Authorization: \
+             Bearer abc123\""
+        );
+        assert!(
+            lines[1].starts_with(
+                "warning: /codes and /broadcast share the public listener (--bind 0.0.0.0:8080)"
+            ) && lines[1].contains("Give --codes-bind ADDRESS:PORT on a private address"),
+            "{}",
+            lines[1]
+        );
+        // On a listener of their own: no warning.
+        let apart = codes_start_lines("ws://10.0.0.5:8081/codes?session=ID", None, true, None);
+        assert_eq!(
+            apart,
+            [
+                "codes ingress: ws://10.0.0.5:8081/codes?session=ID with the header \"Authorization: \
+              Bearer <the session's sender token>\" (no operator token)"
+            ]
+        );
+        let both = codes_start_lines(url, None, true, Some("<the token of --token-file>"));
+        assert!(
+            both[0].ends_with(
+                "Bearer <the session's sender token>\" (or \"Bearer <the token of --token-file>\", \
+                 the operator's token: any session, but no takeover=1)"
+            ),
+            "{}",
+            both[0]
+        );
+    }
 
     #[test]
     fn a_server_others_reach_needs_a_join_secret_or_insecure_open() {

@@ -225,7 +225,8 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         TokenSource::Made => token,
     });
     let codes_url = format!("{codes_ws}://{codes_address}/codes?session=ID");
-    for line in codes_start_lines(&codes_url, signed_senders, operator.as_deref()) {
+    let shared_bind = codes_listener.is_none().then_some(address);
+    for line in codes_start_lines(&codes_url, shared_bind, signed_senders, operator.as_deref()) {
         log!("{line}");
     }
     log!(

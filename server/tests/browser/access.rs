@@ -311,6 +311,11 @@ fn a_sender_token_feeds_its_own_session_alone() {
         announced.ends_with("\"Authorization: Bearer <the session's sender token>\" (no operator token)"),
         "{announced}"
     );
+    // No --codes-bind: the start says the TTS side shares the public listener, and how not to.
+    let warned = log_line(&server, |line| {
+        line.contains("warning: /codes and /broadcast share")
+    });
+    assert!(warned.contains("--codes-bind ADDRESS:PORT"), "{warned}");
     let own = format!("http://{}", server.address);
     let now = unix_now();
     let mut alice = join(&server, Some(&own), Some(&join_token(SECRET, "alice", now + 60)));
@@ -575,6 +580,10 @@ fn senders_have_a_listener_and_connections_of_their_own() {
         "2",
     ]);
     let announced = log_line(&server, |line| line.contains("codes ingress: ws://"));
+    assert!(
+        !server.await_log(|line| line.contains("warning: /codes"), Duration::ZERO),
+        "a warning of a shared listener where the TTS side has its own"
+    );
     let codes_address = announced
         .split("ws://")
         .nth(1)
