@@ -164,10 +164,13 @@ pub struct JoinPolicy {
     sessions_per_client: std::sync::Arc<SessionsPerClient>,
 }
 
-/// A join let through: the session id its token names (None: the server chooses one), and the
-/// client's place for the session, which it holds as long as the session lasts.
+/// A join let through: the session id its token names (None: the server chooses one), when
+/// the credentials it is given expire (its token's expiry; without one `--max-token-ttl` from
+/// now), and the client's place for the session, which it holds as long as the session lasts.
 pub struct Join {
     pub session: Option<String>,
+    /// Unix seconds.
+    pub expires: u64,
     _place: SessionPlace,
 }
 
@@ -230,6 +233,11 @@ impl JoinPolicy {
             .sessions_per_client
             .take(client)
             .map_err(|why| (close::TOO_MANY_SESSIONS, why))?;
+        let expires = match &token {
+            Some((token, _)) => token.expires,
+            // A failed clock's credentials are expired at once.
+            None => now.map_or(0, |now| now.saturating_add(self.max_token_ttl)),
+        };
         let session = match token {
             Some((token, now)) => {
                 let mut used = self.used.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -245,6 +253,7 @@ impl JoinPolicy {
         };
         Ok(Join {
             session,
+            expires,
             _place: place,
         })
     }
@@ -529,10 +538,12 @@ mod tests {
         let policy = JoinPolicy::new(Some(Arc::new(secret())), 120, 0, 0);
         let address: IpAddr = "192.0.2.1".parse().unwrap();
         let at = |token: &str| policy.admit_at(Some(token), address, Some(NOW));
-        assert!(
-            at(&secret().sign(Scope::Listen, "within", NOW + 120)).is_ok(),
-            "120 s ahead"
-        );
+        let within = at(&secret().sign(Scope::Listen, "within", NOW + 120)).ok();
+        assert_eq!(within.map(|join| join.expires), Some(NOW + 120), "120 s ahead");
+        // Without a secret the join's credentials last --max-token-ttl.
+        let open = JoinPolicy::new(None, 120, 0, 0);
+        let join = open.admit_at(None, address, Some(NOW)).ok();
+        assert_eq!(join.map(|join| join.expires), Some(NOW + 120));
         let (code, reason) = at(&secret().sign(Scope::Listen, "beyond", NOW + 121))
             .err()
             .unwrap();

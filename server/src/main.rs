@@ -49,7 +49,7 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
     [--drain-timeout 30]
     [--admission measured|off] [--admission-margin 0.2] [--cores N] [--ice-address ADDRESS,...] [--ice-interfaces NAME,...]
     [--public-address ADDRESS] [--stun stun://HOST:PORT] [--turn turn://HOST:PORT,...]
-    [--turn-credentials FILE] [--opus-bitrate BPS] [--opus-fec on|off] [--opus-dtx on|off]
+    [--turn-secret-file FILE | --turn-credentials FILE] [--opus-bitrate BPS] [--opus-fec on|off] [--opus-dtx on|off]
     [--janus http://HOST:PORT/janus] [--janus-public URL] [--janus-js FILE]
 
   --bind               address and port to serve on (127.0.0.1:8080); an address other hosts
@@ -128,6 +128,11 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
   --stun               a STUN server (stun://HOST:PORT), for webrtcbin and the page
   --turn               TURN servers (turn://HOST:PORT, turn://HOST:PORT?transport=tcp,
                        turns://HOST:PORT), for webrtcbin and the page
+  --turn-secret-file   a file holding the secret the TURN servers check REST credentials with
+                       (coturn's use-auth-secret and static-auth-secret; else the environment's
+                       QWENCODEC_TURN_SECRET), 16 bytes or more: each page gets its own,
+                       username EXPIRY:SESSION, expiring with its join token (without join
+                       tokens, --max-token-ttl after the join), and the password coturn checks
   --turn-credentials   a file holding the TURN servers' username:password (else the environment's
                        QWENCODEC_TURN_CREDENTIALS); the page is given them too
   --opus-bitrate       the speech's Opus bitrate in bits a second (opusenc's default)
@@ -241,7 +246,7 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
     };
     let margin_floor: f64 = options.take_parsed("--admission-margin", admission::DEFAULT_MARGIN_FLOOR)?;
     let cores: Option<usize> = options.take_optional("--cores")?;
-    let ice = ice::Ice::from_options(&mut options)?;
+    let ice = ice::Ice::from_options(&mut options, max_token_ttl)?;
     let opus = opus::OpusSettings::from_options(&mut options)?;
     let janus_api = options.take("--janus")?;
     let janus_public = options.take("--janus-public")?;

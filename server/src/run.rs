@@ -204,7 +204,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         public_address: ice.public_address(),
         metrics,
         rtp_format,
-        browser_ice_servers: ice.browser_servers(),
+        ice: ice.clone(),
         janus,
         janus_js,
         monitoring_apart: metrics_listener.is_some(),
