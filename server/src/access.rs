@@ -1,19 +1,20 @@
 //! Who may use the server's public side: the `Host` a request names (`--allow-host`, against DNS
-//! rebinding), the page's `Origin` on `/signal`, and who may join a session (a join token, see
-//! `token`, and each client's caps, see `connections`). And client-supplied text as the log
-//! shows it, and a WebSocket refused as the log, the metrics and the client see it.
+//! rebinding), the page's `Origin` on `/signal`, who may join a session (a join token, see
+//! `token`, and each client's caps, see `connections`), and who may feed one on the TTS side (a
+//! sender token, or the operator's token). And client-supplied text as the log shows it, and a
+//! WebSocket refused as the log, the metrics and the client see it.
 
 use std::collections::HashSet;
 use std::fmt::Display;
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use crate::connections::{Client, JoinRate, SessionPlace, SessionsPerClient};
 use crate::http::{self, Request, Socket, close};
 use crate::metrics::Metrics;
 use crate::refusal_log;
-use qwencodec_protocol::token::JoinSecret;
+use qwencodec_protocol::token::{JoinSecret, JoinToken, Scope};
 
 /// The most of a client's text that a log line or a refusal repeats.
 const MOST_ESCAPED_CHARS: usize = 200;
@@ -37,16 +38,26 @@ pub fn escaped(text: &str) -> String {
     shown
 }
 
-/// Why a request on the TTS side (`/codes`, `/broadcast`) is refused for its bearer token, if
-/// it is: the header `Authorization: Bearer <token>` must give the server's token.
-pub fn bearer_refusal(request: &Request, token: &str) -> Option<String> {
-    match request
+/// The token of a request's `Authorization: Bearer <token>` header, if it has one.
+fn bearer(request: &Request) -> Option<&str> {
+    request
         .header("authorization")
         .and_then(|value| value.strip_prefix("Bearer "))
-    {
-        None => Some("no token: send the header Authorization: Bearer <token>".into()),
-        Some(given) if !same_token(given, token) => Some("wrong token".into()),
-        Some(_) => None,
+}
+
+const NO_BEARER: &str = "no token: send the header Authorization: Bearer <token>";
+
+/// Why a request for the operator's side (`/broadcast`) is refused for its bearer token, if it
+/// is: the header `Authorization: Bearer <token>` must give the operator's token, which the
+/// server has only where the operator gave or made one (`token`: None).
+pub fn bearer_refusal(request: &Request, token: Option<&str>) -> Option<String> {
+    match (bearer(request), token) {
+        (None, _) => Some(NO_BEARER.into()),
+        (Some(_), None) => Some(
+            "this server has no operator token (give it --token-file FILE or $QWENCODEC_CODES_TOKEN)".into(),
+        ),
+        (Some(given), Some(token)) if !same_token(given, token) => Some("wrong token".into()),
+        (Some(_), Some(_)) => None,
     }
 }
 
@@ -143,7 +154,7 @@ pub fn origin_refusal(
 /// anyone (a demo). And every client at most so many sessions at once and so many joins a
 /// minute.
 pub struct JoinPolicy {
-    secret: Option<JoinSecret>,
+    secret: Option<Arc<JoinSecret>>,
     /// Seconds: a token expiring further ahead is refused (a leaked one would serve too long).
     max_token_ttl: u64,
     /// The tokens that joined (session id, expiry), each until it expires: a token opens one
@@ -153,16 +164,19 @@ pub struct JoinPolicy {
     sessions_per_client: std::sync::Arc<SessionsPerClient>,
 }
 
-/// A join let through: the session id its token names (None: the server chooses one), and the
-/// client's place for the session, which it holds as long as the session lasts.
+/// A join let through: the session id its token names (None: the server chooses one), when
+/// the credentials it is given expire (its token's expiry; without one `--max-token-ttl` from
+/// now), and the client's place for the session, which it holds as long as the session lasts.
 pub struct Join {
     pub session: Option<String>,
+    /// Unix seconds.
+    pub expires: u64,
     _place: SessionPlace,
 }
 
 impl JoinPolicy {
     pub fn new(
-        secret: Option<JoinSecret>,
+        secret: Option<Arc<JoinSecret>>,
         max_token_ttl: u64,
         joins_per_minute: u32,
         sessions_per_client: usize,
@@ -201,23 +215,8 @@ impl JoinPolicy {
             .map_err(|why| (close::TOO_MANY_SESSIONS, why))?;
         let token = match (&self.secret, token) {
             (Some(secret), Some(token)) => {
-                let Some(now) = now else {
-                    let reason = "the server's clock failed: no join token can be checked";
-                    return Err((close::SERVER_ERROR, reason.into()));
-                };
-                let token = secret
-                    .verify(token, now)
-                    .map_err(|err| (close::UNAUTHORIZED, err.to_string()))?;
-                let ahead = token.expires - now.min(token.expires);
-                if ahead > self.max_token_ttl {
-                    let reason = format!(
-                        "the join token expires in {ahead} s, more than this server takes ({} s, \
-                         --max-token-ttl)",
-                        self.max_token_ttl
-                    );
-                    return Err((close::UNAUTHORIZED, reason));
-                }
-                Some((token, now))
+                let token = checked(secret, token, now, Scope::Listen, self.max_token_ttl)?;
+                Some(token)
             }
             (Some(_), None) => {
                 let reason = "a join token is required: {\"type\":\"join\",\"token\":\"...\"} \
@@ -234,6 +233,11 @@ impl JoinPolicy {
             .sessions_per_client
             .take(client)
             .map_err(|why| (close::TOO_MANY_SESSIONS, why))?;
+        let expires = match &token {
+            Some((token, _)) => token.expires,
+            // A failed clock's credentials are expired at once.
+            None => now.map_or(0, |now| now.saturating_add(self.max_token_ttl)),
+        };
         let session = match token {
             Some((token, now)) => {
                 let mut used = self.used.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -249,8 +253,107 @@ impl JoinPolicy {
         };
         Ok(Join {
             session,
+            expires,
             _place: place,
         })
+    }
+}
+
+/// What `token` says, if `secret` signed it for `scope` and it is good at `now` (Unix seconds;
+/// None: the clock failed, and no token can be told from an expired one), expiring within
+/// `max_token_ttl` seconds; or the close code and reason it is refused with, which do not repeat
+/// it. With `now`, for the caller to remember the token until it expires.
+fn checked(
+    secret: &JoinSecret,
+    token: &str,
+    now: Option<u64>,
+    scope: Scope,
+    max_token_ttl: u64,
+) -> Result<(JoinToken, u64), (u16, String)> {
+    let noun = scope.noun();
+    let Some(now) = now else {
+        let reason = format!("the server's clock failed: no {noun} can be checked");
+        return Err((close::SERVER_ERROR, reason));
+    };
+    let token = secret
+        .verify(token, now, scope)
+        .map_err(|err| (close::UNAUTHORIZED, err.to_string()))?;
+    let ahead = token.expires - now.min(token.expires);
+    if ahead > max_token_ttl {
+        let reason = format!(
+            "the {noun} expires in {ahead} s, more than this server takes ({max_token_ttl} s, \
+             --max-token-ttl)"
+        );
+        return Err((close::UNAUTHORIZED, reason));
+    }
+    Ok((token, now))
+}
+
+/// Who may feed a session on `/codes`: with a join secret, a sender whose token it signed for
+/// that session (`sender.<session-id>.<expiry>.<signature>`, expiring within `--max-token-ttl`);
+/// and the operator's token, where the operator gave one (or, without a join secret, the server
+/// made one), for any session. With a join secret, taking a session over from its sender
+/// (`takeover=1`) takes the session's own sender token: the operator's token does not.
+pub struct SenderPolicy {
+    secret: Option<Arc<JoinSecret>>,
+    operator_token: Option<String>,
+    max_token_ttl: u64,
+}
+
+impl SenderPolicy {
+    pub fn new(secret: Option<Arc<JoinSecret>>, operator_token: Option<String>, max_token_ttl: u64) -> Self {
+        Self {
+            secret,
+            operator_token,
+            max_token_ttl,
+        }
+    }
+
+    /// The operator's token, for `/broadcast`.
+    pub fn operator_token(&self) -> Option<&str> {
+        self.operator_token.as_deref()
+    }
+
+    /// Lets a sender of `request` feed `session` (taking it over when `takeover`), or says why
+    /// not: a close code and a reason that does not repeat the token.
+    pub fn admit(&self, request: &Request, session: &str, takeover: bool) -> Result<(), (u16, String)> {
+        self.admit_at(bearer(request), session, takeover, unix_now())
+    }
+
+    /// [`admit`](Self::admit) for the bearer token `given`, at `now` (Unix seconds; None: the
+    /// clock failed).
+    fn admit_at(
+        &self,
+        given: Option<&str>,
+        session: &str,
+        takeover: bool,
+        now: Option<u64>,
+    ) -> Result<(), (u16, String)> {
+        let Some(given) = given else {
+            return Err((close::UNAUTHORIZED, NO_BEARER.into()));
+        };
+        let operator = self
+            .operator_token
+            .as_deref()
+            .is_some_and(|token| same_token(given, token));
+        match (&self.secret, operator) {
+            (None, true) => Ok(()),
+            (None, false) => Err((close::UNAUTHORIZED, "wrong token".into())),
+            (Some(_), true) if takeover => {
+                let reason =
+                    format!("takeover=1 takes session {session}'s sender token, not the operator's token");
+                Err((close::UNAUTHORIZED, reason))
+            }
+            (Some(_), true) => Ok(()),
+            (Some(secret), false) => {
+                let (token, _) = checked(secret, given, now, Scope::Send, self.max_token_ttl)?;
+                if token.session != session {
+                    let reason = format!("the sender token is for another session than {session}");
+                    return Err((close::FORBIDDEN, reason));
+                }
+                Ok(())
+            }
+        }
     }
 }
 
@@ -301,7 +404,7 @@ mod tests {
     #[test]
     fn the_tts_side_needs_the_servers_bearer_token_exactly() {
         let token = "the-tts-token";
-        let refusal = |headers: &str| bearer_refusal(&request(headers), token);
+        let refusal = |headers: &str| bearer_refusal(&request(headers), Some(token));
         assert_eq!(refusal("Authorization: Bearer the-tts-token\r\n"), None);
         assert_eq!(refusal("authorization:  Bearer the-tts-token \r\n"), None);
         assert_eq!(
@@ -326,6 +429,15 @@ mod tests {
                 "{wrong}"
             );
         }
+        // A server without an operator token takes none, however it is written.
+        assert_eq!(
+            bearer_refusal(&request("Authorization: Bearer the-tts-token\r\n"), None),
+            Some(
+                "this server has no operator token (give it --token-file FILE or \
+                 $QWENCODEC_CODES_TOKEN)"
+                    .into()
+            )
+        );
     }
 
     #[test]
@@ -394,10 +506,10 @@ mod tests {
 
     #[test]
     fn joins_need_a_token_signed_with_the_secret_when_there_is_one() {
-        let policy = JoinPolicy::new(Some(secret()), 120, 0, 0);
+        let policy = JoinPolicy::new(Some(Arc::new(secret())), 120, 0, 0);
         let address: IpAddr = "192.0.2.1".parse().unwrap();
         let now = unix_now().expect("the clock");
-        let token = secret().sign("from-the-backend", now + 60);
+        let token = secret().sign(Scope::Listen, "from-the-backend", now + 60);
         assert_eq!(
             policy.admit(Some(&token), address).unwrap().session.as_deref(),
             Some("from-the-backend")
@@ -405,7 +517,7 @@ mod tests {
         let (code, reason) = policy.admit(None, address).err().unwrap();
         assert_eq!(code, close::UNAUTHORIZED);
         assert!(reason.contains("a join token is required"), "{reason}");
-        let expired = secret().sign("from-the-backend", now - 10);
+        let expired = secret().sign(Scope::Listen, "from-the-backend", now - 10);
         let (code, reason) = policy.admit(Some(&expired), address).err().unwrap();
         assert_eq!(code, close::UNAUTHORIZED);
         assert!(reason.contains("expired"), "{reason}");
@@ -423,28 +535,37 @@ mod tests {
 
     #[test]
     fn a_token_that_expires_past_the_most_lifetime_is_refused() {
-        let policy = JoinPolicy::new(Some(secret()), 120, 0, 0);
+        let policy = JoinPolicy::new(Some(Arc::new(secret())), 120, 0, 0);
         let address: IpAddr = "192.0.2.1".parse().unwrap();
         let at = |token: &str| policy.admit_at(Some(token), address, Some(NOW));
-        assert!(at(&secret().sign("within", NOW + 120)).is_ok(), "120 s ahead");
-        let (code, reason) = at(&secret().sign("beyond", NOW + 121)).err().unwrap();
+        let within = at(&secret().sign(Scope::Listen, "within", NOW + 120)).ok();
+        assert_eq!(within.map(|join| join.expires), Some(NOW + 120), "120 s ahead");
+        // Without a secret the join's credentials last --max-token-ttl.
+        let open = JoinPolicy::new(None, 120, 0, 0);
+        let join = open.admit_at(None, address, Some(NOW)).ok();
+        assert_eq!(join.map(|join| join.expires), Some(NOW + 120));
+        let (code, reason) = at(&secret().sign(Scope::Listen, "beyond", NOW + 121))
+            .err()
+            .unwrap();
         assert_eq!(code, close::UNAUTHORIZED);
         assert_eq!(
             reason,
             "the join token expires in 121 s, more than this server takes (120 s, --max-token-ttl)"
         );
-        let (code, reason) = at(&secret().sign("years", u64::MAX - 1)).err().unwrap();
+        let (code, reason) = at(&secret().sign(Scope::Listen, "years", u64::MAX - 1))
+            .err()
+            .unwrap();
         assert_eq!(code, close::UNAUTHORIZED);
         assert!(reason.contains("--max-token-ttl"), "{reason}");
     }
 
     #[test]
     fn a_clock_that_fails_refuses_every_token() {
-        let policy = JoinPolicy::new(Some(secret()), 120, 0, 0);
+        let policy = JoinPolicy::new(Some(Arc::new(secret())), 120, 0, 0);
         let address: IpAddr = "192.0.2.1".parse().unwrap();
         // A failed clock once read as 0, before which no token had expired.
         for expires in [NOW, 60] {
-            let token = secret().sign("s", expires);
+            let token = secret().sign(Scope::Listen, "s", expires);
             let (code, reason) = policy.admit_at(Some(&token), address, None).err().unwrap();
             assert_eq!(code, close::SERVER_ERROR);
             assert_eq!(reason, "the server's clock failed: no join token can be checked");
@@ -453,9 +574,9 @@ mod tests {
 
     #[test]
     fn a_token_opens_one_session_once_and_is_forgotten_when_it_expires() {
-        let policy = JoinPolicy::new(Some(secret()), 120, 0, 0);
+        let policy = JoinPolicy::new(Some(Arc::new(secret())), 120, 0, 0);
         let address: IpAddr = "192.0.2.1".parse().unwrap();
-        let token = secret().sign("once", NOW + 60);
+        let token = secret().sign(Scope::Listen, "once", NOW + 60);
         let first = policy.admit_at(Some(&token), address, Some(NOW)).unwrap();
         // The session ended, and the same token comes again: still refused.
         drop(first);
@@ -466,13 +587,128 @@ mod tests {
         assert_eq!(code, close::UNAUTHORIZED);
         assert_eq!(reason, "the join token was used already: each opens one session");
         // Another token for the same session (another expiry) is another token.
-        let again = secret().sign("once", NOW + 90);
+        let again = secret().sign(Scope::Listen, "once", NOW + 90);
         assert!(policy.admit_at(Some(&again), address, Some(NOW + 1)).is_ok());
         // Once expired, a token is forgotten (it is refused as expired from then on).
-        let later = secret().sign("later", NOW + 200);
+        let later = secret().sign(Scope::Listen, "later", NOW + 200);
         assert!(policy.admit_at(Some(&later), address, Some(NOW + 100)).is_ok());
         let remembered = policy.used.lock().unwrap().clone();
         assert_eq!(remembered, HashSet::from([("later".to_owned(), NOW + 200)]));
+    }
+
+    #[test]
+    fn a_join_is_refused_a_sender_token() {
+        let policy = JoinPolicy::new(Some(Arc::new(secret())), 120, 0, 0);
+        let address: IpAddr = "192.0.2.1".parse().unwrap();
+        let sender = secret().sign(Scope::Send, "s", NOW + 60);
+        let (code, reason) = policy.admit_at(Some(&sender), address, Some(NOW)).err().unwrap();
+        assert_eq!(code, close::UNAUTHORIZED);
+        assert_eq!(
+            reason,
+            "a sender token: a browser joins with a listener's join token"
+        );
+    }
+
+    /// `policy`'s verdict on a sender of `session` with `token` at NOW.
+    fn sender_verdict(
+        policy: &SenderPolicy,
+        token: Option<&str>,
+        session: &str,
+        takeover: bool,
+    ) -> Result<(), (u16, String)> {
+        policy.admit_at(token, session, takeover, Some(NOW))
+    }
+
+    #[test]
+    fn a_sender_needs_a_sender_token_for_its_session_where_there_is_a_join_secret() {
+        let policy = SenderPolicy::new(Some(Arc::new(secret())), None, 120);
+        let token = secret().sign(Scope::Send, "alice", NOW + 60);
+        let verdict =
+            |token: &str, session, takeover| sender_verdict(&policy, Some(token), session, takeover);
+        assert_eq!(verdict(&token, "alice", false), Ok(()));
+        assert_eq!(
+            verdict(&token, "alice", true),
+            Ok(()),
+            "its own token takes it over"
+        );
+        let refused = |token: &str, session| verdict(token, session, false).unwrap_err();
+        assert_eq!(
+            refused(&token, "bob"),
+            (
+                close::FORBIDDEN,
+                "the sender token is for another session than bob".to_owned()
+            )
+        );
+        let listener = secret().sign(Scope::Listen, "alice", NOW + 60);
+        let (code, reason) = refused(&listener, "alice");
+        assert_eq!(code, close::UNAUTHORIZED);
+        assert!(
+            reason.starts_with("a listener's join token: a sender needs a sender token"),
+            "{reason}"
+        );
+        let expired = secret().sign(Scope::Send, "alice", NOW - 5);
+        assert_eq!(
+            refused(&expired, "alice"),
+            (close::UNAUTHORIZED, "the sender token expired 5 s ago".to_owned())
+        );
+        let (code, reason) = refused(&secret().sign(Scope::Send, "alice", NOW + 121), "alice");
+        assert_eq!(code, close::UNAUTHORIZED);
+        assert_eq!(
+            reason,
+            "the sender token expires in 121 s, more than this server takes (120 s, --max-token-ttl)"
+        );
+        let other = JoinSecret::new(b"another secret, also long").unwrap();
+        assert_eq!(
+            refused(&other.sign(Scope::Send, "alice", NOW + 60), "alice"),
+            (
+                close::UNAUTHORIZED,
+                "the sender token's signature is wrong".to_owned()
+            )
+        );
+        // Without an operator token, a token of the old kind is one more malformed token.
+        let (code, reason) = refused("the-tts-token", "alice");
+        assert_eq!(code, close::UNAUTHORIZED);
+        assert!(reason.starts_with("malformed sender token"), "{reason}");
+        assert_eq!(
+            sender_verdict(&policy, None, "alice", false),
+            Err((close::UNAUTHORIZED, NO_BEARER.to_owned()))
+        );
+        assert_eq!(
+            policy.admit_at(Some(&token), "alice", false, None),
+            Err((
+                close::SERVER_ERROR,
+                "the server's clock failed: no sender token can be checked".to_owned()
+            ))
+        );
+        assert_eq!(policy.operator_token(), None);
+    }
+
+    #[test]
+    fn the_operators_token_feeds_any_session_but_takes_none_over_where_there_is_a_join_secret() {
+        let operator = Some("the-operators-token".to_owned());
+        let signed = SenderPolicy::new(Some(Arc::new(secret())), operator.clone(), 120);
+        let verdict = |policy, token, takeover| sender_verdict(policy, Some(token), "alice", takeover);
+        assert_eq!(verdict(&signed, "the-operators-token", false), Ok(()));
+        assert_eq!(
+            verdict(&signed, "the-operators-token", true),
+            Err((
+                close::UNAUTHORIZED,
+                "takeover=1 takes session alice's sender token, not the operator's token".to_owned()
+            ))
+        );
+        let token = secret().sign(Scope::Send, "alice", NOW + 60);
+        assert_eq!(verdict(&signed, &token, true), Ok(()));
+        assert_eq!(signed.operator_token(), Some("the-operators-token"));
+        // Without a join secret the operator's token is the only credential, takeovers too.
+        let open = SenderPolicy::new(None, operator, 120);
+        assert_eq!(verdict(&open, "the-operators-token", true), Ok(()));
+        for wrong in ["the-operators-tokeN", token.as_str()] {
+            assert_eq!(
+                verdict(&open, wrong, false),
+                Err((close::UNAUTHORIZED, "wrong token".to_owned())),
+                "{wrong}"
+            );
+        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! A broadcast: `/broadcast` on the TTS side (with `--janus`), with the header
-//! `Authorization: Bearer <token>`, opens a session whose speech goes to a Janus Streaming
-//! mountpoint (`janus`), decoded once for every listener Janus serves.
+//! `Authorization: Bearer <token>` (the operator's token), opens a session whose speech goes to
+//! a Janus Streaming mountpoint (`janus`), decoded once for every listener Janus serves.
 //!
 //! server → client: `{"type":"broadcast","id":…,"mountpoint":…,"janus":…,"listen":…}` (the
 //! session id, for `/codes?session=ID`; the mountpoint listeners watch; Janus's API as pages
@@ -33,7 +33,7 @@ async fn refuse(server: &Server, socket: Socket, peer: SocketAddr, code: u16, re
 }
 
 pub async fn serve(server: Arc<Server>, request: Request, socket: Socket, peer: SocketAddr) {
-    if let Some(reason) = access::bearer_refusal(&request, &server.token) {
+    if let Some(reason) = access::bearer_refusal(&request, server.senders.operator_token()) {
         return refuse(&server, socket, peer, close::UNAUTHORIZED, reason).await;
     }
     let Some(janus) = server.janus.clone() else {

@@ -19,7 +19,7 @@ pub fn default_model() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/release-tiny")
 }
 
-/// The environment variable that may hold the codes token (`--token-file` wins).
+/// The environment variable that may hold the operator's codes token (`--token-file` wins).
 pub const CODES_TOKEN_VARIABLE: &str = "QWENCODEC_CODES_TOKEN";
 
 /// Why the server must not start bound to `bind`, if it must not: on an address other hosts
@@ -39,9 +39,44 @@ pub fn open_bind_refusal(bind: SocketAddr, join_secret: bool, insecure_open: boo
     ))
 }
 
-/// Where the codes token came from.
+/// What the log says at start of the TTS side: where senders connect (`codes_url`) and with what
+/// credential: the session's sender token where a join secret signs them (`signed_senders`),
+/// and the operator's token, as shown (`operator`: a token given is shown by where it came from).
+/// And a warning where the TTS side shares the public listener (`shared_bind`: `--bind`, where no
+/// `--codes-bind` is given).
+pub fn codes_start_lines(
+    codes_url: &str,
+    shared_bind: Option<SocketAddr>,
+    signed_senders: bool,
+    operator: Option<&str>,
+) -> Vec<String> {
+    let credential = match (signed_senders, operator) {
+        (true, Some(operator)) => format!(
+            "<the session's sender token>\" (or \"Bearer {operator}\", the operator's token: any \
+             session, but no takeover=1)"
+        ),
+        (true, None) => "<the session's sender token>\" (no operator token)".to_owned(),
+        (false, Some(operator)) => format!("{operator}\""),
+        (false, None) => "\" (no credential takes it: give --token-file FILE)".to_owned(),
+    };
+    let mut lines = vec![format!(
+        "codes ingress: {codes_url} with the header \"Authorization: Bearer {credential}"
+    )];
+    if let Some(bind) = shared_bind {
+        lines.push(format!(
+            "warning: /codes and /broadcast share the public listener (--bind {bind}): whoever \
+             reaches the page may try senders' credentials there, and a flood of the public side \
+             holds senders up. Give --codes-bind ADDRESS:PORT on a private address (the TTS \
+             farm's network) to serve them there alone (docs/server.md, the TTS side apart)"
+        ));
+    }
+    lines
+}
+
+/// Where the operator's codes token came from.
 pub enum TokenSource {
-    /// Made at start: it is printed.
+    /// Made at start, where no join secret is given (senders then have no other credential): it
+    /// is printed.
     Made,
     /// Given by this option or variable: not printed (the log may go where the token must not).
     Given(&'static str),
@@ -63,8 +98,9 @@ pub struct Config {
     pub device: String,
     pub dtype: Dtype,
     pub chunk_frames: u32,
-    pub token: String,
-    pub token_source: TokenSource,
+    /// The operator's token (`/codes` for any session, `/broadcast`): None where a join secret
+    /// is given and no token, as senders then have tokens of their own.
+    pub token: Option<(String, TokenSource)>,
     pub join_secret: Option<JoinSecret>,
     /// `--join-secret-file`, for the log (else the secret came from the environment).
     pub join_secret_file: Option<String>,
@@ -111,6 +147,44 @@ pub struct TlsFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_start_says_where_senders_connect_and_warns_of_a_shared_listener() {
+        let bind: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        let url = "ws://0.0.0.0:8080/codes?session=ID";
+        let lines = codes_start_lines(url, Some(bind), false, Some("abc123"));
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(
+            lines[0],
+            "codes ingress: ws://0.0.0.0:8080/codes?session=ID with the header \"Authorization: \
+             Bearer abc123\""
+        );
+        assert!(
+            lines[1].starts_with(
+                "warning: /codes and /broadcast share the public listener (--bind 0.0.0.0:8080)"
+            ) && lines[1].contains("Give --codes-bind ADDRESS:PORT on a private address"),
+            "{}",
+            lines[1]
+        );
+        // On a listener of their own: no warning.
+        let apart = codes_start_lines("ws://10.0.0.5:8081/codes?session=ID", None, true, None);
+        assert_eq!(
+            apart,
+            [
+                "codes ingress: ws://10.0.0.5:8081/codes?session=ID with the header \"Authorization: \
+              Bearer <the session's sender token>\" (no operator token)"
+            ]
+        );
+        let both = codes_start_lines(url, None, true, Some("<the token of --token-file>"));
+        assert!(
+            both[0].ends_with(
+                "Bearer <the session's sender token>\" (or \"Bearer <the token of --token-file>\", \
+                 the operator's token: any session, but no takeover=1)"
+            ),
+            "{}",
+            both[0]
+        );
+    }
 
     #[test]
     fn a_server_others_reach_needs_a_join_secret_or_insecure_open() {

@@ -1,6 +1,7 @@
 //! How a browser on another host reaches a session: the addresses its host candidates are
 //! gathered on, a 1:1 NAT's public address announced for them, and the STUN and TURN servers
-//! that webrtcbin and the page both use.
+//! that webrtcbin and the page both use, with fixed TURN credentials or each session's own
+//! (`turn_rest`).
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -10,6 +11,8 @@ use serde_json::{Value, json};
 
 use qwencodec_common::Options;
 use qwencodec_common::webrtc::webrtcbin_on;
+
+use crate::turn_rest::{self, TurnSecret};
 
 /// The environment variable that may hold the TURN credentials, `username:password`.
 pub const TURN_CREDENTIALS_VARIABLE: &str = "QWENCODEC_TURN_CREDENTIALS";
@@ -44,7 +47,7 @@ impl IceServer {
         };
         if authority.contains('@') {
             return Err(format!(
-                "{url:?}: credentials go in --turn-credentials FILE or ${TURN_CREDENTIALS_VARIABLE}, not on the command line"
+                "{url:?}: credentials go in --turn-secret-file FILE or --turn-credentials FILE, not on the command line"
             ));
         }
         let port = authority
@@ -148,12 +151,18 @@ pub struct Ice {
     stun: Option<IceServer>,
     turn: Vec<IceServer>,
     turn_credentials: Option<Credentials>,
+    /// coturn's `static-auth-secret`: each session's page gets credentials of its own, expiring
+    /// with its join token, in place of `turn_credentials`.
+    turn_secret: Option<TurnSecret>,
+    /// Seconds the credentials of the server's own webrtcbin last, from its session's start.
+    turn_lifetime: u64,
 }
 
 impl Ice {
-    /// `--ice-address`, `--ice-interfaces`, `--public-address`, `--stun`, `--turn` and
-    /// `--turn-credentials` (or the environment's TURN credentials).
-    pub fn from_options(options: &mut Options) -> Result<Self, String> {
+    /// `--ice-address`, `--ice-interfaces`, `--public-address`, `--stun`, `--turn`, and
+    /// `--turn-secret-file` or `--turn-credentials` (or the environment's TURN secret or
+    /// credentials). `turn_lifetime`: seconds the server's own TURN REST credentials last.
+    pub fn from_options(options: &mut Options, turn_lifetime: u64) -> Result<Self, String> {
         let mut addresses: Vec<IpAddr> = options.take_list("--ice-address", &[])?;
         let interfaces: Vec<String> = options.take_list("--ice-interfaces", &[])?;
         if !interfaces.is_empty() {
@@ -169,11 +178,22 @@ impl Ice {
             .iter()
             .map(|url| IceServer::parse(url, &["turn", "turns"]))
             .collect::<Result<Vec<_>, _>>()?;
+        let secret_file = options.take("--turn-secret-file")?;
+        let turn_secret = TurnSecret::read(secret_file.as_deref().map(Path::new))?;
         let credentials_file = options.take("--turn-credentials")?;
-        let turn_credentials = Credentials::read(credentials_file.as_deref().map(Path::new))?;
-        if !turn.is_empty() && turn_credentials.is_none() {
+        let turn_credentials = match turn_secret {
+            // The environment's fixed credentials yield to a secret; the options do not.
+            Some(_) if credentials_file.is_some() => {
+                return Err("give --turn-secret-file or --turn-credentials, not both".into());
+            }
+            Some(_) => None,
+            None => Credentials::read(credentials_file.as_deref().map(Path::new))?,
+        };
+        if !turn.is_empty() && turn_credentials.is_none() && turn_secret.is_none() {
             return Err(format!(
-                "--turn needs credentials: --turn-credentials FILE or ${TURN_CREDENTIALS_VARIABLE}"
+                "--turn needs credentials: --turn-secret-file FILE or ${} (coturn's \
+                 use-auth-secret), or --turn-credentials FILE or ${TURN_CREDENTIALS_VARIABLE}",
+                turn_rest::SECRET_VARIABLE
             ));
         }
         Ok(Self {
@@ -182,7 +202,21 @@ impl Ice {
             stun,
             turn,
             turn_credentials,
+            turn_secret,
+            turn_lifetime,
         })
+    }
+
+    /// The TURN credentials of `who` until `expires` (Unix seconds): its own from the TURN
+    /// secret, or the fixed ones.
+    fn turn_credentials_of(&self, who: &str, expires: u64) -> Option<Credentials> {
+        match &self.turn_secret {
+            Some(secret) => {
+                let (username, password) = secret.credentials(who, expires);
+                Some(Credentials { username, password })
+            }
+            None => self.turn_credentials.clone(),
+        }
     }
 
     /// A 1:1 NAT's public address (`--public-address`), if one was given.
@@ -190,14 +224,19 @@ impl Ice {
         self.public_address
     }
 
-    /// A session's `webrtcbin`, gathering as these settings say.
+    /// A session's `webrtcbin`, gathering as these settings say (with a TURN secret, with REST
+    /// credentials of its own, `qwencodec-server`'s, that last `turn_lifetime` from now).
     pub fn webrtcbin(&self, name: &str) -> Result<gst::Element, String> {
         let webrtcbin = webrtcbin_on(name, &self.addresses)?;
         if let Some(stun) = &self.stun {
             webrtcbin.set_property("stun-server", stun.for_webrtcbin(None));
         }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::SystemTime::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
+        let credentials = self.turn_credentials_of(SERVER_TURN_USER, now.saturating_add(self.turn_lifetime));
         for turn in &self.turn {
-            let url = turn.for_webrtcbin(self.turn_credentials.as_ref());
+            let url = turn.for_webrtcbin(credentials.as_ref());
             if !webrtcbin.emit_by_name::<bool>("add-turn-server", &[&url]) {
                 return Err(format!(
                     "webrtcbin refused the TURN server {}",
@@ -208,15 +247,18 @@ impl Ice {
         Ok(webrtcbin)
     }
 
-    /// The page's `RTCPeerConnection` `iceServers`: the same STUN and TURN servers.
-    pub fn browser_servers(&self) -> Value {
+    /// The `RTCPeerConnection` `iceServers` of the page of `session`: the same STUN and TURN
+    /// servers, with TURN REST credentials that expire at `expires` (Unix seconds) where the
+    /// server has a TURN secret.
+    pub fn browser_servers(&self, session: &str, expires: u64) -> Value {
         let mut servers = Vec::new();
         if let Some(stun) = &self.stun {
             servers.push(json!({"urls": stun.for_browser()}));
         }
+        let credentials = self.turn_credentials_of(session, expires);
         for turn in &self.turn {
             let mut server = json!({"urls": turn.for_browser()});
-            if let Some(credentials) = &self.turn_credentials {
+            if let Some(credentials) = &credentials {
                 server["username"] = credentials.username.clone().into();
                 server["credential"] = credentials.password.clone().into();
             }
@@ -266,9 +308,15 @@ impl Ice {
         for turn in &self.turn {
             text += &format!("; TURN {}", turn.for_browser());
         }
+        if !self.turn.is_empty() && self.turn_secret.is_some() {
+            text += " (REST credentials: each page's own, expiring with its join token)";
+        }
         text
     }
 }
+
+/// Who the server's own webrtcbin is in its TURN REST username.
+const SERVER_TURN_USER: &str = "qwencodec-server";
 
 /// The addresses of the interfaces named (each must have one).
 fn interface_addresses(names: &[String]) -> Result<Vec<IpAddr>, String> {
@@ -307,7 +355,10 @@ mod tests {
     }
 
     fn from_args(args: &[&str]) -> Result<Ice, String> {
-        Ice::from_options(&mut Options::from_args(args.iter().map(|arg| arg.to_string())))
+        Ice::from_options(
+            &mut Options::from_args(args.iter().map(|arg| arg.to_string())),
+            120,
+        )
     }
 
     #[test]
@@ -347,7 +398,7 @@ mod tests {
             "{described}"
         );
         assert_eq!(
-            ice.browser_servers(),
+            ice.browser_servers("s", 1_800_000_060),
             json!([
                 {"urls": "stun:198.51.100.1:3478"},
                 {"urls": "turn:198.51.100.1:3478", "username": "user", "credential": "secret"},
@@ -358,6 +409,7 @@ mod tests {
 
         let err = from_args(&["--turn", "turn://198.51.100.1:3478"]).unwrap_err();
         assert!(err.starts_with("--turn needs credentials"), "{err}");
+        assert!(err.contains("--turn-secret-file"), "{err}");
         let plain = from_args(&[]).unwrap();
         assert!(plain.addresses.is_empty() && plain.turn.is_empty() && plain.public_address().is_none());
         assert_eq!(plain.describe(), "ICE host candidates on every interface");
@@ -366,9 +418,53 @@ mod tests {
     }
 
     #[test]
+    fn with_a_turn_secret_each_page_has_credentials_of_its_own_that_expire() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("turn-secret");
+        std::fs::write(&secret, "a TURN secret of the tests\n").unwrap();
+        let secret = secret.to_str().unwrap();
+        let ice = from_args(&[
+            "--turn",
+            "turn://198.51.100.1:3478?transport=tcp",
+            "--turn-secret-file",
+            secret,
+        ])
+        .unwrap();
+        assert_eq!(
+            ice.browser_servers("abc123", 1_800_000_060),
+            json!([{
+                "urls": "turn:198.51.100.1:3478?transport=tcp",
+                "username": "1800000060:abc123",
+                "credential": "VJVhD81zQHIVhAeccW3dVxwGOsQ=",
+            }])
+        );
+        let another = &ice.browser_servers("abc124", 1_800_000_060)[0];
+        assert_eq!(another["username"], "1800000060:abc124");
+        assert_ne!(another["credential"], "VJVhD81zQHIVhAeccW3dVxwGOsQ=");
+        assert!(
+            ice.describe()
+                .ends_with("(REST credentials: each page's own, expiring with its join token)")
+        );
+        gst::init().unwrap();
+        ice.webrtcbin("webrtc").expect("webrtcbin takes the TURN server");
+        let fixed = dir.path().join("turn-credentials");
+        std::fs::write(&fixed, "user:secret\n").unwrap();
+        let err = from_args(&[
+            "--turn",
+            "turn://198.51.100.1:3478",
+            "--turn-secret-file",
+            secret,
+            "--turn-credentials",
+            fixed.to_str().unwrap(),
+        ])
+        .unwrap_err();
+        assert_eq!(err, "give --turn-secret-file or --turn-credentials, not both");
+    }
+
+    #[test]
     fn bad_ice_server_urls_are_refused_with_the_reason() {
         let refusal = |url| IceServer::parse(url, &["turn", "turns"]).unwrap_err();
-        assert!(refusal("turn://user:secret@host:3478").contains("--turn-credentials"));
+        assert!(refusal("turn://user:secret@host:3478").contains("--turn-secret-file"));
         assert!(refusal("stun://host:3478").contains("scheme"));
         assert!(refusal("turn://host").contains("host:port"));
         assert!(refusal("turn://host:3478?transport=sctp").contains("transport"));

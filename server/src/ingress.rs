@@ -1,5 +1,6 @@
 //! The TTS side of a session: `/codes?session=ID`, with the header
-//! `Authorization: Bearer <token>`.
+//! `Authorization: Bearer <token>`: the session's sender token, or the operator's token
+//! (`access::SenderPolicy`).
 //!
 //! Binary messages are whole frames (S16LE codes, frame-major); the text message
 //! `{"type":"end"}` says the speech so far is complete (its last frames play at once, whatever
@@ -50,9 +51,6 @@ pub async fn serve(
     let server = &*server;
     let peer_address = peer;
     let peer = &peer.to_string();
-    if let Some(reason) = access::bearer_refusal(&request, &server.token) {
-        return refuse(server, socket, peer, close::UNAUTHORIZED, reason).await;
-    }
     let Some(id) = request.query("session") else {
         return refuse(
             server,
@@ -63,6 +61,18 @@ pub async fn serve(
         )
         .await;
     };
+    let takeover = match request.query("takeover") {
+        None | Some("0") => false,
+        Some("1") => true,
+        Some(other) => {
+            let reason = format!("takeover takes 1 or 0, not {other:?}");
+            return refuse(server, socket, peer, close::BAD_MESSAGE, reason).await;
+        }
+    };
+    // Before the session is looked up: whether a session exists is told only to its senders.
+    if let Err((code, reason)) = server.senders.admit(&request, id, takeover) {
+        return refuse(server, socket, peer, code, reason).await;
+    }
     let over_rtp = match request.query("transport") {
         None | Some("websocket") => false,
         Some("rtp") => true,
@@ -80,14 +90,6 @@ pub async fn serve(
             format!("no session {id}"),
         )
         .await;
-    };
-    let takeover = match request.query("takeover") {
-        None | Some("0") => false,
-        Some("1") => true,
-        Some(other) => {
-            let reason = format!("takeover takes 1 or 0, not {other:?}");
-            return refuse(server, socket, peer, close::BAD_MESSAGE, reason).await;
-        }
     };
     let ticket = if takeover {
         let (ticket, took_over) = session.take_over_sender();

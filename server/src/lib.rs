@@ -39,6 +39,7 @@ pub mod server;
 pub mod session;
 pub mod session_loop;
 pub mod signalling;
+pub mod turn_rest;
 
 pub use config::Config;
 pub use run::run;

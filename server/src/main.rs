@@ -49,7 +49,7 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
     [--drain-timeout 30]
     [--admission measured|off] [--admission-margin 0.2] [--cores N] [--ice-address ADDRESS,...] [--ice-interfaces NAME,...]
     [--public-address ADDRESS] [--stun stun://HOST:PORT] [--turn turn://HOST:PORT,...]
-    [--turn-credentials FILE] [--opus-bitrate BPS] [--opus-fec on|off] [--opus-dtx on|off]
+    [--turn-secret-file FILE | --turn-credentials FILE] [--opus-bitrate BPS] [--opus-fec on|off] [--opus-dtx on|off]
     [--janus http://HOST:PORT/janus] [--janus-public URL] [--janus-js FILE]
 
   --bind               address and port to serve on (127.0.0.1:8080); an address other hosts
@@ -61,19 +61,23 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
   --device             where to decode (auto: CUDA when there is a GPU)
   --dtype              precision of the decoder (f32)
   --chunk-frames       frames per decode step (1)
-  --token-file         a file holding the codes ingress's bearer token (else the environment's
-                       QWENCODEC_CODES_TOKEN; else one is made and printed; one given is not
-                       printed). No secret is taken on the command line: it shows in ps
+  --token-file         a file holding the operator's bearer token, which /codes takes for any
+                       session and /broadcast takes (else the environment's
+                       QWENCODEC_CODES_TOKEN; else, without a join secret, one is made and
+                       printed; with one, there is none). One given is not printed. No secret is
+                       taken on the command line: it shows in ps
   --join-secret-file   a file holding the join secret (else the environment's
                        QWENCODEC_JOIN_SECRET), 16 bytes or more: a browser joins with a token the
                        application's backend signed with it, which names the session
-                       (docs/server-protocol.md), and /signal needs an Origin; without one
-                       anyone may join (a demo), which a server bound to an address other hosts
-                       reach refuses to start for unless --insecure-open
+                       (docs/server-protocol.md), and /signal needs an Origin; a sender feeds the
+                       session with a sender token signed with it (and only with one takes it
+                       over, takeover=1); without one anyone may join (a demo), which a server
+                       bound to an address other hosts reach refuses to start for unless
+                       --insecure-open
   --insecure-open      (no value) start without a join secret on an address other hosts reach:
                        anyone who reaches it may join any session
-  --max-token-ttl      seconds: a join token expiring further ahead than this is refused (120);
-                       each token opens one session, once
+  --max-token-ttl      seconds: a join or sender token expiring further ahead than this is
+                       refused (120); each join token opens one session, once
   --allow-host         the hosts (HOST or HOST:PORT, comma-separated) a request may name in its
                        Host header, against DNS rebinding; others are answered 403 (any)
   --max-sessions-per-address
@@ -124,6 +128,11 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
   --stun               a STUN server (stun://HOST:PORT), for webrtcbin and the page
   --turn               TURN servers (turn://HOST:PORT, turn://HOST:PORT?transport=tcp,
                        turns://HOST:PORT), for webrtcbin and the page
+  --turn-secret-file   a file holding the secret the TURN servers check REST credentials with
+                       (coturn's use-auth-secret and static-auth-secret; else the environment's
+                       QWENCODEC_TURN_SECRET), 16 bytes or more: each page gets its own,
+                       username EXPIRY:SESSION, expiring with its join token (without join
+                       tokens, --max-token-ttl after the join), and the password coturn checks
   --turn-credentials   a file holding the TURN servers' username:password (else the environment's
                        QWENCODEC_TURN_CREDENTIALS); the page is given them too
   --opus-bitrate       the speech's Opus bitrate in bits a second (opusenc's default)
@@ -134,9 +143,9 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
                        in front of several servers to send /codes where the session is
   --drain-timeout      seconds a draining server (SIGTERM) waits for its sessions' speech to
                        play before it ends the sessions left (30)
-  --janus              Janus's HTTP API: /broadcast (TTS side, bearer token) opens a broadcast,
-                       a session whose speech goes as RTP to a mountpoint of Janus's Streaming
-                       plugin made for it, which Janus serves to every listener (none)
+  --janus              Janus's HTTP API: /broadcast (TTS side, the operator's token) opens a
+                       broadcast, a session whose speech goes as RTP to a mountpoint of Janus's
+                       Streaming plugin made for it, which Janus serves to every listener (none)
   --janus-public       Janus's HTTP API as listeners' pages reach it (--janus)
   --janus-js           janus.js, served as /janus.js to the page /broadcast.html
                        (/usr/share/javascript/janus-gateway/janus.js, Debian's
@@ -182,23 +191,25 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
         )
         .into());
     }
-    let variable = std::env::var(CODES_TOKEN_VARIABLE).ok();
-    let (token, token_source) = match (options.take("--token-file")?, variable) {
-        (Some(file), _) => {
-            let text = std::fs::read_to_string(&file).map_err(|err| format!("--token-file {file}: {err}"))?;
-            (text.trim().to_owned(), TokenSource::Given("--token-file"))
-        }
-        (None, Some(text)) => (
-            text.trim().to_owned(),
-            TokenSource::Given("$QWENCODEC_CODES_TOKEN"),
-        ),
-        (None, None) => (random::random_hex(16)?, TokenSource::Made),
-    };
-    if token.is_empty() {
-        return Err("the codes token must not be empty".into());
-    }
     let join_secret_file = options.take("--join-secret-file")?;
     let join_secret = token::JoinSecret::read(join_secret_file.as_deref().map(Path::new))?;
+    let variable = std::env::var(CODES_TOKEN_VARIABLE).ok();
+    let token = match (options.take("--token-file")?, variable) {
+        (Some(file), _) => {
+            let text = std::fs::read_to_string(&file).map_err(|err| format!("--token-file {file}: {err}"))?;
+            Some((text.trim().to_owned(), TokenSource::Given("--token-file")))
+        }
+        (None, Some(text)) => Some((
+            text.trim().to_owned(),
+            TokenSource::Given("$QWENCODEC_CODES_TOKEN"),
+        )),
+        // Senders have tokens of their own: an operator's token is only where one is asked for.
+        (None, None) if join_secret.is_some() => None,
+        (None, None) => Some((random::random_hex(16)?, TokenSource::Made)),
+    };
+    if token.as_ref().is_some_and(|(token, _)| token.is_empty()) {
+        return Err("the codes token must not be empty".into());
+    }
     let max_token_ttl: u64 = options.take_parsed("--max-token-ttl", 120)?;
     if max_token_ttl == 0 {
         return Err("--max-token-ttl must be 1 or above".into());
@@ -235,7 +246,7 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
     };
     let margin_floor: f64 = options.take_parsed("--admission-margin", admission::DEFAULT_MARGIN_FLOOR)?;
     let cores: Option<usize> = options.take_optional("--cores")?;
-    let ice = ice::Ice::from_options(&mut options)?;
+    let ice = ice::Ice::from_options(&mut options, max_token_ttl)?;
     let opus = opus::OpusSettings::from_options(&mut options)?;
     let janus_api = options.take("--janus")?;
     let janus_public = options.take("--janus-public")?;
@@ -248,6 +259,13 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
         return Err("--instance takes letters and digits".into());
     }
     options.finish()?;
+    if janus_api.is_some() && token.is_none() {
+        return Err(format!(
+            "--janus: /broadcast takes the operator's token, and with a join secret none is made: \
+             give --token-file FILE or ${CODES_TOKEN_VARIABLE}"
+        )
+        .into());
+    }
     if let Some(why) = open_bind_refusal(bind, join_secret.is_some(), insecure_open) {
         return Err(why.into());
     }
@@ -273,7 +291,6 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
         dtype,
         chunk_frames,
         token,
-        token_source,
         join_secret,
         join_secret_file,
         max_token_ttl,

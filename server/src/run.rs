@@ -10,7 +10,7 @@ use gstqwencodec::model::{CheckpointFiles, DecoderConfig, Model, parse_device};
 use qwencodec_common::webrtc;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-use crate::config::{Admission, Config, TokenSource};
+use crate::config::{Admission, Config, TokenSource, codes_start_lines};
 use crate::connections::Connections;
 use crate::listen::{self, Tls};
 use crate::log::log;
@@ -31,7 +31,6 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         dtype,
         chunk_frames,
         token,
-        token_source,
         join_secret,
         join_secret_file,
         max_token_ttl,
@@ -155,6 +154,8 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         Some(codes_listener) => (codes_listener.local_addr()?, "ws"),
         None => (address, ws),
     };
+    let join_secret = join_secret.map(Arc::new);
+    let signed_senders = join_secret.is_some();
     let joins_described = match &join_secret {
         Some(_) => format!(
             "a join token signed with the join secret ({}), expiring within {max_token_ttl} s, \
@@ -184,7 +185,11 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
             },
             max_sessions,
         ),
-        token,
+        senders: access::SenderPolicy::new(
+            join_secret.clone(),
+            token.as_ref().map(|(token, _)| token.clone()),
+            max_token_ttl,
+        ),
         max_message_bytes,
         idle_timeout,
         peer_times,
@@ -199,7 +204,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         public_address: ice.public_address(),
         metrics,
         rtp_format,
-        browser_ice_servers: ice.browser_servers(),
+        ice: ice.clone(),
         janus,
         janus_js,
         monitoring_apart: metrics_listener.is_some(),
@@ -215,13 +220,15 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
     log!("{}", ice.describe());
     log!("{}", opus.describe());
     // A token given is not printed: the log may go where the token must not.
-    let bearer = match token_source {
+    let operator = token.map(|(token, source)| match source {
         TokenSource::Given(source) => format!("<the token of {source}>"),
-        TokenSource::Made => server.token.clone(),
-    };
-    log!(
-        "codes ingress: {codes_ws}://{codes_address}/codes?session=ID with the header \"Authorization: Bearer {bearer}\""
-    );
+        TokenSource::Made => token,
+    });
+    let codes_url = format!("{codes_ws}://{codes_address}/codes?session=ID");
+    let shared_bind = codes_listener.is_none().then_some(address);
+    for line in codes_start_lines(&codes_url, shared_bind, signed_senders, operator.as_deref()) {
+        log!("{line}");
+    }
     log!(
         "joins: {joins_described}; at most {max_sessions_per_address} sessions and {max_joins_per_minute} joins a minute per client (0: no cap)"
     );

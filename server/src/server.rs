@@ -7,12 +7,13 @@ use std::time::Duration;
 use crate::connections::Connections;
 use crate::metrics::Metrics;
 use crate::session::Sessions;
-use crate::{access, janus, liveness, rtp_ingress};
+use crate::{access, ice, janus, liveness, rtp_ingress};
 
 /// What every connection handler needs.
 pub struct Server {
     pub sessions: Sessions,
-    pub token: String,
+    /// Who may feed a session (`/codes`), and the operator's token (`/broadcast`).
+    pub senders: access::SenderPolicy,
     pub max_message_bytes: usize,
     /// How long a new connection may stay silent before it is closed (its request head too).
     pub idle_timeout: Duration,
@@ -29,8 +30,8 @@ pub struct Server {
     pub metrics: Arc<Metrics>,
     /// What a sender's codes over RTP are (`/codes?...&transport=rtp`).
     pub rtp_format: rtp_ingress::RtpFormat,
-    /// The STUN and TURN servers the page's peer connection is given (`RTCIceServer`s).
-    pub browser_ice_servers: serde_json::Value,
+    /// The STUN and TURN servers each page's peer connection is given (`RTCIceServer`s).
+    pub ice: Arc<ice::Ice>,
     /// Where broadcasts go (`--janus`), if anywhere.
     pub janus: Option<Arc<janus::Janus>>,
     /// janus.js for the broadcast listener page (`--janus-js`), if it was found.

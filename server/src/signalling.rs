@@ -125,7 +125,8 @@ pub async fn serve(server: Arc<Server>, mut socket: Socket, peer: SocketAddr) {
         endpoint: "/signal",
         role: "browser",
     };
-    let first = json!({"type": "session", "id": id, "iceServers": server.browser_ice_servers});
+    let ice_servers = server.ice.browser_servers(&id, join.expires);
+    let first = json!({"type": "session", "id": id, "iceServers": ice_servers});
     let mut candidates = 0;
     let ending = connection
         .serve(&session, outgoing, &first, |received| {

@@ -1,5 +1,5 @@
 //! Who may listen, and who may speak: join tokens that the application's backend signs and that
-//! name the session, the Origin a token needs, the Host allow-list, each client's caps on
+//! name the session, sender tokens that feed it alone, the Origin a token needs, the Host allow-list, each client's caps on
 //! sessions and joins, the RTP codes port that takes its sender's packets alone, the codes
 //! listener apart from the public one, and the secrets kept out of the log. In the test's own
 //! network namespace; one test with Chromium, the others with plain sockets.
@@ -23,7 +23,16 @@ const SECRET: &str = "the join secret of the access tests";
 
 /// A join token as docs/server-protocol.md's backend makes one, with `secret`.
 fn join_token(secret: &str, session: &str, expires: u64) -> String {
-    let signed = format!("{session}.{expires}");
+    signed_token(secret, format!("{session}.{expires}"))
+}
+
+/// A sender token as docs/server-protocol.md's backend makes one, with `secret`.
+fn sender_token(secret: &str, session: &str, expires: u64) -> String {
+    signed_token(secret, format!("sender.{session}.{expires}"))
+}
+
+/// `signed` and its signature with `secret`.
+fn signed_token(secret: &str, signed: String) -> String {
     let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
     mac.update(signed.as_bytes());
     let signature: String = mac
@@ -188,6 +197,12 @@ fn join_tokens_decide_who_joins_and_name_the_session() {
             4401,
             "--max-token-ttl",
         ),
+        (
+            "a sender token",
+            Some(sender_token(SECRET, "listener-1", now + 60)),
+            4401,
+            "a sender token: a browser joins with a listener's join token",
+        ),
     ];
     for (what, token, code, reason) in refusals {
         assert_refused(what, &mut join(&server, origin, token.as_deref()), code, reason);
@@ -218,6 +233,23 @@ fn join_tokens_decide_who_joins_and_name_the_session() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // The operator's token feeds any session, but takes none over where senders have tokens:
+    // the session's sender token does, and the sender it replaces is told.
+    let takeover = "/codes?session=listener-1&takeover=1";
+    assert_refused(
+        "a takeover with the operator's token",
+        &mut server.connect(takeover, Some(codes_token)),
+        4401,
+        "takeover=1 takes session listener-1's sender token, not the operator's token",
+    );
+    let own = sender_token(SECRET, "listener-1", now + 60);
+    let _taken_over_by = server.connect(takeover, Some(&own));
+    assert_refused(
+        "the sender taken over",
+        &mut sender,
+        4490,
+        "another sender took session listener-1 over",
+    );
     // A token opens one session, once.
     assert_refused(
         "a token used already",
@@ -262,6 +294,123 @@ fn join_tokens_decide_who_joins_and_name_the_session() {
     }
     let announced = log_line(&server, |line| line.contains("codes ingress:"));
     assert!(announced.contains("<the token of --token-file>"), "{announced}");
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn a_sender_token_feeds_its_own_session_alone() {
+    if !server::in_own_network("access::a_sender_token_feeds_its_own_session_alone") {
+        return;
+    }
+    let folder = tempfile::tempdir().unwrap();
+    let secret = secret_file(folder.path(), "join-secret", SECRET);
+    // No operator token: with a join secret none is made, and senders have their own alone.
+    let server = Server::start_without_operator_token(&["--join-secret-file", secret.to_str().unwrap()]);
+    let announced = log_line(&server, |line| line.contains("codes ingress:"));
+    assert!(
+        announced.ends_with("\"Authorization: Bearer <the session's sender token>\" (no operator token)"),
+        "{announced}"
+    );
+    // No --codes-bind: the start says the TTS side shares the public listener, and how not to.
+    let warned = log_line(&server, |line| {
+        line.contains("warning: /codes and /broadcast share")
+    });
+    assert!(warned.contains("--codes-bind ADDRESS:PORT"), "{warned}");
+    let own = format!("http://{}", server.address);
+    let now = unix_now();
+    let mut alice = join(&server, Some(&own), Some(&join_token(SECRET, "alice", now + 60)));
+    assert_eq!(alice.receive_json()["id"], "alice");
+    let mut bob = join(&server, Some(&own), Some(&join_token(SECRET, "bob", now + 60)));
+    assert_eq!(bob.receive_json()["id"], "bob");
+
+    let refusals = [
+        (
+            "a listener's join token",
+            "alice",
+            join_token(SECRET, "alice", now + 60),
+            4401,
+            "a listener's join token: a sender needs a sender token",
+        ),
+        (
+            "alice's sender token for bob",
+            "bob",
+            sender_token(SECRET, "alice", now + 60),
+            4403,
+            "the sender token is for another session than bob",
+        ),
+        (
+            "an expired sender token",
+            "alice",
+            sender_token(SECRET, "alice", now - 5),
+            4401,
+            "the sender token expired",
+        ),
+        (
+            "a sender token another secret signed",
+            "alice",
+            sender_token("another secret, guessed wrong", "alice", now + 60),
+            4401,
+            "the sender token's signature is wrong",
+        ),
+        (
+            "the tests' operator token, which this server does not have",
+            "alice",
+            TOKEN.to_owned(),
+            4401,
+            "malformed sender token",
+        ),
+    ];
+    for (what, session, token, code, reason) in refusals {
+        let mut sender = server.connect(&format!("/codes?session={session}"), Some(&token));
+        assert_refused(what, &mut sender, code, reason);
+    }
+    // Refused before the session is looked up: a session that does not exist is not told.
+    let mut sender = server.connect(
+        "/codes?session=carol",
+        Some(&sender_token(SECRET, "alice", now + 60)),
+    );
+    assert_refused(
+        "a guess at a session",
+        &mut sender,
+        4403,
+        "another session than carol",
+    );
+
+    // Its own token feeds alice, whose browser is told; bob hears of no sender.
+    let mut sender = server.connect(
+        "/codes?session=alice",
+        Some(&sender_token(SECRET, "alice", now + 60)),
+    );
+    // After the offer and the server's candidates.
+    let told = (0..100)
+        .map(|_| alice.receive_json())
+        .find(|message| message["type"] == "sender");
+    assert_eq!(
+        told,
+        Some(serde_json::json!({"type": "sender", "state": "joined"}))
+    );
+    let speech = Speech::load();
+    for index in 0..3 {
+        sender.send_binary(speech.frame(index));
+    }
+    let started = Instant::now();
+    while sample(&server.get("/metrics").1, "qwencodec_frames_in_total") < 3.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the sender's frames did not arrive"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(server.status(), (2, 2));
+    // No token is in the log.
+    std::thread::sleep(Duration::from_millis(300));
+    let signature = sender_token(SECRET, "alice", now + 60);
+    let signature = signature.rsplit_once('.').unwrap().1;
+    assert!(
+        !server.await_log(|line| line.contains(signature), Duration::ZERO),
+        "a sender token's signature is in the log"
+    );
+    drop(bob);
 }
 
 #[test]
@@ -431,6 +580,10 @@ fn senders_have_a_listener_and_connections_of_their_own() {
         "2",
     ]);
     let announced = log_line(&server, |line| line.contains("codes ingress: ws://"));
+    assert!(
+        !server.await_log(|line| line.contains("warning: /codes"), Duration::ZERO),
+        "a warning of a shared listener where the TTS side has its own"
+    );
     let codes_address = announced
         .split("ws://")
         .nth(1)
@@ -703,6 +856,16 @@ fn a_server_others_reach_does_not_start_open_and_takes_no_secret_on_its_command_
         stderr.contains("--bind 0.0.0.0:0 is reachable from other hosts")
             && stderr.contains("head -c 32 /dev/urandom")
             && stderr.contains("--insecure-open"),
+        "{stderr}"
+    );
+    // With a join secret no operator token is made, and broadcasts need one.
+    let (exited, stderr) = exit_of(
+        &["--janus", "http://127.0.0.1:1/janus", "--device", "cpu"],
+        &[("QWENCODEC_JOIN_SECRET", SECRET)],
+    );
+    assert_eq!(exited, Some(false), "--janus without an operator token: {stderr}");
+    assert!(
+        stderr.contains("--janus: /broadcast takes the operator's token"),
         "{stderr}"
     );
     let (exited, stderr) = exit_of(&["--token", "a-codes-token", "--device", "cpu"], &[]);

@@ -96,16 +96,36 @@ impl ServerHost {
     /// Debian's coturn on the server's host, on 3478 (UDP and TCP), its one user
     /// `TURN_USERNAME:TURN_PASSWORD`, relaying from the server's address.
     pub fn start_turn(&self, scratch: &Path) -> Daemon {
+        self.start_coturn(
+            scratch,
+            &[
+                "--lt-cred-mech",
+                &format!("--user={TURN_USERNAME}:{TURN_PASSWORD}"),
+            ],
+        )
+    }
+
+    /// As [`ServerHost::start_turn`], taking TURN REST credentials made with `secret` (coturn's
+    /// `use-auth-secret`: the username `<expiry>:<who>`, refused past its expiry) in place of a
+    /// user.
+    pub fn start_turn_rest(&self, scratch: &Path, secret: &str) -> Daemon {
+        self.start_coturn(
+            scratch,
+            &["--use-auth-secret", &format!("--static-auth-secret={secret}")],
+        )
+    }
+
+    /// coturn as [`ServerHost::start_turn`] says, its users as `auth` says.
+    fn start_coturn(&self, scratch: &Path, auth: &[&str]) -> Daemon {
         let process = self
             .command("turnserver")
+            .args(auth)
             .args([
                 &format!("--listening-ip={SERVER_ADDRESS}"),
                 &format!("--relay-ip={SERVER_ADDRESS}"),
                 &format!("--listening-port={TURN_PORT}"),
                 "--min-port=49152",
                 "--max-port=49407",
-                "--lt-cred-mech",
-                &format!("--user={TURN_USERNAME}:{TURN_PASSWORD}"),
                 "--realm=qwencodec.test",
                 "--no-tls",
                 "--no-dtls",

@@ -3,8 +3,9 @@
 //! address on the link, the sender connects there too, and the ICE candidates are the server's
 //! real interface's, not loopback's.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use hmac::{Hmac, Mac};
 use serde_json::Value;
 
 use super::network::{
@@ -126,6 +127,121 @@ fn a_listener_behind_a_firewall_hears_its_speech_through_turn() {
     let pair = hear_across_the_link(&server, FRAMES, true).pair;
     assert_eq!(pair["local"]["type"], "relay", "{pair}");
     assert_eq!(pair["local"]["relayProtocol"], "tcp", "{pair}");
+}
+
+/// The secret the TURN REST test's coturn shares with the server.
+const TURN_SECRET: &str = "the TURN secret of the remote tests";
+/// Seconds a page's TURN REST credentials last in that test (its --max-token-ttl).
+const TURN_LIFETIME: u64 = 30;
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// What the page's TURN servers give a peer connection of its own that gathers relay candidates
+/// alone: the candidates' types and the errors' codes (`icecandidateerror`, 401 where the TURN
+/// server refused the credentials).
+fn relay_gathered(browser: &Browser) -> Value {
+    browser.run(
+        "const pc = new RTCPeerConnection({iceServers: speech.pc.getConfiguration().iceServers,
+                                           iceTransportPolicy: 'relay'});
+         const candidates = [];
+         const errors = [];
+         pc.onicecandidate = (event) => {
+           if (event.candidate && event.candidate.candidate) candidates.push(event.candidate.type);
+         };
+         pc.onicecandidateerror = (event) => errors.push(event.errorCode);
+         pc.createDataChannel('probe');
+         await pc.setLocalDescription(await pc.createOffer());
+         await new Promise((resolve) => {
+           const done = () => { if (pc.iceGatheringState === 'complete') resolve(); };
+           pc.onicegatheringstatechange = done;
+           setTimeout(resolve, 10000);
+           done();
+         });
+         pc.close();
+         return {candidates, errors};",
+    )
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn a_listener_relays_through_turn_with_credentials_of_its_own_that_expire() {
+    if !server::in_own_network(
+        "remote::a_listener_relays_through_turn_with_credentials_of_its_own_that_expire",
+    ) {
+        return;
+    }
+    let host = ServerHost::start();
+    let scratch = tempfile::tempdir().unwrap();
+    let _turn = host.start_turn_rest(scratch.path(), TURN_SECRET);
+    let secret = scratch.path().join("turn-secret");
+    std::fs::write(&secret, format!("{TURN_SECRET}\n")).unwrap();
+    let turn_url = format!("turn://{SERVER_ADDRESS}:{TURN_PORT}?transport=tcp");
+    let server = Server::start_on(
+        &host,
+        &[
+            "--chunk-frames",
+            "1",
+            "--turn",
+            &turn_url,
+            "--turn-secret-file",
+            secret.to_str().unwrap(),
+            "--max-token-ttl",
+            &TURN_LIFETIME.to_string(),
+        ],
+    );
+    let port: u16 = server.address.rsplit_once(':').unwrap().1.parse().unwrap();
+    network::block_all_but_tcp_to(&[port, TURN_PORT]);
+    let before_join = unix_now();
+    let heard = hear_across_the_link(&server, FRAMES, true);
+    assert_eq!(heard.pair["local"]["type"], "relay", "{}", heard.pair);
+    assert_eq!(heard.pair["local"]["relayProtocol"], "tcp", "{}", heard.pair);
+
+    // The page's credentials are its session's own: `<expiry>:<session>`, the password coturn's
+    // HMAC of it, expiring --max-token-ttl after the join.
+    let browser = &heard.browser;
+    let servers = browser.run("return speech.pc.getConfiguration().iceServers;");
+    let turn = &servers[0];
+    let session = browser.run("return speech.session;");
+    let username = turn["username"].as_str().unwrap();
+    let (expiry, who) = username.split_once(':').unwrap();
+    assert_eq!(Some(who), session.as_str(), "{servers}");
+    let expires: u64 = expiry.parse().unwrap();
+    assert!(
+        (before_join..=unix_now()).contains(&(expires - TURN_LIFETIME)),
+        "{username}: not {TURN_LIFETIME} s after the join"
+    );
+    let mut mac = Hmac::<sha1::Sha1>::new_from_slice(TURN_SECRET.as_bytes()).unwrap();
+    mac.update(username.as_bytes());
+    let password = data_encoding::BASE64.encode(&mac.finalize().into_bytes());
+    assert_eq!(turn["credential"], password.as_str(), "{servers}");
+
+    // coturn relays with them until they expire, and refuses them (401) after.
+    let gathered = relay_gathered(browser);
+    println!(
+        "{} s before the expiry: {gathered}",
+        expires.saturating_sub(unix_now())
+    );
+    assert_eq!(
+        gathered["candidates"][0], "relay",
+        "before the expiry: {gathered}"
+    );
+    while unix_now() <= expires + 1 {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let gathered = relay_gathered(browser);
+    println!("past the expiry: {gathered}");
+    assert_eq!(
+        gathered["candidates"],
+        serde_json::json!([]),
+        "past the expiry: {gathered}"
+    );
+    let errors = gathered["errors"].as_array().unwrap();
+    assert!(errors.contains(&401.into()), "past the expiry: {gathered}");
 }
 
 #[test]

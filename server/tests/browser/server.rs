@@ -129,10 +129,23 @@ impl Server {
         Self::launch(command, options)
     }
 
+    /// As [`Server::start`], without the tests' operator token: with a join secret, senders then
+    /// have tokens of their own alone.
+    pub fn start_without_operator_token(options: &[&str]) -> Self {
+        let mut command = Command::new(SERVER);
+        command.args(["--bind", "127.0.0.1:0", "--ice-address", "127.0.0.1"]);
+        command.args(["--admission", "off"]);
+        command.env_remove("QWENCODEC_CODES_TOKEN");
+        Self::launch(command, options)
+    }
+
     fn launch(mut command: Command, options: &[&str]) -> Self {
         // A test that gives the token in a file gives no other; secrets go in the environment
         // or files, never on the command line.
-        if !options.contains(&"--token-file") {
+        let token_removed = command
+            .get_envs()
+            .any(|(name, value)| name == "QWENCODEC_CODES_TOKEN" && value.is_none());
+        if !options.contains(&"--token-file") && !token_removed {
             command.env("QWENCODEC_CODES_TOKEN", TOKEN);
         }
         let mut process = command
