@@ -58,6 +58,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         opus,
         janus_api,
         janus_public,
+        janus_secrets,
         janus_js: janus_js_path,
         tls,
     } = config;
@@ -67,7 +68,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         .transpose()?;
     let ice = Arc::new(ice);
     let janus = janus_api
-        .map(|api| janus::Janus::new(&api, janus_public, opus.fec))
+        .map(|api| janus::Janus::new(&api, janus_public, opus.fec, janus_secrets, instance.as_deref()))
         .transpose()?;
     // Read once: the page needs it only where broadcasts go out.
     let janus_js = match &janus {
@@ -242,6 +243,13 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         );
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    if let Some(janus) = &server.janus {
+        log!("Janus: {}", janus.describe());
+        match runtime.block_on(janus.destroy_leftovers()) {
+            Ok(destroyed) => log!("Janus: {destroyed} mountpoints an earlier run left destroyed"),
+            Err(err) => log!("Janus: no cleanup of earlier runs' mountpoints: {err}"),
+        }
+    }
     // Before the line that says the server is up: from then on a signal drains it.
     let signals = {
         let _entered = runtime.enter();

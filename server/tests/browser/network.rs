@@ -127,11 +127,17 @@ impl ServerHost {
 
 /// Janus's HTTP API port on the server's host.
 pub const JANUS_PORT: u16 = 8088;
+/// Janus secured as docs/server.md has it: its `api_secret`, the Streaming plugin's
+/// `admin_key`, and `token_auth_secret` for listeners' tokens.
+pub const JANUS_API_SECRET: &str = "janus-api-secret";
+pub const JANUS_ADMIN_KEY: &str = "janus-admin-key";
+pub const JANUS_TOKEN_SECRET: &str = "janus-token-secret";
 
 impl ServerHost {
     /// Debian's Janus on the server's host with a configuration written to `scratch`: its
     /// Streaming plugin alone, its HTTP API on `JANUS_PORT` of the server's address, ICE on the
-    /// link alone. Its log goes to `scratch/janus.log`.
+    /// link alone, secured with `JANUS_API_SECRET`, signed tokens (`JANUS_TOKEN_SECRET`) and
+    /// the Streaming plugin's `JANUS_ADMIN_KEY`. Its log goes to `scratch/janus.log`.
     pub fn start_janus(&self, scratch: &Path) -> Daemon {
         let modules = std::fs::read_dir("/usr/lib")
             .unwrap()
@@ -156,7 +162,9 @@ impl ServerHost {
             "janus.jcfg",
             format!(
                 "general: {{ configs_folder = \"{}\" plugins_folder = \"{}\" transports_folder = \"{}\"
-                   events_folder = \"{}\" loggers_folder = \"{}\" debug_level = 4 }}
+                   events_folder = \"{}\" loggers_folder = \"{}\" debug_level = 4
+                   api_secret = \"{JANUS_API_SECRET}\" token_auth = true
+                   token_auth_secret = \"{JANUS_TOKEN_SECRET}\" }}
                  media: {{ rtp_port_range = \"20000-20999\" }}
                  nat: {{ ice_enforce_list = \"{SERVER_LINK}\" }}
                  plugins: {{ disable = \"{}\" }}
@@ -180,7 +188,10 @@ impl ServerHost {
                  admin: {{ admin_http = false }}"
             ),
         );
-        write("janus.plugin.streaming.jcfg", "general: { }".into());
+        write(
+            "janus.plugin.streaming.jcfg",
+            format!("general: {{ admin_key = \"{JANUS_ADMIN_KEY}\" }}"),
+        );
         // Janus binds its API to the link's address, which it finds only once the link has its
         // carrier (a moment after both ends are up).
         let started = Instant::now();
