@@ -52,6 +52,7 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
     [--turn-credentials FILE] [--opus-bitrate BPS] [--opus-fec on|off] [--opus-dtx on|off]
     [--janus http://HOST:PORT/janus] [--janus-public URL] [--janus-js FILE]
     [--janus-api-secret-file FILE] [--janus-admin-key-file FILE] [--janus-token-secret-file FILE]
+    [--trusted-proxy ADDRESS,...]
 
   --bind               address and port to serve on (127.0.0.1:8080); an address other hosts
                        reach needs a join secret, or --insecure-open
@@ -153,6 +154,9 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
                        a file holding Janus's token_auth_secret (else
                        QWENCODEC_JANUS_TOKEN_SECRET): each broadcast's listener page gets a
                        token for the Streaming plugin, valid 12 hours
+  --trusted-proxy      proxies (addresses, comma-separated) whose X-Forwarded-For names the
+                       client: its address counts in the per-address caps and the log (the
+                       right-most not itself a trusted proxy); anyone else's is ignored (none)
 
 SIGTERM or SIGINT: the server drains. It takes no new session (a new /signal is answered 503, a
 join 4503, /status says \"draining\": a router sends joins to another server), and ends each
@@ -259,6 +263,7 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
             .as_deref()
             .map(Path::new),
     )?;
+    let trusted_proxies: Vec<std::net::IpAddr> = options.take_list("--trusted-proxy", &[])?;
     let janus_js = options
         .take("--janus-js")?
         .unwrap_or_else(|| DEBIAN_JANUS_JS.into());
@@ -321,6 +326,7 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
         janus_api,
         janus_public,
         janus_secrets,
+        trusted_proxies,
         janus_js,
         tls,
     }))

@@ -11,7 +11,7 @@ use qwencodec_common::webrtc;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::config::{Admission, Config, TokenSource};
-use crate::connections::Connections;
+use crate::connections::{Connections, TrustedProxies};
 use crate::listen::{self, Tls};
 use crate::log::log;
 use crate::metrics::Metrics;
@@ -59,6 +59,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         janus_api,
         janus_public,
         janus_secrets,
+        trusted_proxies,
         janus_js: janus_js_path,
         tls,
     } = config;
@@ -205,6 +206,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         janus_js,
         monitoring_apart: metrics_listener.is_some(),
         connections: Connections::new(max_connections, max_connections_per_address),
+        trusted_proxies: TrustedProxies::new(&trusted_proxies),
     });
     log!(
         "model {} on {device} ({dtype}), chunk-frames {chunk_frames}, at most {max_sessions} sessions",
@@ -214,6 +216,12 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         log!("{note}");
     }
     log!("{}", ice.describe());
+    if !server.trusted_proxies.is_empty() {
+        log!(
+            "clients behind the trusted proxies {}: their X-Forwarded-For names the client (--trusted-proxy)",
+            server.trusted_proxies
+        );
+    }
     log!("{}", opus.describe());
     // A token given is not printed: the log may go where the token must not.
     let bearer = match token_source {

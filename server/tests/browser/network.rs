@@ -237,6 +237,8 @@ impl ServerHost {
 
 /// The TLS proxy's port on the server's host.
 pub const TLS_PORT: u16 = 8443;
+/// The plain HTTP proxy's port on the server's host.
+pub const PROXY_PORT: u16 = 8480;
 
 /// A self-signed certificate for the server's address and its key, in PEM files in `scratch`
 /// (the browser is started with `--ignore-certificate-errors`).
@@ -299,6 +301,59 @@ impl ServerHost {
         await_listening(TLS_PORT, "nginx");
         (proxy, format!("https://{SERVER_ADDRESS}:{TLS_PORT}/"))
     }
+}
+
+impl ServerHost {
+    /// Debian's nginx on the server's host, passing every request on `PROXY_PORT` to the server
+    /// at `backend` with docs/server.md's `location` block (`X-Forwarded-For` included).
+    pub fn start_proxy(&self, scratch: &Path, backend: &str) -> Daemon {
+        let scratch_text = scratch.display();
+        let config = format!(
+            "daemon off;
+             master_process off;
+             pid {scratch_text}/nginx.pid;
+             error_log stderr;
+             events {{}}
+             http {{
+               access_log off;
+               client_body_temp_path {scratch_text}/body;
+               proxy_temp_path {scratch_text}/proxy;
+               fastcgi_temp_path {scratch_text}/fastcgi;
+               uwsgi_temp_path {scratch_text}/uwsgi;
+               scgi_temp_path {scratch_text}/scgi;
+               server {{
+                 listen {SERVER_ADDRESS}:{PROXY_PORT};
+                 location / {{
+                   proxy_pass http://{backend};
+                   proxy_http_version 1.1;
+                   proxy_set_header Upgrade $http_upgrade;
+                   proxy_set_header Connection \"upgrade\";
+                   proxy_set_header Host $http_host;
+                   proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+                   proxy_read_timeout 3600s;
+                 }}
+               }}
+             }}"
+        );
+        let config_file = scratch.join("nginx-proxy.conf");
+        std::fs::write(&config_file, config).unwrap();
+        let process = self
+            .command("nginx")
+            .arg("-c")
+            .arg(&config_file)
+            .arg("-p")
+            .arg(scratch)
+            .spawn()
+            .expect("nginx (Debian's nginx-light) does not run: run tools/setup.sh");
+        let proxy = Daemon(process);
+        await_listening(PROXY_PORT, "nginx");
+        proxy
+    }
+}
+
+/// One more address on the listener's end of the link: a second client on the listener's host.
+pub fn add_listener_address(address: &str) {
+    run(Command::new("ip").args(["addr", "add", &format!("{address}/24"), "dev", LISTENER_LINK]));
 }
 
 impl Drop for ServerHost {
