@@ -3,6 +3,7 @@
 //! listener's host, are two clients to the per-address caps; without `--trusted-proxy` they are
 //! one, the proxy's. A header from anyone but the trusted proxy names no one.
 
+use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::Duration;
 
@@ -12,15 +13,39 @@ use super::server::{self, Client, Server};
 /// A second address of the listener's host: a second client.
 const SECOND_CLIENT: &str = "198.51.100.3";
 
-/// A WebSocket to `/signal` at `address` from the listener's host's `local` address, with these
-/// request headers.
-fn signal_from(local: &str, address: &str, headers: &[(&str, &str)]) -> Client {
+/// A TCP connection to `address` from the listener's host's `local` address.
+fn connect_from(local: &str, address: &str) -> TcpStream {
     let remote: SocketAddr = address.parse().unwrap();
     let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     let local: IpAddr = local.parse().unwrap();
     socket.bind(&SocketAddr::new(local, 0).into()).unwrap();
     socket.connect(&remote.into()).unwrap();
-    server::connect_over(TcpStream::from(socket), address, "/signal", headers)
+    TcpStream::from(socket)
+}
+
+/// A WebSocket to `/signal` at `address` from the listener's host's `local` address, with these
+/// request headers.
+fn signal_from(local: &str, address: &str, headers: &[(&str, &str)]) -> Client {
+    server::connect_over(connect_from(local, address), address, "/signal", headers)
+}
+
+/// A GET of `/status` at `address` from `local`, with this header line if any: the status line
+/// and the body.
+fn status_from(local: &str, address: &str, header: &str) -> (String, String) {
+    let mut stream = connect_from(local, address);
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        stream,
+        "GET /status HTTP/1.1\r\nHost: {address}\r\n{header}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    (
+        head.lines().next().unwrap_or_default().to_owned(),
+        body.to_owned(),
+    )
 }
 
 /// Joins a session on `client`: its id.
@@ -98,4 +123,40 @@ fn clients_behind_a_trusted_proxy_are_capped_each_at_their_own_address() {
             format!("{SERVER_ADDRESS} has its most sessions (1)").as_str()
         )
     );
+    drop((first, second, _nginx));
+    drop(proxied);
+
+    // The connection cap: a trusted proxy's connection counts against its client's once the
+    // request names it. The second address is a trusted proxy too here, to send a header of
+    // its own straight to the server.
+    let mut options = vec!["--max-connections-per-address", "1", "--trusted-proxy"];
+    let trusted = format!("{SERVER_ADDRESS},{SECOND_CLIENT}");
+    options.push(&trusted);
+    let capped = Server::start_on(&host, &options);
+    let _nginx = host.start_proxy(scratch.path(), &capped.address);
+    let held = signal_from(listener, &proxy, &[]);
+    let (status, body) = status_from(listener, &proxy, "");
+    assert_eq!(
+        (status.as_str(), body.as_str()),
+        (
+            "HTTP/1.1 503 Service Unavailable",
+            format!("{listener} has its most connections (1)\n").as_str()
+        ),
+        "the first client's second connection through the proxy"
+    );
+    let (status, _) = status_from(SECOND_CLIENT, &proxy, "");
+    assert_eq!(status, "HTTP/1.1 200 OK", "another client through the proxy");
+    let (status, body) = status_from(SECOND_CLIENT, &capped.address, "X-Forwarded-For: unknown\r\n");
+    assert_eq!(
+        (status.as_str(), body.trim_end()),
+        (
+            "HTTP/1.1 400 Bad Request",
+            format!(
+                "X-Forwarded-For from the trusted proxy {SECOND_CLIENT} names \"unknown\", not an address"
+            )
+            .as_str()
+        ),
+        "a trusted proxy's header that names no address"
+    );
+    drop(held);
 }
