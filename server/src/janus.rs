@@ -96,10 +96,9 @@ fn read_secret(file: Option<&Path>, variable: &str) -> Result<Option<String>, St
 /// A Janus server's HTTP API (`http://host:port/janus`), and what listeners are told of it.
 pub struct Janus {
     api: String,
-    /// Where the mountpoints' RTP goes: the API's host.
-    rtp_host: String,
-    /// The address Janus takes the RTP on (`iface`): the API's host, resolved at start.
-    iface: IpAddr,
+    /// Where the mountpoints' RTP goes, and the one address Janus takes it on (`iface`): the
+    /// API's host, resolved at start (the server and Janus then agree on it).
+    rtp_address: IpAddr,
     secrets: Secrets,
     /// What this server's mountpoints are described as.
     description: String,
@@ -147,7 +146,7 @@ impl Janus {
             .map(|host| host.trim_start_matches('[').trim_end_matches(']').to_owned())
             .filter(|host| !host.is_empty())
             .ok_or_else(|| format!("--janus takes http://HOST:PORT/PATH, not {api:?}"))?;
-        let iface = match rtp_host.parse::<IpAddr>() {
+        let rtp_address = match rtp_host.parse::<IpAddr>() {
             Ok(address) => address,
             Err(_) => (rtp_host.as_str(), 0)
                 .to_socket_addrs()
@@ -162,8 +161,7 @@ impl Janus {
         };
         Ok(Arc::new(Self {
             api: api.trim_end_matches('/').to_owned(),
-            rtp_host,
-            iface,
+            rtp_address,
             secrets,
             description,
             public: public.unwrap_or_else(|| api.to_owned()),
@@ -191,7 +189,7 @@ impl Janus {
                 Some(_) => "with tokens it signs",
                 None => "without tokens",
             },
-            self.iface
+            self.rtp_address
         )
     }
 
@@ -199,7 +197,7 @@ impl Janus {
     pub async fn create_mountpoint(self: &Arc<Self>) -> Result<Mountpoint, String> {
         let mut audio = json!({
             "type": "audio", "mid": "a", "port": 0, "pt": OPUS_PT, "codec": "opus",
-            "iface": self.iface.to_string(),
+            "iface": self.rtp_address.to_string(),
         });
         if self.fec {
             audio["fmtp"] = json!("useinbandfec=1");
@@ -230,7 +228,7 @@ impl Janus {
             (Some(made), Some(port)) if made == id => Ok(Mountpoint {
                 id,
                 secret,
-                host: self.rtp_host.clone(),
+                host: self.rtp_address.to_string(),
                 port,
                 janus: self.clone(),
             }),
@@ -443,14 +441,25 @@ mod tests {
 
     #[test]
     fn the_rtp_goes_to_the_apis_host() {
-        let host = |api: &str| {
-            Janus::new(api, None, true, Secrets::default(), None).map(|janus| janus.rtp_host.clone())
-        };
-        assert_eq!(host("http://198.51.100.1:8088/janus").unwrap(), "198.51.100.1");
-        assert_eq!(host("http://localhost/janus").unwrap(), "localhost");
-        assert_eq!(host("http://[2001:db8::1]:8088/janus").unwrap(), "2001:db8::1");
+        let host =
+            |api: &str| Janus::new(api, None, true, Secrets::default(), None).map(|janus| janus.rtp_address);
+        let address = |text: &str| text.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            host("http://198.51.100.1:8088/janus").unwrap(),
+            address("198.51.100.1")
+        );
+        assert!(host("http://localhost/janus").unwrap().is_loopback());
+        assert_eq!(
+            host("http://[2001:db8::1]:8088/janus").unwrap(),
+            address("2001:db8::1")
+        );
         assert!(host("https://janus.example/janus").is_err());
         assert!(host("http:///janus").is_err());
+        let unknown = host("http://no-such-host.invalid:8088/janus").err().unwrap();
+        assert_eq!(
+            unknown,
+            "--janus http://no-such-host.invalid:8088/janus: no-such-host.invalid has no address"
+        );
     }
 
     /// The token's form is Janus's `janus_auth_check_signature_contains`'s; the figures are
@@ -481,7 +490,7 @@ mod tests {
             ..Secrets::default()
         };
         let janus = Janus::new("http://198.51.100.1:8088/janus", None, true, secrets, Some("a")).unwrap();
-        assert_eq!(janus.iface, IpAddr::from([198, 51, 100, 1]));
+        assert_eq!(janus.rtp_address, IpAddr::from([198, 51, 100, 1]));
         assert_eq!(janus.description, "qwencodec broadcast a");
         let path = janus.listen_path(7).unwrap();
         let (query, token) = path.split_once("#token=").unwrap();
@@ -498,7 +507,7 @@ mod tests {
             None,
         )
         .unwrap();
-        assert!(localhost.iface.is_loopback(), "{}", localhost.iface);
+        assert!(localhost.rtp_address.is_loopback(), "{}", localhost.rtp_address);
         assert!(
             !localhost.listen_path(7).unwrap().contains('#'),
             "no token secret, no token"
