@@ -488,13 +488,18 @@ class ServerProcess:
             # Every peer here is one client (127.0.0.1): no cap per client on its sessions and joins.
             "--max-sessions-per-address", "0", "--max-joins-per-minute", "0",
         ]  # fmt: skip
+        janus_secrets = {}
         if options.janus_api:
             command += ["--janus", options.janus_api]
+            janus_secrets = {
+                "QWENCODEC_JANUS_API_SECRET": JANUS_API_SECRET,
+                "QWENCODEC_JANUS_ADMIN_KEY": JANUS_ADMIN_KEY,
+            }
         # The server's threads as it chooses them: the environment passes through (docs/element.md, "Threads").
         # The codes token in the environment: the server takes no secret on its command line.
         proc = await asyncio.create_subprocess_exec(
             *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            env={**os.environ, "QWENCODEC_CODES_TOKEN": token},
+            env={**os.environ, "QWENCODEC_CODES_TOKEN": token, **janus_secrets},
         )
         server = cls(proc.pid)
         server.proc = proc
@@ -956,6 +961,10 @@ def print_progress(line: str):
 # speech is decoded once by the server and copied to every listener by Janus.
 
 JANUS_PLUGIN = "janus.plugin.streaming"
+# Janus secured as docs/server.md has it, its secrets made for this run: its API secret, which
+# every call here and the server's carry, and the Streaming plugin's admin key, the server's.
+JANUS_API_SECRET = secrets.token_hex(16)
+JANUS_ADMIN_KEY = secrets.token_hex(16)
 JANUS_KEEPALIVE_S = 25.0  # Janus ends a session that is silent for 60 s (session_timeout)
 
 
@@ -981,7 +990,7 @@ async def http_json(url: str, body: dict | None = None, timeout: float = 40.0) -
 
 async def janus_call(url: str, message: dict) -> dict:
     """One request to Janus's API; its answer, or SessionFailed with Janus's error."""
-    answer = await http_json(url, {**message, "transaction": secrets.token_hex(6)})
+    answer = await http_json(url, {**message, "transaction": secrets.token_hex(6), "apisecret": JANUS_API_SECRET})
     if answer.get("janus") not in ("success", "ack"):
         raise SessionFailed(f"Janus at {url}: {answer.get('error', answer)}")
     return answer
@@ -991,7 +1000,9 @@ async def janus_offer(api: str, janus_session: int) -> dict:
     """Long-polls the Janus session's events until the Streaming plugin's answer to watch: its
     JSEP offer (or SessionFailed with the plugin's error)."""
     while True:
-        event = await http_json(f"{api}/{janus_session}?maxev=1&rid={secrets.token_hex(4)}")
+        event = await http_json(
+            f"{api}/{janus_session}?maxev=1&rid={secrets.token_hex(4)}&apisecret={JANUS_API_SECRET}"
+        )
         events = event if isinstance(event, list) else [event]
         for e in events:
             data = e.get("plugindata", {}).get("data", {})
@@ -1158,7 +1169,8 @@ def interface_address(interface: str) -> str:
 
 class JanusProcess:
     """Debian's Janus, started with a config of its own: the Streaming plugin and the HTTP
-    transport alone, its API on 127.0.0.1, ICE on one interface (--janus-ice-interface)."""
+    transport alone, its API on 127.0.0.1 with JANUS_API_SECRET, the plugin's admin key
+    JANUS_ADMIN_KEY, ICE on one interface (--janus-ice-interface)."""
 
     def __init__(self, proc, folder: Path, api: str):
         self.proc, self.folder, self.api = proc, folder, api
@@ -1182,7 +1194,7 @@ class JanusProcess:
         (folder / "janus.jcfg").write_text(
             f'general: {{ configs_folder = "{folder}" plugins_folder = "{modules}/plugins" '
             f'transports_folder = "{modules}/transports" events_folder = "{modules}/events" '
-            f'loggers_folder = "{modules}/loggers" debug_level = 3 }}\n'
+            f'loggers_folder = "{modules}/loggers" debug_level = 3 api_secret = "{JANUS_API_SECRET}" }}\n'
             f'media: {{ rtp_port_range = "{options.janus_rtp_ports}" }}\n'
             f'nat: {{ ice_enforce_list = "{options.janus_ice_interface}" }}\n'
             f'plugins: {{ disable = "{others("plugins", "libjanus_streaming.so")}" }}\n'
@@ -1194,7 +1206,7 @@ class JanusProcess:
             f'general: {{ base_path = "/janus" http = true port = {port} ip = "127.0.0.1" https = false }}\n'
             "admin: { admin_http = false }\n"
         )
-        (folder / "janus.plugin.streaming.jcfg").write_text("general: { }\n")
+        (folder / "janus.plugin.streaming.jcfg").write_text(f'general: {{ admin_key = "{JANUS_ADMIN_KEY}" }}\n')
         log = open(folder / "janus.log", "w")
         proc = await asyncio.create_subprocess_exec(
             options.janus_binary, "--configs-folder", str(folder), "--disable-colors", stdout=log, stderr=log

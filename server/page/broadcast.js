@@ -1,6 +1,7 @@
 // A listener of a broadcast: Janus's janus.js watches the Streaming mountpoint the page's URL
-// names (?mountpoint=ID&janus=URL) and answers Janus's offer; meter.js plays and measures what
-// it hears. The server is not in this path: Janus serves every listener.
+// names (?mountpoint=ID&janus=URL, and #token=TOKEN where Janus takes tokens) and answers
+// Janus's offer; meter.js plays and measures what it hears. The server is not in this path:
+// Janus serves every listener.
 "use strict";
 
 // janus.js asks adapter.js which browser it runs in; Chromium's answers are what it needs.
@@ -11,6 +12,10 @@ function listen() {
   const query = new URLSearchParams(location.search);
   const mountpoint = Number(query.get("mountpoint"));
   const server = query.get("janus");
+  // A token for Janus's Streaming plugin where Janus takes tokens, in the fragment (which no
+  // request carries), taken out of the address bar and the history.
+  const token = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (location.hash) history.replaceState(null, "", location.pathname + location.search);
   speech.session = `mountpoint ${mountpoint}`;
   show("connecting to Janus");
   Janus.init({
@@ -19,6 +24,7 @@ function listen() {
     callback: () => {
       const janus = new Janus({
         server,
+        token,
         success: () => watch(janus, mountpoint),
         error: (error) => show(`Janus: ${error}`),
       });

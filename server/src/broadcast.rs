@@ -43,10 +43,7 @@ pub async fn serve(server: Arc<Server>, request: Request, socket: Socket, peer: 
     // The mountpoint first: a session whose listeners have nowhere to go is no broadcast. It is
     // destroyed with the session, or here if the session does not open. The pipeline's start
     // is waited on in the blocking pool.
-    let mountpoint = match janus
-        .create_mountpoint(&format!("qwencodec broadcast from {peer}"))
-        .await
-    {
+    let mountpoint = match janus.create_mountpoint().await {
         Ok(mountpoint) => mountpoint,
         Err(err) => {
             let reason = format!("no Janus mountpoint: {err}");
@@ -54,6 +51,10 @@ pub async fn serve(server: Arc<Server>, request: Request, socket: Socket, peer: 
         }
     };
     let mountpoint_id = mountpoint.id;
+    let listen = match janus.listen_path(mountpoint_id) {
+        Ok(listen) => listen,
+        Err(err) => return refuse(&server, socket, peer, close::SERVER_ERROR, err).await,
+    };
     let (to_client, outgoing) = tokio::sync::mpsc::unbounded_channel();
     let opened = tokio::task::spawn_blocking({
         let server = server.clone();
@@ -70,10 +71,6 @@ pub async fn serve(server: Arc<Server>, request: Request, socket: Socket, peer: 
     log!(
         "session {id}: a broadcast from {peer} to Janus mountpoint {mountpoint_id} ({} sessions)",
         server.sessions.count()
-    );
-    let listen = format!(
-        "/broadcast.html?mountpoint={mountpoint_id}&janus={}",
-        form_urlencoded::byte_serialize(janus.public.as_bytes()).collect::<String>()
     );
     let announced = json!({
         "type": "broadcast",

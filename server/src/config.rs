@@ -132,6 +132,10 @@ pub struct Config {
     pub opus: OpusSettings,
     pub janus_api: Option<String>,
     pub janus_public: Option<String>,
+    /// Janus's API secret, the Streaming plugin's admin key, its token secret (`--janus-*-file`).
+    pub janus_secrets: crate::janus::Secrets,
+    /// `--trusted-proxy`: the proxies whose `X-Forwarded-For` names the client.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
     /// janus.js's file, read when broadcasts go to Janus.
     pub janus_js: String,
     /// `--tls-cert` and `--tls-key`: `--bind` serves https and wss.

@@ -5,11 +5,13 @@
 //! SIGTERM or SIGINT).
 //!
 //! A client is its IPv4 address, or its IPv6 address's /64: one host or subscriber is given a
-//! whole /64, and could otherwise take a new address from it for every connection.
+//! whole /64, and could otherwise take a new address from it for every connection. Behind a
+//! proxy the operator names (`--trusted-proxy`), a client is the address the proxy says it
+//! forwards for (`X-Forwarded-For`); anyone else's header is ignored.
 
 use std::collections::HashMap;
 use std::fmt;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -36,6 +38,80 @@ impl fmt::Display for Client {
             IpAddr::V6(v6) => write!(f, "{v6}/64"),
         }
     }
+}
+
+/// The proxies whose `X-Forwarded-For` names the client (`--trusted-proxy`).
+#[derive(Debug, Default, Clone)]
+pub struct TrustedProxies(Vec<IpAddr>);
+
+impl fmt::Display for TrustedProxies {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let listed: Vec<String> = self.0.iter().map(IpAddr::to_string).collect();
+        f.write_str(&listed.join(", "))
+    }
+}
+
+/// The most entries of `X-Forwarded-For` read, right to left: a chain of proxies is short.
+const MOST_FORWARDED: usize = 32;
+
+impl TrustedProxies {
+    pub fn new(addresses: &[IpAddr]) -> Self {
+        Self(addresses.iter().map(IpAddr::to_canonical).collect())
+    }
+
+    pub fn trusts(&self, address: IpAddr) -> bool {
+        self.0.contains(&address.to_canonical())
+    }
+
+    /// The client a request from the trusted proxy `peer` comes for: of the addresses its
+    /// `X-Forwarded-For` headers list (`forwarded`, in order), the right-most that is not itself
+    /// a trusted proxy (each proxy appends the address it was reached from, and only those to
+    /// its right are trusted to have told the truth); the left-most where all are, and `peer`
+    /// where there are none (the proxy's own request). An entry that is no address is refused:
+    /// the proxy is misconfigured.
+    pub fn client<'a>(
+        &self,
+        peer: IpAddr,
+        forwarded: impl IntoIterator<Item = &'a str>,
+    ) -> Result<IpAddr, String> {
+        let entries: Vec<&str> = forwarded
+            .into_iter()
+            .flat_map(|header| header.split(','))
+            .map(str::trim)
+            .collect();
+        let mut client = peer;
+        for entry in entries.iter().rev().take(MOST_FORWARDED) {
+            client = forwarded_address(entry).ok_or_else(|| {
+                let shown: String = entry.chars().take(64).collect();
+                format!("X-Forwarded-For from the trusted proxy {peer} names {shown:?}, not an address")
+            })?;
+            if !self.trusts(client) {
+                break;
+            }
+        }
+        Ok(client)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// An `X-Forwarded-For` entry's address: `192.0.2.1`, `2001:db8::1`, or either with a port
+/// (`192.0.2.1:5000`, `[2001:db8::1]:5000`), or an IPv6 address in brackets.
+fn forwarded_address(entry: &str) -> Option<IpAddr> {
+    entry
+        .parse::<IpAddr>()
+        .ok()
+        .or_else(|| entry.parse::<SocketAddr>().ok().map(|address| address.ip()))
+        .or_else(|| {
+            entry
+                .strip_prefix('[')
+                .and_then(|rest| rest.strip_suffix(']'))
+                .and_then(|inner| inner.parse::<Ipv6Addr>().ok())
+                .map(IpAddr::V6)
+        })
+        .map(|address| address.to_canonical())
 }
 
 /// How many of something each client holds.
@@ -77,10 +153,11 @@ struct Open {
     by_client: PerClient,
 }
 
-/// An admitted connection; counted until dropped.
+/// An admitted connection; counted until dropped. A trusted proxy's counts against its client's
+/// cap once its request names the client ([`Admitted::forwarded_for`]).
 pub struct Admitted {
     connections: Arc<Connections>,
-    client: Client,
+    client: Mutex<Option<Client>>,
 }
 
 impl Connections {
@@ -94,27 +171,31 @@ impl Connections {
         })
     }
 
-    /// Counts a new connection from `address`, or says why it is refused.
-    pub fn admit(self: &Arc<Self>, address: IpAddr) -> Result<Admitted, String> {
+    /// Counts a new connection from `address`, or says why it is refused. A trusted proxy's
+    /// (`proxy`) counts in all alone until its request names its client.
+    pub fn admit(self: &Arc<Self>, address: IpAddr, proxy: bool) -> Result<Admitted, String> {
         if self.stopping.load(Ordering::SeqCst) {
             return Err("the server is shutting down".into());
         }
-        let client = Client::of(address);
+        let client = (!proxy).then(|| Client::of(address));
         let mut open = self.open.lock().unwrap();
         if open.all >= self.max {
             return Err(format!("the server has its most connections ({})", self.max));
         }
-        if !open.by_client.add(client, self.max_per_client) {
-            return Err(format!(
-                "{client} has its most connections ({})",
-                self.max_per_client
-            ));
+        if let Some(client) = client
+            && !open.by_client.add(client, self.max_per_client)
+        {
+            return Err(self.client_refusal(client));
         }
         open.all += 1;
         Ok(Admitted {
             connections: self.clone(),
-            client,
+            client: Mutex::new(client),
         })
+    }
+
+    fn client_refusal(&self, client: Client) -> String {
+        format!("{client} has its most connections ({})", self.max_per_client)
     }
 
     /// Takes no new connection from now on.
@@ -133,11 +214,37 @@ impl Connections {
     }
 }
 
+impl Admitted {
+    /// Counts a trusted proxy's connection against the cap of the client it forwards for
+    /// (`address`), or says why it is refused; once.
+    pub fn forwarded_for(&self, address: IpAddr) -> Result<(), String> {
+        let mut counted = self.client.lock().unwrap();
+        if counted.is_some() {
+            return Ok(());
+        }
+        let client = Client::of(address);
+        let connections = &self.connections;
+        if !connections
+            .open
+            .lock()
+            .unwrap()
+            .by_client
+            .add(client, connections.max_per_client)
+        {
+            return Err(connections.client_refusal(client));
+        }
+        *counted = Some(client);
+        Ok(())
+    }
+}
+
 impl Drop for Admitted {
     fn drop(&mut self) {
         let mut open = self.connections.open.lock().unwrap();
         open.all -= 1;
-        open.by_client.remove(self.client);
+        if let Some(client) = *self.client.lock().unwrap() {
+            open.by_client.remove(client);
+        }
         self.connections.closed.notify_all();
     }
 }
@@ -273,20 +380,20 @@ mod tests {
     #[test]
     fn connections_are_capped_per_64_and_in_all_and_given_back_when_dropped() {
         let connections = Connections::new(3, 2);
-        let first = connections.admit(address("2001:db8::1")).unwrap();
-        let _second = connections.admit(address("2001:db8::ffff:2")).unwrap();
-        let refused = connections.admit(address("2001:db8::3")).err().unwrap();
+        let first = connections.admit(address("2001:db8::1"), false).unwrap();
+        let _second = connections.admit(address("2001:db8::ffff:2"), false).unwrap();
+        let refused = connections.admit(address("2001:db8::3"), false).err().unwrap();
         assert_eq!(refused, "2001:db8::/64 has its most connections (2)");
-        let _elsewhere = connections.admit(address("2001:db8:0:1::1")).unwrap();
-        let refused = connections.admit(address("192.0.2.1")).err().unwrap();
+        let _elsewhere = connections.admit(address("2001:db8:0:1::1"), false).unwrap();
+        let refused = connections.admit(address("192.0.2.1"), false).err().unwrap();
         assert_eq!(refused, "the server has its most connections (3)");
         drop(first);
-        let _again = connections.admit(address("2001:db8::4")).unwrap();
+        let _again = connections.admit(address("2001:db8::4"), false).unwrap();
         assert_eq!(connections.wait_for_all(Duration::ZERO), 3);
         connections.stop();
         assert!(
             connections
-                .admit(address("192.0.2.1"))
+                .admit(address("192.0.2.1"), false)
                 .err()
                 .unwrap()
                 .contains("shutting down")
@@ -296,12 +403,12 @@ mod tests {
     #[test]
     fn a_client_that_gave_a_connection_back_is_still_held_to_its_most() {
         let connections = Connections::new(10, 2);
-        let first = connections.admit(address("192.0.2.1")).unwrap();
-        let _second = connections.admit(address("192.0.2.1")).unwrap();
+        let first = connections.admit(address("192.0.2.1"), false).unwrap();
+        let _second = connections.admit(address("192.0.2.1"), false).unwrap();
         drop(first);
-        let _third = connections.admit(address("192.0.2.1")).unwrap();
+        let _third = connections.admit(address("192.0.2.1"), false).unwrap();
         assert_eq!(
-            connections.admit(address("192.0.2.1")).err().unwrap(),
+            connections.admit(address("192.0.2.1"), false).err().unwrap(),
             "192.0.2.1 has its most connections (2)"
         );
     }
@@ -312,7 +419,7 @@ mod tests {
     #[test]
     fn the_drain_waits_for_the_last_connection_to_end() {
         let connections = Connections::new(10, 10);
-        let last = connections.admit(address("192.0.2.1")).unwrap();
+        let last = connections.admit(address("192.0.2.1"), false).unwrap();
         let ending = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(100));
             drop(last);
@@ -391,5 +498,62 @@ mod tests {
         rate.join(busy, later).unwrap();
         rate.join(busy, later).unwrap();
         assert!(rate.join(busy, later).is_err(), "a full table lets no one off");
+    }
+
+    #[test]
+    fn a_trusted_proxys_header_names_the_right_most_address_not_a_trusted_proxy() {
+        let proxies = TrustedProxies::new(&[address("198.51.100.1"), address("2001:db8::9")]);
+        let proxy = address("198.51.100.1");
+        let client = |headers: &[&str]| proxies.client(proxy, headers.iter().copied());
+        assert_eq!(client(&["203.0.113.7"]), Ok(address("203.0.113.7")));
+        // What the client wrote itself is left of what the proxy appended.
+        assert_eq!(client(&["192.0.2.66, 203.0.113.7"]), Ok(address("203.0.113.7")));
+        // A chain of trusted proxies; headers on several lines read as one list.
+        assert_eq!(
+            client(&["192.0.2.66, 203.0.113.7", "[2001:db8::9]:4000, 198.51.100.1"]),
+            Ok(address("203.0.113.7"))
+        );
+        assert_eq!(
+            client(&["2001:db8::9, 198.51.100.1"]),
+            Ok(address("2001:db8::9")),
+            "all trusted: the left-most"
+        );
+        assert_eq!(client(&[]), Ok(proxy), "no header: the proxy's own request");
+        assert_eq!(client(&["203.0.113.7:5000"]), Ok(address("203.0.113.7")));
+        assert_eq!(client(&["[2001:db8::1]"]), Ok(address("2001:db8::1")));
+        assert_eq!(client(&["::ffff:203.0.113.7"]), Ok(address("203.0.113.7")));
+        let refused = client(&["203.0.113.7, unknown"]).unwrap_err();
+        assert_eq!(
+            refused,
+            "X-Forwarded-For from the trusted proxy 198.51.100.1 names \"unknown\", not an address"
+        );
+        assert!(client(&["192.0.2.1, ,"]).is_err(), "an empty entry");
+        assert!(proxies.trusts(address("::ffff:198.51.100.1")));
+        assert!(!proxies.trusts(address("198.51.100.2")));
+    }
+
+    #[test]
+    fn a_trusted_proxys_connections_count_against_the_clients_they_forward_for() {
+        let connections = Connections::new(10, 1);
+        let proxy = address("198.51.100.1");
+        let first = connections.admit(proxy, true).unwrap();
+        let second = connections.admit(proxy, true).unwrap();
+        first.forwarded_for(address("203.0.113.7")).unwrap();
+        assert_eq!(
+            second.forwarded_for(address("203.0.113.7")).unwrap_err(),
+            "203.0.113.7 has its most connections (1)"
+        );
+        second.forwarded_for(address("203.0.113.8")).unwrap();
+        // An untrusted peer is its own client, whatever it forwards.
+        let direct = connections.admit(address("203.0.113.8"), false);
+        assert_eq!(direct.err().unwrap(), "203.0.113.8 has its most connections (1)");
+        drop(first);
+        let third = connections.admit(proxy, true).unwrap();
+        third.forwarded_for(address("203.0.113.7")).unwrap();
+        assert_eq!(
+            connections.wait_for_all(Duration::ZERO),
+            2,
+            "the second and the third"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! How a browser on another host reaches a session: the addresses its host candidates are
 //! gathered on, a 1:1 NAT's public address announced for them, and the STUN and TURN servers
 //! that webrtcbin and the page both use, with fixed TURN credentials or each session's own
-//! (`turn_rest`).
+//! (`turn_rest`); and which of a browser's candidates webrtcbin is given.
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -318,6 +318,78 @@ impl Ice {
 /// Who the server's own webrtcbin is in its TURN REST username.
 const SERVER_TURN_USER: &str = "qwencodec-server";
 
+/// What a browser's candidate names as its address: webrtcbin resolves a host name it is given,
+/// so that a peer could have the server look up, and then send connectivity checks to, any
+/// name it chooses.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CandidateAddress {
+    /// An IP address: given to webrtcbin.
+    Ip,
+    /// An mDNS name (`….local`), as browsers hide their host addresses: dropped, not resolved.
+    /// Such a name is for the browser's own network, which a server is seldom on; the browser's
+    /// connectivity checks reach the server anyway, which learns the address they come from (a
+    /// peer-reflexive candidate).
+    Mdns,
+    /// Any other host name: refused (no browser sends one).
+    HostName,
+}
+
+/// The address kind of `candidate`, an ICE candidate attribute already checked
+/// (`qwencodec_protocol::messages::check_ice_candidate`): its fifth field.
+pub fn candidate_address(candidate: &str) -> CandidateAddress {
+    let address = candidate.split(' ').nth(4).unwrap_or_default();
+    if address.parse::<IpAddr>().is_ok() {
+        return CandidateAddress::Ip;
+    }
+    let name = address.strip_suffix('.').unwrap_or(address);
+    let local =
+        name.len() > ".local".len() && name[name.len() - ".local".len()..].eq_ignore_ascii_case(".local");
+    if local {
+        CandidateAddress::Mdns
+    } else {
+        CandidateAddress::HostName
+    }
+}
+
+/// An SDP answer's candidates (`a=candidate:` lines), already checked: the SDP without the mDNS
+/// ones, how many candidates it held, and how many of them were mDNS and dropped; or why it is
+/// refused (a candidate naming another host name).
+pub fn answer_candidates(sdp: &str) -> Result<(String, usize, usize), String> {
+    let (mut kept, mut candidates, mut dropped) = (String::with_capacity(sdp.len()), 0, 0);
+    for line in sdp.split_inclusive('\n') {
+        let attribute = line.trim_end_matches(['\r', '\n']);
+        if let Some(candidate) = attribute.strip_prefix("a=")
+            && candidate.starts_with("candidate:")
+        {
+            candidates += 1;
+            match candidate_address(candidate) {
+                CandidateAddress::Ip => (),
+                CandidateAddress::Mdns => {
+                    dropped += 1;
+                    continue;
+                }
+                CandidateAddress::HostName => return Err(host_name_refusal(candidate)),
+            }
+        }
+        kept.push_str(line);
+    }
+    Ok((kept, candidates, dropped))
+}
+
+/// Why a candidate naming a host name (not `.local`) is refused.
+pub fn host_name_refusal(candidate: &str) -> String {
+    let name: String = candidate
+        .split(' ')
+        .nth(4)
+        .unwrap_or_default()
+        .chars()
+        .take(64)
+        .collect();
+    format!(
+        "an ICE candidate names the host {name:?}: the server resolves no name but .local ones, and those it drops"
+    )
+}
+
 /// The addresses of the interfaces named (each must have one).
 fn interface_addresses(names: &[String]) -> Result<Vec<IpAddr>, String> {
     let interfaces = if_addrs::get_if_addrs().map_err(|err| format!("cannot list the interfaces: {err}"))?;
@@ -492,5 +564,59 @@ mod tests {
         ] {
             assert_eq!(ice.announced(kept), kept);
         }
+    }
+
+    #[test]
+    fn candidates_naming_mdns_names_are_dropped_and_other_host_names_refused() {
+        let with =
+            |address: &str| format!("candidate:1 1 udp 2113937151 {address} 54400 typ host generation 0");
+        assert_eq!(candidate_address(&with("198.51.100.2")), CandidateAddress::Ip);
+        assert_eq!(candidate_address(&with("2001:db8::2")), CandidateAddress::Ip);
+        for mdns in [
+            "0b7b8c56-5f2e-4f58-9a4c-4b0b3c1f8a2e.local",
+            "host.LOCAL",
+            "host.local.",
+        ] {
+            assert_eq!(candidate_address(&with(mdns)), CandidateAddress::Mdns, "{mdns}");
+        }
+        for name in [
+            "metadata.google.internal",
+            "localhost",
+            "local",
+            ".local",
+            "evil.local.example.org",
+        ] {
+            assert_eq!(
+                candidate_address(&with(name)),
+                CandidateAddress::HostName,
+                "{name}"
+            );
+        }
+        assert_eq!(
+            host_name_refusal(&with("localhost")),
+            "an ICE candidate names the host \"localhost\": the server resolves no name but .local ones, and those it drops"
+        );
+    }
+
+    #[test]
+    fn an_answers_candidates_are_counted_and_its_mdns_ones_left_out() {
+        let sdp = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 96\r\n\
+                   a=candidate:1 1 udp 2113937151 198.51.100.2 54400 typ host\r\n\
+                   a=candidate:2 1 udp 2113937151 4f1c.local 54401 typ host\r\n\
+                   a=candidate:3 1 udp 1677729535 203.0.113.9 54402 typ srflx raddr 0.0.0.0 rport 0\r\n\
+                   a=end-of-candidates\r\n";
+        let (kept, candidates, dropped) = answer_candidates(sdp).unwrap();
+        assert_eq!((candidates, dropped), (3, 1));
+        assert_eq!(
+            kept,
+            sdp.replace("a=candidate:2 1 udp 2113937151 4f1c.local 54401 typ host\r\n", "")
+        );
+        let (kept, candidates, dropped) = answer_candidates("v=0\nm=audio 9 RTP/AVP 96\n").unwrap();
+        assert_eq!(
+            (kept.as_str(), candidates, dropped),
+            ("v=0\nm=audio 9 RTP/AVP 96\n", 0, 0)
+        );
+        let refused = answer_candidates(&sdp.replace("4f1c.local", "intranet.example.org")).unwrap_err();
+        assert!(refused.contains("\"intranet.example.org\""), "{refused}");
     }
 }

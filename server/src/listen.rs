@@ -1,7 +1,9 @@
 //! A listener's connections: each admitted within the caps (`connections`) and served by hyper
 //! on a task of its own, over TLS where the listener has it (`--tls-cert`, `--tls-key`), or
-//! answered 503.
+//! answered 503. A trusted proxy's request (`--trusted-proxy`) is the client's it forwards
+//! for: its address in the caps, the log and the handlers.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,7 +84,8 @@ pub async fn accept(
             }
         };
         let Ok(local) = stream.local_addr() else { continue };
-        let admitted = match connections.admit(peer.ip()) {
+        let proxy = server.trusted_proxies.trusts(peer.ip());
+        let admitted = match connections.admit(peer.ip(), proxy) {
             Ok(admitted) => admitted,
             Err(why) => {
                 refusal_log::refused(503, || format!("refused {peer}: {why}"));
@@ -99,12 +102,13 @@ pub async fn accept(
         let router = router.clone();
         let idle_timeout = server.idle_timeout;
         let tls = tls.clone();
+        let proxied = proxy.then(|| server.clone());
         tokio::spawn(async move {
             let served = match tls {
-                None => serve(stream, router, connection, idle_timeout).await,
+                None => serve(stream, router, connection, proxied, idle_timeout).await,
                 Some(Tls(acceptor)) => {
                     match tokio::time::timeout(idle_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => serve(stream, router, connection, idle_timeout).await,
+                        Ok(Ok(stream)) => serve(stream, router, connection, proxied, idle_timeout).await,
                         Ok(Err(err)) => Err(format!("TLS handshake failed: {err}")),
                         Err(_) => Err(format!("no TLS handshake in {idle_timeout:?}, closed")),
                     }
@@ -117,19 +121,35 @@ pub async fn accept(
     }
 }
 
-/// One request on `io` (each connection is counted against the caps), routed by `router`.
+/// One request on `io` (each connection is counted against the caps), routed by `router`;
+/// `proxied`: the connection is a trusted proxy's, and its request names the client.
 async fn serve<I>(
     io: I,
     router: axum::Router,
     connection: routes::Connection,
+    proxied: Option<Arc<Server>>,
     idle_timeout: Duration,
 ) -> Result<(), String>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
-        request.extensions_mut().insert(connection.clone());
-        router.clone().oneshot(request.map(axum::body::Body::new))
+        let (router, mut connection, proxied) = (router.clone(), connection.clone(), proxied.clone());
+        async move {
+            if let Some(server) = proxied {
+                match forwarded_client(&server, &connection, request.headers()) {
+                    Ok(client) => connection.peer = client,
+                    Err((status, why)) => {
+                        let peer = connection.peer;
+                        refusal_log::refused(status, || format!("refused {peer}: {status} {why}"));
+                        server.metrics.refused(status);
+                        return Ok(http::respond(status, "text/plain", format!("{why}\n")));
+                    }
+                }
+            }
+            request.extensions_mut().insert(connection);
+            router.oneshot(request.map(axum::body::Body::new)).await
+        }
     });
     hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -144,6 +164,34 @@ where
             true => format!("sent no request in {idle_timeout:?}, closed"),
             false => err.to_string(),
         })
+}
+
+/// The client a trusted proxy's request comes for (`X-Forwarded-For`), counted against its
+/// cap; its port is the proxy's to know, and is 0 here. Else the status to answer, and why.
+fn forwarded_client(
+    server: &Server,
+    connection: &routes::Connection,
+    headers: &hyper::HeaderMap,
+) -> Result<SocketAddr, (u16, String)> {
+    let forwarded = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .map(|value| {
+            value
+                .to_str()
+                .map_err(|_| "X-Forwarded-For is not ASCII".to_owned())
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|why| (400, why))?;
+    let client = server
+        .trusted_proxies
+        .client(connection.peer.ip(), forwarded)
+        .map_err(|why| (400, why))?;
+    connection
+        .admitted
+        .forwarded_for(client)
+        .map_err(|why| (503, why))?;
+    Ok(SocketAddr::new(client, 0))
 }
 
 /// A connection past the caps, answered 503 without waiting for its request (over TLS once

@@ -13,7 +13,7 @@ use qwencodec_server::config::{
     Admission, CODES_TOKEN_VARIABLE, Config, DEBIAN_JANUS_JS, TlsFiles, TokenSource, default_model,
     open_bind_refusal,
 };
-use qwencodec_server::{admission, ice, liveness, opus, random};
+use qwencodec_server::{admission, ice, janus, liveness, opus, random};
 
 fn main() -> ExitCode {
     let config = match read_options() {
@@ -51,6 +51,8 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
     [--public-address ADDRESS] [--stun stun://HOST:PORT] [--turn turn://HOST:PORT,...]
     [--turn-secret-file FILE | --turn-credentials FILE] [--opus-bitrate BPS] [--opus-fec on|off] [--opus-dtx on|off]
     [--janus http://HOST:PORT/janus] [--janus-public URL] [--janus-js FILE]
+    [--janus-api-secret-file FILE] [--janus-admin-key-file FILE] [--janus-token-secret-file FILE]
+    [--trusted-proxy ADDRESS,...]
 
   --bind               address and port to serve on (127.0.0.1:8080); an address other hosts
                        reach needs a join secret, or --insecure-open
@@ -150,6 +152,20 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
   --janus-js           janus.js, served as /janus.js to the page /broadcast.html
                        (/usr/share/javascript/janus-gateway/janus.js, Debian's
                        libjs-janus-gateway)
+  --janus-api-secret-file
+                       a file holding Janus's api_secret (janus.jcfg), sent on every call (else
+                       the environment's QWENCODEC_JANUS_API_SECRET)
+  --janus-admin-key-file
+                       a file holding the Streaming plugin's admin_key, sent to create and list
+                       mountpoints (else QWENCODEC_JANUS_ADMIN_KEY); with it the mountpoints an
+                       earlier run left are destroyed at start
+  --janus-token-secret-file
+                       a file holding Janus's token_auth_secret (else
+                       QWENCODEC_JANUS_TOKEN_SECRET): each broadcast's listener page gets a
+                       token for the Streaming plugin, valid 12 hours
+  --trusted-proxy      proxies (addresses, comma-separated) whose X-Forwarded-For names the
+                       client: its address counts in the per-address caps and the log (the
+                       right-most not itself a trusted proxy); anyone else's is ignored (none)
 
 SIGTERM or SIGINT: the server drains. It takes no new session (a new /signal is answered 503, a
 join 4503, /status says \"draining\": a router sends joins to another server), and ends each
@@ -250,6 +266,15 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
     let opus = opus::OpusSettings::from_options(&mut options)?;
     let janus_api = options.take("--janus")?;
     let janus_public = options.take("--janus-public")?;
+    let janus_secrets = janus::Secrets::read(
+        options.take("--janus-api-secret-file")?.as_deref().map(Path::new),
+        options.take("--janus-admin-key-file")?.as_deref().map(Path::new),
+        options
+            .take("--janus-token-secret-file")?
+            .as_deref()
+            .map(Path::new),
+    )?;
+    let trusted_proxies: Vec<std::net::IpAddr> = options.take_list("--trusted-proxy", &[])?;
     let janus_js = options
         .take("--janus-js")?
         .unwrap_or_else(|| DEBIAN_JANUS_JS.into());
@@ -317,6 +342,8 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
         opus,
         janus_api,
         janus_public,
+        janus_secrets,
+        trusted_proxies,
         janus_js,
         tls,
     }))

@@ -11,7 +11,7 @@ use qwencodec_common::webrtc;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::config::{Admission, Config, TokenSource, codes_start_lines};
-use crate::connections::Connections;
+use crate::connections::{Connections, TrustedProxies};
 use crate::listen::{self, Tls};
 use crate::log::log;
 use crate::metrics::Metrics;
@@ -57,6 +57,8 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         opus,
         janus_api,
         janus_public,
+        janus_secrets,
+        trusted_proxies,
         janus_js: janus_js_path,
         tls,
     } = config;
@@ -66,7 +68,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         .transpose()?;
     let ice = Arc::new(ice);
     let janus = janus_api
-        .map(|api| janus::Janus::new(&api, janus_public, opus.fec))
+        .map(|api| janus::Janus::new(&api, janus_public, opus.fec, janus_secrets, instance.as_deref()))
         .transpose()?;
     // Read once: the page needs it only where broadcasts go out.
     let janus_js = match &janus {
@@ -209,6 +211,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         janus_js,
         monitoring_apart: metrics_listener.is_some(),
         connections: Connections::new(max_connections, max_connections_per_address),
+        trusted_proxies: TrustedProxies::new(&trusted_proxies),
     });
     log!(
         "model {} on {device} ({dtype}), chunk-frames {chunk_frames}, at most {max_sessions} sessions",
@@ -218,6 +221,12 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         log!("{note}");
     }
     log!("{}", ice.describe());
+    if !server.trusted_proxies.is_empty() {
+        log!(
+            "clients behind the trusted proxies {}: their X-Forwarded-For names the client (--trusted-proxy)",
+            server.trusted_proxies
+        );
+    }
     log!("{}", opus.describe());
     // A token given is not printed: the log may go where the token must not.
     let operator = token.map(|(token, source)| match source {
@@ -249,6 +258,13 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         );
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    if let Some(janus) = &server.janus {
+        log!("Janus: {}", janus.describe());
+        match runtime.block_on(janus.destroy_leftovers()) {
+            Ok(destroyed) => log!("Janus: {destroyed} mountpoints an earlier run left destroyed"),
+            Err(err) => log!("Janus: no cleanup of earlier runs' mountpoints: {err}"),
+        }
+    }
     // Before the line that says the server is up: from then on a signal drains it.
     let signals = {
         let _entered = runtime.enter();

@@ -4,7 +4,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::connections::Connections;
+use crate::connections::{Connections, TrustedProxies};
 use crate::metrics::Metrics;
 use crate::session::Sessions;
 use crate::{access, ice, janus, liveness, rtp_ingress};
@@ -40,4 +40,6 @@ pub struct Server {
     pub monitoring_apart: bool,
     /// The connections open on `--bind` and their caps.
     pub connections: Arc<Connections>,
+    /// The proxies whose `X-Forwarded-For` names the client (`--trusted-proxy`).
+    pub trusted_proxies: TrustedProxies,
 }

@@ -20,6 +20,7 @@ use tungstenite::Message;
 
 use crate::access;
 use crate::http::{Received, Socket, close};
+use crate::ice::{self, CandidateAddress};
 use crate::liveness::Heartbeat;
 use crate::log::log;
 use crate::server::Server;
@@ -27,9 +28,53 @@ use crate::session::Egress;
 use crate::session_loop::{Connection, Ending, Step};
 use qwencodec_protocol::messages::{FromBrowser, read_browser_message};
 
-/// The most ICE candidates a browser may send a session: one has a few per interface, and each
-/// costs libnice its checks.
+/// The most ICE candidates a browser may send a session, in its answer and trickled together:
+/// one has a few per interface, and each costs libnice its checks.
 const MAX_CANDIDATES: usize = 100;
+
+/// A session's candidates from its browser: how many it has sent, and how many named mDNS names
+/// and were dropped (`ice::CandidateAddress`).
+#[derive(Default)]
+struct Candidates {
+    sent: usize,
+    mdns_dropped: usize,
+}
+
+impl Candidates {
+    /// The answer's SDP as webrtcbin is given it (its mDNS candidates left out), its candidates
+    /// counted; or why it is refused.
+    fn answer(&mut self, sdp: &str) -> Result<String, String> {
+        let (sdp, sent, dropped) = ice::answer_candidates(sdp)?;
+        self.count(sent)?;
+        self.mdns_dropped += dropped;
+        Ok(sdp)
+    }
+
+    /// Whether a trickled candidate goes to webrtcbin (an empty one is the end of candidates, an
+    /// mDNS one is dropped), counted; or why it is refused.
+    fn trickled(&mut self, candidate: &str) -> Result<bool, String> {
+        self.count(1)?;
+        if candidate.is_empty() {
+            return Ok(false);
+        }
+        match ice::candidate_address(candidate) {
+            CandidateAddress::Ip => Ok(true),
+            CandidateAddress::Mdns => {
+                self.mdns_dropped += 1;
+                Ok(false)
+            }
+            CandidateAddress::HostName => Err(ice::host_name_refusal(candidate)),
+        }
+    }
+
+    fn count(&mut self, more: usize) -> Result<(), String> {
+        self.sent += more;
+        if self.sent > MAX_CANDIDATES {
+            return Err(format!("more than {MAX_CANDIDATES} ICE candidates"));
+        }
+        Ok(())
+    }
+}
 
 /// The browser's message in what was read, if any, or why the connection ends: `Err(None)` when
 /// the browser closed it. What the message carries is not checked yet (see [`checked`]): a
@@ -127,36 +172,37 @@ pub async fn serve(server: Arc<Server>, mut socket: Socket, peer: SocketAddr) {
     };
     let ice_servers = server.ice.browser_servers(&id, join.expires);
     let first = json!({"type": "session", "id": id, "iceServers": ice_servers});
-    let mut candidates = 0;
+    let mut candidates = Candidates::default();
+    let refused_candidates = |reason: String| Step::Refuse {
+        code: close::BAD_MESSAGE,
+        ending: reason.clone(),
+        reason,
+    };
     let ending = connection
         .serve(&session, outgoing, &first, |received| {
             match message(received).and_then(checked) {
-                Ok(Some(FromBrowser::Answer { sdp })) => match session.set_answer(&sdp) {
-                    Ok(()) => Step::Next,
-                    Err(err) => Step::Refuse {
-                        code: close::BAD_MESSAGE,
-                        reason: format!("bad answer: {err}"),
-                        ending: "bad answer".into(),
+                Ok(Some(FromBrowser::Answer { sdp })) => match candidates.answer(&sdp) {
+                    Ok(sdp) => match session.set_answer(&sdp) {
+                        Ok(()) => Step::Next,
+                        Err(err) => Step::Refuse {
+                            code: close::BAD_MESSAGE,
+                            reason: format!("bad answer: {err}"),
+                            ending: "bad answer".into(),
+                        },
                     },
+                    Err(reason) => refused_candidates(reason),
                 },
                 Ok(Some(FromBrowser::Ice {
                     candidate,
                     mline_index,
-                })) => {
-                    candidates += 1;
-                    if candidates > MAX_CANDIDATES {
-                        return Step::Refuse {
-                            code: close::BAD_MESSAGE,
-                            reason: format!("more than {MAX_CANDIDATES} ICE candidates"),
-                            ending: "too many ICE candidates".into(),
-                        };
-                    }
-                    // An empty candidate is the browser's end of candidates.
-                    if !candidate.is_empty() {
+                })) => match candidates.trickled(&candidate) {
+                    Ok(true) => {
                         session.add_ice_candidate(mline_index, &candidate);
+                        Step::Next
                     }
-                    Step::Next
-                }
+                    Ok(false) => Step::Next,
+                    Err(reason) => refused_candidates(reason),
+                },
                 Ok(Some(FromBrowser::Join { .. })) => Step::Refuse {
                     code: close::BAD_MESSAGE,
                     reason: "joined already".into(),
@@ -192,8 +238,69 @@ pub async fn serve(server: Arc<Server>, mut socket: Socket, peer: SocketAddr) {
     })
     .await;
     let id = closed.unwrap_or_default();
+    let dropped = match candidates.mdns_dropped {
+        0 => String::new(),
+        dropped => format!("; {dropped} of its browser's candidates named mDNS names, dropped"),
+    };
     log!(
-        "session {id} left: {ending} ({} sessions)",
+        "session {id} left: {ending} ({} sessions){dropped}",
         server.sessions.count()
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(n: usize, address: &str) -> String {
+        format!("candidate:{n} 1 udp 2113937151 {address} {} typ host", 50000 + n)
+    }
+
+    #[test]
+    fn the_candidates_in_an_answer_and_those_trickled_count_together() {
+        let mut sdp = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 96\r\n".to_owned();
+        for n in 0..60 {
+            sdp += &format!("a={}\r\n", candidate(n, "198.51.100.2"));
+        }
+        let mut candidates = Candidates::default();
+        assert_eq!(candidates.answer(&sdp), Ok(sdp.clone()));
+        for n in 60..MAX_CANDIDATES {
+            assert_eq!(candidates.trickled(&candidate(n, "198.51.100.2")), Ok(true));
+        }
+        assert_eq!(
+            candidates.trickled(""),
+            Err("more than 100 ICE candidates".into()),
+            "the 101st, the end of candidates too"
+        );
+        // An answer alone past the cap.
+        for n in 60..MAX_CANDIDATES + 1 {
+            sdp += &format!("a={}\r\n", candidate(n, "198.51.100.2"));
+        }
+        assert_eq!(
+            Candidates::default().answer(&sdp),
+            Err("more than 100 ICE candidates".into())
+        );
+    }
+
+    #[test]
+    fn mdns_candidates_are_dropped_and_counted_and_host_names_refused() {
+        let mut candidates = Candidates::default();
+        assert_eq!(candidates.trickled(&candidate(1, "4f1c.local")), Ok(false));
+        assert_eq!(candidates.trickled(""), Ok(false), "the end of candidates");
+        let sdp = format!(
+            "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 96\r\na={}\r\na={}\r\n",
+            candidate(2, "9e2a.local"),
+            candidate(3, "198.51.100.2")
+        );
+        let taken = candidates.answer(&sdp).unwrap();
+        assert!(
+            !taken.contains(".local") && taken.contains("198.51.100.2"),
+            "{taken}"
+        );
+        assert_eq!((candidates.sent, candidates.mdns_dropped), (4, 2));
+        let refused = candidates
+            .trickled(&candidate(4, "metadata.google.internal"))
+            .unwrap_err();
+        assert!(refused.starts_with("an ICE candidate names the host \"metadata.google.internal\""));
+    }
 }

@@ -366,3 +366,72 @@ fn metrics_count_what_the_server_did() {
     assert!(buckets.windows(2).all(|pair| pair[0] <= pair[1]), "{buckets:?}");
     assert_eq!(buckets.last(), Some(&steps));
 }
+
+/// A browser's candidates as the server takes them: those in its SDP answer count against the
+/// 100-candidate cap with those it trickles; a candidate naming an mDNS name (`.local`) is
+/// dropped unresolved and counted in the log; one naming any other host name is refused.
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn candidates_in_answers_count_and_host_names_are_not_resolved() {
+    if !server::in_own_network("hardening::candidates_in_answers_count_and_host_names_are_not_resolved") {
+        return;
+    }
+    let server = Server::start(&[]);
+    let candidate =
+        |n: usize, address: &str| format!("candidate:{n} 1 udp 2122252543 {address} {} typ host", 40000 + n);
+    let join = || {
+        let mut signalling = server.connect("/signal", None);
+        signalling.send_text(r#"{"type":"join"}"#);
+        let id = signalling.receive_json()["id"].as_str().unwrap().to_owned();
+        (signalling, id)
+    };
+    let send = |signalling: &mut Client, kind: &str, mut message: serde_json::Value| {
+        message["type"] = kind.into();
+        signalling.send_text(&message.to_string());
+    };
+
+    // 60 in the answer, 41 trickled: the 101st is refused.
+    let (mut signalling, _) = join();
+    let mut sdp = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 96\r\n".to_owned();
+    for n in 0..60 {
+        sdp += &format!("a={}\r\n", candidate(n, "127.0.0.1"));
+    }
+    send(&mut signalling, "answer", serde_json::json!({"sdp": sdp}));
+    for n in 60..=100 {
+        let trickled = serde_json::json!({"candidate": candidate(n, "127.0.0.1"), "sdpMLineIndex": 0});
+        send(&mut signalling, "ice", trickled);
+    }
+    let (code, reason) = signalling.close_reason();
+    assert_eq!((code, reason.as_str()), (4400, "more than 100 ICE candidates"));
+
+    // A host name: refused, unresolved.
+    let (mut signalling, _) = join();
+    let named =
+        serde_json::json!({"candidate": candidate(1, "metadata.google.internal"), "sdpMLineIndex": 0});
+    send(&mut signalling, "ice", named);
+    let (code, reason) = signalling.close_reason();
+    assert_eq!(code, 4400, "{reason}");
+    assert!(
+        reason.starts_with(r#"an ICE candidate names the host "metadata.google.internal""#),
+        "{reason}"
+    );
+
+    // mDNS names, trickled and in the answer: dropped, and counted when the session ends.
+    let (mut signalling, id) = join();
+    let mdns = serde_json::json!({"candidate": candidate(1, "4f1c.local"), "sdpMLineIndex": 0});
+    send(&mut signalling, "ice", mdns);
+    let sdp = format!(
+        "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 96\r\na={}\r\n",
+        candidate(2, "9e2a.local")
+    );
+    send(&mut signalling, "answer", serde_json::json!({"sdp": sdp}));
+    signalling.close();
+    assert!(
+        server.await_log(
+            |line| line.contains(&format!("session {id} left"))
+                && line.contains("2 of its browser's candidates named mDNS names, dropped"),
+            Duration::from_secs(5)
+        ),
+        "the dropped mDNS candidates are not in the log"
+    );
+}

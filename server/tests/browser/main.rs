@@ -10,6 +10,7 @@ use qwencodec_testing as common;
 mod hardening;
 mod janus;
 mod network;
+mod proxy;
 mod refusals;
 mod remote;
 mod rtp_codes;

@@ -147,11 +147,17 @@ impl ServerHost {
 
 /// Janus's HTTP API port on the server's host.
 pub const JANUS_PORT: u16 = 8088;
+/// Janus secured as docs/server.md has it: its `api_secret`, the Streaming plugin's
+/// `admin_key`, and `token_auth_secret` for listeners' tokens.
+pub const JANUS_API_SECRET: &str = "janus-api-secret";
+pub const JANUS_ADMIN_KEY: &str = "janus-admin-key";
+pub const JANUS_TOKEN_SECRET: &str = "janus-token-secret";
 
 impl ServerHost {
     /// Debian's Janus on the server's host with a configuration written to `scratch`: its
     /// Streaming plugin alone, its HTTP API on `JANUS_PORT` of the server's address, ICE on the
-    /// link alone. Its log goes to `scratch/janus.log`.
+    /// link alone, secured with `JANUS_API_SECRET`, signed tokens (`JANUS_TOKEN_SECRET`) and
+    /// the Streaming plugin's `JANUS_ADMIN_KEY`. Its log goes to `scratch/janus.log`.
     pub fn start_janus(&self, scratch: &Path) -> Daemon {
         let modules = std::fs::read_dir("/usr/lib")
             .unwrap()
@@ -176,7 +182,9 @@ impl ServerHost {
             "janus.jcfg",
             format!(
                 "general: {{ configs_folder = \"{}\" plugins_folder = \"{}\" transports_folder = \"{}\"
-                   events_folder = \"{}\" loggers_folder = \"{}\" debug_level = 4 }}
+                   events_folder = \"{}\" loggers_folder = \"{}\" debug_level = 4
+                   api_secret = \"{JANUS_API_SECRET}\" token_auth = true
+                   token_auth_secret = \"{JANUS_TOKEN_SECRET}\" }}
                  media: {{ rtp_port_range = \"20000-20999\" }}
                  nat: {{ ice_enforce_list = \"{SERVER_LINK}\" }}
                  plugins: {{ disable = \"{}\" }}
@@ -200,7 +208,10 @@ impl ServerHost {
                  admin: {{ admin_http = false }}"
             ),
         );
-        write("janus.plugin.streaming.jcfg", "general: { }".into());
+        write(
+            "janus.plugin.streaming.jcfg",
+            format!("general: {{ admin_key = \"{JANUS_ADMIN_KEY}\" }}"),
+        );
         // Janus binds its API to the link's address, which it finds only once the link has its
         // carrier (a moment after both ends are up).
         let started = Instant::now();
@@ -246,6 +257,8 @@ impl ServerHost {
 
 /// The TLS proxy's port on the server's host.
 pub const TLS_PORT: u16 = 8443;
+/// The plain HTTP proxy's port on the server's host.
+pub const PROXY_PORT: u16 = 8480;
 
 /// A self-signed certificate for the server's address and its key, in PEM files in `scratch`
 /// (the browser is started with `--ignore-certificate-errors`).
@@ -308,6 +321,59 @@ impl ServerHost {
         await_listening(TLS_PORT, "nginx");
         (proxy, format!("https://{SERVER_ADDRESS}:{TLS_PORT}/"))
     }
+}
+
+impl ServerHost {
+    /// Debian's nginx on the server's host, passing every request on `PROXY_PORT` to the server
+    /// at `backend` with docs/server.md's `location` block (`X-Forwarded-For` included).
+    pub fn start_proxy(&self, scratch: &Path, backend: &str) -> Daemon {
+        let scratch_text = scratch.display();
+        let config = format!(
+            "daemon off;
+             master_process off;
+             pid {scratch_text}/nginx.pid;
+             error_log stderr;
+             events {{}}
+             http {{
+               access_log off;
+               client_body_temp_path {scratch_text}/body;
+               proxy_temp_path {scratch_text}/proxy;
+               fastcgi_temp_path {scratch_text}/fastcgi;
+               uwsgi_temp_path {scratch_text}/uwsgi;
+               scgi_temp_path {scratch_text}/scgi;
+               server {{
+                 listen {SERVER_ADDRESS}:{PROXY_PORT};
+                 location / {{
+                   proxy_pass http://{backend};
+                   proxy_http_version 1.1;
+                   proxy_set_header Upgrade $http_upgrade;
+                   proxy_set_header Connection \"upgrade\";
+                   proxy_set_header Host $http_host;
+                   proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+                   proxy_read_timeout 3600s;
+                 }}
+               }}
+             }}"
+        );
+        let config_file = scratch.join("nginx-proxy.conf");
+        std::fs::write(&config_file, config).unwrap();
+        let process = self
+            .command("nginx")
+            .arg("-c")
+            .arg(&config_file)
+            .arg("-p")
+            .arg(scratch)
+            .spawn()
+            .expect("nginx (Debian's nginx-light) does not run: run tools/setup.sh");
+        let proxy = Daemon(process);
+        await_listening(PROXY_PORT, "nginx");
+        proxy
+    }
+}
+
+/// One more address on the listener's end of the link: a second client on the listener's host.
+pub fn add_listener_address(address: &str) {
+    run(Command::new("ip").args(["addr", "add", &format!("{address}/24"), "dev", LISTENER_LINK]));
 }
 
 impl Drop for ServerHost {

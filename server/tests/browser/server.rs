@@ -286,17 +286,20 @@ impl Server {
 /// A WebSocket to `path` at `address` (a server or something in front of it), with these
 /// request headers.
 pub fn connect_at(address: &str, path: &str, headers: &[(&str, &str)]) -> Client {
-    {
-        let mut request = format!("ws://{address}{path}").into_client_request().unwrap();
-        for &(name, value) in headers {
-            let name: tungstenite::http::HeaderName = name.parse().unwrap();
-            request.headers_mut().insert(name, value.parse().unwrap());
-        }
-        let stream = TcpStream::connect(address).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let (socket, _) = tungstenite::client(request, stream).expect("a WebSocket handshake");
-        Client(socket)
+    connect_over(TcpStream::connect(address).unwrap(), address, path, headers)
+}
+
+/// A WebSocket to `path` at `address` over `stream` (connected there), with these request
+/// headers.
+pub fn connect_over(stream: TcpStream, address: &str, path: &str, headers: &[(&str, &str)]) -> Client {
+    let mut request = format!("ws://{address}{path}").into_client_request().unwrap();
+    for &(name, value) in headers {
+        let name: tungstenite::http::HeaderName = name.parse().unwrap();
+        request.headers_mut().insert(name, value.parse().unwrap());
     }
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (socket, _) = tungstenite::client(request, stream).expect("a WebSocket handshake");
+    Client(socket)
 }
 
 impl Server {
