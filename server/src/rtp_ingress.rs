@@ -17,9 +17,12 @@
 //! cancelled utterance after it is still dropped.
 //!
 //! The port takes packets from the sender's address alone (the address its WebSocket came
-//! from): anyone else who finds the port could otherwise speak into the session, unasked.
+//! from), and of those only the source port and SSRC of the first it took
+//! (`qwencodec_rtp_codes::source`): anyone else who finds the port, a host behind the same NAT
+//! or a spoofed source among them, could otherwise speak into the session, unasked, or start an
+//! utterance that ends a cancel.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -27,6 +30,7 @@ use gst::prelude::*;
 use gst_net::gio;
 use gst_net::gio::prelude::InetSocketAddressExt;
 use gstqwencodec::model::DecoderConfig;
+use qwencodec_rtp_codes::{SourceLock, Stranger};
 
 use crate::log::log;
 use crate::metrics::Metrics;
@@ -98,9 +102,8 @@ pub struct RtpIngress {
     /// Why the frames stopped going into the session (a refusal of `Session::push`).
     refused: Arc<Mutex<Option<(u16, String)>>>,
     frames: Arc<Mutex<usize>>,
-    /// Packets from other addresses than the sender's, dropped.
-    dropped: Arc<AtomicU64>,
-    session: String,
+    /// The sender's lock, and the packets it dropped.
+    gate: Arc<Gate>,
 }
 
 /// Where a session's RTP comes in: the local address the port is bound on, the address the
@@ -163,8 +166,8 @@ impl RtpIngress {
         ];
         pipeline.add_many(chain).map_err(|err| err.to_string())?;
         gst::Element::link_many(chain).map_err(|err| err.to_string())?;
-        let dropped = Arc::new(AtomicU64::new(0));
-        take_only_from(&udpsrc, addresses.sender, &id, dropped.clone());
+        let gate = Arc::new(Gate::new(addresses.sender, &id, metrics.clone()));
+        take_only_from(&udpsrc, gate.clone());
 
         let utterances = Arc::new(Utterances::default());
         let concealment = Arc::new(Mutex::new(Concealment::new(format, frame_bytes_of(format))));
@@ -230,8 +233,7 @@ impl RtpIngress {
             utterances,
             refused,
             frames,
-            dropped,
-            session: id,
+            gate,
         })
     }
 
@@ -265,13 +267,7 @@ impl RtpIngress {
 impl Drop for RtpIngress {
     fn drop(&mut self) {
         let _ = self.pipeline.set_state(gst::State::Null);
-        let dropped = self.dropped.load(Ordering::SeqCst);
-        if dropped > 0 {
-            log!(
-                "session {}: {dropped} RTP packets from other addresses than its sender's dropped",
-                self.session
-            );
-        }
+        self.gate.log_dropped();
     }
 }
 
@@ -393,32 +389,134 @@ fn watch_lost_time(appsink: &gst_app::AppSink, concealment: Arc<Mutex<Concealmen
         });
 }
 
-/// Drops what reaches `udpsrc` from another address than `sender` (udpsrc says each packet's
-/// source in its buffer's net address meta), counting it in `dropped`; the first is logged.
-fn take_only_from(udpsrc: &gst::Element, sender: IpAddr, session: &str, dropped: Arc<AtomicU64>) {
-    let sender = sender.to_canonical();
-    let session = session.to_owned();
+/// The sender's lock on a port, and what it dropped: counted by why (and in the metrics), the
+/// first of each kind logged.
+struct Gate {
+    lock: Mutex<SourceLock>,
+    sender: IpAddr,
+    /// By `Stranger`, in `STRANGERS`' order.
+    dropped: [AtomicU64; 4],
+    metrics: Arc<Metrics>,
+    session: String,
+}
+
+const STRANGERS: [Stranger; 4] = [
+    Stranger::Address,
+    Stranger::Port,
+    Stranger::Ssrc,
+    Stranger::NotRtp,
+];
+
+impl Gate {
+    fn new(sender: IpAddr, session: &str, metrics: Arc<Metrics>) -> Self {
+        Self {
+            lock: Mutex::new(SourceLock::new(sender)),
+            sender: sender.to_canonical(),
+            dropped: Default::default(),
+            metrics,
+            session: session.to_owned(),
+        }
+    }
+
+    /// Whether `buffer` (an RTP packet, with udpsrc's net address meta) is the sender's; the
+    /// first that is locks the port and SSRC.
+    fn admit(&self, buffer: &gst::BufferRef) -> bool {
+        let source = source_of(buffer);
+        let Ok(map) = buffer.map_readable() else {
+            return false;
+        };
+        let mut lock = self.lock.lock().unwrap();
+        let before = lock.locked();
+        match lock.admit(source, &map) {
+            Ok(()) => {
+                if let (None, Some((port, ssrc)), Some(source)) = (before, lock.locked(), source) {
+                    log!(
+                        "session {}: RTP from {} port {port}, SSRC {ssrc}: the port takes this source's alone",
+                        self.session,
+                        source.ip()
+                    );
+                }
+                true
+            }
+            Err(why) => {
+                let locked = lock.locked();
+                drop(lock);
+                self.dropped(why, source, locked);
+                false
+            }
+        }
+    }
+
+    fn dropped(&self, why: Stranger, source: Option<SocketAddr>, locked: Option<(u16, u32)>) {
+        self.metrics.rtp_dropped(why.label());
+        let index = STRANGERS.iter().position(|&kind| kind == why).unwrap();
+        if self.dropped[index].fetch_add(1, Ordering::SeqCst) > 0 {
+            return;
+        }
+        let session = &self.session;
+        let sender = self.sender;
+        let from = source.map_or_else(
+            || "an unknown address".to_owned(),
+            |source| source.ip().to_string(),
+        );
+        let port = source.map_or(0, |source| source.port());
+        match (why, locked) {
+            (Stranger::Address, _) => log!(
+                "session {session}: dropped an RTP packet from {from}: the port takes its sender's ({sender}) alone"
+            ),
+            (Stranger::NotRtp, _) => {
+                log!("session {session}: dropped a packet from {from} port {port} that is not RTP")
+            }
+            (_, Some((locked_port, ssrc))) => log!(
+                "session {session}: dropped an RTP packet from {from} port {port} ({}): the port takes port {locked_port}, SSRC {ssrc} alone",
+                why.label()
+            ),
+            (_, None) => (),
+        }
+    }
+
+    /// The packets dropped, by why, once the port closes.
+    fn log_dropped(&self) {
+        let count = |why: Stranger| {
+            let index = STRANGERS.iter().position(|&kind| kind == why).unwrap();
+            self.dropped[index].load(Ordering::SeqCst)
+        };
+        let session = &self.session;
+        let addresses = count(Stranger::Address);
+        if addresses > 0 {
+            log!("session {session}: {addresses} RTP packets from other addresses than its sender's dropped");
+        }
+        let (ports, ssrcs, not_rtp) = (
+            count(Stranger::Port),
+            count(Stranger::Ssrc),
+            count(Stranger::NotRtp),
+        );
+        if ports + ssrcs + not_rtp > 0 {
+            log!(
+                "session {session}: from its sender's address, {ports} RTP packets from another port and {ssrcs} of another SSRC than the first's dropped, and {not_rtp} packets not RTP"
+            );
+        }
+    }
+}
+
+/// Where a packet udpsrc received came from (its buffer's net address meta).
+fn source_of(buffer: &gst::BufferRef) -> Option<SocketAddr> {
+    let address = buffer
+        .meta::<gst_net::NetAddressMeta>()?
+        .addr()
+        .downcast::<gio::InetSocketAddress>()
+        .ok()?;
+    Some(SocketAddr::new(IpAddr::from(address.address()), address.port()))
+}
+
+/// Drops what reaches `udpsrc` that is not the sender's (`gate`).
+fn take_only_from(udpsrc: &gst::Element, gate: Arc<Gate>) {
     udpsrc
         .static_pad("src")
         .unwrap()
-        .add_probe(gst::PadProbeType::BUFFER, move |_, info| {
-            let Some(gst::PadProbeData::Buffer(buffer)) = &info.data else {
-                return gst::PadProbeReturn::Ok;
-            };
-            let source = buffer
-                .meta::<gst_net::NetAddressMeta>()
-                .and_then(|meta| meta.addr().downcast::<gio::InetSocketAddress>().ok())
-                .map(|address| IpAddr::from(address.address()).to_canonical());
-            if source == Some(sender) {
-                return gst::PadProbeReturn::Ok;
-            }
-            if dropped.fetch_add(1, Ordering::SeqCst) == 0 {
-                let source = source.map_or_else(|| "an unknown address".to_owned(), |source| source.to_string());
-                log!(
-                    "session {session}: dropped an RTP packet from {source}: the port takes its sender's ({sender}) alone"
-                );
-            }
-            gst::PadProbeReturn::Drop
+        .add_probe(gst::PadProbeType::BUFFER, move |_, info| match &info.data {
+            Some(gst::PadProbeData::Buffer(buffer)) if !gate.admit(buffer) => gst::PadProbeReturn::Drop,
+            _ => gst::PadProbeReturn::Ok,
         });
 }
 

@@ -33,11 +33,32 @@ impl RtpSender {
     /// A sender whose packets come from `source` (an address of the loopback interface: all of
     /// 127.0.0.0/8 is), to 127.0.0.1:`port`, `frames_per_packet` frames a packet.
     pub(super) fn start_from(speech: &Speech, source: &str, port: u16, frames_per_packet: u32) -> Self {
+        Self::launch(
+            speech,
+            port,
+            &format!("frames-per-packet={frames_per_packet}"),
+            &format!("bind-address={source}"),
+        )
+    }
+
+    /// A sender from 127.0.0.1:`source_port`, its packets of SSRC `ssrc`.
+    fn start_as(speech: &Speech, port: u16, source_port: u16, ssrc: u32) -> Self {
+        Self::launch(
+            speech,
+            port,
+            &format!("ssrc={ssrc}"),
+            &format!("bind-address=127.0.0.1 bind-port={source_port}"),
+        )
+    }
+
+    /// `rtpqwencodespay` with `payloader` properties into `udpsink` to 127.0.0.1:`port` with
+    /// `socket` properties.
+    fn launch(speech: &Speech, port: u16, payloader: &str, socket: &str) -> Self {
         common::init();
         let pipeline = gst::parse::launch(&format!(
             "appsrc name=src is-live=true format=time \
-             ! rtpqwencodespay name=pay frames-per-packet={frames_per_packet} \
-             ! udpsink host=127.0.0.1 port={port} bind-address={source} sync=false"
+             ! rtpqwencodespay name=pay {payloader} \
+             ! udpsink host=127.0.0.1 port={port} {socket} sync=false"
         ))
         .unwrap()
         .downcast::<gst::Pipeline>()
@@ -300,4 +321,128 @@ fn an_utterances_first_packet_ends_the_one_before_it() {
         4.0,
         "the second utterance's held frame"
     );
+}
+
+/// A free UDP port of 127.0.0.1, for a sender to send from.
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The frames taken from senders and the RTP packets dropped for `why` (`/metrics`).
+fn frames_and_dropped(server: &Server, why: &str) -> (f64, f64) {
+    let metrics = server.get("/metrics").1;
+    let dropped = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("qwencodec_rtp_packets_dropped_total{{why=\"{why}\"}} ")))
+        .map_or(0.0, |count| count.parse().unwrap());
+    (
+        super::hardening::sample(&metrics, "qwencodec_frames_in_total"),
+        dropped,
+    )
+}
+
+/// Sound a page may measure in a window where nothing is sent: the tail of the speech before
+/// it (a quarter of an utterance of 10 frames, 0.8 s, which a page hears as 0.8 s of sound).
+const NOT_HEARD_S: f64 = 0.2;
+
+/// The port takes the first packet's source port and SSRC alone: packets from the sender's
+/// address but another port, or its port and another SSRC, are dropped and counted, and not
+/// heard; a marked packet of another SSRC does not end a cancel. The sender's own packets are
+/// heard before and after.
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn the_rtp_port_takes_its_first_packets_port_and_ssrc_alone() {
+    if !server::in_own_network("rtp_codes::the_rtp_port_takes_its_first_packets_port_and_ssrc_alone") {
+        return;
+    }
+    let speech = Speech::load();
+    let server = Server::start(&[]);
+    let browser = Browser::start();
+    let session = connect_page(&browser, &server, &speech);
+    let (mut control, port) = rtp_sender_of(&server, &session);
+    let frames = 10;
+    let heard_within = speech.seconds(frames) * 1e3 + 1500.0;
+
+    // The sender's first packets lock the port to 127.0.0.1:sender_port, SSRC 1111.
+    let sender_port = free_udp_port();
+    let mut sender = RtpSender::start_as(&speech, port, sender_port, 1111);
+    let before = Measure::take(&browser);
+    let first_sent = sender.send_burst(&speech, frames);
+    wait_until(first_sent, heard_within);
+    assert_heard(
+        "the sender",
+        &speech,
+        &before,
+        &Measure::take(&browser),
+        first_sent,
+        frames,
+    );
+    assert_eq!(frames_and_dropped(&server, "port"), (10.0, 0.0));
+    assert!(server.await_log(
+        |line| line.contains(&format!(
+            "session {session}: RTP from 127.0.0.1 port {sender_port}, SSRC 1111: the port takes this source's alone"
+        )),
+        Duration::from_secs(2)
+    ));
+
+    // Another port of the same address, the same SSRC: dropped, not heard.
+    let mut other_port = RtpSender::start_as(&speech, port, free_udp_port(), 1111);
+    let sent = other_port.send_burst(&speech, frames);
+    wait_until(sent, heard_within);
+    let sound = Measure::take(&browser).sound_seconds(sent, epoch_ms());
+    assert!(
+        sound < NOT_HEARD_S,
+        "packets from another port were heard: {sound:.3} s of sound"
+    );
+    assert_eq!(
+        frames_and_dropped(&server, "port"),
+        (10.0, 10.0),
+        "frames taken, packets dropped from another port"
+    );
+    drop(other_port);
+
+    // A cancel, then a new utterance (marked) from the sender's port with another SSRC:
+    // dropped, not heard, and the cancel holds.
+    control.cancel();
+    drop(sender);
+    let mut other_ssrc = RtpSender::start_as(&speech, port, sender_port, 2222);
+    let sent = other_ssrc.send_burst(&speech, frames);
+    wait_until(sent, heard_within);
+    let sound = Measure::take(&browser).sound_seconds(sent, epoch_ms());
+    assert!(
+        sound < NOT_HEARD_S,
+        "packets of another SSRC were heard: {sound:.3} s of sound"
+    );
+    assert_eq!(
+        frames_and_dropped(&server, "ssrc"),
+        (10.0, 10.0),
+        "frames taken, packets dropped of another SSRC"
+    );
+    drop(other_ssrc);
+
+    // The sender's next utterance is heard.
+    let mut sender = RtpSender::start_as(&speech, port, sender_port, 1111);
+    let before = Measure::take(&browser);
+    let first_sent = sender.send_burst(&speech, frames);
+    wait_until(first_sent, heard_within);
+    assert_heard(
+        "the sender again",
+        &speech,
+        &before,
+        &Measure::take(&browser),
+        first_sent,
+        frames,
+    );
+    assert_eq!(frames_and_dropped(&server, "ssrc"), (20.0, 10.0));
+    drop(control);
+    assert!(server.await_log(
+        |line| line.contains(&format!(
+            "session {session}: from its sender's address, 10 RTP packets from another port and 10 of another SSRC than the first's dropped"
+        )),
+        Duration::from_secs(5)
+    ));
 }
