@@ -29,7 +29,8 @@ struct Refusal {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RtpDropped {
-    /// `address`, `port`, `ssrc`, `not-rtp` (`qwencodec_rtp_codes::Stranger`'s labels).
+    /// `address`, `port`, `ssrc`, `not-rtp` (`qwencodec_rtp_codes::Stranger`'s labels), `srtp`
+    /// (failed authentication).
     why: &'static str,
 }
 
@@ -162,7 +163,7 @@ impl Metrics {
         );
         registry.register(
             "rtp_packets_dropped",
-            "Packets dropped at a session's RTP codes port, by why: from another address than its sender's, another port or SSRC than the first packet's, not RTP",
+            "Packets dropped at a session's RTP codes port, by why: from another address than its sender's, another port or SSRC than the first packet's, not RTP, failed SRTP authentication",
             metrics.rtp_dropped.clone(),
         );
         registry.register(
@@ -207,9 +208,9 @@ impl Metrics {
         self.peers_lost.get_or_create(&Lost { peer, why }).inc();
     }
 
-    /// A packet dropped at a session's RTP port, for `why`.
-    pub fn rtp_dropped(&self, why: &'static str) {
-        self.rtp_dropped.get_or_create(&RtpDropped { why }).inc();
+    /// `count` packets dropped at a session's RTP port, for `why`.
+    pub fn rtp_dropped(&self, why: &'static str, count: u64) {
+        self.rtp_dropped.get_or_create(&RtpDropped { why }).inc_by(count);
     }
 
     /// The text of `/metrics`, the gauges read now.
@@ -266,7 +267,7 @@ mod tests {
         metrics.refused(4403);
         metrics.refused(4403);
         metrics.refused(503);
-        metrics.rtp_dropped("ssrc");
+        metrics.rtp_dropped("ssrc", 1);
         metrics.peer_lost("browser", "pings-unanswered");
         metrics.sender_takeovers.inc();
         // One stream's step of two frames: one batch of one row.

@@ -60,6 +60,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         janus_public,
         janus_js: janus_js_path,
         tls,
+        rtp_srtp_required,
     } = config;
     // Read first: a certificate that does not load fails the start at once.
     let tls = tls
@@ -199,6 +200,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         public_address: ice.public_address(),
         metrics,
         rtp_format,
+        rtp_srtp_required,
         browser_ice_servers: ice.browser_servers(),
         janus,
         janus_js,

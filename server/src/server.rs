@@ -29,6 +29,8 @@ pub struct Server {
     pub metrics: Arc<Metrics>,
     /// What a sender's codes over RTP are (`/codes?...&transport=rtp`).
     pub rtp_format: rtp_ingress::RtpFormat,
+    /// Codes over RTP are taken as SRTP alone (`--rtp-srtp required`).
+    pub rtp_srtp_required: bool,
     /// The STUN and TURN servers the page's peer connection is given (`RTCIceServer`s).
     pub browser_ice_servers: serde_json::Value,
     /// Where broadcasts go (`--janus`), if anywhere.
