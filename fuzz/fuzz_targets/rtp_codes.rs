@@ -1,14 +1,22 @@
 //! What a codes-over-RTP receiver takes from anyone (the depayloader's packet path, the server's
 //! RTP ingress): a stream of packets, each refused with a reason or taken as whole frames of codes
 //! inside the codebook that pack back to the same codes, and loss counted within what the packets
-//! could hold; never a panic. The first 4 bytes choose the layout and frame length, then each
-//! packet is 8 bytes of RTP fields (sequence step, timestamp, SSRC and marker choice, payload
-//! length) and its payload.
+//! could hold; never a panic. The server's port lock sees the same packets, from sources the
+//! fields choose: whatever it takes after its first is of that first's port and SSRC, and from
+//! the sender's address alone. The first 4 bytes choose the layout and frame length, then each
+//! packet is 8 bytes of RTP fields (sequence step, timestamp, SSRC, marker, source port and
+//! address choice, payload length) and its payload.
 #![no_main]
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use libfuzzer_sys::fuzz_target;
 
-use qwencodec_rtp_codes::{Layout, MAX_CODEBOOK_SIZE, MAX_FRAMES, Receiver, RtpPacket, Stats};
+use qwencodec_rtp_codes::{
+    Layout, MAX_CODEBOOK_SIZE, MAX_FRAMES, Receiver, RtpPacket, SourceLock, Stats, Stranger,
+};
+
+const SENDER: IpAddr = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 2));
 
 fuzz_target!(|data: &[u8]| {
     let Some((head, mut rest)) = data.split_first_chunk::<4>() else {
@@ -20,6 +28,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let samples_per_frame = u32::from(head[3]).max(1) * 240;
     let mut receiver = Receiver::new(layout, samples_per_frame, Stats::default());
+    let mut lock = SourceLock::new(SENDER);
     let (mut seq, mut packets, mut good, mut frames) = (0u16, 0u64, 0u64, 0u64);
     while let Some((fields, after)) = rest.split_first_chunk::<8>() {
         let length = usize::from(u16::from_le_bytes([fields[6], fields[7]])).min(after.len());
@@ -34,6 +43,31 @@ fuzz_target!(|data: &[u8]| {
             payload,
         };
         packets += 1;
+        let source = SocketAddr::new(
+            if fields[5] & 32 == 0 {
+                SENDER
+            } else {
+                IpAddr::V4(Ipv4Addr::new(198, 51, 100, 3))
+            },
+            5000 + u16::from((fields[5] >> 3) & 3),
+        );
+        let mut header = [0x80, 96, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        header[2..4].copy_from_slice(&seq.to_be_bytes());
+        header[4..8].copy_from_slice(&rtp.timestamp.to_be_bytes());
+        header[8..12].copy_from_slice(&rtp.ssrc.to_be_bytes());
+        let first = lock.locked();
+        match lock.admit(Some(source), &header) {
+            Ok(()) => {
+                assert_eq!(source.ip(), SENDER);
+                assert_eq!(lock.locked(), Some((source.port(), rtp.ssrc)));
+            }
+            Err(Stranger::Address) => assert_ne!(source.ip(), SENDER),
+            Err(why) => {
+                assert!(matches!(why, Stranger::Port | Stranger::Ssrc), "{why:?}");
+                assert!(first.is_some() && first != Some((source.port(), rtp.ssrc)));
+            }
+        }
+        assert!(first.is_none() || lock.locked() == first, "a lock never moves");
         let Ok(received) = receiver.receive(rtp) else {
             continue;
         };

@@ -5,14 +5,19 @@ to a host and port. Each takes `send(frame)`, then `end()` (the utterance is com
 `close()`.
 """
 
+import base64
 import json
 import time
 from urllib.parse import parse_qs, urlsplit
 
-from .pipeline import CodesPipeline, pack
+from .pipeline import CodesPipeline, load_plugin, pack
 
 # Five times the server's RTP jitter-buffer latency (docs/server-protocol.md, codes over RTP).
 RTP_SETTLE_S = 0.2
+# The SRTP suite the media server offers (srtp=1), and srtpenc's names for it.
+SRTP_SUITE = "AES_CM_128_HMAC_SHA1_80"
+SRTPENC = ("srtpenc name=srtp rtp-cipher=aes-128-icm rtp-auth=hmac-sha1-80 "
+           "rtcp-cipher=aes-128-icm rtcp-auth=hmac-sha1-80")
 
 
 class RawCodes:
@@ -37,11 +42,17 @@ class RawCodes:
 
 class Rtp(CodesPipeline):
     """appsrc ! rtpqwencodespay ! udpsink: the payloader marks the utterance's first packet;
-    `end` drains it (the next run's frames start a new utterance)."""
+    `end` drains it (the next run's frames start a new utterance). With `srtp_key` (the master
+    key and salt of SRTP_SUITE) the packets are SRTP: `rtpqwencodespay ! srtpenc ! udpsink`."""
 
-    def __init__(self, host, port, plugin_dir=None):
-        super().__init__("rtpqwencodespay ! udpsink name=net sync=false",
-                         properties={"net": {"host": host, "port": int(port)}},
+    def __init__(self, host, port, plugin_dir=None, srtp_key=None):
+        properties = {"net": {"host": host, "port": int(port)}}
+        srtp = ""
+        if srtp_key is not None:
+            # srtpenc does not start without its key.
+            srtp = f"{SRTPENC} ! "
+            properties["srtp"] = {"key": load_plugin(plugin_dir).Buffer.new_wrapped(srtp_key)}
+        super().__init__(f"rtpqwencodespay ! {srtp}udpsink name=net sync=false", properties=properties,
                          plugin_dir=plugin_dir, what="the RTP pipeline")
 
     def send(self, frame):
@@ -57,10 +68,21 @@ class Rtp(CodesPipeline):
         pass
 
 
+def srtp_key_of(offer):
+    """The SRTP key of the server's first message, if it gives one (bytes)."""
+    srtp = offer.get("srtp")
+    if srtp is None:
+        return None
+    if srtp.get("suite") != SRTP_SUITE:
+        raise RuntimeError(f"the server's SRTP suite is {srtp.get('suite')!r}; this talker sends {SRTP_SUITE}")
+    return base64.b64decode(srtp["key"])
+
+
 class Server:
     """The media server's `/codes?session=ID` (qwencodec-server, docs/server-protocol.md): the
     frames as binary messages, or with `transport=rtp` in the URL as RTP packets to the port the
-    server's first message names; `end` and `cancel` go on the WebSocket either way."""
+    server's first message names (SRTP of the key it gives, with `srtp=1` in the URL too); `end`
+    and `cancel` go on the WebSocket either way."""
 
     def __init__(self, url, token, plugin_dir=None):
         from websockets.sync.client import connect
@@ -73,7 +95,7 @@ class Server:
             if offer.get("type") != "rtp":
                 raise RuntimeError(f"the server's first message is not an RTP port: {offer}")
             host = self.ws.remote_address[0]
-            self.rtp = Rtp(host, offer["port"], plugin_dir=plugin_dir)
+            self.rtp = Rtp(host, offer["port"], plugin_dir=plugin_dir, srtp_key=srtp_key_of(offer))
 
     def send(self, frame):
         if self.rtp is not None:

@@ -140,6 +140,8 @@ pub struct Config {
     pub janus_js: String,
     /// `--tls-cert` and `--tls-key`: `--bind` serves https and wss.
     pub tls: Option<TlsFiles>,
+    /// `--rtp-srtp required`: codes over RTP are taken as SRTP alone.
+    pub rtp_srtp_required: bool,
 }
 
 /// The PEM files of `--bind`'s TLS: the certificate chain (the server's first) and its key.

@@ -17,6 +17,8 @@
 //! With `&transport=rtp` the frames come as RTP packets instead (`rtp_ingress`): the server's
 //! first message names the port and the SDP, `{"type":"rtp","port":…,"sdp":…}`, and the
 //! connection carries the rest (`end`, `cancel`, the refusals); binary messages are refused.
+//! With `&srtp=1` too the packets are SRTP, and the first message holds the key,
+//! `"srtp":{"suite":…,"key":…}` (`--rtp-srtp required` refuses RTP without it).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,7 +33,7 @@ use crate::access;
 use crate::http::{self, Received, Request, Socket, close};
 use crate::liveness::{Gone, Heartbeat};
 use crate::log::log;
-use crate::rtp_ingress::{RtpAddresses, RtpIngress};
+use crate::rtp_ingress::{RtpAddresses, RtpIngress, SRTP_SUITE};
 use crate::server::Server;
 use qwencodec_protocol::messages::{FrameError, FromSender, sender_message};
 
@@ -81,6 +83,23 @@ pub async fn serve(
             return refuse(server, socket, peer, close::BAD_MESSAGE, reason).await;
         }
     };
+    let srtp = match request.query("srtp") {
+        None | Some("0") => false,
+        Some("1") if over_rtp => true,
+        Some("1") => {
+            let reason = "srtp=1 is for transport=rtp".to_owned();
+            return refuse(server, socket, peer, close::BAD_MESSAGE, reason).await;
+        }
+        Some(other) => {
+            let reason = format!("srtp takes 1 or 0, not {other:?}");
+            return refuse(server, socket, peer, close::BAD_MESSAGE, reason).await;
+        }
+    };
+    if over_rtp && !srtp && server.rtp_srtp_required {
+        let reason =
+            "this server takes codes over RTP as SRTP alone (--rtp-srtp required): add srtp=1".to_owned();
+        return refuse(server, socket, peer, close::BAD_MESSAGE, reason).await;
+    }
     let Some(session) = server.sessions.get(id) else {
         return refuse(
             server,
@@ -126,15 +145,19 @@ pub async fn serve(
             let session = session.clone();
             let format = server.rtp_format.clone();
             let metrics = server.metrics.clone();
-            move || RtpIngress::start(session, &format, addresses, metrics)
+            move || RtpIngress::start(session, &format, addresses, metrics, srtp)
         })
         .await
         .unwrap_or_else(|err| Err(err.to_string()));
         match started {
             Ok(rtp) => {
-                log!("sender {peer} feeds session {id} over RTP, port {}", rtp.port);
-                let port = json!({"type": "rtp", "port": rtp.port, "sdp": rtp.sdp}).to_string();
-                http::send_text(&mut socket, port, server.peer_times.peer_timeout).await;
+                let over = if srtp { "SRTP" } else { "RTP" };
+                log!("sender {peer} feeds session {id} over {over}, port {}", rtp.port);
+                let mut port = json!({"type": "rtp", "port": rtp.port, "sdp": rtp.sdp});
+                if let Some(key) = &rtp.srtp {
+                    port["srtp"] = json!({"suite": SRTP_SUITE, "key": key.base64()});
+                }
+                http::send_text(&mut socket, port.to_string(), server.peer_times.peer_timeout).await;
                 Some(rtp)
             }
             Err(err) => {

@@ -53,6 +53,7 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
     [--janus http://HOST:PORT/janus] [--janus-public URL] [--janus-js FILE]
     [--janus-api-secret-file FILE] [--janus-admin-key-file FILE] [--janus-token-secret-file FILE]
     [--trusted-proxy ADDRESS,...]
+    [--rtp-srtp offered|required]
 
   --bind               address and port to serve on (127.0.0.1:8080); an address other hosts
                        reach needs a join secret, or --insecure-open
@@ -166,6 +167,9 @@ qwencodec-server [--bind 127.0.0.1:8080] [--tls-cert FILE --tls-key FILE] [--mod
   --trusted-proxy      proxies (addresses, comma-separated) whose X-Forwarded-For names the
                        client: its address counts in the per-address caps and the log (the
                        right-most not itself a trusted proxy); anyone else's is ignored (none)
+  --rtp-srtp           offered: a sender of codes over RTP that asks (srtp=1) sends SRTP of a
+                       key its WebSocket is told, others plain RTP; required: RTP without
+                       srtp=1 is refused (offered)
 
 SIGTERM or SIGINT: the server drains. It takes no new session (a new /signal is answered 503, a
 join 4503, /status says \"draining\": a router sends joins to another server), and ends each
@@ -278,6 +282,11 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
     let janus_js = options
         .take("--janus-js")?
         .unwrap_or_else(|| DEBIAN_JANUS_JS.into());
+    let rtp_srtp_required = match options.take("--rtp-srtp")?.as_deref() {
+        None | Some("offered") => false,
+        Some("required") => true,
+        Some(other) => return Err(format!("--rtp-srtp takes offered or required, not {other:?}").into()),
+    };
     if let Some(instance) = &instance
         && (instance.is_empty() || !instance.chars().all(|c| c.is_ascii_alphanumeric()))
     {
@@ -346,5 +355,6 @@ fn read_options() -> Result<Option<Config>, Box<dyn Error>> {
         trusted_proxies,
         janus_js,
         tls,
+        rtp_srtp_required,
     }))
 }

@@ -28,6 +28,13 @@ struct Refusal {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RtpDropped {
+    /// `address`, `port`, `ssrc`, `not-rtp` (`qwencodec_rtp_codes::Stranger`'s labels), `srtp`
+    /// (failed authentication).
+    why: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Lost {
     /// `browser`, `sender` or `broadcaster`.
     peer: &'static str,
@@ -64,6 +71,7 @@ pub struct Metrics {
     pub late_audio: LateAudio,
     refusals: Family<Refusal, Counter>,
     peers_lost: Family<Lost, Counter>,
+    rtp_dropped: Family<RtpDropped, Counter>,
     pub sender_takeovers: Counter,
     model: Arc<Model>,
     pub capacity: Arc<Capacity>,
@@ -90,6 +98,7 @@ impl Metrics {
             },
             refusals: Family::default(),
             peers_lost: Family::default(),
+            rtp_dropped: Family::default(),
             sender_takeovers: Counter::default(),
             model: model.clone(),
             capacity: capacity.clone(),
@@ -153,6 +162,11 @@ impl Metrics {
             metrics.peers_lost.clone(),
         );
         registry.register(
+            "rtp_packets_dropped",
+            "Packets dropped at a session's RTP codes port, by why: from another address than its sender's, another port or SSRC than the first packet's, not RTP, failed SRTP authentication",
+            metrics.rtp_dropped.clone(),
+        );
+        registry.register(
             "sender_takeovers",
             "Sessions a new sender took over from the one feeding them (takeover=1)",
             metrics.sender_takeovers.clone(),
@@ -192,6 +206,11 @@ impl Metrics {
     /// A `peer` (`browser`, `sender` or `broadcaster`) taken for gone, for `why`.
     pub fn peer_lost(&self, peer: &'static str, why: &'static str) {
         self.peers_lost.get_or_create(&Lost { peer, why }).inc();
+    }
+
+    /// `count` packets dropped at a session's RTP port, for `why`.
+    pub fn rtp_dropped(&self, why: &'static str, count: u64) {
+        self.rtp_dropped.get_or_create(&RtpDropped { why }).inc_by(count);
     }
 
     /// The text of `/metrics`, the gauges read now.
@@ -248,6 +267,7 @@ mod tests {
         metrics.refused(4403);
         metrics.refused(4403);
         metrics.refused(503);
+        metrics.rtp_dropped("ssrc", 1);
         metrics.peer_lost("browser", "pings-unanswered");
         metrics.sender_takeovers.inc();
         // One stream's step of two frames: one batch of one row.
@@ -263,6 +283,10 @@ mod tests {
         assert_eq!(sample(&text, "qwencodec_admitting"), "1");
         assert_eq!(sample(&text, r#"qwencodec_refusals_total{code="4403"}"#), "2");
         assert_eq!(sample(&text, r#"qwencodec_refusals_total{code="503"}"#), "1");
+        assert_eq!(
+            sample(&text, r#"qwencodec_rtp_packets_dropped_total{why="ssrc"}"#),
+            "1"
+        );
         assert_eq!(
             sample(
                 &text,

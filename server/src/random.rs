@@ -1,14 +1,22 @@
-//! Random identifiers: session ids, the codes token, Janus transactions.
+//! Random identifiers and keys: session ids, the codes token, Janus transactions, SRTP keys.
 
 use std::io::Read;
 
-/// `bytes` random bytes in hex, from the kernel's random source.
-pub fn random_hex(bytes: usize) -> Result<String, String> {
+/// `bytes` random bytes, from the kernel's random source.
+pub fn random_bytes(bytes: usize) -> Result<Vec<u8>, String> {
     let mut random = vec![0u8; bytes];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut file| file.read_exact(&mut random))
         .map_err(|err| format!("cannot read /dev/urandom: {err}"))?;
-    Ok(random.iter().map(|byte| format!("{byte:02x}")).collect())
+    Ok(random)
+}
+
+/// `bytes` random bytes in hex.
+pub fn random_hex(bytes: usize) -> Result<String, String> {
+    Ok(random_bytes(bytes)?
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect())
 }
 
 #[cfg(test)]

@@ -16,10 +16,21 @@
 //! decoder the same way as an utterance's start, but is no new utterance: what comes of a
 //! cancelled utterance after it is still dropped.
 //!
+//! With `srtp=1` the packets are SRTP, of a key made for the session and told to the sender on
+//! its WebSocket: `srtpdec` drops what fails authentication (a wrong key, plain RTP), and the
+//! port locks to the first packet that passes.
+//!
+//! ```text
+//! udpsrc ! srtpdec ! rtpjitterbuffer ! rtpqwencodesdepay ! appsink
+//! ```
+//!
 //! The port takes packets from the sender's address alone (the address its WebSocket came
-//! from): anyone else who finds the port could otherwise speak into the session, unasked.
+//! from), and of those only the source port and SSRC of the first it took
+//! (`qwencodec_rtp_codes::source`): anyone else who finds the port, a host behind the same NAT
+//! or a spoofed source among them, could otherwise speak into the session, unasked, or start an
+//! utterance that ends a cancel.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -27,9 +38,11 @@ use gst::prelude::*;
 use gst_net::gio;
 use gst_net::gio::prelude::InetSocketAddressExt;
 use gstqwencodec::model::DecoderConfig;
+use qwencodec_rtp_codes::{SourceLock, Stranger};
 
 use crate::log::log;
 use crate::metrics::Metrics;
+use crate::random::random_bytes;
 use crate::session::Session;
 
 /// How long the jitter buffer waits for a late or reordered packet: a frame is 80 ms, and a
@@ -39,6 +52,38 @@ const JITTER_BUFFER_MS: u32 = 40;
 /// `qwencodecdec`'s `max-plc-frames`; a longer one restarts the decoder.
 const MAX_CONCEALED_FRAMES: u64 = 25;
 const PAYLOAD_TYPE: u32 = 96;
+
+/// The SRTP crypto suite offered, by RFC 4568's name: AES in counter mode with a 128-bit key and
+/// HMAC-SHA1 tags of 80 bits (`srtpdec`'s aes-128-icm and hmac-sha1-80), which every SRTP stack
+/// has.
+pub const SRTP_SUITE: &str = "AES_CM_128_HMAC_SHA1_80";
+/// Its master key and salt: 16 bytes and 14.
+const SRTP_KEY_BYTES: usize = 30;
+
+/// A session's SRTP master key and salt, made for it and told its sender alone.
+pub struct SrtpKey(Vec<u8>);
+
+impl SrtpKey {
+    fn new() -> Result<Self, String> {
+        random_bytes(SRTP_KEY_BYTES).map(Self)
+    }
+
+    /// In base64, as SDP's `a=crypto` writes it (`inline:`).
+    pub fn base64(&self) -> String {
+        data_encoding::BASE64.encode(&self.0)
+    }
+
+    /// What `srtpdec` asks for each SSRC (its `request-key`).
+    fn decoder_caps(&self) -> gst::Caps {
+        gst::Caps::builder("application/x-srtp")
+            .field("srtp-key", gst::Buffer::from_slice(self.0.clone()))
+            .field("srtp-cipher", "aes-128-icm")
+            .field("srtp-auth", "hmac-sha1-80")
+            .field("srtcp-cipher", "aes-128-icm")
+            .field("srtcp-auth", "hmac-sha1-80")
+            .build()
+    }
+}
 
 /// What the RTP caps and the SDP say about the codes.
 #[derive(Clone)]
@@ -59,26 +104,38 @@ impl RtpFormat {
         }
     }
 
-    fn caps(&self) -> gst::Caps {
-        gst::Caps::builder("application/x-rtp")
-            .field("media", "audio")
-            .field("encoding-name", gstqwencodec::RTP_CODES_ENCODING_NAME)
-            .field("clock-rate", self.clock_rate as i32)
-            .field("payload", PAYLOAD_TYPE as i32)
-            .field("version", gstqwencodec::RTP_CODES_VERSION.to_string())
-            .field("codebooks", self.codebooks.to_string())
-            .field("codebook-size", self.codebook_size.to_string())
-            .field("samples-per-frame", self.samples_per_frame.to_string())
-            .build()
+    fn caps(&self, srtp: bool) -> gst::Caps {
+        gst::Caps::builder(if srtp {
+            "application/x-srtp"
+        } else {
+            "application/x-rtp"
+        })
+        .field("media", "audio")
+        .field("encoding-name", gstqwencodec::RTP_CODES_ENCODING_NAME)
+        .field("clock-rate", self.clock_rate as i32)
+        .field("payload", PAYLOAD_TYPE as i32)
+        .field("version", gstqwencodec::RTP_CODES_VERSION.to_string())
+        .field("codebooks", self.codebooks.to_string())
+        .field("codebook-size", self.codebook_size.to_string())
+        .field("samples-per-frame", self.samples_per_frame.to_string())
+        .build()
     }
 
-    /// The SDP a sender needs: where to send and what.
-    fn sdp(&self, address: IpAddr, port: u16) -> String {
+    /// The SDP a sender needs: where to send and what, and with SRTP its key (RFC 4568's
+    /// `a=crypto`).
+    fn sdp(&self, address: IpAddr, port: u16, srtp: Option<&SrtpKey>) -> String {
         let family = if address.is_ipv4() { "IP4" } else { "IP6" };
+        let (profile, crypto) = match srtp {
+            Some(key) => (
+                "RTP/SAVP",
+                format!("a=crypto:1 {SRTP_SUITE} inline:{}\r\n", key.base64()),
+            ),
+            None => ("RTP/AVP", String::new()),
+        };
         format!(
             "v=0\r\no=- 0 0 IN {family} {address}\r\ns=qwencodec codes\r\nc=IN {family} {address}\r\nt=0 0\r\n\
-             m=audio {port} RTP/AVP {PAYLOAD_TYPE}\r\na=rtpmap:{PAYLOAD_TYPE} {}/{}\r\n\
-             a=fmtp:{PAYLOAD_TYPE} version={};codebooks={};codebook-size={};samples-per-frame={}\r\na=recvonly\r\n",
+             m=audio {port} {profile} {PAYLOAD_TYPE}\r\na=rtpmap:{PAYLOAD_TYPE} {}/{}\r\n\
+             a=fmtp:{PAYLOAD_TYPE} version={};codebooks={};codebook-size={};samples-per-frame={}\r\n{crypto}a=recvonly\r\n",
             gstqwencodec::RTP_CODES_ENCODING_NAME,
             self.clock_rate,
             gstqwencodec::RTP_CODES_VERSION,
@@ -94,13 +151,14 @@ pub struct RtpIngress {
     pipeline: gst::Pipeline,
     pub port: u16,
     pub sdp: String,
+    /// The SRTP key the packets are protected with (`srtp=1`).
+    pub srtp: Option<SrtpKey>,
     utterances: Arc<Utterances>,
     /// Why the frames stopped going into the session (a refusal of `Session::push`).
     refused: Arc<Mutex<Option<(u16, String)>>>,
     frames: Arc<Mutex<usize>>,
-    /// Packets from other addresses than the sender's, dropped.
-    dropped: Arc<AtomicU64>,
-    session: String,
+    /// The sender's lock, and the packets it dropped.
+    gate: Arc<Gate>,
 }
 
 /// Where a session's RTP comes in: the local address the port is bound on, the address the
@@ -130,13 +188,15 @@ impl RtpAddresses {
 
 impl RtpIngress {
     /// Listens on a free UDP port of `addresses.local` and hands what comes from
-    /// `addresses.sender` to `session`.
+    /// `addresses.sender` to `session`; with `srtp`, SRTP of a key made now.
     pub fn start(
         session: Arc<Session>,
         format: &RtpFormat,
         addresses: RtpAddresses,
         metrics: Arc<Metrics>,
+        srtp: bool,
     ) -> Result<Self, String> {
+        let key = srtp.then(SrtpKey::new).transpose()?;
         let id = session.id.clone();
         let pipeline = gst::Pipeline::with_name(&format!("rtp-{id}"));
         let make = |factory: &str| {
@@ -147,7 +207,7 @@ impl RtpIngress {
         let udpsrc = gst::ElementFactory::make("udpsrc")
             .property("address", addresses.local.to_string())
             .property("port", 0i32)
-            .property("caps", format.caps())
+            .property("caps", format.caps(key.is_some()))
             .build()
             .map_err(|err| format!("udpsrc: {err}"))?;
         let jitterbuffer = gst::ElementFactory::make("rtpjitterbuffer")
@@ -155,16 +215,40 @@ impl RtpIngress {
             .build()
             .map_err(|err| format!("rtpjitterbuffer: {err}"))?;
         let appsink = gst_app::AppSink::builder().sync(false).build();
-        let chain = [
-            &udpsrc,
-            &jitterbuffer,
-            &make("rtpqwencodesdepay")?,
-            appsink.upcast_ref(),
-        ];
+        let depayloader = make("rtpqwencodesdepay")?;
+        let chain = [&jitterbuffer, &depayloader, appsink.upcast_ref()];
         pipeline.add_many(chain).map_err(|err| err.to_string())?;
+        pipeline.add(&udpsrc).map_err(|err| err.to_string())?;
         gst::Element::link_many(chain).map_err(|err| err.to_string())?;
-        let dropped = Arc::new(AtomicU64::new(0));
-        take_only_from(&udpsrc, addresses.sender, &id, dropped.clone());
+        let srtpdec = match &key {
+            None => None,
+            Some(key) => {
+                let srtpdec = make("srtpdec")?;
+                let caps = key.decoder_caps();
+                srtpdec.connect("request-key", false, move |_| Some(caps.to_value()));
+                Some(srtpdec)
+            }
+        };
+        let gate = Arc::new(Gate::new(
+            addresses.sender,
+            &id,
+            metrics.clone(),
+            srtpdec.as_ref(),
+        ));
+        match &srtpdec {
+            None => udpsrc.link(&jitterbuffer).map_err(|err| err.to_string())?,
+            Some(srtpdec) => {
+                pipeline.add(srtpdec).map_err(|err| err.to_string())?;
+                udpsrc
+                    .link_pads(Some("src"), srtpdec, Some("rtp_sink"))
+                    .map_err(|err| err.to_string())?;
+                srtpdec
+                    .link_pads(Some("rtp_src"), &jitterbuffer, Some("sink"))
+                    .map_err(|err| err.to_string())?;
+                take_authenticated(srtpdec, gate.clone());
+            }
+        }
+        take_only_from(&udpsrc, gate.clone());
 
         let utterances = Arc::new(Utterances::default());
         let concealment = Arc::new(Mutex::new(Concealment::new(format, frame_bytes_of(format))));
@@ -242,12 +326,12 @@ impl RtpIngress {
         Ok(Self {
             pipeline,
             port,
-            sdp: format.sdp(addresses.announced, port),
+            sdp: format.sdp(addresses.announced, port, key.as_ref()),
+            srtp: key,
             utterances,
             refused,
             frames,
-            dropped,
-            session: id,
+            gate,
         })
     }
 
@@ -256,8 +340,10 @@ impl RtpIngress {
         self.utterances.cancel();
     }
 
-    /// The frames handed to the session so far.
+    /// The frames handed to the session so far. (The connection asks often: the packets that
+    /// failed SRTP authentication are counted then.)
     pub fn frames(&self) -> usize {
+        self.gate.settle_srtp();
         *self.frames.lock().unwrap()
     }
 
@@ -280,14 +366,9 @@ impl RtpIngress {
 
 impl Drop for RtpIngress {
     fn drop(&mut self) {
+        self.gate.settle_srtp();
         let _ = self.pipeline.set_state(gst::State::Null);
-        let dropped = self.dropped.load(Ordering::SeqCst);
-        if dropped > 0 {
-            log!(
-                "session {}: {dropped} RTP packets from other addresses than its sender's dropped",
-                self.session
-            );
-        }
+        self.gate.log_dropped();
     }
 }
 
@@ -409,11 +490,180 @@ fn watch_lost_time(appsink: &gst_app::AppSink, concealment: Arc<Mutex<Concealmen
         });
 }
 
-/// Drops what reaches `udpsrc` from another address than `sender` (udpsrc says each packet's
-/// source in its buffer's net address meta), counting it in `dropped`; the first is logged.
-fn take_only_from(udpsrc: &gst::Element, sender: IpAddr, session: &str, dropped: Arc<AtomicU64>) {
-    let sender = sender.to_canonical();
-    let session = session.to_owned();
+/// The sender's lock on a port, and what it dropped: counted by why (and in the metrics), the
+/// first of each kind logged.
+struct Gate {
+    lock: Mutex<SourceLock>,
+    sender: IpAddr,
+    /// By `Stranger`, in `STRANGERS`' order.
+    dropped: [AtomicU64; 4],
+    /// With SRTP: `srtpdec`, and the packets it dropped.
+    srtp: Option<SrtpFailures>,
+    metrics: Arc<Metrics>,
+    session: String,
+}
+
+/// `srtpdec` (its stats count the packets that failed authentication: a wrong key, plain RTP,
+/// a replay), and how many of those the metrics have.
+struct SrtpFailures {
+    /// Weak: the element's pad probe holds the gate.
+    srtpdec: glib::WeakRef<gst::Element>,
+    counted: AtomicU64,
+}
+
+const STRANGERS: [Stranger; 4] = [
+    Stranger::Address,
+    Stranger::Port,
+    Stranger::Ssrc,
+    Stranger::NotRtp,
+];
+
+impl Gate {
+    fn new(sender: IpAddr, session: &str, metrics: Arc<Metrics>, srtpdec: Option<&gst::Element>) -> Self {
+        Self {
+            lock: Mutex::new(SourceLock::new(sender)),
+            sender: sender.to_canonical(),
+            dropped: Default::default(),
+            srtp: srtpdec.map(|srtpdec| SrtpFailures {
+                srtpdec: srtpdec.downgrade(),
+                counted: AtomicU64::new(0),
+            }),
+            metrics,
+            session: session.to_owned(),
+        }
+    }
+
+    /// Whether `buffer` (an RTP packet, with udpsrc's net address meta) is the sender's; with
+    /// `lock`, the first that is locks the port and SSRC.
+    fn admit(&self, buffer: &gst::BufferRef, lock: bool) -> bool {
+        let source = source_of(buffer);
+        let Ok(map) = buffer.map_readable() else {
+            return false;
+        };
+        let mut source_lock = self.lock.lock().unwrap();
+        let before = source_lock.locked();
+        let verdict = if lock {
+            source_lock.admit(source, &map)
+        } else {
+            source_lock.check(source, &map).map(drop)
+        };
+        let lock = source_lock;
+        match verdict {
+            Ok(()) => {
+                if let (None, Some((port, ssrc)), Some(source)) = (before, lock.locked(), source) {
+                    log!(
+                        "session {}: RTP from {} port {port}, SSRC {ssrc}: the port takes this source's alone",
+                        self.session,
+                        source.ip()
+                    );
+                }
+                true
+            }
+            Err(why) => {
+                let locked = lock.locked();
+                drop(lock);
+                self.dropped(why, source, locked);
+                false
+            }
+        }
+    }
+
+    /// Counts the packets that `srtpdec` dropped since the last call (its stats'
+    /// `recv-drop-count`).
+    fn settle_srtp(&self) {
+        let Some(srtp) = &self.srtp else {
+            return;
+        };
+        let Some(srtpdec) = srtp.srtpdec.upgrade() else {
+            return;
+        };
+        let failed = srtpdec
+            .property::<gst::Structure>("stats")
+            .get::<u32>("recv-drop-count")
+            .map_or(0, u64::from);
+        let counted = srtp.counted.fetch_max(failed, Ordering::SeqCst);
+        if failed > counted {
+            self.metrics.rtp_dropped("srtp", failed - counted);
+            if counted == 0 {
+                log!(
+                    "session {}: dropped an RTP packet that failed SRTP authentication (another key, or plain RTP)",
+                    self.session
+                );
+            }
+        }
+    }
+
+    fn dropped(&self, why: Stranger, source: Option<SocketAddr>, locked: Option<(u16, u32)>) {
+        self.metrics.rtp_dropped(why.label(), 1);
+        let index = STRANGERS.iter().position(|&kind| kind == why).unwrap();
+        if self.dropped[index].fetch_add(1, Ordering::SeqCst) > 0 {
+            return;
+        }
+        let session = &self.session;
+        let sender = self.sender;
+        let from = source.map_or_else(
+            || "an unknown address".to_owned(),
+            |source| source.ip().to_string(),
+        );
+        let port = source.map_or(0, |source| source.port());
+        match (why, locked) {
+            (Stranger::Address, _) => log!(
+                "session {session}: dropped an RTP packet from {from}: the port takes its sender's ({sender}) alone"
+            ),
+            (Stranger::NotRtp, _) => {
+                log!("session {session}: dropped a packet from {from} port {port} that is not RTP")
+            }
+            (_, Some((locked_port, ssrc))) => log!(
+                "session {session}: dropped an RTP packet from {from} port {port} ({}): the port takes port {locked_port}, SSRC {ssrc} alone",
+                why.label()
+            ),
+            (_, None) => (),
+        }
+    }
+
+    /// The packets dropped, by why, once the port closes.
+    fn log_dropped(&self) {
+        let count = |why: Stranger| {
+            let index = STRANGERS.iter().position(|&kind| kind == why).unwrap();
+            self.dropped[index].load(Ordering::SeqCst)
+        };
+        let session = &self.session;
+        let addresses = count(Stranger::Address);
+        if addresses > 0 {
+            log!("session {session}: {addresses} RTP packets from other addresses than its sender's dropped");
+        }
+        if let Some(srtp) = &self.srtp {
+            let failed = srtp.counted.load(Ordering::SeqCst);
+            if failed > 0 {
+                log!("session {session}: {failed} RTP packets that failed SRTP authentication dropped");
+            }
+        }
+        let (ports, ssrcs, not_rtp) = (
+            count(Stranger::Port),
+            count(Stranger::Ssrc),
+            count(Stranger::NotRtp),
+        );
+        if ports + ssrcs + not_rtp > 0 {
+            log!(
+                "session {session}: from its sender's address, {ports} RTP packets from another port and {ssrcs} of another SSRC than the first's dropped, and {not_rtp} packets not RTP"
+            );
+        }
+    }
+}
+
+/// Where a packet udpsrc received came from (its buffer's net address meta).
+fn source_of(buffer: &gst::BufferRef) -> Option<SocketAddr> {
+    let address = buffer
+        .meta::<gst_net::NetAddressMeta>()?
+        .addr()
+        .downcast::<gio::InetSocketAddress>()
+        .ok()?;
+    Some(SocketAddr::new(IpAddr::from(address.address()), address.port()))
+}
+
+/// Drops what reaches `udpsrc` that is not the sender's (`gate`). With SRTP the first to pass
+/// `srtpdec` locks the port (`take_authenticated`), not the first to come.
+fn take_only_from(udpsrc: &gst::Element, gate: Arc<Gate>) {
     udpsrc
         .static_pad("src")
         .unwrap()
@@ -421,20 +671,28 @@ fn take_only_from(udpsrc: &gst::Element, sender: IpAddr, session: &str, dropped:
             let Some(gst::PadProbeData::Buffer(buffer)) = &info.data else {
                 return gst::PadProbeReturn::Ok;
             };
-            let source = buffer
-                .meta::<gst_net::NetAddressMeta>()
-                .and_then(|meta| meta.addr().downcast::<gio::InetSocketAddress>().ok())
-                .map(|address| IpAddr::from(address.address()).to_canonical());
-            if source == Some(sender) {
+            if gate.admit(buffer, gate.srtp.is_none()) {
+                gst::PadProbeReturn::Ok
+            } else {
+                gst::PadProbeReturn::Drop
+            }
+        });
+}
+
+/// Locks the port to the first packet that passes `srtpdec` (authenticated).
+fn take_authenticated(srtpdec: &gst::Element, gate: Arc<Gate>) {
+    srtpdec
+        .static_pad("rtp_src")
+        .unwrap()
+        .add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+            let Some(gst::PadProbeData::Buffer(buffer)) = &info.data else {
                 return gst::PadProbeReturn::Ok;
+            };
+            if gate.admit(buffer, true) {
+                gst::PadProbeReturn::Ok
+            } else {
+                gst::PadProbeReturn::Drop
             }
-            if dropped.fetch_add(1, Ordering::SeqCst) == 0 {
-                let source = source.map_or_else(|| "an unknown address".to_owned(), |source| source.to_string());
-                log!(
-                    "session {session}: dropped an RTP packet from {source}: the port takes its sender's ({sender}) alone"
-                );
-            }
-            gst::PadProbeReturn::Drop
         });
 }
 
@@ -527,21 +785,39 @@ mod tests {
     fn the_sdp_names_the_port_its_address_and_the_codes() {
         let v4: IpAddr = "198.51.100.7".parse().unwrap();
         assert_eq!(
-            RELEASED.sdp(v4, 50004),
+            RELEASED.sdp(v4, 50004, None),
             "v=0\r\no=- 0 0 IN IP4 198.51.100.7\r\ns=qwencodec codes\r\nc=IN IP4 198.51.100.7\r\nt=0 0\r\n\
              m=audio 50004 RTP/AVP 96\r\na=rtpmap:96 X-QWEN3-TTS-CODES/24000\r\n\
              a=fmtp:96 version=1;codebooks=16;codebook-size=2048;samples-per-frame=1920\r\na=recvonly\r\n"
         );
         let v6: IpAddr = "2001:db8::7".parse().unwrap();
-        let sdp = RELEASED.sdp(v6, 9);
+        let sdp = RELEASED.sdp(v6, 9, None);
         assert!(sdp.contains("\r\nc=IN IP6 2001:db8::7\r\n"), "{sdp}");
         assert!(sdp.contains("\r\nm=audio 9 RTP/AVP 96\r\n"), "{sdp}");
+    }
+
+    /// With SRTP the profile is RTP/SAVP and the key is RFC 4568's `a=crypto`; each key is new.
+    #[test]
+    fn an_srtp_sdp_names_the_suite_and_its_key() {
+        let key = SrtpKey((0..30).collect());
+        let v4: IpAddr = "198.51.100.7".parse().unwrap();
+        let sdp = RELEASED.sdp(v4, 50004, Some(&key));
+        assert!(sdp.contains("\r\nm=audio 50004 RTP/SAVP 96\r\n"), "{sdp}");
+        assert!(
+            sdp.contains(
+                "\r\na=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwd\r\n"
+            ),
+            "{sdp}"
+        );
+        let (first, second) = (SrtpKey::new().unwrap(), SrtpKey::new().unwrap());
+        assert_eq!(first.0.len(), 30);
+        assert_ne!(first.0, second.0);
     }
 
     #[test]
     fn the_caps_are_the_depayloaders_for_the_models_codes() {
         gst::init().unwrap();
-        let caps = RELEASED.caps();
+        let caps = RELEASED.caps(false);
         let expected = gst::Caps::from_str(
             "application/x-rtp, media=audio, encoding-name=X-QWEN3-TTS-CODES, clock-rate=24000, \
              payload=96, version=(string)1, codebooks=(string)16, codebook-size=(string)2048, \

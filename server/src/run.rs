@@ -61,6 +61,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         trusted_proxies,
         janus_js: janus_js_path,
         tls,
+        rtp_srtp_required,
     } = config;
     // Read first: a certificate that does not load fails the start at once.
     let tls = tls
@@ -207,6 +208,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn Error>> {
         metrics,
         rtp_format,
         ice: ice.clone(),
+        rtp_srtp_required,
         janus,
         janus_js,
         monitoring_apart: metrics_listener.is_some(),

@@ -32,6 +32,8 @@ pub struct Server {
     pub rtp_format: rtp_ingress::RtpFormat,
     /// The STUN and TURN servers each page's peer connection is given (`RTCIceServer`s).
     pub ice: Arc<ice::Ice>,
+    /// Codes over RTP are taken as SRTP alone (`--rtp-srtp required`).
+    pub rtp_srtp_required: bool,
     /// Where broadcasts go (`--janus`), if anywhere.
     pub janus: Option<Arc<janus::Janus>>,
     /// janus.js for the broadcast listener page (`--janus-js`), if it was found.

@@ -5,7 +5,8 @@ On the tiny CustomVoice talker (seed fixed, so the same frames every run): the f
 with --out are the reference, and --loop upstream writes the same; --rtp to a udpsrc ! rtpqwencodesdepay pipeline in this process
 delivers the same frames, the first packet marked; --server to a stand-in for the media
 server's /codes (websockets) gets them as binary messages then {"type":"end"}, and with
-transport=rtp as RTP to the port it names with end on the WebSocket; a SIGINT during a long
+transport=rtp as RTP to the port it names with end on the WebSocket (with srtp=1 too, as SRTP of
+the key the stand-in gives, which a receiver of that key decrypts); a SIGINT during a long
 run sends {"type":"cancel"} after the frames it counts, and none after: the first frames of the
 same run uninterrupted, fewer than it makes.
 
@@ -15,6 +16,7 @@ with the python of the venv that tools/setup-packages.sh pip-installs the packag
 qwencodec-talker command it runs (tools/check-talker.sh).
 """
 
+import base64
 import json
 import os
 import signal
@@ -54,15 +56,22 @@ def finished(process, what):
 
 
 class RtpReceiver:
-    """udpsrc ! rtpqwencodesdepay ! appsink on a free port: the frames, and which were marked."""
+    """udpsrc ! rtpqwencodesdepay ! appsink on a free port: the frames, and which were marked;
+    with `srtp_key`, udpsrc ! srtpdec ! ... of that key (AES_CM_128_HMAC_SHA1_80)."""
 
-    def __init__(self):
+    def __init__(self, srtp_key=None):
         Gst = self.Gst = load_plugin()
+        kind, srtpdec = ("srtp", "srtpdec name=srtp ! ") if srtp_key is not None else ("rtp", "")
         self.pipeline = Gst.parse_launch(
-            "udpsrc name=net address=127.0.0.1 port=0 caps=\"application/x-rtp,media=audio,"
+            f"udpsrc name=net address=127.0.0.1 port=0 caps=\"application/x-{kind},media=audio,"
             "clock-rate=24000,encoding-name=X-QWEN3-TTS-CODES,payload=96,version=(string)1,"
             "codebooks=(string)16,codebook-size=(string)2048,samples-per-frame=(string)1920\" "
-            "! rtpqwencodesdepay ! appsink name=out sync=false")
+            f"! {srtpdec}rtpqwencodesdepay ! appsink name=out sync=false")
+        if srtp_key is not None:
+            keys = Gst.Caps.from_string(
+                f"application/x-srtp,srtp-key=(buffer){srtp_key.hex()},srtp-cipher=aes-128-icm,"
+                "srtp-auth=hmac-sha1-80,srtcp-cipher=aes-128-icm,srtcp-auth=hmac-sha1-80")
+            self.pipeline.get_by_name("srtp").connect("request-key", lambda _element, _ssrc: keys)
         self.pipeline.set_state(Gst.State.PLAYING)
         self.pipeline.get_state(5 * Gst.SECOND)
         self.port = self.pipeline.get_by_name("net").get_property("port")
@@ -92,10 +101,11 @@ class CodesServer:
     """A stand-in for qwencodec-server's /codes: records what a sender sends, and with
     transport=rtp first names `rtp_port`."""
 
-    def __init__(self, rtp_port=None):
+    def __init__(self, rtp_port=None, srtp_key=None):
         self.messages = []
         self.headers = None
         self.rtp_port = rtp_port
+        self.srtp_key = srtp_key
         self.closed = threading.Event()
         self.server = serve(self.handle, "127.0.0.1", 0)
         self.port = self.server.socket.getsockname()[1]
@@ -105,7 +115,10 @@ class CodesServer:
         self.headers = connection.request.headers
         self.path = connection.request.path
         if "transport=rtp" in self.path:
-            connection.send(json.dumps({"type": "rtp", "port": self.rtp_port, "sdp": ""}))
+            offer = {"type": "rtp", "port": self.rtp_port, "sdp": ""}
+            if "srtp=1" in self.path:
+                offer["srtp"] = {"suite": "AES_CM_128_HMAC_SHA1_80", "key": base64.b64encode(self.srtp_key).decode()}
+            connection.send(json.dumps(offer))
         try:
             for message in connection:
                 self.messages.append(message)
@@ -174,8 +187,21 @@ def main():
     check("transport=rtp sends no frames in messages, and end", server.binary() == b"" and server.texts() == ["end"],
           f"({server.texts()})")
     server.close()
+
+    # srtp=1: SRTP of the key the server gives; a receiver of that key gets the frames.
+    key = os.urandom(30)
+    receiver3 = RtpReceiver(srtp_key=key)
+    server = CodesServer(rtp_port=receiver3.port, srtp_key=key)
+    url = f"ws://127.0.0.1:{server.port}/codes?session=s1&transport=rtp&srtp=1"
+    finished(talker(model, "--server", url, "--token", "secret"), "--server transport=rtp&srtp=1")
+    data, marked = receiver3.frames(frames)
+    server.closed.wait(10)
+    check("srtp=1 delivers the frames of --out as SRTP of the server's key", data == codes and marked == [0],
+          f"({len(data) // FRAME_BYTES} of {frames} frames)")
+    server.close()
     receiver.close()
     receiver2.close()
+    receiver3.close()
 
     # SIGINT during a long run: cancel after the frames counted, nothing after it. The same run
     # uninterrupted is the reference: the interrupted one sends a part of it, and stops short.

@@ -33,11 +33,50 @@ impl RtpSender {
     /// A sender whose packets come from `source` (an address of the loopback interface: all of
     /// 127.0.0.0/8 is), to 127.0.0.1:`port`, `frames_per_packet` frames a packet.
     pub(super) fn start_from(speech: &Speech, source: &str, port: u16, frames_per_packet: u32) -> Self {
+        Self::launch(
+            speech,
+            port,
+            &format!("frames-per-packet={frames_per_packet}"),
+            &format!("bind-address={source}"),
+        )
+    }
+
+    /// A sender from 127.0.0.1:`source_port`, its packets of SSRC `ssrc`.
+    fn start_as(speech: &Speech, port: u16, source_port: u16, ssrc: u32) -> Self {
+        Self::launch(
+            speech,
+            port,
+            &format!("ssrc={ssrc}"),
+            &format!("bind-address=127.0.0.1 bind-port={source_port}"),
+        )
+    }
+
+    /// A sender of SRTP (the server's suite, AES_CM_128_HMAC_SHA1_80) of `key` from 127.0.0.1.
+    fn start_srtp(speech: &Speech, port: u16, key: &[u8]) -> Self {
+        let sender = Self::launch(
+            speech,
+            port,
+            "! srtpenc name=srtp rtp-cipher=aes-128-icm rtp-auth=hmac-sha1-80 \
+             rtcp-cipher=aes-128-icm rtcp-auth=hmac-sha1-80",
+            "bind-address=127.0.0.1",
+        );
+        sender
+            .pipeline
+            .by_name("srtp")
+            .unwrap()
+            .set_property("key", gst::Buffer::from_slice(key.to_vec()));
+        sender.pipeline.set_state(gst::State::Playing).unwrap();
+        sender
+    }
+
+    /// `rtpqwencodespay` with `payloader` properties (and elements after it) into `udpsink` to
+    /// 127.0.0.1:`port` with `socket` properties; playing unless an `srtpenc` waits for its key.
+    fn launch(speech: &Speech, port: u16, payloader: &str, socket: &str) -> Self {
         common::init();
         let pipeline = gst::parse::launch(&format!(
             "appsrc name=src is-live=true format=time \
-             ! rtpqwencodespay name=pay frames-per-packet={frames_per_packet} \
-             ! udpsink host=127.0.0.1 port={port} bind-address={source} sync=false"
+             ! rtpqwencodespay name=pay {payloader} \
+             ! udpsink host=127.0.0.1 port={port} {socket} sync=false"
         ))
         .unwrap()
         .downcast::<gst::Pipeline>()
@@ -63,7 +102,9 @@ impl RtpSender {
                     gst::PadProbeReturn::Ok
                 }
             });
-        pipeline.set_state(gst::State::Playing).unwrap();
+        if pipeline.by_name("srtp").is_none() {
+            pipeline.set_state(gst::State::Playing).unwrap();
+        }
         Self {
             pipeline,
             appsrc,
@@ -300,4 +341,252 @@ fn an_utterances_first_packet_ends_the_one_before_it() {
         4.0,
         "the second utterance's held frame"
     );
+}
+
+/// A free UDP port of 127.0.0.1, for a sender to send from.
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The frames taken from senders and the RTP packets dropped for `why` (`/metrics`).
+fn frames_and_dropped(server: &Server, why: &str) -> (f64, f64) {
+    let metrics = server.get("/metrics").1;
+    let dropped = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("qwencodec_rtp_packets_dropped_total{{why=\"{why}\"}} ")))
+        .map_or(0.0, |count| count.parse().unwrap());
+    (
+        super::hardening::sample(&metrics, "qwencodec_frames_in_total"),
+        dropped,
+    )
+}
+
+/// Sound a page may measure in a window where nothing is sent: the tail of the speech before
+/// it (a quarter of an utterance of 10 frames, 0.8 s, which a page hears as 0.8 s of sound).
+const NOT_HEARD_S: f64 = 0.2;
+
+/// The port takes the first packet's source port and SSRC alone: packets from the sender's
+/// address but another port, or its port and another SSRC, are dropped and counted, and not
+/// heard; a marked packet of another SSRC does not end a cancel. The sender's own packets are
+/// heard before and after.
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn the_rtp_port_takes_its_first_packets_port_and_ssrc_alone() {
+    if !server::in_own_network("rtp_codes::the_rtp_port_takes_its_first_packets_port_and_ssrc_alone") {
+        return;
+    }
+    let speech = Speech::load();
+    let server = Server::start(&[]);
+    let browser = Browser::start();
+    let session = connect_page(&browser, &server, &speech);
+    let (mut control, port) = rtp_sender_of(&server, &session);
+    let frames = 10;
+    let heard_within = speech.seconds(frames) * 1e3 + 1500.0;
+
+    // The sender's first packets lock the port to 127.0.0.1:sender_port, SSRC 1111.
+    let sender_port = free_udp_port();
+    let mut sender = RtpSender::start_as(&speech, port, sender_port, 1111);
+    let before = Measure::take(&browser);
+    let first_sent = sender.send_burst(&speech, frames);
+    wait_until(first_sent, heard_within);
+    assert_heard(
+        "the sender",
+        &speech,
+        &before,
+        &Measure::take(&browser),
+        first_sent,
+        frames,
+    );
+    assert_eq!(frames_and_dropped(&server, "port"), (10.0, 0.0));
+    assert!(server.await_log(
+        |line| line.contains(&format!(
+            "session {session}: RTP from 127.0.0.1 port {sender_port}, SSRC 1111: the port takes this source's alone"
+        )),
+        Duration::from_secs(2)
+    ));
+
+    // Another port of the same address, the same SSRC: dropped, not heard.
+    let mut other_port = RtpSender::start_as(&speech, port, free_udp_port(), 1111);
+    let sent = other_port.send_burst(&speech, frames);
+    wait_until(sent, heard_within);
+    let sound = Measure::take(&browser).sound_seconds(sent, epoch_ms());
+    assert!(
+        sound < NOT_HEARD_S,
+        "packets from another port were heard: {sound:.3} s of sound"
+    );
+    assert_eq!(
+        frames_and_dropped(&server, "port"),
+        (10.0, 10.0),
+        "frames taken, packets dropped from another port"
+    );
+    drop(other_port);
+
+    // A cancel, then a new utterance (marked) from the sender's port with another SSRC:
+    // dropped, not heard, and the cancel holds.
+    control.cancel();
+    drop(sender);
+    let mut other_ssrc = RtpSender::start_as(&speech, port, sender_port, 2222);
+    let sent = other_ssrc.send_burst(&speech, frames);
+    wait_until(sent, heard_within);
+    let sound = Measure::take(&browser).sound_seconds(sent, epoch_ms());
+    assert!(
+        sound < NOT_HEARD_S,
+        "packets of another SSRC were heard: {sound:.3} s of sound"
+    );
+    assert_eq!(
+        frames_and_dropped(&server, "ssrc"),
+        (10.0, 10.0),
+        "frames taken, packets dropped of another SSRC"
+    );
+    drop(other_ssrc);
+
+    // The sender's next utterance is heard.
+    let mut sender = RtpSender::start_as(&speech, port, sender_port, 1111);
+    let before = Measure::take(&browser);
+    let first_sent = sender.send_burst(&speech, frames);
+    wait_until(first_sent, heard_within);
+    assert_heard(
+        "the sender again",
+        &speech,
+        &before,
+        &Measure::take(&browser),
+        first_sent,
+        frames,
+    );
+    assert_eq!(frames_and_dropped(&server, "ssrc"), (20.0, 10.0));
+    drop(control);
+    assert!(server.await_log(
+        |line| line.contains(&format!(
+            "session {session}: from its sender's address, 10 RTP packets from another port and 10 of another SSRC than the first's dropped"
+        )),
+        Duration::from_secs(5)
+    ));
+}
+
+/// With `srtp=1` the server's first message holds a key (and the SDP its `a=crypto`): an SRTP
+/// sender of that key is heard as the plain path's is; plain RTP and SRTP of another key from the
+/// sender's address are heard as nothing, and counted as failed authentication.
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn srtp_of_the_sessions_key_is_heard_and_nothing_else() {
+    if !server::in_own_network("rtp_codes::srtp_of_the_sessions_key_is_heard_and_nothing_else") {
+        return;
+    }
+    let speech = Speech::load();
+    let server = Server::start(&[]);
+    let browser = Browser::start();
+    let session = connect_page(&browser, &server, &speech);
+    let frames = 10;
+    let heard_within = speech.seconds(frames) * 1e3 + 1500.0;
+
+    // The plain path's utterance, what SRTP's is held to.
+    let (control, port) = rtp_sender_of(&server, &session);
+    let mut plain = RtpSender::start(&speech, port);
+    let before = Measure::take(&browser);
+    let first_sent = plain.send_burst(&speech, frames);
+    wait_until(first_sent, heard_within);
+    let after = Measure::take(&browser);
+    assert_heard("plain RTP", &speech, &before, &after, first_sent, frames);
+    let plain_sound = after.sound_seconds(first_sent, after.number("now"));
+    drop(plain);
+    control.close();
+
+    // The key, in the first message and the SDP.
+    let mut control = server.connect(
+        &format!("/codes?session={session}&transport=rtp&srtp=1"),
+        Some(TOKEN),
+    );
+    let offer = control.receive_json();
+    let port = offer["port"].as_u64().unwrap() as u16;
+    assert_eq!(offer["srtp"]["suite"], "AES_CM_128_HMAC_SHA1_80", "{offer}");
+    let encoded = offer["srtp"]["key"].as_str().unwrap();
+    let key = data_encoding::BASE64.decode(encoded.as_bytes()).unwrap();
+    assert_eq!(key.len(), 30, "a master key and salt");
+    let sdp = offer["sdp"].as_str().unwrap();
+    for line in [
+        format!("m=audio {port} RTP/SAVP 96"),
+        format!("a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:{encoded}"),
+    ] {
+        assert!(sdp.contains(&line), "no {line:?} in the SDP: {sdp}");
+    }
+
+    // Plain RTP, and SRTP of another key, from the sender's address: heard as nothing.
+    let mut plain = RtpSender::start(&speech, port);
+    let other_key: Vec<u8> = key.iter().map(|byte| byte ^ 0x5a).collect();
+    let mut forger = RtpSender::start_srtp(&speech, port, &other_key);
+    let sent = plain.send_burst(&speech, frames);
+    forger.send_burst(&speech, frames);
+    wait_until(sent, heard_within);
+    let sound = Measure::take(&browser).sound_seconds(sent, epoch_ms());
+    assert!(
+        sound < NOT_HEARD_S,
+        "plain RTP or another key was heard: {sound:.3} s of sound"
+    );
+    assert_eq!(
+        frames_and_dropped(&server, "srtp"),
+        (10.0, 20.0),
+        "frames taken, packets that failed authentication"
+    );
+    drop((plain, forger));
+
+    // The key's sender: heard, as the plain path's.
+    let mut sender = RtpSender::start_srtp(&speech, port, &key);
+    let before = Measure::take(&browser);
+    let first_sent = sender.send_burst(&speech, frames);
+    wait_until(first_sent, heard_within);
+    let after = Measure::take(&browser);
+    assert_heard("SRTP", &speech, &before, &after, first_sent, frames);
+    // Both held to the speech sent (assert_heard); the page's energy of the same speech varies
+    // by a third from one utterance to the next, its sound's length by hundredths of a second.
+    let sound = after.sound_seconds(first_sent, after.number("now"));
+    println!("sound: plain RTP {plain_sound:.3} s, SRTP {sound:.3} s");
+    assert!(
+        (sound - plain_sound).abs() < 0.1,
+        "SRTP {sound:.3} s of sound, plain {plain_sound:.3} s"
+    );
+    assert_eq!(frames_and_dropped(&server, "srtp"), (20.0, 20.0));
+    drop(control);
+    assert!(server.await_log(
+        |line| line.contains(&format!(
+            "session {session}: 20 RTP packets that failed SRTP authentication dropped"
+        )),
+        Duration::from_secs(5)
+    ));
+}
+
+/// With `--rtp-srtp required` a sender of plain RTP is refused, saying how to ask for SRTP;
+/// `srtp=1` is for RTP alone.
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "network namespaces are Linux's")]
+fn a_server_that_requires_srtp_refuses_plain_rtp() {
+    if !server::in_own_network("rtp_codes::a_server_that_requires_srtp_refuses_plain_rtp") {
+        return;
+    }
+    let server = Server::start(&["--rtp-srtp", "required"]);
+    let mut listener = server.connect_with("/signal", &[]);
+    listener.send_text(r#"{"type":"join"}"#);
+    let session = listener.receive_json()["id"].as_str().unwrap().to_owned();
+    for (query, reason) in [
+        (
+            "&transport=rtp",
+            "this server takes codes over RTP as SRTP alone (--rtp-srtp required): add srtp=1",
+        ),
+        ("&srtp=1", "srtp=1 is for transport=rtp"),
+        ("&transport=rtp&srtp=yes", r#"srtp takes 1 or 0, not "yes""#),
+    ] {
+        let mut sender = server.connect(&format!("/codes?session={session}{query}"), Some(TOKEN));
+        assert_eq!(sender.close_reason(), (4400, reason.to_owned()), "{query}");
+    }
+    let mut sender = server.connect(
+        &format!("/codes?session={session}&transport=rtp&srtp=1"),
+        Some(TOKEN),
+    );
+    let offer = sender.receive_json();
+    assert_eq!(offer["srtp"]["suite"], "AES_CM_128_HMAC_SHA1_80", "{offer}");
+    sender.close();
+    listener.close();
 }
