@@ -961,7 +961,7 @@ def print_progress(line: str):
 # speech is decoded once by the server and copied to every listener by Janus.
 
 JANUS_PLUGIN = "janus.plugin.streaming"
-# Janus secured as docs/server.md has it, its secrets made for this run: its API secret, which
+# Janus secured as docs/streaming-server.md has it, its secrets made for this run: its API secret, which
 # every call here and the server's carry, and the Streaming plugin's admin key, the server's.
 JANUS_API_SECRET = secrets.token_hex(16)
 JANUS_ADMIN_KEY = secrets.token_hex(16)

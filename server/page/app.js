@@ -4,7 +4,7 @@
 
 // The join token that the application's backend signed for this listener, from the page's
 // URL's fragment (#token=...), which no request sends on, neither to a server nor in a Referer
-// (docs/server.md); taken out of the address bar and the history at once.
+// (docs/streaming-server.md); taken out of the address bar and the history at once.
 const joinToken = (() => {
   const token = new URLSearchParams(location.hash.slice(1)).get("token");
   if (token) history.replaceState(null, "", location.pathname + location.search);

@@ -67,7 +67,7 @@ pub fn codes_start_lines(
             "warning: /codes and /broadcast share the public listener (--bind {bind}): whoever \
              reaches the page may try senders' credentials there, and a flood of the public side \
              holds senders up. Give --codes-bind ADDRESS:PORT on a private address (the TTS \
-             farm's network) to serve them there alone (docs/server.md, the TTS side apart)"
+             farm's network) to serve them there alone (docs/streaming-server.md, the TTS side apart)"
         ));
     }
     lines

@@ -3,7 +3,7 @@
 //! server sends the mountpoint plain RTP (Opus), once, to the port Janus opened for it; Janus
 //! answers each listener's WebRTC (ICE, DTLS, SRTP) and copies the packets to every one.
 //!
-//! Why a Streaming mountpoint (docs/server.md, "Broadcasts through Janus"): it is
+//! Why a Streaming mountpoint (docs/streaming-server.md, "Broadcasts through Janus"): it is
 //! Janus's own one-source-many-viewers primitive, it takes RTP that GStreamer 1.22's `udpsink`
 //! sends as it is, and it costs the server no peer connection of its own per broadcast.
 //!

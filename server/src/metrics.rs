@@ -1,7 +1,7 @@
 //! `GET /metrics`: the server's state and what it has done, in the OpenMetrics text format
 //! (which Prometheus scrapes): sessions and pipelines, frames in, audio out, packets late at the
 //! sender (underruns a listener hears), refusals by close code or HTTP status, peers taken for
-//! gone and senders taken over (docs/server.md, "Peers that vanish"), the decoder's
+//! gone and senders taken over (docs/streaming-server.md, "Peers that vanish"), the decoder's
 //! batches (their step time and rows) and its queue, and the capacity: the most sessions
 //! admitted, the headroom, the decoder's real-time margin and whether a join is admitted now.
 

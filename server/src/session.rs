@@ -660,7 +660,7 @@ fn drop_flushes(pad: &gst::Pad) {
 /// step thread, which goes on to its next step while they wait for their time. Without it the
 /// thread would wait in the clocksync until the step's last packet left, a frame less one Opus
 /// packet after the first, and the next step would have one packet's time to be decoded before
-/// its audio was late, whatever latency the decoder reported (docs/server.md, "How a
+/// its audio was late, whatever latency the decoder reported (docs/streaming-server.md, "How a
 /// session's audio is paced").
 fn packet_pacing() -> Result<(gst::Element, gst::Element), String> {
     Ok((make("queue")?, make("clocksync")?))

@@ -147,7 +147,7 @@ impl ServerHost {
 
 /// Janus's HTTP API port on the server's host.
 pub const JANUS_PORT: u16 = 8088;
-/// Janus secured as docs/server.md has it: its `api_secret`, the Streaming plugin's
+/// Janus secured as docs/streaming-server.md has it: its `api_secret`, the Streaming plugin's
 /// `admin_key`, and `token_auth_secret` for listeners' tokens.
 pub const JANUS_API_SECRET: &str = "janus-api-secret";
 pub const JANUS_ADMIN_KEY: &str = "janus-admin-key";
@@ -272,7 +272,7 @@ pub fn self_signed_certificate(scratch: &Path) -> (PathBuf, PathBuf) {
 
 impl ServerHost {
     /// Debian's nginx on the server's host, terminating TLS on `TLS_PORT` for the server at
-    /// `backend` with docs/server.md's `location` block, with a self-signed
+    /// `backend` with docs/streaming-server.md's `location` block, with a self-signed
     /// certificate; the page's https URL.
     pub fn start_tls_proxy(&self, scratch: &Path, backend: &str) -> (Daemon, String) {
         let (certificate, key) = self_signed_certificate(scratch);
@@ -325,7 +325,7 @@ impl ServerHost {
 
 impl ServerHost {
     /// Debian's nginx on the server's host, passing every request on `PROXY_PORT` to the server
-    /// at `backend` with docs/server.md's `location` block (`X-Forwarded-For` included).
+    /// at `backend` with docs/streaming-server.md's `location` block (`X-Forwarded-For` included).
     pub fn start_proxy(&self, scratch: &Path, backend: &str) -> Daemon {
         let scratch_text = scratch.display();
         let config = format!(

@@ -406,9 +406,9 @@ fn speech_still_plays_over_a_lossy_slow_link() {
 }
 
 /// The browser's concealment with Opus FEC on and off at 5 % and 15 % loss (40 ms each way),
-/// 8 s of speech a run: the figures in docs/server.md.
+/// 8 s of speech a run: the figures in docs/streaming-server.md.
 #[test]
-#[ignore = "a measurement, run by hand: 8 runs of 8 s (docs/server.md, \"Audio over a lossy network\")"]
+#[ignore = "a measurement, run by hand: 8 runs of 8 s (docs/streaming-server.md, \"Audio over a lossy network\")"]
 fn concealment_with_fec_on_and_off_measured() {
     if !server::in_own_network("remote::concealment_with_fec_on_and_off_measured") {
         return;

@@ -1,6 +1,6 @@
 //! Two servers behind one address, with media: Debian's nginx in front routes each page's
 //! `/signal` to the next server in turn and each `/codes?session=ID` to the server whose
-//! `--instance` name starts the id (`map $arg_session`, as docs/server.md shows); a
+//! `--instance` name starts the id (`map $arg_session`, as docs/streaming-server.md shows); a
 //! browser window on each server hears its own session's speech and not the other's, and when
 //! one server is stopped (SIGTERM) it drains: its page hears the utterance under way to its end,
 //! then its session ends, while the other server's page plays on and new joins land there.

@@ -1,4 +1,4 @@
-//! Peers that vanish (docs/server.md, "Peers that vanish"): a browser whose link goes
+//! Peers that vanish (docs/streaming-server.md, "Peers that vanish"): a browser whose link goes
 //! down or whose processes stop, a client that joins and never connects or never answers, a
 //! sender that stops answering, one killed mid-utterance, an RTP sender whose WebSocket is
 //! quiet, and listeners that never answer the offer while their senders send. Each session
@@ -656,7 +656,7 @@ fn a_browser_whose_link_comes_back_in_time_keeps_its_session() {
 /// on: the session ends once webrtcbin's ICE fails, which libnice 0.1.21 decides when its
 /// keepalive checks have gone unanswered for 50 s (see `watch_ice` in session.rs).
 #[test]
-#[ignore = "takes a minute, libnice's consent timeout: run by hand (docs/server.md, Peers that vanish)"]
+#[ignore = "takes a minute, libnice's consent timeout: run by hand (docs/streaming-server.md, Peers that vanish)"]
 fn a_peer_connection_that_loses_its_path_ends_its_session() {
     if !server::in_own_network("vanish::a_peer_connection_that_loses_its_path_ends_its_session") {
         return;
