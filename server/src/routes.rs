@@ -16,7 +16,7 @@ use crate::connections::Admitted;
 use crate::http::{self, Io, Socket};
 use crate::log::log;
 use crate::server::Server;
-use crate::{access, broadcast, ingress, metrics, refusal_log, session, signalling};
+use crate::{access, broadcast, ingress, metrics, refusal_log, rtp_ingress, session, signalling};
 
 /// What a listener serves: with `--codes-bind`, the public side (the page, `/signal`, the
 /// status) on `--bind` and the TTS side (`/codes`) on its own; else both on the one. With
@@ -150,6 +150,7 @@ async fn handle(
         ("/", false) | ("/index.html", false) => http::respond(200, HTML, include_str!("../page/index.html")),
         ("/app.js", false) => http::respond(200, SCRIPT, include_str!("../page/app.js")),
         ("/metrics", false) => {
+            rtp_ingress::settle_srtp_failures();
             let text = server
                 .metrics
                 .render(server.sessions.count(), session::live_pipelines());

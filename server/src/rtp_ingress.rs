@@ -249,6 +249,9 @@ impl RtpIngress {
             }
         }
         take_only_from(&udpsrc, gate.clone());
+        if gate.srtp.is_some() {
+            SRTP_GATES.lock().unwrap().push(Arc::downgrade(&gate));
+        }
 
         let utterances = Arc::new(Utterances::default());
         let concealment = Arc::new(Mutex::new(Concealment::new(format, frame_bytes_of(format))));
@@ -340,10 +343,8 @@ impl RtpIngress {
         self.utterances.cancel();
     }
 
-    /// The frames handed to the session so far. (The connection asks often: the packets that
-    /// failed SRTP authentication are counted then.)
+    /// The frames handed to the session so far.
     pub fn frames(&self) -> usize {
-        self.gate.settle_srtp();
         *self.frames.lock().unwrap()
     }
 
@@ -488,6 +489,24 @@ fn watch_lost_time(appsink: &gst_app::AppSink, concealment: Arc<Mutex<Concealmen
             }
             gst::PadProbeReturn::Ok
         });
+}
+
+/// The gates of the SRTP ports open now: `srtpdec` counts the packets that fail authentication
+/// in its stats alone, which are read when the metrics are (`settle_srtp_failures`).
+static SRTP_GATES: Mutex<Vec<std::sync::Weak<Gate>>> = Mutex::new(Vec::new());
+
+/// Brings the metrics' count of packets that failed SRTP authentication up to what each open
+/// port's `srtpdec` counted (a port that closes adds its own at the end): `/metrics` calls it
+/// before it renders.
+pub fn settle_srtp_failures() {
+    let gates: Vec<Arc<Gate>> = {
+        let mut gates = SRTP_GATES.lock().unwrap();
+        gates.retain(|gate| gate.strong_count() > 0);
+        gates.iter().filter_map(std::sync::Weak::upgrade).collect()
+    };
+    for gate in gates {
+        gate.settle_srtp();
+    }
 }
 
 /// The sender's lock on a port, and what it dropped: counted by why (and in the metrics), the
