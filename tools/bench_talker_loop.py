@@ -53,6 +53,29 @@ def loadavg():
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
+def make_talkers(geometries, folder):
+    """Random CustomVoice talkers of `geometries` (tiny, 0.6b, 1.7b) made in `folder` by
+    tools/make_talker_fixture.py: their folders."""
+    made = []
+    for geometry in geometries:
+        talker = Path(folder) / f"{geometry}-custom-voice"
+        subprocess.run([sys.executable, str(ROOT / "tools" / "make_talker_fixture.py"), "--kind",
+                        "custom_voice", "--geometry", geometry, "--out", str(talker)],
+                       check=True, capture_output=True)
+        made.append(talker)
+    return made
+
+
+def write_report(out, machine, benchmark, report, markdown):
+    """The report as `benchmark`'s result of `machine` under `out` (.json, and .md as
+    `markdown` writes it), the summary printed."""
+    path = result_path(out, machine, benchmark)
+    path.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+    path.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+    print(f"wrote {path}.md and .json")
+
+
 def timed(frames):
     """Run a frame generator to its end: (codes, TTFF s, steady frames/s by the clock and by
     CPU time over frames 2..N)."""
@@ -408,13 +431,7 @@ def main():
     if unknown or not (geometries or args.model):
         sys.exit(f"bench_talker_loop: geometries {unknown or 'none'}; known: tiny, 0.6b, 1.7b")
     with tempfile.TemporaryDirectory() as tmp:
-        models = list(args.model)
-        for geometry in geometries:
-            made = Path(tmp) / f"{geometry}-custom-voice"
-            subprocess.run([sys.executable, str(ROOT / "tools" / "make_talker_fixture.py"), "--kind",
-                            "custom_voice", "--geometry", geometry, "--out", str(made)],
-                           check=True, capture_output=True)
-            models.append(made)
+        models = list(args.model) + make_talkers(geometries, tmp)
         counts = [int(n) for n in args.texts.split(",") if n]
         if counts:
             report["bandwidth"] = [bandwidth(threads) for threads in sorted({1, 2, args.threads})]
@@ -437,11 +454,7 @@ def main():
                 report["runs"].append(run)
                 del model
     report["load_after"] = loadavg()
-    path = result_path(args.out, machine, "talker-loop")
-    path.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-    path.with_suffix(".md").write_text(markdown(report))
-    print(markdown(report))
-    print(f"wrote {path}.md and .json")
+    write_report(args.out, machine, "talker-loop", report, markdown)
 
 
 if __name__ == "__main__":

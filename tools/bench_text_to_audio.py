@@ -42,16 +42,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benches" / "tools"))
 sys.path.insert(0, str(ROOT / "python"))
-from results import RESULTS, result_path, this_machine  # noqa: E402
+from bench_talker_loop import DTYPES, FRAME_S, loadavg, make_talkers, write_report  # noqa: E402
+from results import RESULTS, this_machine  # noqa: E402
 
-DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
-FRAME_S = 0.08
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away."
 DEFAULT_DECODER = Path(os.environ.get("QWENCODEC_CACHE", "/var/cache/qwencodec")) / "fixtures" / "full-release-80"
-
-
-def loadavg():
-    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def largest_difference(a, b):
@@ -121,7 +116,7 @@ def measure(talker_dir, decoder_dir, dtype, frames, rounds, seed):
     rows, same = [], True
     for index in range(rounds):
         order = list(runs)[index % 3:] + list(runs)[:index % 3]
-        row = dict(load=loadavg(), order=order)
+        row = dict(load=loadavg()[0], order=order)
         for name in order:
             result = runs[name]()
             if name == "talker":
@@ -185,26 +180,16 @@ def main():
                                         capture_output=True).stdout.strip(),
                   torch=torch.__version__, decoder=str(args.decoder), rounds=args.rounds,
                   command="python " + " ".join([f"tools/{Path(__file__).name}", *sys.argv[1:]]),
-                  load_before=loadavg(), runs=[])
+                  load_before=loadavg()[0], runs=[])
     geometries = [g for g in args.geometry.split(",") if g]
     with tempfile.TemporaryDirectory() as tmp:
-        talkers = list(args.model)
-        for geometry in geometries:
-            made = Path(tmp) / f"{geometry}-custom-voice"
-            subprocess.run([sys.executable, str(ROOT / "tools" / "make_talker_fixture.py"), "--kind",
-                            "custom_voice", "--geometry", geometry, "--out", str(made)],
-                           check=True, capture_output=True)
-            talkers.append(made)
+        talkers = list(args.model) + make_talkers(geometries, tmp)
         for talker in talkers:
             hidden = json.loads((talker / "config.json").read_text())["talker_config"]["hidden_size"]
             frames = args.large_frames if hidden >= 512 else args.frames
             report["runs"].append(measure(talker, args.decoder, args.dtype, frames, args.rounds, args.seed))
-    report["load_after"] = loadavg()
-    path = result_path(args.out, machine, "text-to-audio")
-    path.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-    path.with_suffix(".md").write_text(markdown(report))
-    print(markdown(report))
-    print(f"wrote {path}.md and .json")
+    report["load_after"] = loadavg()[0]
+    write_report(args.out, machine, "text-to-audio", report, markdown)
 
 
 if __name__ == "__main__":
