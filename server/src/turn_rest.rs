@@ -40,18 +40,7 @@ impl TurnSecret {
     /// From `file` when given, else from the environment's `QWENCODEC_TURN_SECRET`; None when
     /// neither says one.
     pub fn read(file: Option<&Path>) -> Result<Option<Self>, String> {
-        if let Some(file) = file {
-            let bytes = std::fs::read(file).map_err(|err| format!("{}: {err}", file.display()))?;
-            return Self::new(&bytes)
-                .map(Some)
-                .map_err(|err| format!("{}: {err}", file.display()));
-        }
-        match std::env::var_os(SECRET_VARIABLE) {
-            Some(text) => Self::new(text.as_encoded_bytes())
-                .map(Some)
-                .map_err(|err| format!("${SECRET_VARIABLE}: {err}")),
-            None => Ok(None),
-        }
+        qwencodec_protocol::token::read_secret(file, SECRET_VARIABLE, Self::new)
     }
 
     /// The username and password of `who` (a session id) until `expires` (Unix seconds).

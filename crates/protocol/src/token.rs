@@ -105,6 +105,26 @@ impl fmt::Display for TokenError {
     }
 }
 
+/// A secret made by `make` from the bytes of `file` when given, else of the environment's
+/// `variable`; None when neither says one. An error names where the bytes came from.
+pub fn read_secret<T>(
+    file: Option<&Path>,
+    variable: &str,
+    make: impl FnOnce(&[u8]) -> Result<T, String>,
+) -> Result<Option<T>, String> {
+    let (bytes, source) = match file {
+        Some(file) => (
+            std::fs::read(file).map_err(|err| format!("{}: {err}", file.display()))?,
+            file.display().to_string(),
+        ),
+        None => match std::env::var_os(variable) {
+            Some(text) => (text.into_encoded_bytes(), format!("${variable}")),
+            None => return Ok(None),
+        },
+    };
+    make(&bytes).map(Some).map_err(|err| format!("{source}: {err}"))
+}
+
 /// Whether `text` may be a session id that a token names.
 pub fn is_session_id(text: &str) -> bool {
     (1..=MAX_SESSION_ID_CHARS).contains(&text.len())
@@ -129,18 +149,7 @@ impl JoinSecret {
     /// From `file` when given, else from the environment's `QWENCODEC_JOIN_SECRET`; None when
     /// neither says one.
     pub fn read(file: Option<&Path>) -> Result<Option<Self>, String> {
-        if let Some(file) = file {
-            let bytes = std::fs::read(file).map_err(|err| format!("{}: {err}", file.display()))?;
-            return Self::new(&bytes)
-                .map(Some)
-                .map_err(|err| format!("{}: {err}", file.display()));
-        }
-        match std::env::var_os(SECRET_VARIABLE) {
-            Some(text) => Self::new(text.as_encoded_bytes())
-                .map(Some)
-                .map_err(|err| format!("${SECRET_VARIABLE}: {err}")),
-            None => Ok(None),
-        }
+        read_secret(file, SECRET_VARIABLE, Self::new)
     }
 
     fn mac(&self, signed: &str) -> Hmac<Sha256> {
