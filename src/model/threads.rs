@@ -6,9 +6,9 @@
 //! the others wait for it at every barrier of the hundreds in a step: two threads on two shared
 //! cores ran a step several times slower than one (docs/performance.md, "Beside neighbours").
 //! So the team size follows the steps' own times: the compute thread steps on its current
-//! count and tries the next count down or up for a few steps when its steps' time moves (a
-//! neighbour came), keeping the faster; on fewer threads than it has, it also tries more now and
-//! then (the neighbour may have left), backing off while the tries lose. On a quiet machine on
+//! count and, for a few steps, tries the next count down when its steps slow down (a neighbour
+//! came) or up when they speed up (one left), keeping the faster; on fewer threads than it has,
+//! it also tries more now and then, backing off while the tries lose. On a quiet machine on
 //! every core it tries nothing: a try is a slower step, late for a live stream. Counts are tried per step shape (rows
 //! and frames: a wider step gains more from threads); a shape starts at the fastest count of its
 //! warm steps (the engine times them on each count, most first, while fewer are faster), or
@@ -53,8 +53,11 @@ struct ShapeChoice {
     means: Vec<Option<f64>>,
     /// The current rung's mean when it was chosen or last confirmed.
     baseline: Option<f64>,
-    /// The step time moved from the baseline: try the other counts at the next step.
-    due: bool,
+    /// The step time moved from the baseline: try this rung at the next step.
+    due: Option<usize>,
+    /// Not seeded, and no step of it taken yet: its first step pays one-off costs (a team of
+    /// another size, fresh buffers) and is not counted.
+    fresh: bool,
     since_try: u32,
     interval: u32,
     /// The rung on trial, the steps it has run, and the sum of the counted ones' times.
@@ -97,8 +100,11 @@ impl ThreadPolicy {
         let rungs = self.ladder.len();
         let choice = self.shape(shape);
         let periodic = choice.rung > 0 && choice.since_try >= choice.interval;
-        if choice.trial.is_none() && (choice.due || periodic) && rungs > 1 {
-            choice.due = false;
+        if choice.trial.is_none()
+            && let Some(next) = choice.due.take()
+        {
+            choice.trial = Some((next, 0, 0.0));
+        } else if choice.trial.is_none() && periodic && rungs > 1 {
             let down = choice.rung + 1 < rungs;
             let up = choice.rung > 0;
             let next = match (down, up) {
@@ -145,7 +151,8 @@ impl ThreadPolicy {
             choice.since_try = 0;
             choice.interval = FIRST_INTERVAL;
             choice.trial = None;
-            choice.due = false;
+            choice.due = None;
+            choice.fresh = false;
             self.last_rung = rung;
         }
         (fastest, time)
@@ -186,6 +193,9 @@ impl ThreadPolicy {
                 }
             }
             _ if rung == choice.rung => {
+                if std::mem::take(&mut choice.fresh) {
+                    return;
+                }
                 let mean = match choice.means[rung] {
                     Some(mean) => mean + SMOOTHING * (seconds - mean),
                     None => seconds,
@@ -194,10 +204,16 @@ impl ThreadPolicy {
                 choice.since_try += 1;
                 let baseline = *choice.baseline.get_or_insert(mean);
                 if (mean - baseline).abs() > DRIFT * baseline {
-                    // Something changed beside us: try the other counts now, from here.
+                    // Something changed beside us: a step that slowed down may go faster on
+                    // fewer threads (a neighbour took a core), one that sped up on more (it left).
+                    // Tried at the next step; the other way would only be slower.
+                    let next = match mean > baseline {
+                        true => Some(rung + 1).filter(|&next| next < choice.means.len()),
+                        false => rung.checked_sub(1),
+                    };
                     choice.baseline = Some(mean);
                     choice.interval = FIRST_INTERVAL;
-                    choice.due = true;
+                    choice.due = next;
                 }
                 return;
             }
@@ -213,7 +229,8 @@ impl ThreadPolicy {
             rung,
             means: vec![None; rungs],
             baseline: None,
-            due: false,
+            due: None,
+            fresh: true,
             since_try: 0,
             interval: FIRST_INTERVAL,
             trial: None,
@@ -318,7 +335,12 @@ mod tests {
     const SHAPE: Shape = (1, 1);
 
     /// Runs `steps` steps of `shape` whose time at each count `time` gives; the counts used.
-    fn run(policy: &mut ThreadPolicy, shape: Shape, steps: usize, time: impl Fn(usize) -> f64) -> Vec<usize> {
+    fn run(
+        policy: &mut ThreadPolicy,
+        shape: Shape,
+        steps: usize,
+        mut time: impl FnMut(usize) -> f64,
+    ) -> Vec<usize> {
         (0..steps)
             .map(|_| {
                 let threads = policy.threads_for(shape);
@@ -396,6 +418,34 @@ mod tests {
             counts.iter().rev().take(10).all(|&threads| threads == 1),
             "{counts:?}"
         );
+    }
+
+    #[test]
+    fn a_new_shapes_slow_first_steps_call_no_try_on_a_quiet_machine() {
+        let mut policy = ThreadPolicy::new(2, None);
+        seed(&mut policy, quiet);
+        // A batch shape no warm step timed: its first steps pay one-off costs, then it runs at
+        // its speed, a speed-up on every core that fewer threads could only slow.
+        let shape = (3, 1);
+        let mut step = 0;
+        let counts = run(&mut policy, shape, 200, |threads| {
+            step += 1;
+            quiet(threads) * [3.0, 1.5].get(step - 1).copied().unwrap_or(1.0)
+        });
+        assert!(counts.iter().all(|&threads| threads == 2), "{counts:?}");
+    }
+
+    #[test]
+    fn on_one_thread_a_busier_neighbour_calls_no_try_of_more() {
+        let mut policy = ThreadPolicy::new(2, None);
+        seed(&mut policy, beside_a_neighbour);
+        // Fewer steps than the first interval: only the slow-down could call a try.
+        let mut step = 0;
+        let counts = run(&mut policy, SHAPE, 12, |threads| {
+            step += 1;
+            beside_a_neighbour(threads) * if step > 4 { 3.0 } else { 1.0 }
+        });
+        assert!(counts.iter().all(|&threads| threads == 1), "{counts:?}");
     }
 
     #[test]
