@@ -11,7 +11,7 @@ export QWENCODEC_WERROR := 1
 PLUGIN := target/release/libgstqwencodec.so
 
 .PHONY: setup setup-reference setup-load setup-packages build install uninstall demo test lint soak kernels-ab fixtures \
-	released-fixture bench profile gpu-bundle serve load mutants
+	released-fixture bench threads-ab profile gpu-bundle serve load mutants
 
 # make install puts the plugin where GStreamer looks for it: its own plugin folder, or the same
 # layout under PREFIX (e.g. PREFIX=/usr/local), below DESTDIR when staging a package. PLUGINDIR
@@ -166,6 +166,20 @@ $(BENCH_MODEL)/model.safetensors:
 kernels-ab: build $(BENCH_MODEL)/model.safetensors
 	cargo bench --bench kernels_ab -- --model $(BENCH_MODEL) --out measurements/results $(KERNELS_AB_ARGS)
 	python3 benches/tools/bench_summary.py
+
+# The element's thread policy against threads pinned at every core, on a quiet machine: make
+# bench's one-frame and batched figures, the two alternated (not a test); writes
+# measurements/results/<cpu>/threads-ab.{md,json}. THREADS_AB_ARGS: --rounds.
+threads-ab: build $(BENCH_MODEL)/model.safetensors measurements/cache/upstream.json
+	$(VENV)/bin/python benches/tools/threads_ab.py $(BENCH_MODEL) --upstream measurements/cache/upstream.json \
+	  --reference measurements/cache/reference.f32 --out measurements/results $(THREADS_AB_ARGS)
+	python3 benches/tools/bench_summary.py
+
+# Upstream's errors and windowed decode, which benches/decode reads (make bench measures it anew).
+measurements/cache/upstream.json: | $(BENCH_MODEL)/model.safetensors
+	$(MAKE) setup-reference
+	$(VENV)/bin/python benches/tools/bench_upstream.py $(BENCH_MODEL) --out $@ \
+	  --reference measurements/cache/reference.f32 --repeats $(BENCH_REPEATS)
 
 # Where one stream's steps spend their time on this machine (not a test): per stage, per op,
 # ops per step and time outside them (libtorch's op profiler), per thread and library (perf),

@@ -226,6 +226,12 @@ def neighbours_rows(report: dict, name: dict):
     return [("beside busy neighbours", f"slowdown over alone: {text}", "–")]
 
 
+def threads_ab_rows(report: dict, name: dict):
+    text = "; ".join(f"{row['figure']} {row['ratio_median']:.2f}x (pinned's spread {row['pinned_spread']:.2f})"
+                     for row in report["rows"])
+    return [("thread policy on a quiet machine", f"policy over pinned: {text}", "–")]
+
+
 def talker_loop_rows(report: dict, name: dict):
     compared = [run for run in report["runs"] if "ours" in run]
     text = "; ".join(f"{run['name']} {run['dtype']} {run['ours']['median']['fps']:.1f} "
@@ -263,7 +269,7 @@ def broadcast_rows(report: dict, name: dict):
 ROWS = {
     "decode": decode_rows, "streams": streams_rows, "effect": effect_rows, "kernels-ab": kernels_ab_rows,
     "profile": profile_rows, "rtp-codes": rtp_rows, "talker-speed": talker_rows, "neighbours": neighbours_rows,
-    "talker-loop": talker_loop_rows, "text-to-audio": text_to_audio_rows,
+    "threads-ab": threads_ab_rows, "talker-loop": talker_loop_rows, "text-to-audio": text_to_audio_rows,
     "server-capacity": capacity_rows, "janus-broadcast": broadcast_rows,
 }
 
@@ -298,6 +304,8 @@ def command(kind: str, name: dict, report: dict) -> str:
         checkpoint = Path(report["checkpoint"])
         checkpoint = checkpoint.relative_to(ROOT) if checkpoint.is_relative_to(ROOT) else checkpoint
         return f"python3 benches/tools/bench_neighbours.py {checkpoint} --rounds {report['rounds']}"
+    if kind == "threads-ab":
+        return "make threads-ab" + args("THREADS_AB_ARGS", [("--rounds", report["rounds"], 3)])
     if kind == "talker-speed":
         models = " ".join(f"--model $QWENCODEC_CACHE/fixtures/{model}"
                           for model in talker_report(report).get("geometries", {}))

@@ -24,6 +24,7 @@ KINDS = {
     "rtp-codes": "rtp-codes",  # benches/rtp_codes.rs
     "talker-speed": "talker-speed",  # benches/tools/bench_talker.py
     "neighbours": "neighbours",  # benches/tools/bench_neighbours.py
+    "threads-ab": "threads-ab",  # make threads-ab (benches/tools/threads_ab.py)
     "talker-loop": "talker-loop",  # tools/bench_talker_loop.py
     "text-to-audio": "text-to-audio",  # tools/bench_text_to_audio.py
     "server-capacity": "server-capacity-<dtype>",  # tools/webrtc_load.py --find-capacity --out
