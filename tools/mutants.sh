@@ -8,6 +8,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # --stale: the files whose code changed after their last run (docs/mutants.md, "Last runs").
 [[ ${1:-} == --stale ]] && exec python3 tools/mutants_record.py --stale
+# --changed: of each stale file (or each of MUTANTS_FILES), only the mutants in the functions
+# changed since its last run (cargo-mutants' --in-diff of git's diff from that commit), which
+# brings the file current; a file never run runs whole.
+changed=false
+if [[ ${1:-} == --changed ]]; then
+  changed=true
+  MUTANTS_FILES=${MUTANTS_FILES:-$(python3 tools/mutants_record.py --stale | cut -d' ' -f1)}
+fi
 out=${MUTANTS_OUT:-target/mutants}
 command -v cargo-mutants >/dev/null || cargo install --locked cargo-mutants
 # cargo-mutants builds a copy of the tree without the git-ignored cargo config that names
@@ -68,6 +76,8 @@ declare -A tests_of=(
   [server/src/janus.rs]=server [server/src/metrics.rs]=server [server/src/random.rs]=server
 )
 read -ra extra <<< "${MUTANTS_ARGS:-}"
+# A report's mutants of one outcome (none where the run had no mutants to test).
+count() { cat "$out/$report/mutants.out/$1.txt" 2>/dev/null | wc -l; }
 for file in ${MUTANTS_FILES:-${!tests_of[@]}}; do
   case ${tests_of[$file]:-} in
     model) tests=("${model_tests[@]}") ;;
@@ -91,16 +101,19 @@ for file in ${MUTANTS_FILES:-${!tests_of[@]}}; do
   for run in "${runs[@]}"; do
     report=${run%%:*}
     mkdir -p "$out/$report"
+    since=()
+    if $changed && last=$(python3 tools/mutants_record.py --last "$file") && [[ $last != never ]]; then
+      git diff "$last" -- "$file" > "$out/$report/changed.diff"
+      since=(--in-diff "$out/$report/changed.diff")
+    fi
     # The mutants profile (Cargo.toml): release speed, incremental rebuilds.
     kernels=${run#*:}
     skip=()
     [[ -n $kernels && -n ${same_path_off[$file]:-} ]] && skip=(--exclude-re "${same_path_off[$file]}")
     env ${kernels:+QWENCODEC_CPU_KERNELS=$kernels} G_DEBUG=fatal_warnings GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-1000} \
-      cargo mutants --profile mutants --no-shuffle -f "$file" --output "$out/$report" "${skip[@]}" "${extra[@]}" \
+      cargo mutants --profile mutants --no-shuffle -f "$file" --output "$out/$report" "${skip[@]}" "${since[@]}" "${extra[@]}" \
       "${tests[@]}" || true
-    echo "mutants: $file (kernels ${kernels:-as the environment says}): $(wc -l < "$out/$report/mutants.out/caught.txt") caught," \
-      "$(wc -l < "$out/$report/mutants.out/missed.txt") missed," \
-      "$(wc -l < "$out/$report/mutants.out/timeout.txt") timed out," \
-      "$(wc -l < "$out/$report/mutants.out/unviable.txt") unviable"
+    echo "mutants: $file (kernels ${kernels:-as the environment says}): $(count caught) caught," \
+      "$(count missed) missed, $(count timeout) timed out, $(count unviable) unviable"
   done
 done

@@ -4,7 +4,8 @@
 Its "Last runs" table names, for each file tools/mutants.sh mutates, the commit at which the
 file was run (or `never`) and whether the file is `current` (unchanged since) or `stale`
 (changed since, or never run). `--check` (make test) fails where the history contradicts the
-table, either way; `--stale` lists the files whose code changed after their last run.
+table, either way; `--stale` lists the files whose code changed after their last run; `--last
+FILE` prints a file's commit (or `never`).
 """
 
 import re
@@ -46,10 +47,16 @@ def mutated_files():
 
 def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else "--stale"
-    if mode not in ("--check", "--stale"):
-        sys.exit("usage: mutants_record.py [--check | --stale]")
+    if mode not in ("--check", "--stale", "--last") or (mode == "--last") != (len(sys.argv) == 3):
+        sys.exit("usage: mutants_record.py [--check | --stale | --last FILE]")
     wrong = []
     table = rows()
+    if mode == "--last":
+        found = [row for row in table if row["file"] == sys.argv[2]]
+        if not found:
+            sys.exit(f"mutants_record: {sys.argv[2]} is not in docs/mutants.md's Last runs table")
+        print(found[0]["commit"] or "never")
+        return
     listed = {row["file"] for row in table}
     for missing in sorted(mutated_files() - listed):
         wrong.append(f"{missing}: mutated by tools/mutants.sh, not in the table")
