@@ -8,7 +8,8 @@ interruption path (tts_node's `async with stream` closing).
 
 On the tiny CustomVoice talker (made here in a temp folder) and the bundled release-tiny decoder,
 with fixed seeds, each utterance's audio is compared with the same text's codes (the same seed,
-`qwencodec_talker.stream_codes`, not through the adapter) decoded by a second qwencodecdec
+from upstream's `generate` streamed by `qwencodec_talker.stream_codes`, not through the adapter,
+which runs our own loop) decoded by a second qwencodecdec
 pipeline, so a dropped, repeated or reordered chunk fails, and so does silence:
 
 1. synthesize(text): one segment, every chunk mono at the decoder's rate under one request id,
@@ -81,8 +82,9 @@ class FrameCounter:
 
 
 class References:
-    """The same text's codes with the same seed, straight from stream_codes (not through the
-    adapter or Speaker), decoded by a second appsrc ! qwencodecdec ! appsink."""
+    """The same text's codes with the same seed from upstream's generate (streamed by
+    qwencodec_talker.stream_codes; not through the adapter or Speaker, which run our own loop),
+    decoded by a second appsrc ! qwencodecdec ! appsink."""
 
     def __init__(self, talker_dir, model):
         self.talker_dir, self.model = talker_dir, model

@@ -8,7 +8,8 @@ tiny random CustomVoice talker (tools/make_talker_fixture.py, made in a temp fol
 $QWENCODEC_TALKER_CV names one) and the bundled decoder tests/fixtures/release-tiny:
 
 1. text in: TTSStartedFrame, audio frames, TTSStoppedFrame; the samples are frames_made x 1920
-   and equal, byte for byte, the same seed's codes from `stream_codes` decoded by gst-launch-1.0
+   and equal, byte for byte, the same seed's codes from upstream's `generate` (streamed by
+   `qwencodec_talker.stream_codes`; the service speaks through our own loop) decoded by gst-launch-1.0
    (filesrc ! qwencodecdec, not through the service); the first audio leaves before the talker
    has made its last frame.
 2. a barge-in (InterruptionFrame) mid-utterance: the talker stops within 2 frames of the frames
@@ -110,7 +111,8 @@ def shape(frames):
 
 
 def reference_audio(speaker, tmp, text, seed, max_new_tokens):
-    """The same seed's codes from stream_codes, decoded by gst-launch-1.0: not the service.
+    """The same seed's codes from upstream's generate (qwencodec_talker.stream_codes), decoded by
+    gst-launch-1.0: not the service, whose Speaker runs our own loop.
 
     One frame a decode step (max-step-frames=1), as the service's decoder takes the talker's
     frames one by one; a step of several frames rounds a few samples 1 LSB apart."""
