@@ -21,16 +21,28 @@ predictor once a sub-step) against the rate a plain sum reads memory (1 and 2 th
 GB/s one matrix product reads at 1-8 rows in each dtype, and the torch operations the loop
 calls from Python a frame (the profiler's top-level events).
 
-    python tools/bench_talker_loop.py [--geometry tiny,0.6b] [--model DIR ...] [--dtypes f32,bf16]
-        [--texts 1,2,4,8] [--no-upstream] [--rounds 3]
+--device cuda (or cuda:N) loads the talker and makes every tensor on that GPU, as
+tools/gpu-check.sh runs it. Each frame comes out as Python ints, which waits for the GPU, and
+each timing starts and ends after a torch.cuda.synchronize, so the figures are the GPU's; "by
+CPU time" is then the host process's CPU time (launching kernels and waiting on them). The
+memory-bandwidth and matrix-product measurements are the CPU's and are left out there; the
+operations a frame are those called from Python, on either device; --threads sets torch's CPU
+threads. Codes that differ from upstream's, or a batched part that fails, make the script exit
+1 after it writes the report (batched codes that part from the solo run's are only reported:
+other rows in a product can round a row differently).
 
-The report goes to measurements/results/<cpu>/talker-loop.md and .json (--out names another
-folder for measurements/results; benches/tools/results.py).
+    python tools/bench_talker_loop.py [--geometry tiny,0.6b] [--model DIR ...] [--dtypes f32,bf16]
+        [--texts 1,2,4,8] [--no-upstream] [--rounds 3] [--device cuda]
+
+The report goes to measurements/results/<cpu>/talker-loop.md and .json, on a GPU to
+talker-loop-<device>.md and .json (--out names another folder for measurements/results;
+benches/tools/results.py).
 """
 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -53,15 +65,28 @@ def loadavg():
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
+def synchronizer(device):
+    """A function that waits for `device`'s queued work (CUDA), else does nothing: a timing
+    ends after it, not when the kernels are merely queued."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
 def make_talkers(geometries, folder):
     """Random CustomVoice talkers of `geometries` (tiny, 0.6b, 1.7b) made in `folder` by
     tools/make_talker_fixture.py: their folders."""
     made = []
     for geometry in geometries:
         talker = Path(folder) / f"{geometry}-custom-voice"
-        subprocess.run([sys.executable, str(ROOT / "tools" / "make_talker_fixture.py"), "--kind",
-                        "custom_voice", "--geometry", geometry, "--out", str(talker)],
-                       check=True, capture_output=True)
+        made_it = subprocess.run([sys.executable, str(ROOT / "tools" / "make_talker_fixture.py"), "--kind",
+                                  "custom_voice", "--geometry", geometry, "--out", str(talker)],
+                                 capture_output=True, text=True)
+        # Its errors shown: on a GPU host run once, they are all there is to go on.
+        if made_it.returncode != 0:
+            sys.exit(f"make_talker_fixture.py --geometry {geometry} failed:\n{made_it.stderr}")
         made.append(talker)
     return made
 
@@ -76,15 +101,19 @@ def write_report(out, machine, benchmark, report, markdown):
     print(f"wrote {path}.md and .json")
 
 
-def timed(frames):
+def timed(frames, sync=lambda: None):
     """Run a frame generator to its end: (codes, TTFF s, steady frames/s by the clock and by
-    CPU time over frames 2..N)."""
+    CPU time over frames 2..N). `sync` (see `synchronizer`) before the start and the end: a run
+    neither pays for work queued before it nor ends before its own; each frame, Python ints,
+    has waited for the device."""
+    sync()
     start, cpu_start = time.perf_counter(), time.process_time()
     codes, first, first_cpu = [], None, None
     for frame in frames:
         codes.append(frame)
         if first is None:
             first, first_cpu = time.perf_counter(), time.process_time()
+    sync()
     end, cpu_end = time.perf_counter(), time.process_time()
     steady = len(codes) - 1
     if first is None or steady < 1:
@@ -92,26 +121,27 @@ def timed(frames):
     return codes, first - start, steady / (end - first), steady / (cpu_end - first_cpu)
 
 
-def load(model_dir, dtype):
-    """The talker in `dtype`, its codec head's EOS row zeroed so every run makes its frames."""
+def load(model_dir, dtype, device="cpu"):
+    """The talker in `dtype` on `device`, its codec head's EOS row zeroed so every run makes its
+    frames."""
     import torch
 
     import qwencodec_talker as qt
 
-    model = qt.load_model(model_dir, dtype=getattr(torch, DTYPES[dtype]))
+    model = qt.load_model(model_dir, dtype=getattr(torch, DTYPES[dtype]), device=device)
     with torch.no_grad():
         model.talker.codec_head.weight[model.config.talker_config.codec_eos_token_id] = 0
     return model
 
 
-def measure(model, model_dir, dtype, frames, rounds, seed):
+def measure(model, model_dir, dtype, frames, rounds, seed, sync=lambda: None):
     import torch
 
     import qwencodec_talker as qt
     from qwencodec_talker import loop
 
     speaker = next(iter(model.config.talker_config.spk_id or {}), None)
-    prompt = dict(input_ids=torch.tensor([PROMPT]), speaker=speaker, language="english")
+    prompt = dict(input_ids=torch.tensor([PROMPT], device=model.device), speaker=speaker, language="english")
     gen = qt.generate_kwargs(model, max_new_tokens=frames + 1)
     runs = {"ours": lambda: loop.stream_codes(model, seed=seed, **prompt, **gen),
             "upstream": lambda: qt.stream_codes(model, seed=seed, **prompt, **gen)}
@@ -125,7 +155,7 @@ def measure(model, model_dir, dtype, frames, rounds, seed):
         codes = {}
         for name in order:
             load_before = loadavg()[0]
-            codes[name], ttff, fps, cpu_fps = timed(runs[name]())
+            codes[name], ttff, fps, cpu_fps = timed(runs[name](), sync)
             results[name].append(dict(frames=len(codes[name]), ttff_s=ttff, fps=fps, cpu_fps=cpu_fps,
                                       load=load_before))
             print(f"  {model_dir.name} {dtype} round {index + 1} {name}: {len(codes[name])} frames, "
@@ -143,11 +173,11 @@ def measure(model, model_dir, dtype, frames, rounds, seed):
                 cpu_speedup=summary["ours"]["median"]["cpu_fps"] / summary["upstream"]["median"]["cpu_fps"])
 
 
-def texts(count):
-    """`count` different 12-token texts in PROMPT's assistant prompt."""
+def texts(count, device="cpu"):
+    """`count` different 12-token texts in PROMPT's assistant prompt, on `device`."""
     import torch
 
-    return [torch.tensor([[*PROMPT[:3], *range(1000 + 97 * i, 1012 + 97 * i), *PROMPT[15:]]])
+    return [torch.tensor([[*PROMPT[:3], *range(1000 + 97 * i, 1012 + 97 * i), *PROMPT[15:]]], device=device)
             for i in range(count)]
 
 
@@ -228,17 +258,18 @@ def ops_per_frame(model, seed):
     for frames in (5, 15):
         gen = qt.generate_kwargs(model, max_new_tokens=frames + 1)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            list(loop.stream_codes(model, input_ids=torch.tensor([PROMPT]), speaker=speaker,
+            list(loop.stream_codes(model, input_ids=torch.tensor([PROMPT], device=model.device), speaker=speaker,
                                    language="english", seed=seed, **gen))
         counts.append(sum(event.cpu_parent is None for event in prof.events()))
     return (counts[1] - counts[0]) / 10
 
 
-def measure_batched(model, model_dir, dtype, counts, frames, rounds, seed):
+def measure_batched(model, model_dir, dtype, counts, frames, rounds, seed, sync=lambda: None):
     """`loop.Batch` with each count of texts, started together, the counts in turns (the order
     reversed every round): the time from the first `add` to the first step's end, then a step's
     time over steps 2..N by the clock and by CPU time, and its code predictor's and talker's
-    parts (clock). Each count's first text must make the codes it makes alone."""
+    parts (clock; each part ends with `sync`, as a step does with its codes as ints). Each
+    count's first text must make the codes it makes alone."""
     import torch
 
     import qwencodec_talker as qt
@@ -246,7 +277,7 @@ def measure_batched(model, model_dir, dtype, counts, frames, rounds, seed):
 
     speaker = next(iter(model.config.talker_config.spk_id or {}), None)
     gen = qt.generate_kwargs(model, max_new_tokens=frames + 1)
-    inputs = texts(max(counts))
+    inputs = texts(max(counts), model.device)
     results = {count: [] for count in counts}
     first_codes = {}
     for index in range(rounds):
@@ -260,12 +291,14 @@ def measure_batched(model, model_dir, dtype, counts, frames, rounds, seed):
                     try:
                         return method(*args)
                     finally:
+                        sync()
                         spent[name] += time.perf_counter() - start
                 return timed_part
 
             for name in spent:
                 setattr(batch, name, timing(name, getattr(batch, name)))
             load_before = loadavg()[0]
+            sync()
             start, cpu_start = time.perf_counter(), time.process_time()
             keys = [batch.add(input_ids=inputs[i], speaker=speaker, language="english", seed=seed + i, **gen)
                     for i in range(count)]
@@ -279,6 +312,7 @@ def measure_batched(model, model_dir, dtype, counts, frames, rounds, seed):
                 if first is None:
                     first, first_cpu = time.perf_counter(), time.process_time()
                     spent = dict.fromkeys(spent, 0.0)
+            sync()
             end, cpu_end = time.perf_counter(), time.process_time()
             if steps < 2 or any(len(codes) != frames for codes in made.values()):
                 raise RuntimeError(f"{count} texts made {[len(c) for c in made.values()]} frames, want {frames}")
@@ -306,12 +340,19 @@ def measure_batched(model, model_dir, dtype, counts, frames, rounds, seed):
 
 
 def markdown(report):
-    lines = [f"# Talker loop: ours against upstream's generate ({report['machine']['cpu']}, "
-             f"{report['machine']['cores']} cores)", "",
+    machine = f"{report['machine']['cpu']}, {report['machine']['cores']} cores"
+    device = report.get("device", "cpu")
+    if device == "cpu":
+        where = machine
+        load = "(other work shared the machine: read the CPU-time columns for an idle core)."
+    else:
+        where = f"{report['gpu']} ({device}) on {machine}"
+        load = ("(on the GPU, CPU time is the host process's: launching the kernels and waiting "
+                "for them).")
+    lines = [f"# Talker loop: ours against upstream's generate ({where})", "",
              f"{report['date']}, commit {report['commit']}, torch {report['torch']}, "
              f"transformers {report['transformers']}, {report['threads']} torch thread(s); "
-             f"load average {report['load_before']} before, {report['load_after']} after "
-             "(other work shared the machine: read the CPU-time columns for an idle core).", "",
+             f"load average {report['load_before']} before, {report['load_after']} after {load}", "",
              f"`{report['command']}`", "",
              "Medians over the rounds; ours and upstream's in turns, the order swapped each round. "
              "TTFF: call to first frame; frames/s over frames 2..N; RTF: a frame's time / 80 ms.", "",
@@ -331,6 +372,10 @@ def markdown(report):
     lines += ["", "Torch operations our loop calls from Python a frame (one text; the profiler's top-level "
               "events): " + "; ".join(f"{run['name']} {run['dtype']} {run['ops_per_frame']:.0f}"
                                       for run in report["runs"]) + "."]
+    failed = [run for run in report["runs"] if run.get("batched_error")]
+    if failed:
+        lines += ["", "Batched part failed: " + "; ".join(f"{run['name']} {run['dtype']}: {run['batched_error']}"
+                                                          for run in failed) + "."]
     batched = [run for run in report["runs"] if run.get("batched")]
     if batched:
         lines += ["", "## Many texts in one step", "",
@@ -409,11 +454,18 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     import torch
     import transformers
 
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        sys.exit(f"bench_talker_loop: device {args.device}: cpu, cuda or cuda:N")
+    cuda = args.device != "cpu"
+    if cuda and not torch.cuda.is_available():
+        sys.exit(f"bench_talker_loop: device {args.device}, but torch sees no CUDA device")
+    sync = synchronizer(args.device)
     torch.set_num_threads(args.threads)
     dtypes = args.dtypes.split(",")
     unknown = [d for d in dtypes if d not in DTYPES]
@@ -425,20 +477,24 @@ def main():
                                         capture_output=True).stdout.strip(),
                   torch=torch.__version__, transformers=transformers.__version__, threads=args.threads,
                   command="python " + " ".join([f"tools/{Path(__file__).name}", *sys.argv[1:]]),
-                  load_before=loadavg(), runs=[])
+                  device=args.device, load_before=loadavg(), runs=[])
+    if cuda:
+        report["gpu"] = torch.cuda.get_device_name(args.device)
     geometries = [g for g in args.geometry.split(",") if g]
     unknown = [g for g in geometries if g not in ("tiny", "0.6b", "1.7b")]
     if unknown or not (geometries or args.model):
         sys.exit(f"bench_talker_loop: geometries {unknown or 'none'}; known: tiny, 0.6b, 1.7b")
+    failures = []
     with tempfile.TemporaryDirectory() as tmp:
         models = list(args.model) + make_talkers(geometries, tmp)
         counts = [int(n) for n in args.texts.split(",") if n]
-        if counts:
+        # The CPU's memory and products: what its frames are bound by; not a GPU's.
+        if counts and not cuda:
             report["bandwidth"] = [bandwidth(threads) for threads in sorted({1, 2, args.threads})]
             report["products"] = [products(dtype, args.threads) for dtype in dtypes]
         for model_dir in models:
             for dtype in dtypes:
-                model = load(model_dir, dtype)
+                model = load(model_dir, dtype, args.device)
                 frames = args.large_frames if model.config.talker_config.hidden_size >= 512 else args.frames
                 run = dict(model=str(model_dir), name=model_dir.name, dtype=dtype, frames=frames,
                            config=dict(talker_hidden=model.config.talker_config.hidden_size,
@@ -447,14 +503,29 @@ def main():
                                        predictor_layers=model.config.talker_config.code_predictor_config.num_hidden_layers),
                            weights=weight_bytes(model))
                 if not args.no_upstream:
-                    run.update(measure(model, model_dir, dtype, frames, args.rounds, args.seed))
+                    run.update(measure(model, model_dir, dtype, frames, args.rounds, args.seed, sync))
+                    if not run["same_codes"]:
+                        failures.append(f"{run['name']} {dtype}: our codes are not upstream's")
                 run["ops_per_frame"] = ops_per_frame(model, args.seed)
                 if counts:
-                    run["batched"] = measure_batched(model, model_dir, dtype, counts, frames, args.rounds, args.seed)
+                    # A batched part that fails (a device it was never run on) is reported and
+                    # fails the script at the end, without costing the other runs' figures.
+                    try:
+                        run["batched"] = measure_batched(model, model_dir, dtype, counts, frames, args.rounds,
+                                                         args.seed, sync)
+                    except Exception as error:
+                        run["batched_error"] = f"{type(error).__name__}: {error}"
+                        failures.append(f"{run['name']} {dtype} batched: {run['batched_error']}")
                 report["runs"].append(run)
                 del model
+                if cuda:
+                    torch.cuda.empty_cache()
     report["load_after"] = loadavg()
-    write_report(args.out, machine, "talker-loop", report, markdown)
+    # The CPU's result keeps its name; a GPU's is talker-loop-<device> beside it.
+    benchmark = "talker-loop" if not cuda else f"talker-loop-{args.device.replace(':', '')}"
+    write_report(args.out, machine, benchmark, report, markdown)
+    if failures:
+        sys.exit("bench_talker_loop: failed: " + "; ".join(failures))
 
 
 if __name__ == "__main__":

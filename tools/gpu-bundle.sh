@@ -2,8 +2,9 @@
 # Packs what tools/gpu-check.sh needs on a GPU host that has PyTorch 2.11.0 but neither Rust
 # nor GStreamer: the CUDA test, benchmark and soak binaries built here (against the same torch,
 # each with the plugin inside), Debian's GStreamer/GLib libraries they load, and the wheels of
-# the upstream decoder's pinned Python packages. Output: gpu-bundle/ (git-ignored; carry it to
-# the GPU host with the repository's tools/ and tests/fixtures/). Nothing in it depends
+# the upstream decoder's and talker's pinned Python packages (qwen-tts and its transformers).
+# Output: gpu-bundle/ (git-ignored; carry it to the GPU host with the repository's tools/,
+# benches/tools/, python/ and tests/fixtures/). Nothing in it depends
 # on where this checkout is: the binaries take their fixtures and model folders from
 # QWENCODEC_FIXTURES and their command lines, and find libtorch through LD_LIBRARY_PATH before
 # their build-time runpath.

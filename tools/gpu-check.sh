@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The GPU checks in one command, on a GPU host with PyTorch 2.11.0 (Python 3.12) but neither
 # Rust nor GStreamer. Run it from the repository root with gpu-bundle/ (make gpu-bundle) beside
-# it; what it reads there: gpu-bundle/, tools/, benches/tools/ and tests/fixtures/ (the binaries find
-# the fixtures through QWENCODEC_FIXTURES, not the build machine's paths).
+# it; what it reads there: gpu-bundle/, tools/, benches/tools/, python/ (the talker) and
+# tests/fixtures/ (the binaries find the fixtures through QWENCODEC_FIXTURES, not the build
+# machine's paths).
 #
 # First the bundle on the CPU, so that a bundle that cannot run stops before any GPU step:
 #  1. every library of the binaries resolves (the bundle's GStreamer, the host's libtorch);
 #  2. the CPU tests of the CUDA test binary: every fixture and the element decoded on the CPU
 #     against upstream's expected audio;
 #  3. a short soak on the CPU (pipelines made and freed, a decoder reused with flushes);
-#  4. the upstream decoder's Python packages from the bundle's wheels, and the benchmark's model.
+#  4. the upstream decoder's and talker's Python packages from the bundle's wheels, and the
+#     benchmark's model.
 # Then whether libtorch sees a GPU: without one the check stops there, failing. Then the GPU
 # steps, each run even when one before it failed (GPU time is scarce: one failure should not
 # cost the others' figures), the failures listed at the end:
@@ -22,7 +24,10 @@
 #     with and without CUDA graphs);
 #  8. many streams on CUDA: ms per step for each bucket of rows (1 to 64) and step size, and
 #     live streams up to 256, batched (graphs of up to 64 rows; their steps held for one another
-#     as the element holds them) and, up to 8 streams, not batched or not held.
+#     as the element holds them) and, up to 8 streams, not batched or not held;
+#  9. the talker loop on CUDA (tools/bench_talker_loop.py --device cuda): our loop beside
+#     upstream's generate on random tiny and 0.6B-shaped talkers, f32 and bf16, first frame and
+#     frames a second, the codes checked equal every round; and 1, 4 and 8 texts batched.
 # The benchmark's results go to $OUT (else measurements/results/, as <cpu>/<benchmark>); the
 # device, parity and soak logs to $LOGS (else measurements/cache/gpu/); PYTHON is the host's
 # Python with torch (else python3).
@@ -70,8 +75,9 @@ echo "== the bundle on the CPU: a short soak"
   --model "$QWENCODEC_FIXTURES/release-tiny" 2>&1 | tee "$work/cpu-soak.txt" ||
   fail "the soak on the CPU failed (see above)"
 
-echo "== the upstream decoder (bundled wheels) and the benchmark's model"
-# The upstream decoder wants its own transformers, not the host's: install the carried wheels aside.
+echo "== the upstream decoder and talker (bundled wheels) and the benchmark's model"
+# Upstream's decoder and talker want their own transformers, not the host's: install the carried
+# wheels aside.
 "$python" -m pip install -q --upgrade --no-index --no-deps --no-compile --target "$work/site" "$bundle"/wheels/*.whl
 export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"
 model="$work/full-release"
@@ -111,6 +117,13 @@ echo "== many streams on CUDA: steps per bucket of rows and step size, live stre
 "$bundle/bin/streams" --model "$model" --out "$out" --device cuda --max-batch 64 \
   --streams 1,2,4,8,16,32,64 --step-frames 1,4 --frames 24 --off-up-to 8 --unheld-up-to 8 \
   --live 1,32,128,256 --live-seconds 6 --live-spacing-ms 20 || failed+=("many streams")
+
+echo "== the talker loop on CUDA: ours beside upstream's generate, first frame and frames a second"
+# 60 frames a run at 0.6B too (the default 16 spares the CPU): steadier frames a second. The
+# script exits 1, its report written, where our codes are not upstream's or the batched part fails.
+"$python" tools/bench_talker_loop.py --device cuda --geometry tiny,0.6b --dtypes f32,bf16 \
+  --texts 1,4,8 --rounds 3 --large-frames 60 --out "$out" 2>&1 | tee "$logs/gpu-talker-loop.txt" ||
+  failed+=("talker loop ($logs/gpu-talker-loop.txt)")
 
 if [ ${#failed[@]} -gt 0 ]; then
   printf 'gpu-check: failed: %s\n' "${failed[@]}" >&2

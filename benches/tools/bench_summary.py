@@ -122,6 +122,10 @@ def named_settings(kind: str, report: dict) -> dict:
         return settings
     if kind in ("server-capacity", "janus-broadcast"):
         return {"dtype": report["server"]["dtype"]}
+    if kind == "talker-loop":
+        # Reports from before --device ran on the CPU, whose name has no device.
+        named = report.get("device", "cpu").replace(":", "")
+        return {"device": None if named == "cpu" else named}
     return {}
 
 
@@ -241,12 +245,13 @@ def talker_loop_rows(report: dict, name: dict):
                      f"({run['ours']['median']['cpu_fps']:.1f} by CPU time)" for run in compared)
     ratio = "; ".join(f"{run['name']} {run['dtype']}: {run['speedup']:.1f}x upstream's "
                       f"({run['cpu_speedup']:.1f}x by CPU time)" for run in compared)
-    rows = [("talker loop", f"frames a second, ours: {text}", ratio)] if compared else []
+    where = f" on {name['device']}" if name.get("device") else ""
+    rows = [(f"talker loop{where}", f"frames a second, ours: {text}", ratio)] if compared else []
     batched = "; ".join(f"{run['name']} {run['dtype']} " + ", ".join(
         f"{entry['texts']}: {entry['cost_vs_one']:.2f}x" for entry in run["batched"])
         for run in report["runs"] if run.get("batched"))
     if batched:
-        rows.append(("talker loop batched", f"a step's time with N texts over one text's: {batched}", "–"))
+        rows.append((f"talker loop batched{where}", f"a step's time with N texts over one text's: {batched}", "–"))
     return rows
 
 
@@ -283,8 +288,8 @@ def command(kind: str, name: dict, report: dict) -> str:
         given = [f"{option} {value}" for option, value, default in pairs if value not in (None, default)]
         return f' {variable}="{" ".join(given)}"' if given else ""
 
-    cuda = name.get("device", "cpu") != "cpu"
-    if cuda and kind in ("decode", "streams"):
+    cuda = (name.get("device") or "cpu") != "cpu"
+    if cuda and kind in ("decode", "streams", "talker-loop"):
         return "bash tools/gpu-check.sh"
     if kind == "decode":
         return "make bench" + args("BENCH_ARGS", [("--dtype", name["dtype"], "f32")])

@@ -25,7 +25,7 @@ KINDS = {
     "talker-speed": "talker-speed",  # benches/tools/bench_talker.py
     "neighbours": "neighbours",  # benches/tools/bench_neighbours.py
     "threads-ab": "threads-ab",  # make threads-ab (benches/tools/threads_ab.py)
-    "talker-loop": "talker-loop",  # tools/bench_talker_loop.py
+    "talker-loop": "talker-loop[-<device>]",  # tools/bench_talker_loop.py (a GPU's named, the CPU's not)
     "text-to-audio": "text-to-audio",  # tools/bench_text_to_audio.py
     "server-capacity": "server-capacity-<dtype>",  # tools/webrtc_load.py --find-capacity --out
     "janus-broadcast": "janus-broadcast-<dtype>",  # tools/janus-load.sh --janus-listeners --out
