@@ -408,6 +408,27 @@ mod tests {
         assert_eq!((served, steps.len()), (1, 1), "{steps:?}");
     }
 
+    /// The batches timed at start are those the sessions' decoders count in their latency (the
+    /// streams open rounded up to a power of two), each with the time the model keeps for it.
+    #[test]
+    fn the_batches_timed_at_start_are_the_sessions_latency_batches() {
+        assert_eq!(session_batch_rows(0), [1]);
+        assert_eq!(session_batch_rows(5), [1, 2, 4, 8]);
+        let cpu = gstqwencodec::model::parse_device("cpu").unwrap();
+        let model = Model::load(
+            &crate::config::default_model(),
+            cpu,
+            gstqwencodec::model::Dtype::F32,
+        )
+        .unwrap();
+        let timed = time_session_batches(&model, 1, 3).unwrap();
+        assert_eq!(timed.iter().map(|&(rows, _)| rows).collect::<Vec<_>>(), [1, 2, 4]);
+        for &(rows, time) in &timed {
+            assert!(time > Duration::ZERO);
+            assert_eq!(time, model.warm_step_time(rows, 1, true).unwrap());
+        }
+    }
+
     #[test]
     fn a_draining_server_refuses_every_session_saying_why() {
         let capacity = capacity(2, false, DEFAULT_MARGIN_FLOOR);
