@@ -684,6 +684,25 @@ mod tests {
     }
 
     #[test]
+    fn a_sender_is_admitted_by_its_requests_bearer_token_at_the_clocks_time() {
+        let policy = SenderPolicy::new(Some(Arc::new(secret())), None, 120);
+        let now = unix_now().unwrap();
+        let token = secret().sign(Scope::Send, "alice", now + 60);
+        let header = format!("Authorization: Bearer {token}\r\n");
+        assert_eq!(policy.admit(&request(&header), "alice", false), Ok(()));
+        assert_eq!(
+            policy.admit(&request(""), "alice", false),
+            Err((close::UNAUTHORIZED, NO_BEARER.to_owned()))
+        );
+        let (code, _) = policy.admit(&request(&header), "bob", false).unwrap_err();
+        assert_eq!(code, close::FORBIDDEN);
+        // Expired by the clock, not by a time the test gives.
+        let old = secret().sign(Scope::Send, "alice", now - 1);
+        let header = format!("Authorization: Bearer {old}\r\n");
+        assert!(policy.admit(&request(&header), "alice", false).is_err());
+    }
+
+    #[test]
     fn the_operators_token_feeds_any_session_but_takes_none_over_where_there_is_a_join_secret() {
         let operator = Some("the-operators-token".to_owned());
         let signed = SenderPolicy::new(Some(Arc::new(secret())), operator.clone(), 120);
