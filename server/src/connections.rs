@@ -530,6 +530,10 @@ mod tests {
         assert!(client(&["192.0.2.1, ,"]).is_err(), "an empty entry");
         assert!(proxies.trusts(address("::ffff:198.51.100.1")));
         assert!(!proxies.trusts(address("198.51.100.2")));
+        // What the start's log line says of them, and whether it says anything.
+        assert_eq!(proxies.to_string(), "198.51.100.1, 2001:db8::9");
+        assert!(!proxies.is_empty());
+        assert!(TrustedProxies::new(&[]).is_empty());
     }
 
     #[test]
