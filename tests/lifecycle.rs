@@ -144,6 +144,13 @@ fn compute_threads_pin_the_cpus_threads() {
     let dir = fixture_dir("gqa-bias");
     let model = Model::shared(&dir, tch::Device::Cpu, Dtype::F32).unwrap();
     let threads = model.compute_threads();
+    // Unset (0), it pins nothing: only OMP_NUM_THREADS in the environment would have.
+    let unset = decoder(&dir, &[]);
+    unset.set_state(gst::State::Ready).unwrap();
+    let pinned = model.compute_threads_pinned();
+    unset.set_state(gst::State::Null).unwrap();
+    let from_environment = std::env::var_os("OMP_NUM_THREADS").is_some_and(|value| !value.is_empty());
+    assert_eq!(pinned, from_environment);
     let element = decoder(&dir, &[("compute-threads", &(threads as u32))]);
     element.set_state(gst::State::Ready).unwrap();
     assert!(model.compute_threads_pinned());
