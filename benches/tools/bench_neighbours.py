@@ -26,14 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-from results import ROOT, result_path, this_machine
+from results import ROOT, commit, result_path, this_machine
 
 BUSY = [sys.executable, "-c", "while True: pass"]
-
-
-def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
 
 
 def schedstat(pid: int) -> dict:

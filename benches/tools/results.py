@@ -9,6 +9,7 @@ bench_summary.py --check with the system's python3.
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,3 +87,9 @@ def result_path(results: Path, machine: dict, benchmark: str) -> Path:
     folder = Path(results) / cpu_slug(machine["cpu"], machine["avx512"], machine["limits"])
     folder.mkdir(parents=True, exist_ok=True)
     return folder / benchmark
+
+
+def commit() -> str:
+    """The short hash of the checkout's HEAD, which a report names as the code it measured."""
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"

@@ -26,17 +26,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from results import ROOT, result_path, this_machine
+from results import ROOT, commit, result_path, this_machine
 
 ARMS = ("policy", "pinned")
 DECODE_ROWS = ("qwencodec core, chunk-frames 1", "qwencodecdec in a pipeline, chunk-frames 1",
                "gst-launch-1.0 in f32, chunk-frames 1")
 STREAMS = (1, 4, 8)
-
-
-def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
 
 
 def bench(name: str, args: list, arm: str, cores: int, out: Path) -> dict:
