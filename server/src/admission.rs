@@ -381,17 +381,22 @@ mod tests {
         Capacity::new(most, live, floor, FRAME)
     }
 
-    /// The bundled test checkpoint's steps on the CPU: the budget is set against its measured
-    /// one-row step, which the model keeps (the same figure at each call), not against a clock.
-    #[test]
-    fn the_capacity_is_the_rows_whose_measured_step_fits_the_budget_of_their_frames_time() {
+    /// The bundled test checkpoint, on the CPU in f32.
+    fn bundled_model() -> Model {
         let cpu = gstqwencodec::model::parse_device("cpu").unwrap();
-        let model = Model::load(
+        Model::load(
             &crate::config::default_model(),
             cpu,
             gstqwencodec::model::Dtype::F32,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    /// The bundled test checkpoint's steps on the CPU: the budget is set against its measured
+    /// one-row step, which the model keeps (the same figure at each call), not against a clock.
+    #[test]
+    fn the_capacity_is_the_rows_whose_measured_step_fits_the_budget_of_their_frames_time() {
+        let model = bundled_model();
         let chunk_frames = 2;
         // Frames of an hour: every row count up to the most fits, however busy the machine.
         let hour = Duration::from_secs(3600);
@@ -414,13 +419,7 @@ mod tests {
     fn the_batches_timed_at_start_are_the_sessions_latency_batches() {
         assert_eq!(session_batch_rows(0), [1]);
         assert_eq!(session_batch_rows(5), [1, 2, 4, 8]);
-        let cpu = gstqwencodec::model::parse_device("cpu").unwrap();
-        let model = Model::load(
-            &crate::config::default_model(),
-            cpu,
-            gstqwencodec::model::Dtype::F32,
-        )
-        .unwrap();
+        let model = bundled_model();
         let timed = time_session_batches(&model, 1, 3).unwrap();
         assert_eq!(timed.iter().map(|&(rows, _)| rows).collect::<Vec<_>>(), [1, 2, 4]);
         for &(rows, time) in &timed {
