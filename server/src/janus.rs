@@ -386,11 +386,16 @@ impl Janus {
     }
 }
 
-/// A mountpoint id Janus has not given: random, below [`MOST_ID`].
+/// A mountpoint id Janus has not given: random, from 1 to [`MOST_ID`].
 fn random_id() -> Result<u64, String> {
     let hex = random_hex(8)?;
     let bits = u64::from_str_radix(&hex, 16).map_err(|err| format!("a random id: {err}"))?;
-    Ok(bits % MOST_ID + 1)
+    Ok(id_of(bits))
+}
+
+/// The mountpoint id of 64 random bits: from 1 (0 asks Janus to pick) to [`MOST_ID`].
+fn id_of(bits: u64) -> u64 {
+    bits % MOST_ID + 1
 }
 
 /// Mountpoint `id`'s secret as derived from the admin key: HMAC-SHA256, in hex.
@@ -478,9 +483,143 @@ mod tests {
             mountpoint_secret("admin-key", 43),
             mountpoint_secret("admin-key", 42)
         );
-        for _ in 0..1000 {
-            assert!((1..=MOST_ID).contains(&random_id().unwrap()));
+    }
+
+    /// janus.js holds ids in a JavaScript number: up to `Number.MAX_SAFE_INTEGER`, never 0.
+    #[test]
+    fn mountpoint_ids_are_spread_over_what_janus_js_holds_exactly() {
+        assert_eq!(MOST_ID, 9_007_199_254_740_991);
+        assert_eq!(id_of(0), 1);
+        assert_eq!(id_of(MOST_ID - 1), MOST_ID);
+        assert_eq!(id_of(MOST_ID), 1);
+        assert_eq!(id_of(u64::MAX), u64::MAX % MOST_ID + 1);
+        let ids: Vec<u64> = (0..1000).map(|_| random_id().unwrap()).collect();
+        assert!(ids.iter().all(|id| (1..=MOST_ID).contains(id)));
+        // 1000 draws all below half the range: a chance of 2^-1000.
+        assert!(ids.iter().any(|&id| id > MOST_ID / 2), "{ids:?}");
+    }
+
+    /// The secret a later run derives when there is an admin key; a fresh random one each
+    /// mountpoint without.
+    #[test]
+    fn a_mountpoints_secret_is_derived_from_the_admin_key_or_random() {
+        let janus = |admin_key: Option<&str>| {
+            let secrets = Secrets {
+                admin_key: admin_key.map(str::to_owned),
+                ..Secrets::default()
+            };
+            Janus::new("http://198.51.100.1:8088/janus", None, true, secrets, None).unwrap()
+        };
+        assert_eq!(
+            janus(Some("admin-key")).mountpoint_secret(42).unwrap(),
+            mountpoint_secret("admin-key", 42)
+        );
+        let keyless = janus(None);
+        let (one, two) = (
+            keyless.mountpoint_secret(42).unwrap(),
+            keyless.mountpoint_secret(42).unwrap(),
+        );
+        assert_eq!(one.len(), 32, "{one}");
+        assert!(one.chars().all(|c| c.is_ascii_hexdigit()), "{one}");
+        assert_ne!(one, two);
+    }
+
+    /// The listener's token opens Janus for [`LISTENER_TOKEN_TTL`], twelve hours from now.
+    #[test]
+    fn a_listeners_token_expires_twelve_hours_after_the_link_is_made() {
+        let secrets = Secrets {
+            token_secret: Some("janus-token-secret".into()),
+            ..Secrets::default()
+        };
+        let janus = Janus::new("http://198.51.100.1:8088/janus", None, true, secrets, None).unwrap();
+        let now = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let before = now();
+        let path = janus.listen_path(7).unwrap();
+        let after = now();
+        let token = path.split_once("#token=").unwrap().1;
+        let token: String = form_urlencoded::parse(format!("t={token}").as_bytes())
+            .next()
+            .unwrap()
+            .1
+            .into_owned();
+        let expires: u64 = token.split_once(',').unwrap().0.parse().unwrap();
+        assert!(
+            (before + 12 * 3600..=after + 12 * 3600).contains(&expires),
+            "{token} made between {before} and {after}"
+        );
+        assert_eq!(token, listener_token("janus-token-secret", expires));
+    }
+
+    /// What the log says of how Janus is called, for its operator to check.
+    #[test]
+    fn the_log_says_which_secrets_janus_is_called_with() {
+        let secrets = Secrets {
+            api_secret: Some("s".into()),
+            token_secret: Some("t".into()),
+            ..Secrets::default()
+        };
+        let janus = Janus::new("http://198.51.100.1:8088/janus", None, true, secrets, None).unwrap();
+        assert_eq!(
+            janus.describe(),
+            "with its API secret, without an admin key, listeners with tokens it signs; \
+             private mountpoints taking RTP on 198.51.100.1 alone"
+        );
+    }
+
+    /// Without an admin key no leftover can be listed: an error, not "none left".
+    #[tokio::test]
+    async fn leftovers_are_not_called_none_without_an_admin_key() {
+        let janus = Janus::new(
+            "http://198.51.100.1:8088/janus",
+            None,
+            true,
+            Secrets::default(),
+            None,
+        )
+        .unwrap();
+        let err = janus.destroy_leftovers().await.err().unwrap();
+        assert!(err.contains("--janus-admin-key-file"), "{err}");
+    }
+
+    /// A Janus that takes the connection and never answers: each call gives up after
+    /// [`API_TIMEOUT`], as an error.
+    async fn silent_janus() -> (tokio::net::TcpListener, Arc<Janus>) {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let api = format!("http://{}/janus", silent.local_addr().unwrap());
+        let janus = Janus::new(&api, None, true, Secrets::default(), None).unwrap();
+        (silent, janus)
+    }
+
+    #[tokio::test]
+    async fn a_call_no_janus_answers_is_an_error() {
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let api = format!("http://{}/janus", closed.local_addr().unwrap());
+        drop(closed);
+        let janus = Janus::new(&api, None, true, Secrets::default(), None).unwrap();
+        let err = janus.streaming(json!({"request": "list"})).await.err().unwrap();
+        assert!(err.starts_with(&format!("Janus at {api}: ")), "{err}");
+        let err = janus.call(&api, json!({"janus": "create"})).await.err().unwrap();
+        assert!(err.starts_with(&format!("Janus at {api}: ")), "{err}");
+    }
+
+    /// A dropped mountpoint is destroyed on a task of its own, which a shutdown's `settle`
+    /// waits for; those still calling Janus are kept, each counted when patience runs out.
+    #[tokio::test]
+    async fn dropped_mountpoints_are_destroyed_and_a_shutdown_waits_for_them() {
+        let (_silent, janus) = silent_janus().await;
+        assert_eq!(janus.settle(Duration::from_millis(10)).await, 0);
+        for id in [1, 2] {
+            drop(Mountpoint {
+                id,
+                secret: "secret".into(),
+                host: "127.0.0.1".into(),
+                port: 5000,
+                janus: janus.clone(),
+            });
         }
+        assert_eq!(janus.destroying.lock().unwrap().len(), 2);
+        assert_eq!(janus.settle(Duration::from_millis(50)).await, 2);
+        assert!(janus.destroying.lock().unwrap().is_empty());
     }
 
     #[test]
