@@ -63,14 +63,20 @@ lint: setup
 
 # CI (.ci/run) runs this. GLib warnings and criticals abort the tests (G_DEBUG). The tests run
 # several decoding processes at once: short OpenMP spinning keeps them from starving each
-# other (see "Threads" in docs/element.md). The library's and parity tests run again with our
-# CPU kernels held to AVX2 (the path of CPUs without AVX-512, at the released widths too) and
-# then off (libtorch's ops everywhere, the path CUDA takes, batched and at the released widths
-# too); then kernels held back by name; last, one line says which instruction sets' kernel tests
-# ran on this CPU and which it lacks. (The element computes nothing of its own: its tests would take the library's paths
-# again. Each rerun takes only the tests whose paths it changes: the whole suite twice more
-# would be nearly half of make test's time.) measurements/README.md must be what the result
-# files give, and every result file must be named as benches/tools/results.py says.
+# other (see "Threads" in docs/element.md). measurements/README.md must be what the result
+# files give, and every result file must be named as benches/tools/results.py says. A fuzz
+# target takes one core: the talker's check runs beside the fuzz targets and the agents' check.
+# The library's and parity tests run again with our CPU kernels held to AVX2 (the path of CPUs
+# without AVX-512, at the released widths too) and then off (libtorch's ops everywhere, the
+# path CUDA takes, batched and at the released widths too); then kernels held back by name;
+# last, one line says which instruction sets' kernel tests ran on this CPU and which it lacks.
+# Each rerun takes only the tests whose paths it changes (the whole suite twice more would be
+# nearly half of make test's time): RERUN_SKIPS leaves out the tests of one instruction set
+# named in the test (alike whatever the environment holds back) and the element's at the
+# released widths (it computes nothing of its own: the library's paths, as the core's test
+# there). Every cargo test names --workspace, so that its features are the build's and
+# nothing is built again.
+RERUN_SKIPS := --skip matches_a_float64_convolution_in_ --skip element_matches_upstream_at_released_widths
 test: build lint released-fixture setup-load setup-packages
 	python3 benches/tools/bench_summary.py --check
 	python3 tools/check-links.py
@@ -78,19 +84,17 @@ test: build lint released-fixture setup-load setup-packages
 	bash tools/check-inspect.sh
 	bash tools/check-install.sh
 	bash benches/tools/check-profile.sh
-	bash tools/fuzz-short.sh
 	bash tools/check-plain-cargo.sh
 	bash tools/check-load.sh
-	bash tools/check-talker.sh
-	bash tools/check-agents.sh
+	bash tools/together.sh "bash tools/fuzz-short.sh && bash tools/check-agents.sh" "bash tools/check-talker.sh"
 	G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} cargo test --release --workspace
 	QWENCODEC_CPU_KERNELS=avx2 G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} \
-	  cargo test --release --lib --test model_parity --test released_geometry
+	  cargo test --release --workspace --lib --test model_parity --test released_geometry -- $(RERUN_SKIPS)
 	QWENCODEC_CPU_KERNELS=off G_DEBUG=fatal_warnings GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} \
-	  cargo test --release --lib --test model_parity --test batching --test released_geometry
+	  cargo test --release --workspace --lib --test model_parity --test batching --test released_geometry -- $(RERUN_SKIPS)
 	QWENCODEC_CPU_KERNELS=on,-attention,-snake_beta,-pointwise G_DEBUG=fatal_warnings \
 	  bash tools/test-named.sh model_parity the_cpu_kernels_run_as_the_cpu_and_environment_allow
-	@cargo test --release --lib the_build_announced_the_instruction_sets_of_this_cpu -- --nocapture 2>/dev/null \
+	@cargo test --release --workspace --lib the_build_announced_the_instruction_sets_of_this_cpu -- --nocapture 2>/dev/null \
 	  | grep '^kernel tests:' || { echo "make test: no kernel tests line" >&2; exit 1; }
 
 # Thousands of streams opened, fed and closed in one process; memory must stay flat
