@@ -344,7 +344,10 @@ def markdown(report):
     device = report.get("device", "cpu")
     if device == "cpu":
         where = machine
-        load = "(other work shared the machine: read the CPU-time columns for an idle core)."
+        # The benchmark's own threads count in the load after it.
+        busy = report["load_before"][0] > 0.5 or report["load_after"][0] > report["threads"] + 0.5
+        load = ("(other work shared the machine: read the CPU-time columns for an idle core)." if busy
+                else "(nothing else ran: the load after is the benchmark's own threads).")
     else:
         where = f"{report['gpu']} ({device}) on {machine}"
         load = ("(on the GPU, CPU time is the host process's: launching the kernels and waiting "
@@ -403,7 +406,7 @@ def markdown(report):
                                          f"512 MB), copy {b['copy_gbs']:.1f} GB/s (read + written)"
                                          for b in report["bandwidth"]) + ".",
                   "Bound: a part's weights / the read rate at the benchmark's thread count; measured: one "
-                  "text's step parts (clock, medians; the machine shared).", "",
+                  "text's step parts (clock, medians).", "",
                   "| talker | dtype | MB a frame: talker / code predictor | bound ms: talker / code predictor | "
                   "measured ms | measured / bound |",
                   "| --- | --- | ---: | ---: | ---: | ---: |"]
